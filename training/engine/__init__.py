@@ -1,0 +1,1 @@
+"""Studio trainer engine: runs alone inside a compute job; imports no Django."""

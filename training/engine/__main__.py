@@ -1,0 +1,118 @@
+"""`python -m training.engine --spec run.json`: run one training attempt and report it to Studio.
+
+Exit codes: 0 completed, 1 training failed (reported), 2 bad spec, 3 superseded (ingest said 401/403),
+143 stopped by SIGTERM after flushing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import traceback
+from typing import Any
+
+from .reporter import Reporter, Superseded
+from .spec import Spec, SpecError, load_spec
+
+SIGTERM_GRACE_S = 4.0
+
+
+def _is_oom(exc: BaseException) -> bool:
+    try:
+        import torch
+
+        if isinstance(exc, torch.OutOfMemoryError):
+            return True
+    except ImportError:  # pragma: no cover - torch is always there in the trainer image
+        pass
+    return "CUDA out of memory" in str(exc) or isinstance(exc, MemoryError)
+
+
+def _install_sigterm(reporter: Reporter) -> None:
+    def on_term(signum: int, frame: Any) -> None:
+        try:
+            reporter.log("SIGTERM: flushing reports and stopping")
+            reporter.close(timeout=SIGTERM_GRACE_S)
+        finally:
+            # os._exit: no unwinding through half-finished torch/trainer state, and no atexit surprises.
+            sys.stdout.flush()
+            os._exit(143)
+
+    signal.signal(signal.SIGTERM, on_term)
+
+
+def run_spec(spec: Spec, reporter: Reporter) -> None:
+    """Dispatch to the method; raises on failure. Imported lazily so `--help` and spec errors are fast."""
+    from .common import Context
+    from .modeling import pick_device
+
+    device = pick_device(spec)
+    spec.output_dir.mkdir(parents=True, exist_ok=True)
+    reporter.log(
+        f"run {spec.run_id} attempt {spec.attempt}: {spec.method} on {device.kind} ({device.precision}), "
+        f"base {spec.base_model}"
+    )
+    ctx = Context(spec=spec, reporter=reporter, device=device)
+    if spec.method == "sft":
+        from . import sft as method
+    elif spec.method == "dpo":
+        from . import dpo as method  # type: ignore[no-redef]
+    elif spec.method == "grpo":
+        from . import grpo as method  # type: ignore[no-redef]
+    else:
+        from . import distill as method  # type: ignore[no-redef]
+    method.run(ctx)
+
+
+def execute(spec: Spec, reporter: Reporter) -> int:
+    """Run one attempt with the engine's error contract; returns the process exit code."""
+    reporter.start()
+    try:
+        run_spec(spec, reporter)
+    except Superseded as exc:
+        reporter.log(f"stopped: {exc}")
+        reporter.close(timeout=2.0)
+        return 3
+    except SpecError as exc:
+        reporter.log(f"bad spec: {exc}")
+        reporter.status("failed", {"code": "training_error", "message": str(exc), "log_tail": list(reporter.log_tail)})
+        reporter.close(timeout=30.0)
+        return 2
+    except BaseException as exc:  # noqa: BLE001 - every failure must reach Studio before we exit
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        for line in traceback.format_exc().splitlines():
+            reporter.log(line)
+        code = "oom" if _is_oom(exc) else "training_error"
+        message = f"{type(exc).__name__}: {exc}"
+        reporter.status("failed", {"code": code, "message": message, "log_tail": list(reporter.log_tail)})
+        reporter.close(timeout=30.0)
+        return 1
+    if reporter.superseded.is_set():
+        reporter.close(timeout=2.0)
+        return 3
+    reporter.log("completed")
+    reporter.status("completed")
+    reporter.close(timeout=60.0)
+    return 3 if reporter.superseded.is_set() else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m training.engine", description=__doc__)
+    parser.add_argument("--spec", required=True, help="path to the run spec JSON")
+    args = parser.parse_args(argv)
+    try:
+        spec = load_spec(args.spec)
+    except SpecError as exc:
+        print(f"bad spec: {exc}", file=sys.stderr, flush=True)
+        return 2
+    hb = float(spec.config.get("heartbeat_interval_seconds") or 10)
+    reporter = Reporter(spec.ingest_url, spec.ingest_token, heartbeat_interval=hb)
+    _install_sigterm(reporter)
+    return execute(spec, reporter)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,121 @@
+"""Device/precision choice, model + tokenizer loading, LoRA/QLoRA wrapping and final-weight saving."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .spec import Spec, SpecError
+
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@dataclass
+class Device:
+    kind: str  # "cuda" | "cpu"
+    bf16: bool
+    precision: str  # what the run actually trains in
+
+    @property
+    def torch_dtype(self) -> Any:
+        import torch
+
+        return torch.bfloat16 if self.bf16 else torch.float32
+
+
+def pick_device(spec: Spec) -> Device:
+    """bf16 on CUDA when available, fp32 on the CPU. fp8/nvfp4 need a GPU."""
+    import torch
+
+    wants_cpu = str(spec.compute.get("accelerators", "")).upper() == "CPU"
+    precision = spec.cfg("precision", "bf16")
+    if torch.cuda.is_available() and not wants_cpu:
+        if precision == "fp32":
+            return Device("cuda", False, "fp32")
+        # fp8/nvfp4 kernels are not wired into this engine yet; bf16 is the honest fallback on GPU.
+        return Device("cuda", True, "bf16")
+    if precision in ("fp8", "nvfp4"):
+        raise SpecError(f"config.precision: {precision} needs a GPU; use bf16 or fp32 on CPU")
+    return Device("cpu", False, "fp32")
+
+
+def _split_ref(ref: str, revision: str | None) -> tuple[str, str | None]:
+    """Accept `repo@ref` (Data Hub style) as well as a path or HF id plus a separate revision."""
+    if "@" in ref and not Path(ref).exists():
+        name, _, rev = ref.rpartition("@")
+        return name, revision or rev
+    return ref, revision
+
+
+def load_tokenizer(ref: str, revision: str | None = None) -> Any:
+    from transformers import AutoTokenizer
+
+    name, rev = _split_ref(ref, revision)
+    tok = AutoTokenizer.from_pretrained(name, revision=rev)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_model(ref: str, revision: str | None, device: Device, *, four_bit: bool = False) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    name, rev = _split_ref(ref, revision)
+    kwargs: dict[str, Any] = {"revision": rev, "dtype": device.torch_dtype}
+    if four_bit:
+        from transformers import BitsAndBytesConfig
+
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=device.torch_dtype,
+            bnb_4bit_use_double_quant=True,
+        )
+        kwargs["device_map"] = {"": 0} if device.kind == "cuda" else {"": "cpu"}
+    model = AutoModelForCausalLM.from_pretrained(name, **kwargs)
+    return model
+
+
+def wrap_lora(model: Any, spec: Spec, *, four_bit: bool) -> Any:
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+
+    if four_bit:
+        # Gradient checkpointing stays a TrainingArguments decision, not a side effect of quantisation.
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    config = LoraConfig(
+        r=spec.lora_rank, lora_alpha=spec.lora_alpha, lora_dropout=0.0, target_modules=LORA_TARGETS,
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config)
+
+
+def load_policy(spec: Spec, device: Device) -> Any:
+    """The model to train: full weights, LoRA over a full-precision base, or LoRA over a 4-bit base."""
+    four_bit = bool(spec.cfg("load_in_4bit", False))
+    model = load_model(spec.base_model, spec.base_model_revision, device, four_bit=four_bit)
+    if spec.use_lora:
+        model = wrap_lora(model, spec, four_bit=four_bit)
+    return model
+
+
+def save_final(model: Any, tokenizer: Any, spec: Spec, device: Device, step: int, reporter: Any) -> None:
+    """Full fine-tunes write `final/`; LoRA runs write `adapter/` and the merged weights in `merged/`."""
+    out = spec.output_dir
+    if not spec.use_lora:
+        path = out / "final"
+        model.save_pretrained(str(path))
+        tokenizer.save_pretrained(str(path))
+        reporter.checkpoint(step, str(path), "final")
+        return
+    adapter = out / "adapter"
+    model.save_pretrained(str(adapter))
+    tokenizer.save_pretrained(str(adapter))
+    reporter.checkpoint(step, str(adapter), "adapter")
+    # Merge into a freshly loaded, unquantised base: merging into NF4 weights would round the result.
+    from peft import PeftModel
+
+    base = load_model(spec.base_model, spec.base_model_revision, device, four_bit=False)
+    merged = PeftModel.from_pretrained(base, str(adapter)).merge_and_unload()
+    path = out / "merged"
+    merged.save_pretrained(str(path))
+    tokenizer.save_pretrained(str(path))
+    reporter.checkpoint(step, str(path), "merged")

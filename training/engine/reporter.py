@@ -1,0 +1,212 @@
+"""Buffers what the engine has to say and POSTs it to Studio's ingest endpoint in batches.
+
+Stdlib only (urllib), so it works in any container. One background thread owns the network: it sends
+whatever is buffered every ``flush_interval`` seconds, and an empty batch at least every
+``heartbeat_interval`` seconds so a long optimizer step still counts as alive. A batch that fails with a
+connection error or a 5xx is resent with the *same* batch_id (the server dedups), with exponential backoff.
+A 401/403 means this attempt was superseded: the reporter stops and the engine must exit.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from typing import Any
+
+LOG_TAIL_LINES = 200
+BACKOFF_CAP_S = 10.0
+
+
+class Superseded(RuntimeError):
+    """The ingest endpoint refused this attempt's token (401/403)."""
+
+
+class Reporter:
+    def __init__(
+        self,
+        url: str | None,
+        token: str | None,
+        *,
+        heartbeat_interval: float = 10.0,
+        flush_interval: float = 1.0,
+        request_timeout: float = 10.0,
+        echo: bool = True,
+    ) -> None:
+        self.url = url
+        self.token = token or ""
+        self.heartbeat_interval = heartbeat_interval
+        self.flush_interval = flush_interval
+        self.request_timeout = request_timeout
+        self.echo = echo
+        self.superseded = threading.Event()
+        self.log_tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
+        self.sent_batches = 0
+        self._lock = threading.Condition()
+        self._pending = self._empty()
+        self._dirty = False
+        self._in_flight = False
+        self._stop = threading.Event()
+        self._drain_deadline: float | None = None
+        self._last_post = 0.0
+        self._thread: threading.Thread | None = None
+
+    # ---- producer side (any thread) -------------------------------------------------------------
+    @staticmethod
+    def _empty() -> dict[str, Any]:
+        return {"metrics": [], "logs": [], "rollouts": [], "checkpoints": [], "stage": None, "status": None,
+                "error": None, "progress": None}
+
+    def _add(self, key: str, value: Any) -> None:
+        with self._lock:
+            if isinstance(self._pending[key], list):
+                self._pending[key].append(value)
+            else:
+                self._pending[key] = value
+            self._dirty = True
+
+    def log(self, line: str) -> None:
+        for part in str(line).splitlines() or [""]:
+            self.log_tail.append(part)
+            if self.echo:
+                print(part, flush=True)
+            self._add("logs", part)
+
+    def metric(self, step: int, key: str, value: float) -> None:
+        self._add("metrics", {"step": int(step), "key": key, "value": float(value)})
+
+    def rollout(self, row: dict[str, Any]) -> None:
+        self._add("rollouts", row)
+
+    def checkpoint(self, step: int, path: str, kind: str) -> None:
+        self._add("checkpoints", {"step": int(step), "path": str(path), "kind": kind})
+        self.log(f"saved {kind} at step {step}: {path}")
+
+    def stage(self, stage: str) -> None:
+        self._add("stage", stage)
+        self.log(f"stage: {stage}")
+
+    def status(self, status: str, error: dict[str, Any] | None = None) -> None:
+        with self._lock:
+            self._pending["status"] = status
+            if error is not None:
+                self._pending["error"] = error
+            self._dirty = True
+            self._lock.notify_all()
+
+    def progress(self, progress: dict[str, Any]) -> None:
+        self._add("progress", progress)
+
+    # ---- sender side -------------------------------------------------------------------------------
+    def start(self) -> Reporter:
+        if self.url and self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="studio-reporter", daemon=True)
+            self._thread.start()
+        return self
+
+    def _take(self) -> dict[str, Any]:
+        batch = self._pending
+        self._pending = self._empty()
+        self._dirty = False
+        batch["batch_id"] = uuid.uuid4().hex
+        return batch
+
+    def _run(self) -> None:
+        while not self.superseded.is_set():
+            with self._lock:
+                self._lock.wait(timeout=self.flush_interval)
+                heartbeat_due = time.monotonic() - self._last_post >= self.heartbeat_interval
+                if not (self._dirty or heartbeat_due):
+                    if self._stop.is_set():
+                        return
+                    continue
+                batch = self._take()
+                self._in_flight = True
+            try:
+                self._send_with_retry(batch)
+            finally:
+                with self._lock:
+                    self._in_flight = False
+                    self._lock.notify_all()
+            if self._stop.is_set() and not self._dirty:
+                return
+
+    def _send_with_retry(self, batch: dict[str, Any]) -> None:
+        delay = 0.5
+        while True:
+            outcome = self._post(batch)
+            if outcome in ("ok", "drop", "superseded"):
+                return
+            deadline = self._drain_deadline
+            if deadline is not None and time.monotonic() + delay > deadline:
+                self._warn(f"reporter: giving up on batch {batch['batch_id']} at shutdown")
+                return
+            time.sleep(delay)
+            delay = min(delay * 2, BACKOFF_CAP_S)
+
+    def _post(self, batch: dict[str, Any]) -> str:
+        assert self.url is not None
+        body = json.dumps(batch).encode()
+        req = urllib.request.Request(
+            self.url, data=body, method="POST",
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {self.token}"},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=self.request_timeout) as resp:
+                resp.read()
+            self._last_post = time.monotonic()
+            self.sent_batches += 1
+            return "ok"
+        except urllib.error.HTTPError as exc:
+            self._last_post = time.monotonic()
+            if exc.code in (401, 403):
+                self._warn(f"reporter: ingest answered {exc.code}; this attempt was superseded")
+                self.superseded.set()
+                return "superseded"
+            if exc.code >= 500 or exc.code == 429:
+                self._warn(f"reporter: ingest answered {exc.code}; retrying batch {batch['batch_id']}")
+                return "retry"
+            # Another 4xx will not get better by resending the same body.
+            self._warn(f"reporter: ingest rejected batch {batch['batch_id']} with {exc.code}; dropping it")
+            return "drop"
+        except (urllib.error.URLError, OSError) as exc:
+            self._warn(f"reporter: ingest unreachable ({exc}); retrying batch {batch['batch_id']}")
+            return "retry"
+
+    def _warn(self, line: str) -> None:
+        # Straight to stderr: routing reporter trouble through the buffer would feed the failing channel.
+        self.log_tail.append(line)
+        print(line, file=sys.stderr, flush=True)
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Block until everything buffered so far is sent (or ``timeout`` passes). True if drained."""
+        if not self.url or self._thread is None:
+            with self._lock:
+                self._take()
+            return True
+        end = time.monotonic() + timeout
+        with self._lock:
+            self._lock.notify_all()
+            while (self._dirty or self._in_flight) and not self.superseded.is_set():
+                left = end - time.monotonic()
+                if left <= 0 or not self._thread.is_alive():
+                    return False
+                self._lock.notify_all()
+                self._lock.wait(timeout=min(left, 0.1))
+        return not self._dirty
+
+    def close(self, timeout: float = 30.0) -> bool:
+        """Send what is left and stop the thread; retries give up at the deadline."""
+        self._drain_deadline = time.monotonic() + timeout
+        drained = self.flush(timeout)
+        self._stop.set()
+        with self._lock:
+            self._lock.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=max(0.0, self._drain_deadline - time.monotonic()) + 0.5)
+        return drained

@@ -1,0 +1,197 @@
+"""The run spec: parsing and validation of the JSON that Studio's backend writes for one attempt.
+
+Validation errors name the field (``config.loss.dpo_beta: ...``) so the run's error tells the user what to fix.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+METHODS = ("sft", "dpo", "grpo", "distill")
+PRECISIONS = ("bf16", "fp8", "nvfp4", "fp32")
+
+# Product-contract config keys the engine interprets itself; they never pass through to a TRL config.
+ENGINE_KEYS = {
+    "num_epochs", "max_steps", "learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps",
+    "max_length", "precision", "seed", "system_prompt", "save_steps", "logging_steps", "lora", "lora_rank",
+    "lora_alpha", "load_in_4bit", "loss", "distillation", "rl_mode", "environment_id", "rollouts_per_prompt",
+    "kl_coef", "max_response_length", "rollout_log_steps", "heartbeat_interval_seconds", "use_liger",
+}
+
+
+class SpecError(ValueError):
+    """A spec that cannot be run; the message starts with the offending field's path."""
+
+
+@dataclass
+class DatasetRef:
+    path: str
+    type: str | None = None
+    revision: str | None = None
+
+
+@dataclass
+class Spec:
+    run_id: int | str
+    attempt: int
+    method: str
+    base_model: str
+    base_model_revision: str | None
+    datasets: list[DatasetRef]
+    config: dict[str, Any]
+    compute: dict[str, Any]
+    ingest_url: str | None
+    ingest_token: str | None
+    output_dir: Path
+    resume_from: str | None = None
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    def cfg(self, key: str, default: Any = None) -> Any:
+        value = self.config.get(key)
+        return default if value is None else value
+
+    @property
+    def use_lora(self) -> bool:
+        return bool(self.config.get("lora")) or self.config.get("lora_rank") is not None
+
+    @property
+    def lora_rank(self) -> int:
+        return int(self.config.get("lora_rank") or 16)
+
+    @property
+    def lora_alpha(self) -> int:
+        return int(self.config.get("lora_alpha") or self.lora_rank)
+
+
+def _require(obj: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    if key not in obj or obj[key] is None:
+        raise SpecError(f"{where}{key}: is required")
+    if not isinstance(obj[key], kind):
+        raise SpecError(f"{where}{key}: expected {_kind_name(kind)}, got {type(obj[key]).__name__}")
+    return obj[key]
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join(k.__name__ for k in kinds)
+
+
+def _number(config: dict[str, Any], key: str, where: str, *, positive: bool = False, minimum: float | None = None) -> None:
+    value = config.get(key)
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SpecError(f"{where}{key}: expected a number, got {value!r}")
+    if positive and value <= 0:
+        raise SpecError(f"{where}{key}: must be > 0, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise SpecError(f"{where}{key}: must be >= {minimum}, got {value!r}")
+
+
+def _validate_config(method: str, config: dict[str, Any]) -> None:
+    w = "config."
+    for key in ("learning_rate",):
+        _number(config, key, w, positive=True)
+    for key in ("per_device_train_batch_size", "gradient_accumulation_steps", "max_length", "save_steps",
+                "logging_steps", "lora_rank", "rollouts_per_prompt", "max_response_length", "rollout_log_steps",
+                "heartbeat_interval_seconds", "num_epochs"):
+        _number(config, key, w, positive=True)
+    _number(config, "max_steps", w)
+    _number(config, "kl_coef", w, minimum=0)
+    precision = config.get("precision")
+    if precision is not None and precision not in PRECISIONS:
+        raise SpecError(f"{w}precision: must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if config.get("load_in_4bit") and not (config.get("lora") or config.get("lora_rank")):
+        raise SpecError(f"{w}load_in_4bit: QLoRA needs an adapter; set lora_rank (or lora: true)")
+    if method == "dpo":
+        loss = config.get("loss")
+        if not isinstance(loss, dict) or loss.get("type") != "dpo":
+            raise SpecError(f'{w}loss.type: DPO needs a loss block with type "dpo"')
+        _number(loss, "dpo_beta", f"{w}loss.", positive=True)
+        _number(loss, "target_margin", f"{w}loss.", minimum=0)
+        if loss.get("target_margin") and not loss.get("reference_free"):
+            raise SpecError(f"{w}loss.target_margin: needs reference_free: true (the margin is on the reference-free score)")
+        if not (config.get("lora") or config.get("lora_rank")) and not loss.get("reference_free"):
+            raise SpecError(f"{w}lora_rank: DPO scores against the frozen base, so it needs a LoRA adapter")
+    if method == "distill":
+        dist = config.get("distillation")
+        if not isinstance(dist, dict) or not dist.get("teacher_model"):
+            raise SpecError(f"{w}distillation.teacher_model: DISTILL needs a distillation block naming the teacher")
+        d = f"{w}distillation."
+        _number(dist, "top_k", d, positive=True)
+        if dist.get("top_k") is not None and dist["top_k"] > 1024:
+            raise SpecError(f"{d}top_k: must be between 1 and 1024, got {dist['top_k']!r}")
+        _number(dist, "temperature", d, positive=True)
+        _number(dist, "kd_weight", d, minimum=0)
+        _number(dist, "ce_weight", d, minimum=0)
+    if method == "grpo":
+        mode = config.get("rl_mode", "environment")
+        if mode != "environment":
+            raise SpecError(f'{w}rl_mode: this engine supports "environment" only, got {mode!r}')
+
+
+def parse_spec(data: dict[str, Any]) -> Spec:
+    if not isinstance(data, dict):
+        raise SpecError("spec: expected a JSON object")
+    method = _require(data, "method", str, "")
+    if method not in METHODS:
+        raise SpecError(f"method: must be one of {', '.join(METHODS)}, got {method!r}")
+    base_model = _require(data, "base_model", str, "")
+    output_dir = _require(data, "output_dir", str, "")
+    if not Path(output_dir).is_absolute():
+        raise SpecError(f"output_dir: must be an absolute path, got {output_dir!r}")
+    config = data.get("config") or {}
+    if not isinstance(config, dict):
+        raise SpecError("config: expected an object")
+    raw_datasets = data.get("dataset") or []
+    if not isinstance(raw_datasets, list):
+        raise SpecError("dataset: expected a list of {path, type, revision}")
+    datasets = []
+    for i, entry in enumerate(raw_datasets):
+        if not isinstance(entry, dict) or not isinstance(entry.get("path"), str) or not entry["path"]:
+            raise SpecError(f"dataset[{i}].path: is required")
+        dtype = entry.get("type")
+        if method == "dpo" and dtype not in (None, "preference"):
+            raise SpecError(f'dataset[{i}].type: DPO datasets are type "preference" or untyped, got {dtype!r}')
+        datasets.append(DatasetRef(entry["path"], dtype, entry.get("revision")))
+    if method != "grpo" and not datasets:
+        raise SpecError(f"dataset: {method.upper()} needs at least one dataset")
+    _validate_config(method, config)
+    ingest = data.get("ingest")
+    url = token = None
+    if ingest is not None:
+        if not isinstance(ingest, dict):
+            raise SpecError("ingest: expected {url, token} or null")
+        url = _require(ingest, "url", str, "ingest.")
+        token = ingest.get("token") or ""
+    resume = data.get("resume_from")
+    if resume is not None and not Path(resume).is_dir():
+        raise SpecError(f"resume_from: checkpoint directory {resume!r} does not exist")
+    return Spec(
+        run_id=data.get("run_id", 0),
+        attempt=int(data.get("attempt") or 1),
+        method=method,
+        base_model=base_model,
+        base_model_revision=data.get("base_model_revision"),
+        datasets=datasets,
+        config=config,
+        compute=data.get("compute") or {},
+        ingest_url=url,
+        ingest_token=token,
+        output_dir=Path(output_dir),
+        resume_from=resume,
+        raw=data,
+    )
+
+
+def load_spec(path: str | Path) -> Spec:
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError as exc:
+        raise SpecError(f"--spec: file {str(path)!r} not found") from exc
+    except json.JSONDecodeError as exc:
+        raise SpecError(f"--spec: not valid JSON ({exc})") from exc
+    return parse_spec(data)
