@@ -1,0 +1,232 @@
+"""DISTILL: capture the teacher's top-K logprobs into `.kd` sidecars, then train the student on them.
+
+Phase 1 (stage "capture") tokenises the dataset into shards and runs the teacher once over each shard;
+a shard whose sidecar is already valid (same tokenisation hash and K) is skipped, so an interrupted
+capture resumes. The teacher is freed before phase 2.
+Phase 2 (stage "train") minimises ``ce_weight·CE + kd_weight·τ²·KL(q‖p_τ)`` where q is the teacher's
+top-K renormalised at temperature τ and p_τ the student's full softmax at τ. `loss` reports plain CE
+and `kd_loss` the τ²-scaled KL, so the two curves can be read separately.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from transformers import Trainer
+from trl import SFTConfig
+
+from . import kd_format
+from .common import Context, StudioCallback, TokenCountingMixin, build_config, train_and_finish
+from .data import load_rows, row_format, with_system_prompt
+from .modeling import load_model, load_policy, load_tokenizer
+from .spec import SpecError
+
+ROWS_PER_SHARD = 256
+
+
+@dataclass
+class Shard:
+    tokens_path: Path
+    kd_path: Path
+    input_ids: np.ndarray  # concatenated token stream of the shard's sequences
+    loss_mask: np.ndarray  # 1 where the token is a training target
+    offsets: np.ndarray  # sequence i is stream[offsets[i]:offsets[i+1]]
+    token_hash: str
+
+
+def _tokenise_row(row: dict[str, Any], fmt: str, tokenizer: Any, max_length: int) -> tuple[list[int], list[int]]:
+    if fmt == "chat":
+        enc = tokenizer.apply_chat_template(row["messages"], tokenize=True, return_dict=True,
+                                            return_assistant_tokens_mask=True)
+        ids, mask = list(enc["input_ids"]), list(enc["assistant_masks"])
+        if not any(mask):  # a template without generation markers: learn the whole conversation
+            mask = [1] * len(ids)
+    elif fmt == "prompt_completion":
+        p = tokenizer(row["prompt"], add_special_tokens=False)["input_ids"]
+        c = tokenizer(row["completion"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        ids, mask = p + c, [0] * len(p) + [1] * len(c)
+    else:
+        ids = tokenizer(row["text"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        mask = [1] * len(ids)
+    return ids[:max_length], mask[:max_length]
+
+
+def tokenise_shards(dataset: Any, fmt: str, tokenizer: Any, max_length: int, kd_dir: Path) -> list[Shard]:
+    kd_dir.mkdir(parents=True, exist_ok=True)
+    vocab = len(tokenizer)
+    shards = []
+    for n, start in enumerate(range(0, len(dataset), ROWS_PER_SHARD)):
+        ids_all: list[int] = []
+        mask_all: list[int] = []
+        offsets = [0]
+        for row in dataset.select(range(start, min(start + ROWS_PER_SHARD, len(dataset)))):
+            ids, mask = _tokenise_row(row, fmt, tokenizer, max_length)
+            ids_all += ids
+            mask_all += mask
+            offsets.append(len(ids_all))
+        input_ids = np.asarray(ids_all, dtype=np.uint32)
+        offs = np.asarray(offsets, dtype=np.int64)
+        token_hash = kd_format.tokenisation_hash(input_ids, offs, vocab)
+        tokens_path = kd_dir / f"shard-{n:05d}.npz"
+        np.savez(tokens_path, input_ids=input_ids, loss_mask=np.asarray(mask_all, dtype=np.uint8), offsets=offs)
+        shards.append(Shard(tokens_path, kd_dir / f"shard-{n:05d}.kd", input_ids,
+                            np.asarray(mask_all, dtype=np.uint8), offs, token_hash))
+    return shards
+
+
+@torch.no_grad()
+def capture(ctx: Context, shards: list[Shard], teacher_ref: str, k: int, vocab_size: int) -> None:
+    rep = ctx.reporter
+    todo = [s for s in shards if not kd_format.is_valid(s.kd_path, s.token_hash, k)]
+    for s in shards:
+        if s not in todo:
+            rep.log(f"capture: {s.kd_path.name} already valid; skipped")
+    if not todo:
+        return
+    device = torch.device(ctx.device.kind)
+    teacher = load_model(teacher_ref, None, ctx.device).to(device).eval()
+    if teacher.config.vocab_size < vocab_size:
+        raise SpecError("config.distillation.teacher_model: the teacher's vocabulary is smaller than the student's tokenizer")
+    try:
+        for s in todo:
+            n_tokens = int(s.offsets[-1])
+            ids_out = np.zeros((n_tokens, k), dtype=np.uint32)
+            lp_out = np.zeros((n_tokens, k), dtype=np.float16)
+            for a, b in zip(s.offsets[:-1], s.offsets[1:]):
+                seq = torch.from_numpy(s.input_ids[a:b].astype(np.int64)).unsqueeze(0).to(device)
+                logits = teacher(input_ids=seq).logits[0, :, :vocab_size].float()
+                top = torch.log_softmax(logits, dim=-1).topk(k, dim=-1)
+                ids_out[a:b] = top.indices.cpu().numpy().astype(np.uint32)
+                lp_out[a:b] = top.values.cpu().numpy().astype(np.float16)
+            kd_format.write_sidecar(s.kd_path, ids_out, lp_out, vocab_size, s.token_hash)
+            rep.log(f"capture: wrote {s.kd_path.name} ({n_tokens} tokens, k={k})")
+    finally:
+        # The teacher must not share memory with the student's training.
+        del teacher
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+class KDDataset(torch.utils.data.Dataset):
+    """One item per sequence, with the matching rows of its shard's sidecar."""
+
+    def __init__(self, shards: list[Shard]) -> None:
+        self.items: list[tuple[Shard, int, int, np.ndarray, np.ndarray]] = []
+        for s in shards:
+            _, ids, lps = kd_format.read_sidecar(s.kd_path)
+            for a, b in zip(s.offsets[:-1], s.offsets[1:]):
+                self.items.append((s, int(a), int(b), ids, lps))
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        s, a, b, ids, lps = self.items[i]
+        return {
+            "input_ids": torch.from_numpy(s.input_ids[a:b].astype(np.int64)),
+            "loss_mask": torch.from_numpy(s.loss_mask[a:b].astype(np.int64)),
+            "kd_ids": torch.from_numpy(np.asarray(ids[a:b], dtype=np.int64)),
+            "kd_logprobs": torch.from_numpy(np.asarray(lps[a:b], dtype=np.float32)),
+        }
+
+
+def collate(batch: list[dict[str, torch.Tensor]], pad_id: int) -> dict[str, torch.Tensor]:
+    longest = max(x["input_ids"].size(0) for x in batch)
+
+    def pad(t: torch.Tensor, value: float) -> torch.Tensor:
+        extra = longest - t.size(0)
+        return F.pad(t, (0, 0, 0, extra) if t.dim() == 2 else (0, extra), value=value)
+
+    return {
+        "input_ids": torch.stack([pad(x["input_ids"], pad_id) for x in batch]),
+        "attention_mask": torch.stack([pad(torch.ones_like(x["input_ids"]), 0) for x in batch]),
+        "loss_mask": torch.stack([pad(x["loss_mask"], 0) for x in batch]),
+        "kd_ids": torch.stack([pad(x["kd_ids"], 0) for x in batch]),
+        "kd_logprobs": torch.stack([pad(x["kd_logprobs"], 0.0) for x in batch]),
+    }
+
+
+def kd_losses(logits: torch.Tensor, batch: dict[str, torch.Tensor], temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(CE, τ²·KL(q‖p_τ)) averaged over target positions. Position t predicts token t+1."""
+    logits = logits[:, :-1].float()
+    targets = batch["input_ids"][:, 1:]
+    mask = batch["loss_mask"][:, 1:].float() * batch["attention_mask"][:, 1:].float()
+    denom = mask.sum().clamp(min=1.0)
+    ce = (F.cross_entropy(logits.transpose(1, 2), targets, reduction="none") * mask).sum() / denom
+    q = torch.softmax(batch["kd_logprobs"][:, :-1] / temperature, dim=-1)  # renormalised top-K at τ
+    log_p = torch.log_softmax(logits / temperature, dim=-1).gather(-1, batch["kd_ids"][:, :-1])
+    kl = (q * (torch.log(q.clamp(min=1e-12)) - log_p)).sum(-1)
+    kd = temperature**2 * (kl * mask).sum() / denom
+    return ce, kd
+
+
+class KDTrainer(TokenCountingMixin, Trainer):
+    def __init__(self, *args: Any, temperature: float, kd_weight: float, ce_weight: float, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.temperature, self.kd_weight, self.ce_weight = temperature, kd_weight, ce_weight
+        self._kd_metrics: dict[str, list[float]] = defaultdict(list)
+
+    def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False,
+                     num_items_in_batch: Any = None) -> Any:
+        if model.training:
+            self.tokens_seen += int(inputs["attention_mask"].sum())
+        outputs = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])
+        ce, kd = kd_losses(outputs.logits, inputs, self.temperature)
+        self._kd_metrics["ce"].append(ce.item())
+        self._kd_metrics["kd"].append(kd.item())
+        loss = self.ce_weight * ce + self.kd_weight * kd
+        return (loss, outputs) if return_outputs else loss
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        # Trainer's `loss` is the weighted objective; Studio's `loss` is plain CE, beside `kd_loss`.
+        if "loss" in logs and self._kd_metrics["ce"]:
+            logs["objective"] = logs["loss"]
+            logs["loss"] = float(np.mean(self._kd_metrics["ce"]))
+            logs["kd_loss"] = float(np.mean(self._kd_metrics["kd"]))
+            self._kd_metrics.clear()
+        super().log(logs, start_time)
+
+
+def run(ctx: Context) -> None:
+    spec = ctx.spec
+    dist = dict(spec.cfg("distillation", {}))
+    k = int(dist.get("top_k") or 64)
+    temperature = float(dist.get("temperature") or 1.0)
+    kd_weight = float(0.5 if dist.get("kd_weight") is None else dist["kd_weight"])
+    ce_weight = float(1.0 - kd_weight if dist.get("ce_weight") is None else dist["ce_weight"])
+    tokenizer = load_tokenizer(spec.base_model, spec.base_model_revision)
+    dataset = load_rows(spec.datasets)
+    fmt = row_format(dataset)
+    if fmt == "preference":
+        raise SpecError("dataset: DISTILL needs SFT-shaped rows (messages, text or prompt/completion)")
+    dataset = with_system_prompt(dataset, spec.cfg("system_prompt"))
+    vocab_size = len(tokenizer)
+    k = min(k, vocab_size)
+
+    ctx.reporter.stage("capture")
+    shards = tokenise_shards(dataset, fmt, tokenizer, int(spec.cfg("max_length", 1024)), spec.output_dir / "kd")
+    n_tokens = sum(int(s.offsets[-1]) for s in shards)
+    ctx.reporter.log(f"capture: {len(shards)} shard(s), {n_tokens} tokens, top_k={k}, "
+                     f"sidecars ~{kd_format.expected_size(k, n_tokens) / 1e6:.1f} MB")
+    capture(ctx, shards, str(dist["teacher_model"]), k, vocab_size)
+
+    ctx.reporter.stage("train")
+    ctx.reporter.log(f"distill: tau={temperature} kd_weight={kd_weight} ce_weight={ce_weight}")
+    args = build_config(SFTConfig, ctx, max_length=int(spec.cfg("max_length", 1024)), remove_unused_columns=False)
+    model = load_policy(spec, ctx.device)
+    pad_id = tokenizer.pad_token_id
+    ref: list[Any] = []
+    trainer = KDTrainer(
+        model=model, args=args, train_dataset=KDDataset(shards), data_collator=lambda b: collate(b, pad_id),
+        callbacks=[StudioCallback(ctx, ref)], temperature=temperature, kd_weight=kd_weight, ce_weight=ce_weight,
+    )
+    ref.append(trainer)
+    train_and_finish(trainer, ctx, tokenizer)
