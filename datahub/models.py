@@ -1,0 +1,1 @@
+"""Data Hub repos, branches and commits arrive with the Data Hub issue (see datahub/services.py)."""

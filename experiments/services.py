@@ -1,0 +1,52 @@
+"""The only functions that create experiments."""
+from __future__ import annotations
+
+from django.db import IntegrityError, transaction
+from django.utils.text import slugify
+
+from datahub.services import provision_experiment_repo
+from experiments.models import Experiment
+from studio.errors import BadRequest, Conflict, Finding
+from studio.models import Project
+
+DEFAULT_EXPERIMENT = "default"
+
+
+def create_experiment(project: Project, name: str) -> Experiment:
+    name = (name or "").strip()
+    slug = slugify(name)[:100]
+    if not name or not slug:
+        raise BadRequest(errors=[Finding("name", "give the experiment a name with at least one letter or digit")])
+    try:
+        with transaction.atomic():
+            experiment = Experiment.objects.create(project=project, name=name, slug=slug)
+    except IntegrityError as exc:
+        raise Conflict(
+            f"Project {project.slug} already has an experiment {slug!r}.",
+            [Finding("name", "choose another name, or use the existing experiment")],
+        ) from exc
+    provision_experiment_repo(experiment)
+    return experiment
+
+
+def default_experiment(project: Project) -> Experiment:
+    """The project's `default` experiment, made on first use."""
+    experiment = Experiment.objects.filter(project=project, slug=DEFAULT_EXPERIMENT).first()
+    if experiment is not None:
+        return experiment
+    try:
+        return create_experiment(project, DEFAULT_EXPERIMENT)
+    except Conflict:  # created concurrently by another request
+        return Experiment.objects.get(project=project, slug=DEFAULT_EXPERIMENT)
+
+
+def find_experiment(project: Project, key: str | int) -> Experiment | None:
+    """An experiment of `project` by id, slug or name."""
+    qs = Experiment.objects.filter(project=project)
+    if isinstance(key, int) or (isinstance(key, str) and key.isdigit()):
+        found = qs.filter(pk=int(key)).first()
+        if found:
+            return found
+    if isinstance(key, str):
+        return qs.filter(slug=slugify(key)).first() or qs.filter(name=key).first()
+    return None

@@ -1,0 +1,121 @@
+"""The one NinjaAPI. Every error leaves as {"detail": sentence, "errors": [{field, message}]}.
+
+Write bodies are parsed inside the endpoints (parse_body) rather than by ninja's signature, so the
+status-code precedence of the contract holds: 401 → 404 → 403 → 402 → 409 → 400/422. A schema
+error on a run you cannot see must still be a 404.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, TypeVar
+
+from django.http import Http404, HttpRequest, HttpResponse
+from ninja import NinjaAPI, Schema
+from ninja.errors import AuthenticationError, HttpError, ValidationError
+from pydantic import ValidationError as PydanticValidationError
+
+from studio.auth import Actor, StudioAuth
+from studio.errors import ApiError, BadRequest, Finding, NotFound, Unauthorized
+
+S = TypeVar("S", bound=Schema)
+
+api = NinjaAPI(title="Studio API", version="1.0", urls_namespace="api", auth=StudioAuth())
+
+
+def field_path(loc: tuple | list) -> str:
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        elif item in ("body", "payload", "query", "path", "filters"):
+            continue
+        else:
+            parts.append(("." if parts else "") + str(item))
+    return "".join(parts) or "body"
+
+
+def findings_from_pydantic(errors: list[dict[str, Any]]) -> list[Finding]:
+    findings = []
+    for err in errors:
+        message = err.get("msg", "is not valid")
+        if err.get("type") == "missing":
+            message = "this field is required"
+        elif err.get("type") == "extra_forbidden":
+            message = "unknown field: remove it"
+        findings.append(Finding(field_path(err.get("loc", ())), message))
+    return findings
+
+
+def parse_body(request: HttpRequest, schema: type[S]) -> S:
+    """Parse the JSON body into `schema`, or raise a 400 naming each bad field."""
+    try:
+        raw = json.loads(request.body or b"{}")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest("The request body is not valid JSON.", [Finding("body", f"send a JSON object ({exc})")]) from exc
+    if not isinstance(raw, dict):
+        raise BadRequest("The request body must be a JSON object.", [Finding("body", "send a JSON object, e.g. {\"name\": ...}")])
+    try:
+        return schema.model_validate(raw)
+    except PydanticValidationError as exc:
+        raise BadRequest("The request body has invalid fields.", findings_from_pydantic(exc.errors())) from exc
+
+
+def body_schema(schema: type[Schema]) -> dict[str, Any]:
+    """openapi_extra for an endpoint that parses its body with parse_body."""
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": schema.model_json_schema(ref_template="#/components/schemas/{model}")}},
+        }
+    }
+
+
+def actor(request: HttpRequest) -> Actor:
+    return request.auth  # type: ignore[attr-defined, return-value]
+
+
+def error_response(request: HttpRequest, status: int, body: dict[str, Any]) -> HttpResponse:
+    return api.create_response(request, body, status=status)
+
+
+@api.exception_handler(ApiError)
+def on_api_error(request: HttpRequest, exc: ApiError) -> HttpResponse:
+    return error_response(request, exc.status, exc.body())
+
+
+@api.exception_handler(ValidationError)
+def on_validation_error(request: HttpRequest, exc: ValidationError) -> HttpResponse:
+    findings = findings_from_pydantic(exc.errors)
+    return error_response(request, 400, BadRequest("The request has invalid fields.", findings).body())
+
+
+@api.exception_handler(AuthenticationError)
+def on_auth_error(request: HttpRequest, exc: AuthenticationError) -> HttpResponse:
+    return error_response(request, 401, Unauthorized().body())
+
+
+@api.exception_handler(HttpError)
+def on_http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
+    return error_response(request, exc.status_code, {"detail": str(exc), "errors": []})
+
+
+def on_not_found(request: HttpRequest, exc: Exception) -> HttpResponse:
+    return error_response(request, 404, NotFound().body())
+
+
+api.add_exception_handler(Http404, on_not_found)
+
+
+def register_routers() -> None:
+    from experiments.api import router as experiments_router
+    from studio.secrets_api import router as secrets_router
+    from training.api import router as runs_router
+    from training.ingest import router as ingest_router
+
+    api.add_router("/experiments", experiments_router)
+    api.add_router("/training-runs", runs_router)
+    api.add_router("/secrets", secrets_router)
+    api.add_router("/ingest", ingest_router)
+
+
+register_routers()

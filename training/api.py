@@ -1,0 +1,112 @@
+"""/api/training-runs: parse → authorise → one service → return."""
+from __future__ import annotations
+
+from django.http import HttpRequest
+from ninja import Query, Router
+from ninja.pagination import LimitOffsetPagination, paginate
+
+from experiments.services import find_experiment
+from studio.api import actor, body_schema, parse_body
+from training import metrics, services
+from training.models import Checkpoint, LogLine, Rollout
+from training.queries import get_run_for, runs_for
+from training.schemas import (
+    CheckpointOut,
+    LogsOut,
+    LogsQuery,
+    MetricsOut,
+    MetricsQuery,
+    RolloutOut,
+    RolloutQuery,
+    RunCreateIn,
+    RunFilters,
+    RunOut,
+    RunPatchIn,
+)
+
+router = Router(tags=["training-runs"])
+
+
+@router.get("", response=list[RunOut])
+@paginate(LimitOffsetPagination)
+def list_runs(request: HttpRequest, filters: Query[RunFilters]):
+    who = actor(request)
+    project = who.require_project()
+    runs = runs_for(who).filter(project=project).select_related("project", "experiment")
+    if filters.status:
+        runs = runs.filter(status=filters.status)
+    if filters.method:
+        runs = runs.filter(method=filters.method)
+    if filters.experiment:
+        experiment = find_experiment(project, filters.experiment)
+        runs = runs.filter(experiment=experiment) if experiment else runs.none()
+    return runs
+
+
+@router.post("", response={201: RunOut}, openapi_extra=body_schema(RunCreateIn))
+def create_run(request: HttpRequest):
+    who = actor(request)
+    project = who.require_project()
+    who.require_write(project)
+    services.require_training_plan(project)  # 402 before any body error (the precedence)
+    payload = parse_body(request, RunCreateIn)
+    run = services.create_run(project, who.user, **payload.model_dump())
+    return 201, run
+
+
+@router.get("/{int:run_id}", response=RunOut)
+def get_run(request: HttpRequest, run_id: int):
+    return get_run_for(actor(request), run_id)
+
+
+@router.patch("/{int:run_id}", response=RunOut, openapi_extra=body_schema(RunPatchIn))
+def patch_run(request: HttpRequest, run_id: int):
+    run = get_run_for(actor(request), run_id, write=True)
+    patch = parse_body(request, RunPatchIn)
+    return services.update_run(run, patch.model_dump(exclude_unset=True))
+
+
+@router.post("/{int:run_id}/start", response={202: RunOut})
+def start_run(request: HttpRequest, run_id: int):
+    run = get_run_for(actor(request), run_id, write=True)
+    return 202, services.start_run(run)
+
+
+@router.post("/{int:run_id}/stop", response=RunOut)
+def stop_run(request: HttpRequest, run_id: int):
+    run = get_run_for(actor(request), run_id, write=True)
+    return services.stop_run(run)
+
+
+@router.get("/{int:run_id}/metrics", response=MetricsOut)
+def run_metrics(request: HttpRequest, run_id: int, query: Query[MetricsQuery]):
+    run = get_run_for(actor(request), run_id)
+    keys = [k.strip() for k in query.keys.split(",") if k.strip()] if query.keys else None
+    return {"series": metrics.series(run, keys, query.max_points)}
+
+
+@router.get("/{int:run_id}/rollouts", response=list[RolloutOut])
+@paginate(LimitOffsetPagination)
+def run_rollouts(request: HttpRequest, run_id: int, query: Query[RolloutQuery]):
+    run = get_run_for(actor(request), run_id)
+    rollouts = Rollout.objects.filter(run=run).order_by("step", "id")
+    if query.step is not None:
+        rollouts = rollouts.filter(step=query.step)
+    return rollouts
+
+
+@router.get("/{int:run_id}/logs", response=LogsOut)
+def run_logs(request: HttpRequest, run_id: int, query: Query[LogsQuery]):
+    run = get_run_for(actor(request), run_id)
+    lines = LogLine.objects.filter(run=run)
+    total = lines.count()
+    if query.full:
+        return {"lines": list(lines.order_by("id").values_list("line", flat=True)), "total": total}
+    tail = list(lines.order_by("-id").values_list("line", flat=True)[: query.tail])
+    return {"lines": tail[::-1], "total": total}
+
+
+@router.get("/{int:run_id}/checkpoints", response=list[CheckpointOut])
+def run_checkpoints(request: HttpRequest, run_id: int):
+    run = get_run_for(actor(request), run_id)
+    return Checkpoint.objects.filter(run=run)

@@ -1,0 +1,72 @@
+"""A compute backend: submit a job, poll it, stop it, read its logs. One module per backend."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar
+
+from studio.errors import Finding
+
+
+@dataclass
+class JobSpec:
+    """What a backend needs to run one attempt of a run; `as_engine_spec` is the engine's run.json."""
+
+    run_id: int
+    attempt: int
+    method: str
+    base_model: str
+    dataset: list[dict[str, Any]]
+    config: dict[str, Any]
+    compute: dict[str, Any]
+    ingest_url: str
+    ingest_token: str
+    output_dir: str = ""
+    resume_from: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    def as_engine_spec(self) -> dict[str, Any]:
+        spec = asdict(self)
+        spec.pop("env")
+        spec["ingest"] = {"url": spec.pop("ingest_url"), "token": spec.pop("ingest_token")}
+        spec["base_model_revision"] = None
+        return spec
+
+
+@dataclass
+class PollResult:
+    """state: pending | running | succeeded | failed | gone (the backend no longer knows the job)."""
+
+    state: str
+    error_code: str | None = None
+    message: str = ""
+    log_tail: list[str] = field(default_factory=list)
+
+
+class BackendError(Exception):
+    """The backend could not be reached or refused the call; the caller decides whether to retry."""
+
+
+class Backend:
+    name: ClassVar[str]
+
+    def check(self, project, compute: dict) -> list[Finding]:
+        """Pre-start problems with this backend for this project (422 findings)."""
+        return []
+
+    def image_has(self, module: str) -> bool:
+        """Whether the trainer image this backend runs ships `module`."""
+        raise NotImplementedError
+
+    def submit(self, job: JobSpec) -> str:
+        """Start the job; returns the backend's job id. Raises BackendError."""
+        raise NotImplementedError
+
+    def poll(self, run) -> PollResult:
+        raise NotImplementedError
+
+    def stop(self, run_id: int, attempt: int, job_id: str) -> None:
+        """Abort the job and free its resources. Safe to call twice, or for a job already gone."""
+        raise NotImplementedError
+
+    def logs(self, run, tail: int = 200) -> list[str]:
+        return []

@@ -1,0 +1,184 @@
+"""The local backend: runs the engine on the Studio's own machine, in its own process group.
+
+The engine gets an environment built from an allow-list (never the Studio's own secrets) and its
+spec in a 0600 file. STOP sends SIGTERM to the group, waits the grace period, then SIGKILLs it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from functools import lru_cache
+from pathlib import Path
+
+from django.conf import settings
+
+from studio.errors import Finding
+from training.backends.base import Backend, BackendError, JobSpec, PollResult
+from training.compute import accelerators_of
+
+ENV_ALLOW_LIST = (
+    "PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "LD_LIBRARY_PATH",
+    "HF_HOME", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS", "TOKENIZERS_PARALLELISM", "PYTORCH_CUDA_ALLOC_CONF",
+)
+LOG_TAIL_LINES = 200
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@lru_cache(maxsize=1)
+def local_gpu_count() -> int:
+    """GPUs on this machine, without importing torch into the web process."""
+    nvidia_smi = shutil.which("nvidia-smi")
+    if not nvidia_smi:
+        return 0
+    try:
+        out = subprocess.run([nvidia_smi, "-L"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+def run_dir(run_id: int, attempt: int) -> Path:
+    return Path(settings.STUDIO_RUNS_DIR) / str(run_id) / f"attempt-{attempt}"
+
+
+def engine_env(extra: dict[str, str]) -> dict[str, str]:
+    env = {name: os.environ[name] for name in ENV_ALLOW_LIST if name in os.environ}
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+def parse_job_id(job_id: str) -> tuple[str, int] | None:
+    host, _, pid = job_id.rpartition(":")
+    return (host, int(pid)) if pid.isdigit() else None
+
+
+def process_alive(pid: int) -> bool:
+    """True while the process exists and is not a zombie waiting to be reaped."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def tail_lines(path: Path, n: int = LOG_TAIL_LINES) -> list[str]:
+    if not path.is_file():
+        return []
+    with path.open("rb") as f:
+        f.seek(0, os.SEEK_END)
+        size = f.tell()
+        f.seek(max(0, size - 256 * 1024))
+        return f.read().decode(errors="replace").splitlines()[-n:]
+
+
+class LocalBackend(Backend):
+    name = "local"
+
+    def check(self, project, compute: dict) -> list[Finding]:
+        accel = accelerators_of(compute)
+        if accel.is_cpu:
+            return []
+        available = local_gpu_count()
+        if accel.count > available:
+            return [Finding("compute.accelerators", f"the local backend has {available} GPU(s) and this run asks for {accel.count}: use CPU here, or a remote backend")]
+        return []
+
+    def image_has(self, module: str) -> bool:
+        from training.validation import local_image_has
+
+        return local_image_has(module)
+
+    def submit(self, job: JobSpec) -> str:
+        directory = run_dir(job.run_id, job.attempt)
+        directory.mkdir(parents=True, exist_ok=True)
+        job.output_dir = str(directory / "output")
+        spec_path = directory / "spec.json"
+        fd = os.open(spec_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(job.as_engine_spec(), f, indent=2)
+        command = [sys.executable, "-m", "training.backends.local_runner", str(directory), "--",
+                   sys.executable, "-m", "training.engine", "--spec", str(spec_path)]
+        try:
+            runner = subprocess.Popen(command, cwd=REPO_ROOT, env=engine_env(job.env), start_new_session=True,
+                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(directory / "runner.log", "ab"))
+        except OSError as exc:
+            raise BackendError(f"could not start the engine: {exc}") from exc
+        return f"{socket.gethostname()}:{runner.pid}"
+
+    def poll(self, run) -> PollResult:
+        directory = run_dir(run.pk, run.attempt)
+        exit_file = directory / "exit.json"
+        parsed = parse_job_id(run.backend_job_id or "")
+        if exit_file.is_file():
+            if parsed:
+                reap(parsed[1])
+            return self._exit_result(json.loads(exit_file.read_text()), directory)
+        if parsed and parsed[0] == socket.gethostname() and process_alive(parsed[1]):
+            return PollResult("running")
+        if not parsed:
+            return PollResult("pending")
+        return PollResult("gone", "training_error", "the engine's process is gone without an exit status", tail_lines(directory / "engine.log"))
+
+    def _exit_result(self, result: dict, directory: Path) -> PollResult:
+        returncode, sig = result.get("returncode"), result.get("signal")
+        tail = tail_lines(directory / "engine.log")
+        if returncode == 0:
+            return PollResult("succeeded", log_tail=tail)
+        if sig == signal.SIGKILL:
+            return PollResult("failed", "oom", "the engine was killed (SIGKILL), most likely by the kernel's OOM killer: use a smaller model or batch", tail)
+        if any("OutOfMemoryError" in line or "CUDA out of memory" in line for line in tail[-50:]):
+            return PollResult("failed", "oom", "the engine ran out of GPU memory: lower the batch size or max_length", tail)
+        how = f"signal {sig}" if sig else f"exit code {returncode}"
+        return PollResult("failed", "training_error", f"the engine stopped with {how}", tail)
+
+    def stop(self, run_id: int, attempt: int, job_id: str) -> None:
+        parsed = parse_job_id(job_id)
+        if not parsed or parsed[0] != socket.gethostname():
+            return
+        pid = parsed[1]
+        try:
+            os.killpg(pid, signal.SIGTERM)  # the runner leads its own group (start_new_session)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + settings.STUDIO_STOP_GRACE_SECONDS
+        while time.monotonic() < deadline and group_alive(pid):
+            reap(pid)
+            time.sleep(0.1)
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        reap(pid)
+
+    def logs(self, run, tail: int = LOG_TAIL_LINES) -> list[str]:
+        return tail_lines(run_dir(run.pk, run.attempt) / "engine.log", tail)
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any live (non-zombie) process is still in process group `pgid`."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[-1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            return True
+    return False

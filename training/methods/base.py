@@ -1,0 +1,113 @@
+"""What every training method shares: config key types, the LoRA contract, and the method base.
+
+A method owns its config keys, its defaults, its create-time checks (400) and its pre-start
+checks (422). Adding a method means adding a module and registering it in training/methods/__init__.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, ClassVar
+
+from studio.errors import Finding
+from training.keys import BOOL, INT0, INT1, POSITIVE, PRECISIONS, TEXT, Key, check_block, is_number  # noqa: F401 - re-exported for methods
+
+TRL_FIELDS_FILE = Path(__file__).with_name("trl_fields.json")
+
+
+@lru_cache(maxsize=1)
+def trl_config_fields() -> dict[str, frozenset[str]]:
+    """Field names of TRL's config classes, snapshotted so the web process never imports TRL.
+    tests/test_methods.py checks the snapshot against the installed TRL."""
+    return {name: frozenset(names) for name, names in json.loads(TRL_FIELDS_FILE.read_text()).items()}
+
+
+COMMON_KEYS: dict[str, Key] = {
+    "num_epochs": POSITIVE,
+    "max_steps": INT1,
+    "learning_rate": POSITIVE,
+    "per_device_train_batch_size": INT1,
+    "gradient_accumulation_steps": INT1,
+    "max_length": INT1,
+    "precision": Key("choice", choices=PRECISIONS),
+    "seed": INT0,
+    "system_prompt": TEXT,
+    "lora": BOOL,
+    "lora_rank": Key("int", minimum=1, nullable=True),
+    "lora_alpha": Key("number", minimum=0, nullable=True),
+    "load_in_4bit": BOOL,
+    "heartbeat_timeout_seconds": INT1,
+    "heartbeat_interval_seconds": INT1,
+    "save_steps": INT1,
+    "logging_steps": INT1,
+}
+
+DEFAULT_LORA_RANK = 16
+
+
+def lora_enabled(config: dict) -> bool:
+    return bool(config.get("lora")) or config.get("lora_rank") is not None
+
+
+@dataclass
+class Draft:
+    """A run as validation sees it: the create body, or a stored run (with its project)."""
+
+    method: str
+    base_model: str | None
+    dataset: Any
+    config: dict
+    compute: dict
+    project: Any = None
+    extra: dict = field(default_factory=dict)
+
+
+class TrainingMethod:
+    name: ClassVar[str]
+    label: ClassVar[str]
+    trl_config: ClassVar[str]
+    keys: ClassVar[dict[str, Key]] = {}
+    needs_dataset: ClassVar[bool] = True
+
+    def known_keys(self) -> dict[str, Key]:
+        return {**COMMON_KEYS, **self.keys}
+
+    def check_types(self, config: dict) -> list[Finding]:
+        findings: list[Finding] = []
+        known = self.known_keys()
+        passthrough = trl_config_fields().get(self.trl_config, frozenset())
+        for name, value in config.items():
+            if name in known:
+                findings.extend(known[name].check(f"config.{name}", value))
+            elif name not in passthrough:
+                findings.append(
+                    Finding(
+                        f"config.{name}",
+                        f"{self.label} does not know this setting: remove it, or use a Studio key "
+                        f"({', '.join(sorted(known))}) or a field of TRL's {self.trl_config}",
+                    )
+                )
+        if config.get("load_in_4bit") and not lora_enabled(config):
+            findings.append(Finding("config.load_in_4bit", "QLoRA trains LoRA adapters on a 4-bit base: also set lora_rank (e.g. 16)"))
+        return findings
+
+    def create_findings(self, draft: Draft) -> list[Finding]:
+        """Method-specific 400s at create (and PATCH)."""
+        return []
+
+    def apply_defaults(self, config: dict) -> dict:
+        """The config with the seeds' defaults filled in, so they are visible on the run."""
+        config = dict(config)
+        if config.get("lora") and config.get("lora_rank") is None:
+            config["lora_rank"] = DEFAULT_LORA_RANK
+        if config.get("lora_rank") is not None and config.get("lora_alpha") is None:
+            config["lora_alpha"] = config["lora_rank"]
+        if isinstance(config.get("precision"), str):
+            config["precision"] = config["precision"].lower()
+        return config
+
+    def start_findings(self, draft: Draft) -> list[Finding]:
+        """Method-specific 422s at START."""
+        return []

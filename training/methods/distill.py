@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+from training.methods.base import Draft, Key, TrainingMethod, is_number
+from studio.errors import Finding
+
+DISTILL_KEYS = {
+    "teacher_model": Key("str"),
+    "top_k": Key("int"),
+    "temperature": Key("number"),
+    "kd_weight": Key("number"),
+    "ce_weight": Key("number"),
+}
+DEFAULTS = {"top_k": 64, "temperature": 1.0, "kd_weight": 0.5}
+MAX_TOP_K = 1024
+
+
+class Distill(TrainingMethod):
+    """SFT config plus a `distillation:` block naming the teacher; capture, then train."""
+
+    name = "distill"
+    label = "DISTILL"
+    trl_config = "SFTConfig"
+    keys = {"distillation": Key("block", block=DISTILL_KEYS)}
+
+    def create_findings(self, draft: Draft) -> list[Finding]:
+        block = draft.config.get("distillation")
+        if not isinstance(block, dict) or not isinstance(block.get("teacher_model"), str) or not block["teacher_model"].strip():
+            return [Finding("config.distillation.teacher_model", 'DISTILL needs a distillation block naming the teacher, e.g. {"distillation": {"teacher_model": "Qwen/Qwen3-1.7B"}}')]
+        return []
+
+    def apply_defaults(self, config: dict) -> dict:
+        config = super().apply_defaults(config)
+        block = config.get("distillation")
+        if isinstance(block, dict):
+            block = {**DEFAULTS, **block}
+            kd = block["kd_weight"]
+            # ce_weight defaults to 1 − kd_weight; above 1 there is no sensible default (start asks for it).
+            if "ce_weight" not in block and is_number(kd) and 0 <= kd <= 1:
+                block["ce_weight"] = round(1 - kd, 10)
+            config["distillation"] = block
+        return config
+
+    def start_findings(self, draft: Draft) -> list[Finding]:
+        block = draft.config.get("distillation") or {}
+        findings = []
+        top_k = block.get("top_k")
+        if not (isinstance(top_k, int) and 1 <= top_k <= MAX_TOP_K):
+            findings.append(Finding("config.distillation.top_k", f"top_k must be an integer from 1 to {MAX_TOP_K} (default 64), got {top_k}"))
+        temperature = block.get("temperature")
+        if not (is_number(temperature) and temperature > 0):
+            findings.append(Finding("config.distillation.temperature", f"temperature must be greater than 0 (default 1.0), got {temperature}"))
+        kd = block.get("kd_weight")
+        if not (is_number(kd) and kd >= 0):
+            findings.append(Finding("config.distillation.kd_weight", f"kd_weight must be 0 or more (default 0.5), got {kd}"))
+        ce = block.get("ce_weight")
+        if ce is None:
+            if is_number(kd) and kd > 1:
+                findings.append(Finding("config.distillation.ce_weight", f"with kd_weight {kd} > 1 the default 1 − kd_weight is negative: set ce_weight (0 for pure distillation)"))
+        elif not (is_number(ce) and ce >= 0):
+            findings.append(Finding("config.distillation.ce_weight", f"ce_weight must be 0 or more, got {ce}"))
+        return findings

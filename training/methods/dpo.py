@@ -1,0 +1,54 @@
+from __future__ import annotations
+
+from training.methods.base import BOOL, Draft, Key, TrainingMethod, lora_enabled
+from studio.errors import Finding
+from training.refs import dataset_entries
+
+LOSS_KEYS = {
+    "type": Key("choice", choices=("dpo",)),
+    "dpo_beta": Key("number", hint="a number > 0"),
+    "reference_free": BOOL,
+    "target_margin": Key("number"),
+    "length_norm": BOOL,
+    "span_mask": BOOL,
+}
+DEFAULT_DPO_BETA = 0.1
+
+
+class DPO(TrainingMethod):
+    """SFT config plus a `loss: {type: dpo}` block over {prompt, chosen, rejected} rows."""
+
+    name = "dpo"
+    label = "DPO"
+    trl_config = "DPOConfig"
+    keys = {"loss": Key("block", block=LOSS_KEYS)}
+
+    def create_findings(self, draft: Draft) -> list[Finding]:
+        loss = draft.config.get("loss")
+        if not isinstance(loss, dict) or loss.get("type") != "dpo":
+            return [Finding("config.loss.type", 'DPO needs a loss block with type "dpo", e.g. {"loss": {"type": "dpo", "dpo_beta": 0.1}}')]
+        return []
+
+    def apply_defaults(self, config: dict) -> dict:
+        config = super().apply_defaults(config)
+        if isinstance(config.get("loss"), dict):
+            config["loss"] = {"dpo_beta": DEFAULT_DPO_BETA, **config["loss"]}
+        return config
+
+    def start_findings(self, draft: Draft) -> list[Finding]:
+        config, loss = draft.config, draft.config.get("loss") or {}
+        findings = []
+        if not lora_enabled(config):
+            findings.append(Finding("config.lora_rank", "DPO scores each pair against the frozen base, so it needs LoRA: set lora_rank (e.g. 16). For a full fine-tune use SFT."))
+        batch = config.get("per_device_train_batch_size")
+        if isinstance(batch, int) and batch % 2:
+            findings.append(Finding("config.per_device_train_batch_size", f"a chosen/rejected pair is two rows, so the batch must be even: use {batch + 1} or {max(batch - 1, 2)}"))
+        if loss.get("target_margin") is not None and loss.get("reference_free") is not True:
+            findings.append(Finding("config.loss.target_margin", "target_margin is defined on the reference-free score: also set reference_free: true, or remove target_margin"))
+        beta = loss.get("dpo_beta")
+        if beta is not None and not beta > 0:
+            findings.append(Finding("config.loss.dpo_beta", f"dpo_beta must be greater than 0 (e.g. 0.1), got {beta}"))
+        for index, entry in enumerate(dataset_entries(draft.dataset)):
+            if entry.type not in (None, "preference"):
+                findings.append(Finding(f"dataset[{index}].type", f'DPO reads preference rows: set type to "preference" or leave it out (got "{entry.type}")'))
+        return findings

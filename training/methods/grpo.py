@@ -1,0 +1,114 @@
+from __future__ import annotations
+
+from training.compute import accelerators_of
+from training.methods.base import BOOL, INT0, INT1, POSITIVE, Draft, Key, TrainingMethod
+from studio.errors import Finding
+
+JUDGE_KEYS = {
+    "mode": Key("choice", choices=("external", "colocated")),
+    "endpoint": Key("str", nullable=True),
+    "model": Key("str", nullable=True),
+    "api_key_secret": Key("str", nullable=True),
+}
+RULER_KEYS = {"dataset": Key("ref"), "system_prompt": Key("str")}
+# Seed 002's defaults. max_prompt_length (1024) applies only with use_unsloth.
+DEFAULTS = {
+    "rl_mode": "environment",
+    "learning_rate": 1e-6,
+    "max_steps": 100,
+    "num_epochs": 1,
+    "rollouts_per_prompt": 8,
+    "kl_coef": 0.0,
+    "max_response_length": 2048,
+    "seed": 42,
+}
+LIGER_UNSUPPORTED_BASES = ("pythia", "gpt-neox", "gpt_neox", "neox")
+
+
+class GRPO(TrainingMethod):
+    """Group Relative Policy Optimisation with rewards from an environment or a RULER judge."""
+
+    name = "grpo"
+    label = "GRPO"
+    trl_config = "GRPOConfig"
+    needs_dataset = False  # prompts come from the environment or from ruler_task_args
+    keys = {
+        "rl_mode": Key("choice", choices=("environment", "ruler")),
+        "environment_id": Key("str", nullable=True, hint='an environment ref like "builtin/arith@main"'),
+        "ruler_task_args": Key("block", block=RULER_KEYS),
+        "judge": Key("block", block=JUDGE_KEYS),
+        "inference_blocks": INT0,
+        "trainer_blocks": INT0,
+        "judge_blocks": INT0,
+        "rollouts_per_prompt": Key("int", minimum=2, hint="an integer ≥ 2 (the group size)"),
+        "kl_coef": POSITIVE,
+        "max_response_length": INT1,
+        "max_prompt_length": INT1,
+        "use_liger": BOOL,
+        "use_unsloth": BOOL,
+        "global_batch_size": Key("any"),
+        "rollout_log_steps": INT1,
+    }
+
+    def create_findings(self, draft: Draft) -> list[Finding]:
+        config, findings = draft.config, []
+        if "global_batch_size" in config:
+            findings.append(Finding("config.global_batch_size", "GRPO does not support global_batch_size: each step trains on one prompt and its rollouts_per_prompt completions; remove it"))
+        if "max_prompt_length" in config and not config.get("use_unsloth"):
+            findings.append(Finding("config.max_prompt_length", "max_prompt_length only applies with use_unsloth: the default trainer does not truncate prompts; remove it or set use_unsloth: true"))
+        if config.get("load_in_4bit") and config.get("lora_rank") is None:
+            findings.append(Finding("config.lora_rank", "load_in_4bit (QLoRA) trains adapters on a frozen 4-bit base: set lora_rank (e.g. 16)"))
+        if config.get("use_liger"):
+            accel = accelerators_of(draft.compute)
+            if accel.count > 1:
+                findings.append(Finding("config.use_liger", f"liger kernels are single-GPU: remove use_liger or ask for one GPU (asked for {accel.count})"))
+            if config.get("use_unsloth"):
+                findings.append(Finding("config.use_liger", "use_liger cannot be combined with use_unsloth: pick one"))
+            base = (draft.base_model or "").lower()
+            if any(marker in base for marker in LIGER_UNSUPPORTED_BASES):
+                findings.append(Finding("config.use_liger", "liger kernels do not support GPT-NeoX/Pythia models: remove use_liger"))
+        return findings
+
+    def apply_defaults(self, config: dict) -> dict:
+        config = super().apply_defaults({**DEFAULTS, **config})
+        if config.get("use_unsloth"):
+            config.setdefault("max_prompt_length", 1024)
+        return config
+
+    def start_findings(self, draft: Draft) -> list[Finding]:
+        config, findings = draft.config, []
+        mode = config.get("rl_mode", "environment")
+        if mode == "environment" and not config.get("environment_id"):
+            findings.append(Finding("config.environment_id", 'Environment mode needs a registered environment: set environment_id, e.g. "builtin/arith@main"'))
+        judge = config.get("judge") or {}
+        if mode == "ruler":
+            task = config.get("ruler_task_args") or {}
+            if not task.get("dataset"):
+                findings.append(Finding("config.ruler_task_args.dataset", "RULER mode needs a dataset of prompts in ruler_task_args.dataset"))
+            if not task.get("system_prompt"):
+                findings.append(Finding("config.ruler_task_args.system_prompt", "RULER mode needs the judge's criteria in ruler_task_args.system_prompt"))
+            judge_mode = judge.get("mode", "external")
+            if judge_mode == "external":
+                if not judge.get("endpoint"):
+                    findings.append(Finding("config.judge.endpoint", "an external judge needs the URL of your OpenAI-compatible endpoint"))
+                secret = judge.get("api_key_secret")
+                if not secret:
+                    findings.append(Finding("config.judge.api_key_secret", "an external judge needs an API key: save it as a project secret and name it here"))
+                elif draft.project is not None:
+                    from studio.services import secret_exists
+
+                    if not secret_exists(draft.project, secret):
+                        findings.append(Finding("config.judge.api_key_secret", f"no project secret named {secret!r}: save it under Settings → Secrets (PUT /api/secrets/{secret})"))
+            elif judge_mode == "colocated" and not config.get("judge_blocks"):
+                findings.append(Finding("config.judge_blocks", "a colocated judge runs on its own GPUs: set judge_blocks ≥ 1"))
+        accel = accelerators_of(draft.compute)
+        if not accel.is_cpu:
+            for key in ("inference_blocks", "trainer_blocks"):
+                if not config.get(key):
+                    findings.append(Finding(f"config.{key}", f"GRPO on GPUs needs {key} ≥ 1 (inference blocks generate rollouts, trainer blocks train)"))
+            blocks = sum(config.get(k) or 0 for k in ("inference_blocks", "trainer_blocks"))
+            if mode == "ruler" and judge.get("mode") == "colocated":
+                blocks += config.get("judge_blocks") or 0
+            if blocks > accel.count:
+                findings.append(Finding("compute.accelerators", f"the GPU blocks add up to {blocks} but the run asks for {accel.count} GPU(s): ask for at least {blocks} or use fewer blocks"))
+        return findings

@@ -1,0 +1,22 @@
+"""Permission-scoped run lookups."""
+from __future__ import annotations
+
+from django.db.models import QuerySet
+
+from studio.auth import Actor
+from studio.errors import NotFound
+from training.models import TrainingRun
+
+
+def runs_for(actor: Actor) -> QuerySet[TrainingRun]:
+    return TrainingRun.objects.filter(project_id__in=actor.scoped_project_ids())
+
+
+def get_run_for(actor: Actor, run_id: int, *, write: bool = False) -> TrainingRun:
+    """The run, or 404 for anyone outside its project; with write, 403 for a viewer."""
+    run = runs_for(actor).select_related("project", "project__plan", "experiment").filter(pk=run_id).first()
+    if run is None:
+        raise NotFound(f"No training run {run_id} in your projects.")
+    if write:
+        actor.require_write(run.project)
+    return run

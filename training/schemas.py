@@ -1,0 +1,156 @@
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+from typing import Any, Literal
+
+from ninja import Schema
+from pydantic import ConfigDict, Field
+
+from training.models import Method, Status
+
+
+class RunCreateIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=200)
+    experiment: str | int | None = None
+    method: str = Field(description="sft | dpo | grpo | distill")
+    base_model: str | None = Field(None, description="An HF id, a Data Hub repo@ref, or a local path (local backend)")
+    dataset: Any = Field(None, description="A ref, {ref, type}, or a list of those")
+    config: dict[str, Any] = Field(default_factory=dict)
+    compute: dict[str, Any] = Field(default_factory=dict, description="{backend, accelerators, spot, region}")
+
+
+class RunPatchIn(Schema):
+    """A JSON merge patch (RFC 7386) of these fields."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str | None = None
+    base_model: str | None = None
+    dataset: Any = None
+    config: dict[str, Any] | None = None
+    compute: dict[str, Any] | None = None
+
+
+class ExperimentRef(Schema):
+    id: int
+    name: str
+    slug: str
+
+
+class RunOut(Schema):
+    id: int
+    name: str
+    project: str
+    experiment: ExperimentRef
+    method: str
+    base_model: str
+    dataset: Any
+    config: dict[str, Any]
+    compute: dict[str, Any]
+    status: str
+    stage: str
+    progress: dict[str, Any]
+    error: dict[str, Any] | None
+    attempt: int
+    pinned: dict[str, Any]
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    last_heartbeat_at: datetime | None
+    cost: Decimal
+
+    @staticmethod
+    def resolve_project(obj) -> str:
+        return obj.project.slug
+
+
+class RunFilters(Schema):
+    model_config = ConfigDict(extra="forbid")
+    status: Status | None = None
+    method: Method | None = None
+    experiment: str | None = None
+
+
+class MetricsQuery(Schema):
+    keys: str | None = Field(None, description="Comma-separated metric keys; all keys when absent")
+    max_points: int = Field(1000, ge=2, le=100_000)
+
+
+class MetricsOut(Schema):
+    series: dict[str, list[tuple[int, float]]]
+
+
+class LogsQuery(Schema):
+    tail: int = Field(200, ge=1, le=100_000)
+    full: bool = False
+
+
+class LogsOut(Schema):
+    lines: list[str]
+    total: int
+
+
+class RolloutOut(Schema):
+    step: int
+    prompt: str
+    completion: str
+    reward: float
+    advantage: float | None
+    components: dict[str, Any]
+
+
+class RolloutQuery(Schema):
+    step: int | None = Field(None, ge=0)
+
+
+class CheckpointOut(Schema):
+    step: int
+    kind: str
+    attempt: int
+    path: str
+    created_at: datetime
+
+
+class IngestMetric(Schema):
+    step: int
+    key: str = Field(min_length=1, max_length=100)
+    value: float
+
+
+class IngestRollout(Schema):
+    step: int
+    prompt: str
+    completion: str
+    reward: float
+    advantage: float | None = None
+    components: dict[str, Any] = Field(default_factory=dict)
+
+
+class IngestCheckpoint(Schema):
+    step: int
+    path: str = Field(min_length=1, max_length=1000)
+    kind: Literal["checkpoint", "final", "adapter", "merged"] = "checkpoint"
+
+
+class IngestError(Schema):
+    code: str
+    message: str = ""
+    log_tail: list[str] = Field(default_factory=list)
+
+
+class IngestBatchIn(Schema):
+    batch_id: str = Field(min_length=1, max_length=64)
+    metrics: list[IngestMetric] = Field(default_factory=list, max_length=100_000)
+    logs: list[str] = Field(default_factory=list, max_length=100_000)
+    rollouts: list[IngestRollout] = Field(default_factory=list, max_length=10_000)
+    checkpoints: list[IngestCheckpoint] = Field(default_factory=list, max_length=1000)
+    stage: str | None = Field(None, max_length=32)
+    status: Literal["running", "completed", "failed"] | None = None
+    error: IngestError | None = None
+    progress: dict[str, Any] | None = None
+
+
+class IngestOut(Schema):
+    ok: bool
+    duplicate: bool

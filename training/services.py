@@ -1,0 +1,307 @@
+"""The only functions that create, change, start and stop training runs.
+
+START commits, then (on_commit) a Celery task claims the run with a conditional UPDATE
+(queued → provisioning) and submits it to its backend; a second copy of the task claims nothing.
+"""
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from datahub.services import create_run_branch
+from experiments.models import Experiment
+from experiments.services import default_experiment, find_experiment
+from studio import crypto
+from studio.errors import BadRequest, Conflict, Finding, PaymentRequired, Unprocessable
+from studio.models import Project
+from training import status as status_service
+from training.backends import get_backend
+from training.backends.base import BackendError, JobSpec, PollResult
+from training.compute import accelerators_of
+from training.methods.base import Draft
+from training.models import (
+    ACTIVE_STATUSES,
+    Checkpoint,
+    ErrorCode,
+    IngestBatch,
+    LogLine,
+    MetricPoint,
+    Rollout,
+    Status,
+    TrainingRun,
+)
+from training.refs import dataset_entries
+from training.validation import start_findings, validate_draft
+
+log = logging.getLogger(__name__)
+INGEST_TOKEN_PREFIX = "ing"
+PATCHABLE = ("name", "base_model", "dataset", "config", "compute")
+
+
+# ---- plan gating (402) -------------------------------------------------------------------------
+
+def require_training_plan(project: Project) -> None:
+    plan = project.plan
+    if plan is None or not plan.includes_training:
+        name = f"the {plan.name} plan" if plan else "no plan"
+        raise PaymentRequired(f"Project {project.slug} is on {name}, which does not include training: upgrade in Settings → Billing.")
+
+
+def require_plan_capacity(project: Project, run: TrainingRun) -> None:
+    """Call while holding the project's row lock, so two STARTs cannot both take the last slot."""
+    plan = project.plan
+    accel = accelerators_of(run.compute)
+    if accel.count > plan.max_gpus_per_run:
+        raise PaymentRequired(
+            f"The {plan.name} plan allows {plan.max_gpus_per_run} GPU(s) per run and this run asks for {accel.count}: upgrade in Settings → Billing.",
+            [Finding("compute.accelerators", f"ask for at most {plan.max_gpus_per_run} GPU(s), or upgrade the plan")],
+        )
+    busy = TrainingRun.objects.filter(project=project).exclude(pk=run.pk).filter(
+        status__in=ACTIVE_STATUSES
+    ).count() + TrainingRun.objects.filter(project=project, status=Status.QUEUED, start_requested_at__isnull=False).exclude(pk=run.pk).count()
+    if busy >= plan.max_concurrent_runs:
+        raise PaymentRequired(
+            f"The {plan.name} plan runs {plan.max_concurrent_runs} run(s) at once and {busy} are active: stop one, or upgrade in Settings → Billing."
+        )
+
+
+# ---- create / patch ----------------------------------------------------------------------------
+
+def resolve_experiment(project: Project, key: Any) -> Experiment:
+    if key is None or key == "":
+        return default_experiment(project)
+    experiment = find_experiment(project, key)
+    if experiment is None:
+        raise BadRequest(f"No experiment {key!r} in project {project.slug}.", [Finding("experiment", "name an existing experiment (id or slug), or create it with POST /api/experiments")])
+    return experiment
+
+
+@transaction.atomic
+def create_run(project: Project, user, *, name: str, method: str, experiment: Any = None, base_model: str | None = None,
+               dataset: Any = None, config: dict | None = None, compute: dict | None = None) -> TrainingRun:
+    require_training_plan(project)
+    draft = validate_draft(Draft(method=method, base_model=base_model, dataset=dataset, config=config or {}, compute=compute or {}, project=project))
+    run = TrainingRun.objects.create(
+        project=project, experiment=resolve_experiment(project, experiment), created_by=user, name=name,
+        method=draft.method, base_model=draft.base_model or "", dataset=draft.dataset, config=draft.config, compute=draft.compute,
+    )
+    create_run_branch(run)
+    return run
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch: objects merge recursively, null deletes, anything else replaces."""
+    if not isinstance(patch, dict):
+        return patch
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+@transaction.atomic
+def update_run(run: TrainingRun, patch: dict) -> TrainingRun:
+    run = TrainingRun.objects.select_for_update().get(pk=run.pk)
+    if run.is_active or run.status == Status.COMPLETED or (run.status == Status.QUEUED and run.start_requested_at):
+        raise Conflict(f"A {run.status} run cannot be changed: stop it first, or create a new run.")
+    unknown = sorted(set(patch) - set(PATCHABLE))
+    if unknown:
+        raise BadRequest("The patch has fields that cannot be changed.", [Finding(k, f"only {', '.join(PATCHABLE)} can be patched") for k in unknown])
+    name = patch.get("name", run.name)
+    if "name" in patch and (not isinstance(name, str) or not name.strip() or len(name) > 200):
+        raise BadRequest("The patch has invalid fields.", [Finding("name", "give a name of 1 to 200 characters")])
+    draft = validate_draft(Draft(
+        method=run.method,
+        base_model=patch["base_model"] if "base_model" in patch else (run.base_model or None),
+        dataset=patch["dataset"] if "dataset" in patch else run.dataset,
+        config=merge_patch(run.config, patch["config"]) if "config" in patch else run.config,
+        compute=merge_patch(run.compute, patch["compute"]) if "compute" in patch else run.compute,
+        project=run.project,
+    ))
+    run.name, run.base_model, run.dataset, run.config, run.compute = name, draft.base_model or "", draft.dataset, draft.config, draft.compute
+    run.save(update_fields=["name", "base_model", "dataset", "config", "compute"])
+    return run
+
+
+# ---- start / stop ------------------------------------------------------------------------------
+
+def draft_of(run: TrainingRun) -> Draft:
+    return Draft(method=run.method, base_model=run.base_model or None, dataset=run.dataset, config=run.config, compute=run.compute, project=run.project)
+
+
+def start_blockers(run: TrainingRun) -> list[Finding]:
+    """What the Start button shows: the same findings START answers with 422."""
+    return start_findings(draft_of(run))
+
+
+def start_run(run: TrainingRun) -> TrainingRun:
+    from training.tasks import dispatch_run
+
+    with transaction.atomic():
+        project = Project.objects.select_for_update().select_related("plan").get(pk=run.project_id)
+        run = TrainingRun.objects.select_for_update().get(pk=run.pk)
+        run.project = project
+        require_training_plan(project)
+        if run.status == Status.COMPLETED:
+            raise Conflict("This run has completed: create a new run to train again.")
+        if run.is_active or (run.status == Status.QUEUED and run.start_requested_at):
+            raise Conflict(f"This run is already {'starting' if run.status == Status.QUEUED else run.status}.")
+        require_plan_capacity(project, run)
+        findings = start_findings(draft_of(run))
+        if findings:
+            raise Unprocessable(errors=findings)
+        if run.status in (Status.FAILED, Status.CANCELLED):
+            wipe_attempt_data(run)
+            status_service.transition(run.pk, Status.QUEUED, note="restarted")
+        TrainingRun.objects.filter(pk=run.pk).update(start_requested_at=timezone.now())
+        transaction.on_commit(lambda: dispatch_run.delay(run.pk))
+    run.refresh_from_db()
+    return run
+
+
+def wipe_attempt_data(run: TrainingRun) -> None:
+    """A restart starts clean series; committed checkpoints stay (seed 001)."""
+    MetricPoint.objects.filter(run=run).delete()
+    LogLine.objects.filter(run=run).delete()
+    Rollout.objects.filter(run=run).delete()
+    IngestBatch.objects.filter(run=run).delete()
+
+
+def stop_run(run: TrainingRun) -> TrainingRun:
+    from training.tasks import stop_backend_job
+
+    with transaction.atomic():
+        run = TrainingRun.objects.select_for_update().get(pk=run.pk)
+        if not run.is_active:
+            raise Conflict(f"Only a provisioning or running run can be stopped; this one is {run.status}.")
+        run = status_service.transition(run.pk, Status.CANCELLED, note="stopped by user")
+        TrainingRun.objects.filter(pk=run.pk).update(start_requested_at=None)
+        attempt, job_id = run.attempt, run.backend_job_id
+        transaction.on_commit(lambda: stop_backend_job.delay(run.pk, attempt, job_id))
+    run.refresh_from_db()
+    return run
+
+
+# ---- dispatch (Celery) -------------------------------------------------------------------------
+
+def job_spec(run: TrainingRun, token: str) -> JobSpec:
+    return JobSpec(
+        run_id=run.pk, attempt=run.attempt, method=run.method, base_model=run.base_model,
+        dataset=[{"path": e.ref, "type": e.type, "revision": None} for e in dataset_entries(run.dataset)],
+        config=run.config, compute=run.compute,
+        ingest_url=f"{settings.STUDIO_PUBLIC_URL}/api/ingest/runs/{run.pk}", ingest_token=token,
+        resume_from=None,
+    )
+
+
+def dispatch(run_id: int) -> bool:
+    """Claim a started run and submit it. Returns False when there was nothing to claim."""
+    token = crypto.new_token(INGEST_TOKEN_PREFIX)
+    claimed = TrainingRun.objects.filter(pk=run_id, status=Status.QUEUED, start_requested_at__isnull=False).update(
+        status=Status.PROVISIONING, attempt=F("attempt") + 1, ingest_token_hash=crypto.hash_token(token),
+        backend_job_id="", start_requested_at=None, last_heartbeat_at=timezone.now(), poll_failures=0, next_poll_at=None,
+    )
+    if not claimed:
+        return False
+    run = TrainingRun.objects.select_related("project").get(pk=run_id)
+    backend = get_backend(run.backend_name)
+    add_log(run, f"[studio] attempt {run.attempt}: submitting to the {run.backend_name} backend")
+    try:
+        if backend is None:
+            raise BackendError(f"unknown backend {run.backend_name!r}")
+        job_id = backend.submit(job_spec(run, token))
+    except Exception as exc:  # noqa: BLE001 - any failure to submit fails the attempt, with its reason
+        log.exception("submitting run %s failed", run_id)
+        fail(run, ErrorCode.PROVISIONING_ERROR, f"the {run.backend_name} backend could not start the job: {exc}")
+        return True
+    still_ours = TrainingRun.objects.filter(pk=run_id, attempt=run.attempt, status__in=ACTIVE_STATUSES).update(backend_job_id=job_id)
+    if not still_ours:
+        # STOP landed while we were submitting: abort what we just started.
+        backend.stop(run_id, run.attempt, job_id)
+    else:
+        add_log(run, f"[studio] submitted: job {job_id}")
+    return True
+
+
+def stop_backend_job(run_id: int, attempt: int, job_id: str) -> None:
+    run = TrainingRun.objects.filter(pk=run_id).first()
+    if run is None:
+        return
+    backend = get_backend(run.backend_name)
+    if backend is not None and job_id:
+        backend.stop(run_id, attempt, job_id)
+        add_log(run, f"[studio] attempt {attempt}: job {job_id} stopped")
+
+
+def add_log(run: TrainingRun, line: str) -> None:
+    LogLine.objects.create(run=run, attempt=run.attempt, line=line)
+
+
+def fail(run: TrainingRun, code: str, message: str, log_tail: list[str] | None = None) -> None:
+    try:
+        status_service.transition(run.pk, Status.FAILED, attempt=run.attempt, error={"code": str(code), "message": message, "log_tail": (log_tail or [])[-200:]}, note=message)
+    except status_service.IllegalTransition:
+        pass  # it ended some other way meanwhile (stopped, completed)
+
+
+# ---- reconciler --------------------------------------------------------------------------------
+
+def apply_poll(run: TrainingRun, result: PollResult) -> None:
+    if result.state in ("pending", "running"):
+        return
+    if result.state == "succeeded":
+        if run.status == Status.RUNNING:
+            try:
+                status_service.transition(run.pk, Status.COMPLETED, attempt=run.attempt, note="the engine exited cleanly")
+            except status_service.IllegalTransition:
+                pass
+        else:
+            fail(run, ErrorCode.TRAINING_ERROR, "the engine exited before it reported any training step", result.log_tail)
+        return
+    fail(run, result.error_code or ErrorCode.TRAINING_ERROR, result.message or "the job failed", result.log_tail)
+
+
+def reconcile_run(run_id: int) -> None:
+    """Poll one active run's backend and apply what it says; catch lost heartbeats."""
+    run = TrainingRun.objects.select_related("project").filter(pk=run_id, status__in=ACTIVE_STATUSES).first()
+    if run is None:
+        return
+    timeout = int(run.config.get("heartbeat_timeout_seconds") or 300)
+    backend = get_backend(run.backend_name)
+    if backend is not None and run.backend_job_id:
+        try:
+            result = backend.poll(run)
+        except Exception as exc:  # noqa: BLE001 - back off a backend that keeps erroring
+            failures = run.poll_failures + 1
+            TrainingRun.objects.filter(pk=run.pk).update(poll_failures=failures, next_poll_at=timezone.now() + timedelta(seconds=min(600, 15 * 2 ** failures)))
+            log.warning("polling run %s failed (%s): %s", run.pk, failures, exc)
+            return
+        if result.state not in ("pending", "running"):
+            apply_poll(run, result)
+            return
+    if run.last_heartbeat_at and (timezone.now() - run.last_heartbeat_at).total_seconds() > timeout:
+        tail = backend.logs(run) if backend else []
+        fail(run, ErrorCode.HEARTBEAT_TIMEOUT, f"the engine sent no heartbeat for {timeout} s (heartbeat_timeout_seconds): it may have been frozen, OOM-killed or cut off", tail)
+        if backend is not None and run.backend_job_id:
+            backend.stop(run.pk, run.attempt, run.backend_job_id)
+
+
+def runs_to_reconcile() -> list[int]:
+    now = timezone.now()
+    qs = TrainingRun.objects.filter(status__in=ACTIVE_STATUSES).exclude(next_poll_at__gt=now)
+    return list(qs.values_list("pk", flat=True)[:500])
+
+
+def runs_to_redispatch() -> list[int]:
+    """Started runs no worker has claimed (a lost task, a worker down): dispatch them again."""
+    cutoff = timezone.now() - timedelta(seconds=settings.STUDIO_REDISPATCH_AFTER_SECONDS)
+    return list(TrainingRun.objects.filter(status=Status.QUEUED, start_requested_at__lt=cutoff).values_list("pk", flat=True)[:500])

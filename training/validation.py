@@ -1,0 +1,122 @@
+"""The one validator. Create and PATCH use `validate_draft` (400); START, the form and the Start
+button use `start_findings` (422). Plan limits (402) live in training/services.py."""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+
+from studio.errors import BadRequest, Finding
+from training.backends import get_backend
+from training.compute import accelerators_of, check_compute, normalise_compute, precision_findings
+from training.methods import NOT_YET_SUPPORTED, get_method
+from training.methods.base import Draft, TrainingMethod
+from training.refs import check_dataset, check_ref, local_model_dir
+
+
+def method_or_400(name: Any) -> TrainingMethod:
+    if isinstance(name, str) and name.lower() in NOT_YET_SUPPORTED:
+        raise BadRequest(NOT_YET_SUPPORTED[name.lower()], [Finding("method", NOT_YET_SUPPORTED[name.lower()] + ": use sft, dpo, grpo or distill")])
+    method = get_method(name) if isinstance(name, str) else None
+    if method is None:
+        raise BadRequest(f"Unknown method {name!r}.", [Finding("method", "method must be one of sft, dpo, grpo, distill")])
+    return method
+
+
+def validate_draft(draft: Draft) -> Draft:
+    """Check a run's fields (400 with every finding) and return it with defaults applied."""
+    method = method_or_400(draft.method)
+    findings: list[Finding] = []
+    if not isinstance(draft.config, dict):
+        findings.append(Finding("config", "config must be an object of trainer settings"))
+    if not isinstance(draft.compute, dict):
+        findings.append(Finding("compute", "compute must be an object: {backend, accelerators, spot, region}"))
+    if findings:
+        raise BadRequest("The run has invalid fields.", findings)
+    if draft.base_model is not None:
+        findings += check_ref("base_model", draft.base_model)
+    findings += check_dataset(draft.dataset)
+    findings += check_compute(draft.compute)
+    findings += method.check_types(draft.config)
+    if not findings:
+        findings += method.create_findings(draft)
+    if findings:
+        raise BadRequest("The run has invalid fields.", findings)
+    draft.config = method.apply_defaults(draft.config)
+    draft.compute = normalise_compute(draft.compute)
+    return draft
+
+
+def start_findings(draft: Draft) -> list[Finding]:
+    """Everything that stops a valid run from starting (422). The run itself is not changed."""
+    method = method_or_400(draft.method)
+    findings: list[Finding] = []
+    if not draft.base_model:
+        findings.append(Finding("base_model", "set the base model: an HF id (org/name) or a Data Hub repo@ref"))
+    if method.needs_dataset and not draft.dataset:
+        findings.append(Finding("dataset", f"{method.label} trains on a dataset: set dataset to a Data Hub repo@ref or an HF dataset id"))
+    findings += method.start_findings(draft)
+    accel = accelerators_of(draft.compute)
+    findings += precision_findings(draft.config.get("precision"), accel)
+    backend = get_backend(draft.compute.get("backend", "local"))
+    if backend is None:
+        findings.append(Finding("compute.backend", "unknown backend: use local, dstack or modal"))
+    else:
+        findings += backend.check(draft.project, draft.compute)
+        findings += image_findings(draft, backend.image_has)
+    findings += teacher_tokenizer_findings(draft)
+    return findings
+
+
+def image_findings(draft: Draft, image_has) -> list[Finding]:
+    """Options the trainer image cannot run: a 422 "not available in this image", never a fallback."""
+    config, findings = draft.config, []
+    wants = [
+        ("config.use_unsloth", config.get("use_unsloth"), "unsloth", "use_unsloth"),
+        ("config.use_vllm", config.get("use_vllm"), "vllm", "vLLM"),
+        ("config.judge.mode", (config.get("judge") or {}).get("mode") == "colocated" and config.get("rl_mode") == "ruler", "vllm", "a colocated judge (vLLM)"),
+        ("config.precision", config.get("precision") == "nvfp4", "transformer_engine", "NVFP4 (Transformer Engine)"),
+    ]
+    for field, wanted, module, label in wants:
+        if wanted and not image_has(module):
+            findings.append(Finding(field, f"{label} is not available in this image (no {module} package): turn it off"))
+    if config.get("use_liger") and accelerators_of(draft.compute).is_cpu:
+        findings.append(Finding("config.use_liger", "liger kernels need a GPU and this run asks for the CPU: remove use_liger"))
+    return findings
+
+
+def tokenizer_fingerprint(model_dir: Path) -> str | None:
+    """A hash of the vocabulary, so two tokenizers compare equal when their ids mean the same."""
+    tok = model_dir / "tokenizer.json"
+    if tok.is_file():
+        data = json.loads(tok.read_text())
+        vocab = (data.get("model") or {}).get("vocab")
+        added = sorted((t.get("id"), t.get("content")) for t in data.get("added_tokens", []))
+        return hashlib.sha256(json.dumps([vocab, added], sort_keys=True).encode()).hexdigest()
+    vocab_file = model_dir / "vocab.json"
+    if vocab_file.is_file():
+        return hashlib.sha256(vocab_file.read_bytes()).hexdigest()
+    return None
+
+
+def teacher_tokenizer_findings(draft: Draft) -> list[Finding]:
+    teacher = (draft.config.get("distillation") or {}).get("teacher_model") if draft.method == "distill" else None
+    student_dir, teacher_dir = local_model_dir(draft.base_model), local_model_dir(teacher)
+    if not (student_dir and teacher_dir):
+        return []  # not both resolvable here: the engine checks again before capture
+    student_fp, teacher_fp = tokenizer_fingerprint(student_dir), tokenizer_fingerprint(teacher_dir)
+    if student_fp and teacher_fp and student_fp != teacher_fp:
+        return [Finding("config.distillation.teacher_model", "the teacher's tokenizer differs from the student's: distillation compares token ids, so pick a teacher of the same family")]
+    return []
+
+
+def local_image_has(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def remote_image_has(module: str) -> bool:
+    return module in settings.STUDIO_IMAGE_PACKAGES
