@@ -44,16 +44,18 @@ def build_config(config_cls: type, ctx: Context, **method_kwargs: Any) -> Any:
         "disable_tqdm": True,
         "bf16": device.bf16,
         "use_cpu": device.kind == "cpu",
-        # Checkpointing trades compute for memory; only worth it on real GPU-sized models.
-        "gradient_checkpointing": device.kind == "cuda",
         "dataloader_num_workers": 0,
     }
     if c.get("learning_rate") is not None:
         kwargs["learning_rate"] = float(c["learning_rate"])
     if c.get("use_liger") and device.kind == "cuda":
         kwargs["use_liger_kernel"] = True
-    kwargs.update(method_kwargs)
     fields = {f.name for f in dataclasses.fields(config_cls)}
+    # Checkpointing trades compute for memory: worth it on GPU-sized models, pure cost on tiny CPU runs.
+    # transformers 5 renamed the knob; use whichever this version has so no deprecation path is taken.
+    ckpt_key = "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
+    kwargs[ckpt_key] = device.kind == "cuda"
+    kwargs.update(method_kwargs)
     for key, value in c.items():
         if key in ENGINE_KEYS:
             continue

@@ -54,6 +54,7 @@ class Reporter:
         self._stop = threading.Event()
         self._drain_deadline: float | None = None
         self._last_post = 0.0
+        self._gave_up = False
         self._thread: threading.Thread | None = None
 
     # ---- producer side (any thread) -------------------------------------------------------------
@@ -145,6 +146,7 @@ class Reporter:
             deadline = self._drain_deadline
             if deadline is not None and time.monotonic() + delay > deadline:
                 self._warn(f"reporter: giving up on batch {batch['batch_id']} at shutdown")
+                self._gave_up = True
                 return
             time.sleep(delay)
             delay = min(delay * 2, BACKOFF_CAP_S)
@@ -198,7 +200,7 @@ class Reporter:
                     return False
                 self._lock.notify_all()
                 self._lock.wait(timeout=min(left, 0.1))
-        return not self._dirty
+        return not self._dirty and not self._gave_up
 
     def close(self, timeout: float = 30.0) -> bool:
         """Send what is left and stop the thread; retries give up at the deadline."""
@@ -209,4 +211,4 @@ class Reporter:
             self._lock.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=max(0.0, self._drain_deadline - time.monotonic()) + 0.5)
-        return drained
+        return drained and not self._gave_up

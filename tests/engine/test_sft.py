@@ -1,0 +1,84 @@
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from .conftest import IngestStub, make_spec, mean, run_inprocess
+
+REPO = Path(__file__).resolve().parents[2]
+SFT_CONFIG = {"max_steps": 20, "learning_rate": 5e-3, "per_device_train_batch_size": 8, "max_length": 64}
+
+
+def test_sft_chat_full_finetune_through_the_cli_learns_and_reports(tiny, ingest: IngestStub, tmp_path: Path) -> None:
+    spec = make_spec("sft", tiny["student"], [tiny["sft"]], tmp_path / "out", {**SFT_CONFIG, "save_steps": 10},
+                     ingest)
+    spec_path = tmp_path / "run.json"
+    spec_path.write_text(json.dumps(spec))
+    proc = subprocess.run([sys.executable, "-m", "training.engine", "--spec", str(spec_path)], cwd=REPO,
+                          capture_output=True, text=True, timeout=240, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    losses = ingest.series("loss")
+    assert len(losses) == 20
+    drop = 1 - mean(losses[-3:]) / mean(losses[:3])
+    assert drop >= 0.30, f"loss fell only {drop:.0%}: {losses}"
+    metrics = ingest.metrics()
+    for key in ("tokens_per_s", "step_time_s", "eta_s", "grad_norm", "learning_rate"):
+        assert len(metrics[key]) >= 20, key
+    assert all(v > 0 for _, v in metrics["tokens_per_s"])
+    progress = ingest.scalars("progress")
+    assert progress[-1]["step"] == 20 and progress[-1]["max_steps"] == 20
+    assert set(progress[-1]) == {"step", "max_steps", "tokens_per_s", "step_time_s", "eta_s"}
+    assert ingest.scalars("stage") == ["train"]
+    assert ingest.scalars("status") == ["running", "completed"]
+    kinds = [(c["step"], c["kind"]) for c in ingest.collect("checkpoints")]
+    assert kinds == [(10, "checkpoint"), (20, "checkpoint"), (20, "final")]
+    assert (tmp_path / "out" / "final" / "model.safetensors").is_file()
+    # The local backend captures stdout as the run log: every log line goes there too.
+    assert "completed" in proc.stdout and "step 20:" in proc.stdout
+
+
+def test_sft_text_rows_with_lora_save_adapter_and_merged(tiny, ingest: IngestStub, tmp_path: Path) -> None:
+    cfg = {**SFT_CONFIG, "max_steps": 4, "learning_rate": 1e-2, "lora": True}
+    assert run_inprocess(make_spec("sft", tiny["student"], [tiny["sft_text"]], tmp_path, cfg, ingest)) == 0
+    kinds = [c["kind"] for c in ingest.collect("checkpoints")]
+    assert kinds == ["adapter", "merged"]
+    adapter_cfg = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert adapter_cfg["r"] == 16 and adapter_cfg["lora_alpha"] == 16
+    assert set(adapter_cfg["target_modules"]) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    merged = load_file(str(tmp_path / "merged" / "model.safetensors"))
+    base = load_file(str(Path(tiny["student"]) / "model.safetensors"))
+    assert not any("lora" in k for k in merged)
+    changed = [k for k in base if not torch.equal(base[k], merged[k])]
+    assert any("q_proj" in k for k in changed)  # the adapter really was merged in
+
+
+def test_sft_prompt_completion_rows_with_qlora(tiny, ingest: IngestStub, tmp_path: Path) -> None:
+    cfg = {**SFT_CONFIG, "max_steps": 3, "learning_rate": 1e-2, "lora_rank": 8, "lora_alpha": 16, "load_in_4bit": True}
+    assert run_inprocess(make_spec("sft", tiny["student"], [tiny["sft_prompt_completion"]], tmp_path, cfg, ingest)) == 0
+    assert len(ingest.series("loss")) == 3
+    assert (tmp_path / "merged" / "model.safetensors").is_file()
+    assert json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())["lora_alpha"] == 16
+
+
+def test_resume_from_checkpoint_matches_an_uninterrupted_run(tiny, ingest: IngestStub, tmp_path: Path) -> None:
+    cfg = {**SFT_CONFIG, "max_steps": 6, "save_steps": 3, "per_device_train_batch_size": 4}
+    full = tmp_path / "full"
+    assert run_inprocess(make_spec("sft", tiny["student"], [tiny["sft"]], full, cfg)) == 0
+    resumed = tmp_path / "resumed"
+    spec = make_spec("sft", tiny["student"], [tiny["sft"]], resumed, cfg, ingest,
+                     resume_from=str(full / "checkpoint-3"))
+    assert run_inprocess(spec) == 0
+    assert [step for step, _ in sorted(ingest.metrics()["loss"])] == [4, 5, 6]  # picked up after step 3
+    a = load_file(str(full / "final" / "model.safetensors"))
+    b = load_file(str(resumed / "final" / "model.safetensors"))
+    base = load_file(str(Path(tiny["student"]) / "model.safetensors"))
+    assert any(not torch.equal(a[k], base[k]) for k in a)
+    worst = max((a[k] - b[k]).abs().max().item() for k in a)
+    assert worst <= 1e-5, worst
