@@ -1,0 +1,35 @@
+# The two commands: `make studio` starts the whole Studio on the embedded default;
+# `make test` installs everything and runs the whole suite.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | sha1sum | cut -c1-12)
+TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/studio
+TEST_REDIS_URL ?= redis://127.0.0.1:6379/11
+
+.PHONY: install studio test lint services
+
+$(STAMP): requirements.txt requirements-dev.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -r requirements-dev.txt -c constraints.txt
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+install: $(STAMP)
+
+studio: install
+	mkdir -p var
+	DEBUG=$${DEBUG:-1} $(PY) manage.py migrate --noinput
+	DEBUG=$${DEBUG:-1} $(PY) manage.py bootstrapdemo
+	DEBUG=$${DEBUG:-1} $(PY) manage.py runstudio
+
+services:
+	bash .ci/services.sh
+
+test: install services
+	DEBUG=1 DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest $(PYTEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check .

@@ -1,0 +1,124 @@
+"""Shared fixtures: a project on a training plan with three personas and an outsider, each with a
+token, and an API client that speaks JSON with a bearer token."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.test import Client
+
+from studio.services import add_member, create_api_token, create_plan, create_project
+
+
+@dataclass
+class Api:
+    client: Client
+    token: str | None
+
+    def _headers(self) -> dict[str, str]:
+        return {"HTTP_AUTHORIZATION": f"Bearer {self.token}"} if self.token else {}
+
+    def call(self, method: str, path: str, body: Any = None, raw: bytes | None = None, **query: Any):
+        data = raw if raw is not None else (json.dumps(body) if body is not None else None)
+        kwargs: dict[str, Any] = dict(self._headers())
+        if method in ("get", "delete") and query:
+            return getattr(self.client, method)(path, query, **kwargs)
+        if data is not None:
+            kwargs.update(data=data, content_type="application/json")
+        return getattr(self.client, method)(path, **kwargs)
+
+    def get(self, path: str, **query: Any):
+        return self.call("get", path, **query)
+
+    def post(self, path: str, body: Any = None, raw: bytes | None = None):
+        return self.call("post", path, body, raw)
+
+    def patch(self, path: str, body: Any = None, raw: bytes | None = None):
+        return self.call("patch", path, body, raw)
+
+    def put(self, path: str, body: Any = None):
+        return self.call("put", path, body)
+
+    def delete(self, path: str):
+        return self.call("delete", path)
+
+
+@pytest.fixture
+def team_plan(db):
+    return create_plan("team", includes_training=True, max_concurrent_runs=2, max_gpus_per_run=8)
+
+
+@pytest.fixture
+def free_plan(db):
+    return create_plan("free", includes_training=False, max_concurrent_runs=0, max_gpus_per_run=0)
+
+
+@pytest.fixture
+def users(db):
+    User = get_user_model()
+    return {name: User.objects.create_user(name, f"{name}@example.com", "pw") for name in ("owner", "member", "viewer", "outsider")}
+
+
+@pytest.fixture
+def project(users, team_plan):
+    project = create_project("acme", owner=users["owner"], plan=team_plan)
+    add_member(project, users["member"], "member")
+    add_member(project, users["viewer"], "viewer")
+    return project
+
+
+@pytest.fixture
+def other_project(users, team_plan):
+    return create_project("globex", owner=users["outsider"], plan=team_plan)
+
+
+@pytest.fixture
+def tokens(project, other_project, users):
+    out = {role: create_api_token(users[role], project)[1] for role in ("owner", "member", "viewer")}
+    out["outsider"] = create_api_token(users["outsider"], other_project)[1]
+    return out
+
+
+@pytest.fixture
+def api(tokens) -> Api:
+    """The owner's client."""
+    return Api(Client(), tokens["owner"])
+
+
+@pytest.fixture
+def api_as(tokens):
+    def make(role: str | None) -> Api:
+        return Api(Client(), tokens[role] if role else None)
+
+    return make
+
+
+@pytest.fixture
+def tiny_local_model(tmp_path):
+    """A directory that looks like a local model (for refs that must resolve); no weights needed."""
+    path = tmp_path / "tiny-model"
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    return str(path)
+
+
+def sft_body(**overrides: Any) -> dict:
+    body = {"name": "sft run", "method": "sft", "base_model": "org/base", "dataset": "my-data@main", "config": {}, "compute": {}}
+    body.update(overrides)
+    return body
+
+
+def assert_error(response, status: int, field: str | None = None) -> dict:
+    assert response.status_code == status, (response.status_code, response.content[:500])
+    body = response.json()
+    assert isinstance(body.get("detail"), str) and body["detail"], body
+    assert isinstance(body.get("errors"), list), body
+    if field is not None:
+        fields = [e["field"] for e in body["errors"]]
+        assert field in fields, (field, body)
+        for err in body["errors"]:
+            assert err["message"], body
+    return body
