@@ -30,3 +30,19 @@ def create_run_branch(run) -> None:
 def resolve_ref(project, value: str) -> ResolvedRef | None:
     """Resolve a Data Hub ref; None means "not resolvable here yet" (the Data Hub issue)."""
     return None
+
+
+def dataset_findings(project, method: str, dataset) -> list:
+    """Row-level checks of a run's Data Hub datasets against its method (422 findings naming the
+    row and field, e.g. `row 57: "chosen" is empty`). Empty until the Data Hub lands."""
+    return []
+
+
+def pin_refs(run) -> dict:
+    """At START: resolve the run's Data Hub refs (base model, datasets, teacher, environment) to
+    commit ids, returned as {field: {"ref", "commit"}} and stored on run.pinned."""
+    return {}
+
+
+def record_checkpoint(run, checkpoint) -> None:
+    """Commit a reported checkpoint's files to the run's branch. No-op until the Data Hub lands."""

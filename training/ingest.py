@@ -12,6 +12,7 @@ from django.http import HttpRequest
 from django.utils import timezone
 from ninja import Router
 
+from datahub.services import record_checkpoint
 from studio import crypto
 from studio.api import body_schema, parse_body
 from studio.errors import Forbidden, Unauthorized
@@ -52,7 +53,8 @@ def apply_batch(run: TrainingRun, batch: IngestBatchIn) -> None:
     MetricPoint.objects.bulk_create([MetricPoint(run=run, step=m.step, key=m.key, value=m.value) for m in batch.metrics], batch_size=5000)
     LogLine.objects.bulk_create([LogLine(run=run, attempt=attempt, line=line) for line in batch.logs], batch_size=5000)
     Rollout.objects.bulk_create([Rollout(run=run, **r.model_dump()) for r in batch.rollouts], batch_size=1000)
-    Checkpoint.objects.bulk_create([Checkpoint(run=run, attempt=attempt, **c.model_dump()) for c in batch.checkpoints])
+    for reported in batch.checkpoints:
+        record_checkpoint(run, Checkpoint.objects.create(run=run, attempt=attempt, **reported.model_dump()))
     changes = {"last_heartbeat_at": timezone.now()}
     if batch.stage is not None:
         changes["stage"] = batch.stage

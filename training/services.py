@@ -14,7 +14,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from datahub.services import create_run_branch
+from datahub.services import create_run_branch, pin_refs
 from experiments.models import Experiment
 from experiments.services import default_experiment, find_experiment
 from studio import crypto
@@ -162,7 +162,7 @@ def start_run(run: TrainingRun) -> TrainingRun:
         if run.status in (Status.FAILED, Status.CANCELLED):
             wipe_attempt_data(run)
             status_service.transition(run.pk, Status.QUEUED, note="restarted")
-        TrainingRun.objects.filter(pk=run.pk).update(start_requested_at=timezone.now())
+        TrainingRun.objects.filter(pk=run.pk).update(start_requested_at=timezone.now(), pinned=pin_refs(run))
         transaction.on_commit(lambda: dispatch_run.delay(run.pk))
     run.refresh_from_db()
     return run
