@@ -1,0 +1,107 @@
+"""The engine's process contract: exit codes, failure reports, superseded attempts and SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from training.engine.__main__ import _is_oom, main
+from training.engine.spec import SpecError, parse_spec
+
+from .conftest import IngestStub, make_spec, run_inprocess
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"method": "ppo"}, "method"),
+        ({"output_dir": "relative/dir"}, "output_dir"),
+        ({"dataset": []}, "dataset"),
+        ({"config": {"learning_rate": "fast"}}, "config.learning_rate"),
+        ({"config": {"precision": "fp64"}}, "config.precision"),
+        ({"config": {"load_in_4bit": True}}, "config.load_in_4bit"),
+        ({"method": "dpo", "config": {"lora_rank": 8}}, "config.loss.type"),
+        ({"method": "dpo", "config": {"lora_rank": 8, "loss": {"type": "dpo", "target_margin": 1.0}}},
+         "config.loss.target_margin"),
+        ({"method": "dpo", "config": {"loss": {"type": "dpo"}}}, "config.lora_rank"),
+        ({"method": "distill", "config": {"distillation": {}}}, "config.distillation.teacher_model"),
+        ({"method": "distill", "config": {"distillation": {"teacher_model": "t", "top_k": 4096}}},
+         "config.distillation.top_k"),
+        ({"ingest": {"token": "x"}}, "ingest.url"),
+    ],
+)
+def test_bad_spec_names_the_field(tmp_path: Path, change: dict, field: str) -> None:
+    spec = make_spec("sft", "some/model", ["data.jsonl"], tmp_path, {})
+    spec.update(change)
+    with pytest.raises(SpecError) as err:
+        parse_spec(spec)
+    assert str(err.value).startswith(field + ":")
+
+
+def test_cli_exits_2_on_a_bad_spec(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"method": "sft", "base_model": "m", "output_dir": str(tmp_path)}))
+    assert main(["--spec", str(path)]) == 2
+    assert "dataset: SFT needs at least one dataset" in capsys.readouterr().err
+    assert main(["--spec", str(tmp_path / "missing.json")]) == 2
+
+
+def test_training_error_reports_failed_with_log_tail(tiny, ingest: IngestStub, tmp_path: Path) -> None:
+    spec = make_spec("sft", str(tmp_path / "no-such-model"), [tiny["sft"]], tmp_path / "out", {"max_steps": 2}, ingest)
+    assert run_inprocess(spec) == 1
+    assert ingest.scalars("status") == ["failed"]
+    error = ingest.scalars("error")[0]
+    assert error["code"] == "training_error"
+    assert error["message"]
+    assert 0 < len(error["log_tail"]) <= 200
+    assert any("Traceback" in line for line in error["log_tail"])
+
+
+def test_out_of_memory_maps_to_oom() -> None:
+    assert _is_oom(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert _is_oom(RuntimeError("CUDA out of memory. Tried to allocate"))
+    assert not _is_oom(ValueError("bad row"))
+
+
+def test_superseded_attempt_stops_training_with_exit_3(tiny, ingest: IngestStub, tmp_path: Path) -> None:
+    ingest.always = 403
+    spec = make_spec("sft", tiny["student"], [tiny["sft"]], tmp_path, {"max_steps": 100000, "max_length": 32}, ingest)
+    start = time.monotonic()
+    assert run_inprocess(spec) == 3
+    assert time.monotonic() - start < 60
+    assert len(ingest.attempts) == 1  # one refused batch, then silence
+    assert not (tmp_path / "final").exists()
+
+
+def test_sigterm_flushes_and_exits_143(tiny, ingest: IngestStub, tmp_path: Path) -> None:
+    spec = make_spec("sft", tiny["student"], [tiny["sft"]], tmp_path, {"max_steps": 100000, "max_length": 32}, ingest)
+    (tmp_path / "run.json").write_text(json.dumps(spec))
+    proc = subprocess.Popen([sys.executable, "-m", "training.engine", "--spec", str(tmp_path / "run.json")],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        deadline = time.monotonic() + 120
+        while "running" not in ingest.scalars("status"):
+            assert proc.poll() is None and time.monotonic() < deadline, "engine never reported running"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        rc = proc.wait(timeout=10)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 143
+    assert took < 6
+    assert "SIGTERM: flushing reports and stopping" in ingest.collect("logs")  # flushed before exit
+    assert "completed" not in ingest.scalars("status")

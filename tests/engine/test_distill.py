@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from training.engine import kd_format
+
+from .conftest import IngestStub, make_spec, mean, run_inprocess
+
+DISTILL_CONFIG = {"max_steps": 16, "learning_rate": 5e-3, "per_device_train_batch_size": 8, "max_length": 64}
+
+
+def _spec(tiny, out: Path, ingest: IngestStub, k: int = 16, **cfg):  # type: ignore[no-untyped-def]
+    dist = {"teacher_model": tiny["teacher"], "top_k": k, "temperature": 1.0, "kd_weight": 0.5}
+    return make_spec("distill", tiny["student"], [tiny["distill"]], out, {**DISTILL_CONFIG, **cfg, "distillation": dist},
+                     ingest)
+
+
+def test_distill_captures_sidecars_then_kd_loss_falls(tiny, ingest: IngestStub, tmp_path: Path) -> None:
+    assert run_inprocess(_spec(tiny, tmp_path, ingest)) == 0
+    assert ingest.scalars("stage") == ["capture", "train"]
+
+    sidecar = tmp_path / "kd" / "shard-00000.kd"
+    header, ids, logprobs = kd_format.read_sidecar(sidecar)
+    tokens = np.load(tmp_path / "kd" / "shard-00000.npz")
+    assert header.k == 16 and header.version == 1 and header.dtype == 0
+    assert header.n_tokens == len(tokens["input_ids"]) > 0
+    assert header.vocab_size == 501 or header.vocab_size > 0
+    assert sidecar.stat().st_size == 1024 + 6 * 16 * header.n_tokens
+    assert header.token_hash == kd_format.tokenisation_hash(tokens["input_ids"], tokens["offsets"], header.vocab_size)
+    assert (np.diff(np.asarray(logprobs, dtype=np.float32), axis=1) <= 0).all()  # top-K sorted best first
+    assert (np.asarray(logprobs) <= 0).all() and int(np.asarray(ids).max()) < header.vocab_size
+
+    kd = ingest.series("kd_loss")
+    ce = ingest.series("loss")
+    assert len(kd) == len(ce) == 16
+    assert mean(kd[-3:]) < 0.8 * mean(kd[:3]), kd
+    assert [c["kind"] for c in ingest.collect("checkpoints")] == ["final"]
+
+
+def test_valid_sidecar_is_not_captured_again(tiny, ingest: IngestStub, tmp_path: Path) -> None:
+    assert run_inprocess(_spec(tiny, tmp_path, ingest, max_steps=1)) == 0
+    sidecar = tmp_path / "kd" / "shard-00000.kd"
+    first = sidecar.stat().st_mtime_ns
+    assert run_inprocess(_spec(tiny, tmp_path, ingest, max_steps=1)) == 0
+    assert sidecar.stat().st_mtime_ns == first
+    assert any("already valid; skipped" in line for line in ingest.collect("logs"))
+    # Another K is another capture: the old sidecar does not match and is rewritten.
+    assert run_inprocess(_spec(tiny, tmp_path, ingest, k=8, max_steps=1)) == 0
+    assert kd_format.read_header(sidecar).k == 8

@@ -1,0 +1,60 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from training.engine.environments import ArithEnvironment, load_environment
+from training.engine.spec import SpecError
+
+from .conftest import IngestStub, make_spec, mean, run_inprocess
+
+GRPO_CONFIG = {"max_steps": 40, "learning_rate": 2e-2, "lr_scheduler_type": "constant", "rollouts_per_prompt": 8,
+               "max_response_length": 6, "environment_id": "builtin/arith@main", "rollout_log_steps": 5}
+
+
+def test_arith_reward_is_dense() -> None:
+    env = ArithEnvironment()
+    row = {"prompt": "What is 7+5? Answer with digits only."}
+    perfect = env.score(row, " 12")
+    assert perfect == {"format": 1.0, "digits": 1.0, "exact": 1.0, "total": 1.0}
+    half = env.score(row, "15 apples")
+    assert 0 < half["total"] < perfect["total"] and half["digits"] == 0.5
+    assert env.score(row, "hello")["total"] == 0.0
+    assert env.score(row, "1")["total"] > env.score(row, "x")["total"]  # partial credit for a digit
+
+
+def test_unknown_environment_names_the_field() -> None:
+    with pytest.raises(SpecError, match="config.environment_id"):
+        load_environment("builtin/nope@main")
+
+
+def test_grpo_mean_reward_rises_on_builtin_arith(tiny, ingest: IngestStub, tmp_path: Path) -> None:
+    spec = make_spec("grpo", tiny["student"], [], tmp_path, GRPO_CONFIG, ingest)
+    assert run_inprocess(spec) == 0
+    rewards = ingest.series("reward")
+    assert len(rewards) == 40
+    assert mean(rewards[-10:]) > mean(rewards[:10]) + 0.1, rewards
+    for key in ("reward_std", "loss", "completions/mean_length", "entropy", "rewards/format", "tokens_per_s"):
+        assert len(ingest.series(key)) >= 40, key
+    assert "kl" not in ingest.metrics()  # kl_coef = 0: no reference model, no kl metric
+    rollouts = ingest.collect("rollouts")
+    assert sorted({r["step"] for r in rollouts}) == [5, 10, 15, 20, 25, 30, 35, 40]
+    assert len(rollouts) == 8 * 8  # every completion of each sampled group
+    first = rollouts[0]
+    assert set(first) == {"step", "prompt", "completion", "reward", "advantage", "components"}
+    assert set(first["components"]) == {"format", "digits", "exact"}
+    group = [r for r in rollouts if r["step"] == 5]
+    assert abs(sum(r["advantage"] for r in group)) < 1e-3  # group-relative: advantages centre on 0
+
+
+def test_grpo_with_kl_system_prompt_and_lora(tiny, ingest: IngestStub, tmp_path: Path) -> None:
+    cfg = {**GRPO_CONFIG, "max_steps": 3, "rollouts_per_prompt": 4, "kl_coef": 0.01, "lora_rank": 4,
+           "system_prompt": "Answer with the number only.", "rollout_log_steps": 1}
+    spec = make_spec("grpo", tiny["student"], [tiny["grpo"]], tmp_path, cfg, ingest)
+    assert run_inprocess(spec) == 0
+    assert len(ingest.series("kl")) == 3
+    rollouts = ingest.collect("rollouts")
+    assert len(rollouts) == 3 * 4
+    assert rollouts[0]["prompt"].startswith("What is ")  # the user turn, not the system prompt
+    assert [c["kind"] for c in ingest.collect("checkpoints")] == ["adapter", "merged"]
