@@ -101,15 +101,21 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return {**build_tiny_models(root / "models"), **build_demo_datasets(root / "datasets")}
 
 
-def make_spec(method: str, base_model: str, datasets: list[str], out: Path, config: dict[str, Any],
-              ingest: IngestStub | None = None, **extra: Any) -> dict[str, Any]:
+def make_spec(
+    method: str, base_model: str, datasets: list[str], out: Path, config: dict[str, Any], ingest: IngestStub | None = None, **extra: Any
+) -> dict[str, Any]:
     spec = {
-        "run_id": 1, "attempt": 1, "method": method, "base_model": base_model, "base_model_revision": None,
+        "run_id": 1,
+        "attempt": 1,
+        "method": method,
+        "base_model": base_model,
+        "base_model_revision": None,
         "dataset": [{"path": p, "type": None, "revision": None} for p in datasets],
         "config": {"precision": "fp32", "seed": 1, **config},
         "compute": {"backend": "local", "accelerators": "CPU"},
         "ingest": {"url": ingest.url, "token": TOKEN} if ingest else None,
-        "output_dir": str(out), "resume_from": None,
+        "output_dir": str(out),
+        "resume_from": None,
     }
     spec.update(extra)
     return spec
@@ -122,8 +128,9 @@ def run_inprocess(spec: dict[str, Any]) -> int:
     from training.engine.spec import parse_spec
 
     parsed = parse_spec(spec)
-    reporter = Reporter(parsed.ingest_url, parsed.ingest_token, flush_interval=0.2,
-                        heartbeat_interval=float(spec["config"].get("heartbeat_interval_seconds", 10)))
+    reporter = Reporter(
+        parsed.ingest_url, parsed.ingest_token, flush_interval=0.2, heartbeat_interval=float(spec["config"].get("heartbeat_interval_seconds", 10))
+    )
     return execute(parsed, reporter)
 
 

@@ -31,12 +31,10 @@ REPO = Path(__file__).resolve().parents[2]
         ({"config": {"precision": "fp64"}}, "config.precision"),
         ({"config": {"load_in_4bit": True}}, "config.load_in_4bit"),
         ({"method": "dpo", "config": {"lora_rank": 8}}, "config.loss.type"),
-        ({"method": "dpo", "config": {"lora_rank": 8, "loss": {"type": "dpo", "target_margin": 1.0}}},
-         "config.loss.target_margin"),
+        ({"method": "dpo", "config": {"lora_rank": 8, "loss": {"type": "dpo", "target_margin": 1.0}}}, "config.loss.target_margin"),
         ({"method": "dpo", "config": {"loss": {"type": "dpo"}}}, "config.lora_rank"),
         ({"method": "distill", "config": {"distillation": {}}}, "config.distillation.teacher_model"),
-        ({"method": "distill", "config": {"distillation": {"teacher_model": "t", "top_k": 4096}}},
-         "config.distillation.top_k"),
+        ({"method": "distill", "config": {"distillation": {"teacher_model": "t", "top_k": 4096}}}, "config.distillation.top_k"),
         ({"ingest": {"token": "x"}}, "ingest.url"),
     ],
 )
@@ -86,9 +84,14 @@ def test_superseded_attempt_stops_training_with_exit_3(tiny, ingest: IngestStub,
 def test_sigterm_flushes_and_exits_143(tiny, ingest: IngestStub, tmp_path: Path) -> None:
     spec = make_spec("sft", tiny["student"], [tiny["sft"]], tmp_path, {"max_steps": 100000, "max_length": 32}, ingest)
     (tmp_path / "run.json").write_text(json.dumps(spec))
-    proc = subprocess.Popen([sys.executable, "-m", "training.engine", "--spec", str(tmp_path / "run.json")],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "training.engine", "--spec", str(tmp_path / "run.json")],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     try:
         deadline = time.monotonic() + 120
         while "running" not in ingest.scalars("status"):

@@ -13,8 +13,7 @@ DISTILL_CONFIG = {"max_steps": 16, "learning_rate": 5e-3, "per_device_train_batc
 
 def _spec(tiny, out: Path, ingest: IngestStub, k: int = 16, **cfg):  # type: ignore[no-untyped-def]
     dist = {"teacher_model": tiny["teacher"], "top_k": k, "temperature": 1.0, "kd_weight": 0.5}
-    return make_spec("distill", tiny["student"], [tiny["distill"]], out, {**DISTILL_CONFIG, **cfg, "distillation": dist},
-                     ingest)
+    return make_spec("distill", tiny["student"], [tiny["distill"]], out, {**DISTILL_CONFIG, **cfg, "distillation": dist}, ingest)
 
 
 def test_distill_captures_sidecars_then_kd_loss_falls(tiny, ingest: IngestStub, tmp_path: Path) -> None:

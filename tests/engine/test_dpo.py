@@ -8,8 +8,7 @@ from training.engine.dpo import sequence_scores, span_masks
 
 from .conftest import IngestStub, make_spec, mean, run_inprocess
 
-DPO_CONFIG = {"max_steps": 12, "learning_rate": 1e-2, "per_device_train_batch_size": 8, "max_length": 64,
-              "lora_rank": 8}
+DPO_CONFIG = {"max_steps": 12, "learning_rate": 1e-2, "per_device_train_batch_size": 8, "max_length": 64, "lora_rank": 8}
 
 
 def test_span_mask_drops_common_prefix_and_suffix() -> None:

@@ -9,8 +9,15 @@ from training.engine.spec import SpecError
 
 from .conftest import IngestStub, make_spec, mean, run_inprocess
 
-GRPO_CONFIG = {"max_steps": 40, "learning_rate": 2e-2, "lr_scheduler_type": "constant", "rollouts_per_prompt": 8,
-               "max_response_length": 6, "environment_id": "builtin/arith@main", "rollout_log_steps": 5}
+GRPO_CONFIG = {
+    "max_steps": 40,
+    "learning_rate": 2e-2,
+    "lr_scheduler_type": "constant",
+    "rollouts_per_prompt": 8,
+    "max_response_length": 6,
+    "environment_id": "builtin/arith@main",
+    "rollout_log_steps": 5,
+}
 
 
 def test_arith_reward_is_dense() -> None:
@@ -49,8 +56,15 @@ def test_grpo_mean_reward_rises_on_builtin_arith(tiny, ingest: IngestStub, tmp_p
 
 
 def test_grpo_with_kl_system_prompt_and_lora(tiny, ingest: IngestStub, tmp_path: Path) -> None:
-    cfg = {**GRPO_CONFIG, "max_steps": 3, "rollouts_per_prompt": 4, "kl_coef": 0.01, "lora_rank": 4,
-           "system_prompt": "Answer with the number only.", "rollout_log_steps": 1}
+    cfg = {
+        **GRPO_CONFIG,
+        "max_steps": 3,
+        "rollouts_per_prompt": 4,
+        "kl_coef": 0.01,
+        "lora_rank": 4,
+        "system_prompt": "Answer with the number only.",
+        "rollout_log_steps": 1,
+    }
     spec = make_spec("grpo", tiny["student"], [tiny["grpo"]], tmp_path, cfg, ingest)
     assert run_inprocess(spec) == 0
     assert len(ingest.series("kl")) == 3

@@ -16,12 +16,17 @@ SFT_CONFIG = {"max_steps": 20, "learning_rate": 5e-3, "per_device_train_batch_si
 
 
 def test_sft_chat_full_finetune_through_the_cli_learns_and_reports(tiny, ingest: IngestStub, tmp_path: Path) -> None:
-    spec = make_spec("sft", tiny["student"], [tiny["sft"]], tmp_path / "out", {**SFT_CONFIG, "save_steps": 10},
-                     ingest)
+    spec = make_spec("sft", tiny["student"], [tiny["sft"]], tmp_path / "out", {**SFT_CONFIG, "save_steps": 10}, ingest)
     spec_path = tmp_path / "run.json"
     spec_path.write_text(json.dumps(spec))
-    proc = subprocess.run([sys.executable, "-m", "training.engine", "--spec", str(spec_path)], cwd=REPO,
-                          capture_output=True, text=True, timeout=240, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "training.engine", "--spec", str(spec_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
     losses = ingest.series("loss")
@@ -72,8 +77,7 @@ def test_resume_from_checkpoint_matches_an_uninterrupted_run(tiny, ingest: Inges
     full = tmp_path / "full"
     assert run_inprocess(make_spec("sft", tiny["student"], [tiny["sft"]], full, cfg)) == 0
     resumed = tmp_path / "resumed"
-    spec = make_spec("sft", tiny["student"], [tiny["sft"]], resumed, cfg, ingest,
-                     resume_from=str(full / "checkpoint-3"))
+    spec = make_spec("sft", tiny["student"], [tiny["sft"]], resumed, cfg, ingest, resume_from=str(full / "checkpoint-3"))
     assert run_inprocess(spec) == 0
     assert [step for step, _ in sorted(ingest.metrics()["loss"])] == [4, 5, 6]  # picked up after step 3
     a = load_file(str(full / "final" / "model.safetensors"))

@@ -50,10 +50,7 @@ def run_spec(spec: Spec, reporter: Reporter) -> None:
 
     device = pick_device(spec)
     spec.output_dir.mkdir(parents=True, exist_ok=True)
-    reporter.log(
-        f"run {spec.run_id} attempt {spec.attempt}: {spec.method} on {device.kind} ({device.precision}), "
-        f"base {spec.base_model}"
-    )
+    reporter.log(f"run {spec.run_id} attempt {spec.attempt}: {spec.method} on {device.kind} ({device.precision}), base {spec.base_model}")
     ctx = Context(spec=spec, reporter=reporter, device=device)
     if spec.method == "sft":
         from . import sft as method

@@ -119,8 +119,9 @@ class StudioCallback(TrainerCallback):
         rep.metric(step, "tokens_per_s", tokens_per_s)
         rep.metric(step, "step_time_s", step_time)
         rep.metric(step, "eta_s", eta)
-        rep.progress({"step": step, "max_steps": state.max_steps, "tokens_per_s": round(tokens_per_s, 3),
-                      "step_time_s": round(step_time, 4), "eta_s": round(eta, 2)})
+        rep.progress(
+            {"step": step, "max_steps": state.max_steps, "tokens_per_s": round(tokens_per_s, 3), "step_time_s": round(step_time, 4), "eta_s": round(eta, 2)}
+        )
         if not self.announced_running:
             self.announced_running = True
             rep.status("running")

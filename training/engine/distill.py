@@ -43,8 +43,7 @@ class Shard:
 
 def _tokenise_row(row: dict[str, Any], fmt: str, tokenizer: Any, max_length: int) -> tuple[list[int], list[int]]:
     if fmt == "chat":
-        enc = tokenizer.apply_chat_template(row["messages"], tokenize=True, return_dict=True,
-                                            return_assistant_tokens_mask=True)
+        enc = tokenizer.apply_chat_template(row["messages"], tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
         ids, mask = list(enc["input_ids"]), list(enc["assistant_masks"])
         if not any(mask):  # a template without generation markers: learn the whole conversation
             mask = [1] * len(ids)
@@ -76,8 +75,7 @@ def tokenise_shards(dataset: Any, fmt: str, tokenizer: Any, max_length: int, kd_
         token_hash = kd_format.tokenisation_hash(input_ids, offs, vocab)
         tokens_path = kd_dir / f"shard-{n:05d}.npz"
         np.savez(tokens_path, input_ids=input_ids, loss_mask=np.asarray(mask_all, dtype=np.uint8), offsets=offs)
-        shards.append(Shard(tokens_path, kd_dir / f"shard-{n:05d}.kd", input_ids,
-                            np.asarray(mask_all, dtype=np.uint8), offs, token_hash))
+        shards.append(Shard(tokens_path, kd_dir / f"shard-{n:05d}.kd", input_ids, np.asarray(mask_all, dtype=np.uint8), offs, token_hash))
     return shards
 
 
@@ -99,7 +97,7 @@ def capture(ctx: Context, shards: list[Shard], teacher_ref: str, k: int, vocab_s
             n_tokens = int(s.offsets[-1])
             ids_out = np.zeros((n_tokens, k), dtype=np.uint32)
             lp_out = np.zeros((n_tokens, k), dtype=np.float16)
-            for a, b in zip(s.offsets[:-1], s.offsets[1:]):
+            for a, b in zip(s.offsets[:-1], s.offsets[1:], strict=True):
                 seq = torch.from_numpy(s.input_ids[a:b].astype(np.int64)).unsqueeze(0).to(device)
                 logits = teacher(input_ids=seq).logits[0, :, :vocab_size].float()
                 top = torch.log_softmax(logits, dim=-1).topk(k, dim=-1)
@@ -122,7 +120,7 @@ class KDDataset(torch.utils.data.Dataset):
         self.items: list[tuple[Shard, int, int, np.ndarray, np.ndarray]] = []
         for s in shards:
             _, ids, lps = kd_format.read_sidecar(s.kd_path)
-            for a, b in zip(s.offsets[:-1], s.offsets[1:]):
+            for a, b in zip(s.offsets[:-1], s.offsets[1:], strict=True):
                 self.items.append((s, int(a), int(b), ids, lps))
 
     def __len__(self) -> int:
@@ -174,8 +172,7 @@ class KDTrainer(TokenCountingMixin, Trainer):
         self.temperature, self.kd_weight, self.ce_weight = temperature, kd_weight, ce_weight
         self._kd_metrics: dict[str, list[float]] = defaultdict(list)
 
-    def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False,
-                     num_items_in_batch: Any = None) -> Any:
+    def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch: Any = None) -> Any:
         if model.training:
             self.tokens_seen += int(inputs["attention_mask"].sum())
         outputs = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])
@@ -214,8 +211,7 @@ def run(ctx: Context) -> None:
     ctx.reporter.stage("capture")
     shards = tokenise_shards(dataset, fmt, tokenizer, int(spec.cfg("max_length", 1024)), spec.output_dir / "kd")
     n_tokens = sum(int(s.offsets[-1]) for s in shards)
-    ctx.reporter.log(f"capture: {len(shards)} shard(s), {n_tokens} tokens, top_k={k}, "
-                     f"sidecars ~{kd_format.expected_size(k, n_tokens) / 1e6:.1f} MB")
+    ctx.reporter.log(f"capture: {len(shards)} shard(s), {n_tokens} tokens, top_k={k}, sidecars ~{kd_format.expected_size(k, n_tokens) / 1e6:.1f} MB")
     capture(ctx, shards, str(dist["teacher_model"]), k, vocab_size)
 
     ctx.reporter.stage("train")
@@ -225,8 +221,14 @@ def run(ctx: Context) -> None:
     pad_id = tokenizer.pad_token_id
     ref: list[Any] = []
     trainer = KDTrainer(
-        model=model, args=args, train_dataset=KDDataset(shards), data_collator=lambda b: collate(b, pad_id),
-        callbacks=[StudioCallback(ctx, ref)], temperature=temperature, kd_weight=kd_weight, ce_weight=ce_weight,
+        model=model,
+        args=args,
+        train_dataset=KDDataset(shards),
+        data_collator=lambda b: collate(b, pad_id),
+        callbacks=[StudioCallback(ctx, ref)],
+        temperature=temperature,
+        kd_weight=kd_weight,
+        ce_weight=ce_weight,
     )
     ref.append(trainer)
     train_and_finish(trainer, ctx, tokenizer)

@@ -34,7 +34,7 @@ def span_masks(input_ids: torch.Tensor, completion_mask: torch.Tensor) -> torch.
     for i in range(half):
         rows = (i, i + half)
         pos = [completion_mask[r].nonzero().flatten() for r in rows]
-        toks = [input_ids[r, p].tolist() for r, p in zip(rows, pos)]
+        toks = [input_ids[r, p].tolist() for r, p in zip(rows, pos, strict=True)]
         shortest = min(len(t) for t in toks)
         prefix = 0
         while prefix < shortest and toks[0][prefix] == toks[1][prefix]:
@@ -42,10 +42,10 @@ def span_masks(input_ids: torch.Tensor, completion_mask: torch.Tensor) -> torch.
         suffix = 0
         while suffix < shortest - prefix and toks[0][-1 - suffix] == toks[1][-1 - suffix]:
             suffix += 1
-        for r, p in zip(rows, pos):
+        for r, p in zip(rows, pos, strict=True):
             out[r, p[:prefix]] = 0
             if suffix:
-                out[r, p[len(p) - suffix:]] = 0
+                out[r, p[len(p) - suffix :]] = 0
     return out
 
 
@@ -64,8 +64,7 @@ class StudioDPOTrainer(TokenCountingMixin, DPOTrainer):
 
     def _logps(self, model: Any, inputs: dict[str, Any], score_mask: torch.Tensor) -> tuple[torch.Tensor, Any]:
         labels = inputs["input_ids"].masked_fill(inputs["completion_mask"] == 0, -100)
-        outputs = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], labels=labels,
-                        use_cache=False, fused_lm_head=True)
+        outputs = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], labels=labels, use_cache=False, fused_lm_head=True)
         seq = score_mask.size(1)
         per_token = outputs.log_probs[:, -seq:]
         return sequence_scores(per_token, score_mask, self.length_norm), outputs
@@ -107,7 +106,7 @@ class StudioDPOTrainer(TokenCountingMixin, DPOTrainer):
         m["logps/rejected"].append(rejected_logps.mean().item())
         entropy_mask = completion_mask[:, 1:].to(torch.float32)
         if getattr(outputs, "entropy", None) is not None:
-            ent = outputs.entropy[:, -entropy_mask.size(1):].detach()
+            ent = outputs.entropy[:, -entropy_mask.size(1) :].detach()
             m["entropy"].append(((ent * entropy_mask).sum() / entropy_mask.sum().clamp(min=1)).item())
         return (loss, outputs) if return_outputs else loss
 
@@ -120,18 +119,26 @@ def run(ctx: Context) -> None:
     if row_format(dataset) != "preference":
         raise SpecError("dataset: DPO needs rows with prompt, chosen and rejected")
     dataset = dataset.select_columns(["prompt", "chosen", "rejected"])
-    ctx.reporter.log(f"dpo: {len(dataset)} pairs, beta={loss_options.get('dpo_beta', 0.1)}, "
-                     f"reference_free={bool(loss_options.get('reference_free'))}, "
-                     f"length_norm={bool(loss_options.get('length_norm'))}, span_mask={bool(loss_options.get('span_mask'))}")
+    ctx.reporter.log(
+        f"dpo: {len(dataset)} pairs, beta={loss_options.get('dpo_beta', 0.1)}, "
+        f"reference_free={bool(loss_options.get('reference_free'))}, "
+        f"length_norm={bool(loss_options.get('length_norm'))}, span_mask={bool(loss_options.get('span_mask'))}"
+    )
     args = build_config(
-        DPOConfig, ctx, beta=float(loss_options.get("dpo_beta") or 0.1),
+        DPOConfig,
+        ctx,
+        beta=float(loss_options.get("dpo_beta") or 0.1),
         max_length=int(spec.cfg("max_length", 1024)),
     )
     model = load_policy(spec, ctx.device)
     ref: list[Any] = []
     trainer = StudioDPOTrainer(
-        model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
-        callbacks=[StudioCallback(ctx, ref)], loss_options=loss_options,
+        model=model,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[StudioCallback(ctx, ref)],
+        loss_options=loss_options,
     )
     ref.append(trainer)
     ctx.reporter.stage("train")

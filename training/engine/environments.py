@@ -80,6 +80,5 @@ def register(env_cls: type[Environment]) -> type[Environment]:
 def load_environment(environment_id: str) -> Environment:
     name = environment_id.split("@", 1)[0]
     if name not in _REGISTRY:
-        raise SpecError(f"config.environment_id: unknown environment {environment_id!r}; "
-                        f"built-in ones are {', '.join(sorted(_REGISTRY))}")
+        raise SpecError(f"config.environment_id: unknown environment {environment_id!r}; built-in ones are {', '.join(sorted(_REGISTRY))}")
     return _REGISTRY[name]()

@@ -48,7 +48,7 @@ def make_reward_fn(env: Environment, ctx: Context, group: int, trainer_ref: list
         step = (state.global_step if state is not None else 0) + 1  # scored before the step's update
         extra = {k: v for k, v in columns.items() if isinstance(v, list) and len(v) == len(prompts)}
         scores = []
-        for i, (prompt, completion) in enumerate(zip(prompts, completions)):
+        for i, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
             row = {k: v[i] for k, v in extra.items()}
             row["prompt"] = _prompt_text(prompt)
             scores.append(env.score(row, _completion_text(completion)))
@@ -59,17 +59,21 @@ def make_reward_fn(env: Environment, ctx: Context, group: int, trainer_ref: list
                 rep.metric(step, f"rewards/{key}", sum(s[key] for s in scores) / len(scores))
         if step % every == 0:
             for start in range(0, len(scores), group):
-                chunk = totals[start:start + group]
+                chunk = totals[start : start + group]
                 std = chunk.std() if chunk.numel() > 1 else torch.tensor(0.0)
                 adv = (chunk - chunk.mean()) / (std + ADVANTAGE_EPS)
                 for j in range(chunk.numel()):
                     i = start + j
-                    rep.rollout({
-                        "step": step, "prompt": _prompt_text(prompts[i]),
-                        "completion": _completion_text(completions[i]), "reward": float(totals[i]),
-                        "advantage": float(adv[j]),
-                        "components": {k: float(v) for k, v in scores[i].items() if k != "total"},
-                    })
+                    rep.rollout(
+                        {
+                            "step": step,
+                            "prompt": _prompt_text(prompts[i]),
+                            "completion": _completion_text(completions[i]),
+                            "reward": float(totals[i]),
+                            "advantage": float(adv[j]),
+                            "components": {k: float(v) for k, v in scores[i].items() if k != "total"},
+                        }
+                    )
         return totals.tolist()
 
     return environment_reward
@@ -89,8 +93,7 @@ def _prompt_rows(ctx: Context, env: Environment) -> Any:
     system_prompt = spec.cfg("system_prompt")
     if system_prompt:
         # A system prompt turns each string prompt into a chat, so the model's chat template applies.
-        ds = ds.map(lambda r: {"prompt": [{"role": "system", "content": system_prompt},
-                                          {"role": "user", "content": r["prompt"]}]})
+        ds = ds.map(lambda r: {"prompt": [{"role": "system", "content": system_prompt}, {"role": "user", "content": r["prompt"]}]})
     return ds
 
 
@@ -118,8 +121,12 @@ def run(ctx: Context) -> None:
     model = load_policy(spec, ctx.device)
     ref: list[Any] = []
     trainer = StudioGRPOTrainer(
-        model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
-        reward_funcs=[make_reward_fn(env, ctx, group, ref)], callbacks=[StudioCallback(ctx, ref)],
+        model=model,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        reward_funcs=[make_reward_fn(env, ctx, group, ref)],
+        callbacks=[StudioCallback(ctx, ref)],
     )
     ref.append(trainer)
     ctx.reporter.stage("train")

@@ -76,8 +76,7 @@ def read_header(path: str | Path) -> KDHeader:
     if len(raw) < HEADER_BYTES or raw[0:8] != MAGIC:
         raise ValueError(f"{path}: not a KD.LOGP sidecar")
     version, k, n_tokens, vocab_size, dtype, _reserved = struct.unpack_from("<6i", raw, 8)
-    return KDHeader(k=k, n_tokens=n_tokens, vocab_size=vocab_size, token_hash=raw[64:80].decode("ascii"),
-                    version=version, dtype=dtype)
+    return KDHeader(k=k, n_tokens=n_tokens, vocab_size=vocab_size, token_hash=raw[64:80].decode("ascii"), version=version, dtype=dtype)
 
 
 def read_sidecar(path: str | Path) -> tuple[KDHeader, np.ndarray, np.ndarray]:
@@ -98,5 +97,10 @@ def is_valid(path: str | Path, token_hash: str, k: int) -> bool:
         header = read_header(p)
     except (OSError, ValueError, UnicodeDecodeError):
         return False
-    return (header.version == VERSION and header.dtype == DTYPE_FP16 and header.k == k
-            and header.token_hash == token_hash and p.stat().st_size == expected_size(k, header.n_tokens))
+    return (
+        header.version == VERSION
+        and header.dtype == DTYPE_FP16
+        and header.k == k
+        and header.token_hash == token_hash
+        and p.stat().st_size == expected_size(k, header.n_tokens)
+    )

@@ -67,7 +67,9 @@ def load_model(ref: str, revision: str | None, device: Device, *, four_bit: bool
         from transformers import BitsAndBytesConfig
 
         kwargs["quantization_config"] = BitsAndBytesConfig(
-            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=device.torch_dtype,
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_compute_dtype=device.torch_dtype,
             bnb_4bit_use_double_quant=True,
         )
         kwargs["device_map"] = {"": 0} if device.kind == "cuda" else {"": "cpu"}
@@ -82,7 +84,10 @@ def wrap_lora(model: Any, spec: Spec, *, four_bit: bool) -> Any:
         # Gradient checkpointing stays a TrainingArguments decision, not a side effect of quantisation.
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     config = LoraConfig(
-        r=spec.lora_rank, lora_alpha=spec.lora_alpha, lora_dropout=0.0, target_modules=LORA_TARGETS,
+        r=spec.lora_rank,
+        lora_alpha=spec.lora_alpha,
+        lora_dropout=0.0,
+        target_modules=LORA_TARGETS,
         task_type="CAUSAL_LM",
     )
     return get_peft_model(model, config)

@@ -60,8 +60,7 @@ class Reporter:
     # ---- producer side (any thread) -------------------------------------------------------------
     @staticmethod
     def _empty() -> dict[str, Any]:
-        return {"metrics": [], "logs": [], "rollouts": [], "checkpoints": [], "stage": None, "status": None,
-                "error": None, "progress": None}
+        return {"metrics": [], "logs": [], "rollouts": [], "checkpoints": [], "stage": None, "status": None, "error": None, "progress": None}
 
     def _add(self, key: str, value: Any) -> None:
         with self._lock:
@@ -155,7 +154,9 @@ class Reporter:
         assert self.url is not None
         body = json.dumps(batch).encode()
         req = urllib.request.Request(
-            self.url, data=body, method="POST",
+            self.url,
+            data=body,
+            method="POST",
             headers={"Content-Type": "application/json", "Authorization": f"Bearer {self.token}"},
         )
         try:

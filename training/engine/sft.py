@@ -35,7 +35,10 @@ def run(ctx: Context) -> None:
     model = load_policy(spec, ctx.device)
     ref: list[Any] = []
     trainer = StudioSFTTrainer(
-        model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
+        model=model,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
         callbacks=[StudioCallback(ctx, ref)],
     )
     ref.append(trainer)

@@ -15,10 +15,31 @@ PRECISIONS = ("bf16", "fp8", "nvfp4", "fp32")
 
 # Product-contract config keys the engine interprets itself; they never pass through to a TRL config.
 ENGINE_KEYS = {
-    "num_epochs", "max_steps", "learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps",
-    "max_length", "precision", "seed", "system_prompt", "save_steps", "logging_steps", "lora", "lora_rank",
-    "lora_alpha", "load_in_4bit", "loss", "distillation", "rl_mode", "environment_id", "rollouts_per_prompt",
-    "kl_coef", "max_response_length", "rollout_log_steps", "heartbeat_interval_seconds", "use_liger",
+    "num_epochs",
+    "max_steps",
+    "learning_rate",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "max_length",
+    "precision",
+    "seed",
+    "system_prompt",
+    "save_steps",
+    "logging_steps",
+    "lora",
+    "lora_rank",
+    "lora_alpha",
+    "load_in_4bit",
+    "loss",
+    "distillation",
+    "rl_mode",
+    "environment_id",
+    "rollouts_per_prompt",
+    "kl_coef",
+    "max_response_length",
+    "rollout_log_steps",
+    "heartbeat_interval_seconds",
+    "use_liger",
 }
 
 
@@ -95,9 +116,19 @@ def _validate_config(method: str, config: dict[str, Any]) -> None:
     w = "config."
     for key in ("learning_rate",):
         _number(config, key, w, positive=True)
-    for key in ("per_device_train_batch_size", "gradient_accumulation_steps", "max_length", "save_steps",
-                "logging_steps", "lora_rank", "rollouts_per_prompt", "max_response_length", "rollout_log_steps",
-                "heartbeat_interval_seconds", "num_epochs"):
+    for key in (
+        "per_device_train_batch_size",
+        "gradient_accumulation_steps",
+        "max_length",
+        "save_steps",
+        "logging_steps",
+        "lora_rank",
+        "rollouts_per_prompt",
+        "max_response_length",
+        "rollout_log_steps",
+        "heartbeat_interval_seconds",
+        "num_epochs",
+    ):
         _number(config, key, w, positive=True)
     _number(config, "max_steps", w)
     _number(config, "kl_coef", w, minimum=0)

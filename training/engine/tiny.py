@@ -140,9 +140,7 @@ def build_demo_datasets(out_dir: str | Path) -> dict[str, str]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     pairs = _qa_pairs(64, seed=2)
-    chat = [
-        {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]} for q, a in pairs
-    ]
+    chat = [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]} for q, a in pairs]
     text = [{"text": f"{q} {a}"} for q, a in pairs]
     prompt_completion = [{"prompt": q, "completion": " " + a} for q, a in pairs]
     rng = random.Random(3)
