@@ -46,6 +46,12 @@ class Api:
         return self.call("delete", path)
 
 
+@pytest.fixture(autouse=True)
+def fast_password_hasher(settings):
+    """PBKDF2 costs ~0.4 s a user; tests make many users and test nothing about hashing cost."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
 @pytest.fixture
 def team_plan(db):
     return create_plan("team", includes_training=True, max_concurrent_runs=2, max_gpus_per_run=8)

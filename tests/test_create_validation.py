@@ -1,0 +1,164 @@
+"""Build 6, create → 400 (and 402): every rule names its field, and no run is stored."""
+from __future__ import annotations
+
+import pytest
+
+from studio.services import set_plan
+from tests.conftest import assert_error, sft_body
+from training.models import TrainingRun
+
+
+def create(api, **overrides):
+    return api.post("/api/training-runs", sft_body(**overrides))
+
+
+def assert_refused(api, status, field, **overrides):
+    before = TrainingRun.objects.count()
+    body = assert_error(create(api, **overrides), status, field)
+    assert TrainingRun.objects.count() == before
+    return body
+
+
+def test_ppo_is_refused_as_not_yet_supported(api):
+    body = assert_refused(api, 400, "method", method="ppo")
+    assert "PPO not yet supported" in body["detail"]
+
+
+def test_unknown_method_returns_400(api):
+    assert_refused(api, 400, "method", method="rlhf")
+
+
+def test_dpo_without_loss_block_returns_400(api):
+    body = assert_refused(api, 400, "config.loss.type", method="dpo", config={"lora_rank": 8})
+    assert "dpo" in body["errors"][0]["message"]
+
+
+def test_dpo_with_wrong_loss_type_returns_400(api):
+    assert_refused(api, 400, "config.loss.type", method="dpo", config={"loss": {"type": "ipo"}})
+
+
+def test_distill_without_teacher_returns_400(api):
+    assert_refused(api, 400, "config.distillation.teacher_model", method="distill", config={"distillation": {"top_k": 8}})
+
+
+@pytest.mark.parametrize(
+    ("config", "field"),
+    [
+        ({"max_steps": "ten"}, "config.max_steps"),
+        ({"learning_rate": -1}, "config.learning_rate"),
+        ({"lora": "yes"}, "config.lora"),
+        ({"precision": "int3"}, "config.precision"),
+        ({"per_device_train_batch_size": 0}, "config.per_device_train_batch_size"),
+        ({"max_steps": True}, "config.max_steps"),
+        ({"seed": 1.5}, "config.seed"),
+    ],
+)
+def test_malformed_config_types_return_400(api, config, field):
+    assert_refused(api, 400, field, config=config)
+
+
+def test_malformed_top_level_fields_return_400(api):
+    assert_refused(api, 400, "config", config=[1, 2])
+    assert_refused(api, 400, "compute.accelerators", compute={"accelerators": "H100:zero"})
+    assert_refused(api, 400, "compute.backend", compute={"backend": "slurm"})
+    assert_refused(api, 400, "dataset[1].ref", dataset=["a@main", {"ref": 3}])
+    assert_refused(api, 400, "base_model", base_model="not a model id!")
+    assert_refused(api, 400, "name", name="")
+
+
+def test_unknown_config_key_is_refused_naming_it(api):
+    body = assert_refused(api, 400, "config.learning_rat", config={"learning_rat": 1e-4})
+    assert "SFTConfig" in body["errors"][0]["message"]
+
+
+def test_trl_config_field_passes_through(api):
+    r = create(api, config={"warmup_steps": 3, "weight_decay": 0.01})
+    assert r.status_code == 201, r.content
+    assert r.json()["config"]["warmup_steps"] == 3
+
+
+def test_unknown_key_inside_method_block_is_refused(api):
+    assert_refused(api, 400, "config.loss.gamma", method="dpo", config={"loss": {"type": "dpo", "gamma": 1}})
+
+
+def test_qlora_without_lora_returns_400(api):
+    assert_refused(api, 400, "config.load_in_4bit", config={"load_in_4bit": True})
+
+
+class TestGrpoSubmitRejections:
+    def grpo(self, api, config, **overrides):
+        return assert_refused(api, 400, overrides.pop("field"), method="grpo", dataset=None, config={"environment_id": "builtin/arith@main", **config}, **overrides)
+
+    def test_global_batch_size(self, api):
+        self.grpo(api, {"global_batch_size": 64}, field="config.global_batch_size")
+
+    def test_max_prompt_length_without_unsloth(self, api):
+        self.grpo(api, {"max_prompt_length": 512}, field="config.max_prompt_length")
+
+    def test_load_in_4bit_without_lora_rank(self, api):
+        self.grpo(api, {"load_in_4bit": True, "lora": True}, field="config.lora_rank")
+
+    def test_liger_with_more_than_one_gpu(self, api):
+        self.grpo(api, {"use_liger": True}, compute={"backend": "dstack", "accelerators": "H100:2"}, field="config.use_liger")
+
+    def test_liger_with_unsloth(self, api):
+        self.grpo(api, {"use_liger": True, "use_unsloth": True}, field="config.use_liger")
+
+    def test_liger_on_pythia(self, api):
+        self.grpo(api, {"use_liger": True}, base_model="EleutherAI/pythia-160m", field="config.use_liger")
+
+
+def test_create_without_training_plan_returns_402(api, project, free_plan):
+    set_plan(project, free_plan)
+    body = assert_refused(api, 402, None)
+    assert "Settings → Billing" in body["detail"]
+
+
+def test_402_comes_before_body_errors(api, project, free_plan):
+    set_plan(project, free_plan)
+    assert_error(api.post("/api/training-runs", {"method": "ppo"}), 402)
+
+
+def test_create_applies_grpo_defaults_from_seed_002(api):
+    r = create(api, method="grpo", dataset=None, config={"environment_id": "builtin/arith@main", "lora_rank": 8})
+    assert r.status_code == 201, r.content
+    config = r.json()["config"]
+    assert config["learning_rate"] == 1e-6 and config["max_steps"] == 100 and config["rollouts_per_prompt"] == 8
+    assert config["kl_coef"] == 0.0 and config["max_response_length"] == 2048 and config["seed"] == 42
+    assert config["lora_alpha"] == 8
+    assert "max_prompt_length" not in config
+    stored = TrainingRun.objects.get(pk=r.json()["id"])
+    assert stored.status == "queued" and stored.config == config
+
+
+def test_max_prompt_length_defaults_only_with_unsloth(api):
+    r = create(api, method="grpo", dataset=None, config={"environment_id": "builtin/arith@main", "use_unsloth": True})
+    assert r.json()["config"]["max_prompt_length"] == 1024
+
+
+def test_create_applies_distill_defaults_from_seed_001(api):
+    r = create(api, method="distill", config={"distillation": {"teacher_model": "org/teacher"}})
+    assert r.status_code == 201, r.content
+    assert r.json()["config"]["distillation"] == {"teacher_model": "org/teacher", "top_k": 64, "temperature": 1.0, "kd_weight": 0.5, "ce_weight": 0.5}
+
+
+def test_ce_weight_defaults_to_one_minus_kd_weight(api):
+    r = create(api, method="distill", config={"distillation": {"teacher_model": "org/teacher", "kd_weight": 0.8}})
+    assert r.json()["config"]["distillation"]["ce_weight"] == pytest.approx(0.2)
+
+
+def test_lora_true_means_rank_16_and_alpha_defaults_to_rank(api):
+    r = create(api, config={"lora": True})
+    assert r.json()["config"]["lora_rank"] == 16 and r.json()["config"]["lora_alpha"] == 16
+
+
+def test_compute_defaults_to_local_cpu(api):
+    compute = create(api).json()["compute"]
+    assert compute == {"backend": "local", "accelerators": "CPU", "spot": False, "region": None}
+
+
+def test_dataset_shapes_are_accepted(api):
+    for dataset in ("org/ds", "my-data@main", {"ref": "prefs@v1", "type": "preference"}, ["a@main", {"ref": "b@main"}]):
+        r = create(api, dataset=dataset)
+        assert r.status_code == 201, (dataset, r.content)
+        assert r.json()["dataset"] == dataset
