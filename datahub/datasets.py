@@ -1,0 +1,282 @@
+"""Dataset files in a repo: reading rows (JSONL, JSON, CSV, Parquet) as a stream, detecting the row
+shape, previewing the first rows, and checking every row against a training method.
+
+Findings name the row (1-based: the line for JSONL, the data row for CSV and Parquet) and the
+field, e.g. `row 57: "chosen" is empty`. A commit never changes, so the findings of a
+(commit, method) pair are cached.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Iterator
+from itertools import islice
+from typing import Any
+
+from django.conf import settings
+from django.core.cache import cache
+
+from datahub import storage
+from datahub.models import Commit, TreeEntry
+from studio.errors import BadRequest, Finding
+
+FORMATS = {".jsonl": "jsonl", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+SHAPES = ("chat", "prompt_completion", "preference", "prompts", "text")
+SHAPE_LABELS = {
+    "chat": "chat messages (messages)",
+    "prompt_completion": "prompt/completion",
+    "preference": "prompt/chosen/rejected",
+    "prompts": "prompts (prompt)",
+    "text": "plain text (text)",
+    "unknown": "an unknown shape",
+}
+METHOD_SHAPES = {
+    "sft": ("chat", "prompt_completion", "text"),
+    "distill": ("chat", "prompt_completion", "text"),
+    "dpo": ("preference",),
+    "grpo": ("prompts", "prompt_completion", "preference"),
+}
+ROLES = ("system", "user", "assistant", "tool")
+MAX_FINDINGS = 20
+MAX_JSON_ARRAY_BYTES = 64 * 1024 * 1024
+
+
+class RowError(ValueError):
+    pass
+
+
+def file_format(path: str) -> str | None:
+    for ext, fmt in FORMATS.items():
+        if path.lower().endswith(ext):
+            return fmt
+    return None
+
+
+def data_entries(commit: Commit) -> list[TreeEntry]:
+    entries = TreeEntry.objects.filter(commit=commit).select_related("blob").order_by("path")
+    return [e for e in entries if file_format(e.path) and not any(p.startswith(".") for p in e.path.split("/"))]
+
+
+# ---- reading rows ------------------------------------------------------------------------------
+
+def iter_rows(entry: TreeEntry) -> Iterator[tuple[int, Any]]:
+    """(row number, row) pairs; a row that cannot be parsed comes back as a RowError."""
+    fmt = file_format(entry.path)
+    opened = storage.open_blob(entry.blob.storage_name)
+    fh = getattr(opened, "file", opened)  # the raw binary file under Django's File wrapper
+    try:
+        if fmt == "parquet":
+            yield from _parquet_rows(fh)
+        elif fmt == "csv":
+            yield from _csv_rows(fh)
+        else:
+            yield from _json_rows(fh, entry.blob.size)
+    finally:
+        fh.close()
+
+
+def _json_rows(fh, size: int) -> Iterator[tuple[int, Any]]:
+    text = io.TextIOWrapper(fh, encoding="utf-8", errors="replace")
+    first = text.read(1)
+    while first and first.isspace():
+        first = text.read(1)
+    if first == "[":  # a JSON array (.json): small enough to load, or refused
+        if size > MAX_JSON_ARRAY_BYTES:
+            yield 1, RowError("a JSON array this large cannot be checked: store it as JSON Lines (.jsonl)")
+            return
+        try:
+            rows = json.loads(first + text.read())
+        except ValueError as exc:
+            yield 1, RowError(f"the file is not valid JSON ({exc})")
+            return
+        yield from enumerate(rows, start=1)
+        return
+    for number, line in enumerate(_prefixed(first, text), start=1):
+        if not line.strip():
+            continue
+        try:
+            yield number, json.loads(line)
+        except ValueError as exc:
+            yield number, RowError(f"not valid JSON ({exc.args[0] if exc.args else exc})")
+
+
+def _prefixed(first: str, text) -> Iterator[str]:
+    if not first:
+        return
+    rest = text.readline()
+    yield first + rest
+    yield from text
+
+
+def _csv_rows(fh) -> Iterator[tuple[int, Any]]:
+    text = io.TextIOWrapper(fh, encoding="utf-8-sig", errors="replace", newline="")
+    reader = csv.DictReader(text)
+    try:
+        for number, row in enumerate(reader, start=1):
+            yield number, {k: _maybe_json(k, v) for k, v in row.items() if k is not None}
+    except csv.Error as exc:
+        yield reader.line_num, RowError(f"not valid CSV ({exc})")
+
+
+def _maybe_json(key: str, value: Any) -> Any:
+    """CSV cells are text: a messages or list-valued cell is JSON inside the cell."""
+    if isinstance(value, str) and key in ("messages", "prompt", "chosen", "rejected", "completion") and value[:1] == "[":
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _parquet_rows(fh) -> Iterator[tuple[int, Any]]:
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(fh)
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is one finding
+        yield 1, RowError(f"not a readable Parquet file ({exc})")
+        return
+    number = 0
+    for batch in pf.iter_batches(batch_size=1024):
+        for row in batch.to_pylist():
+            number += 1
+            yield number, row
+
+
+# ---- shapes ------------------------------------------------------------------------------------
+
+def detect_shape(columns: set[str] | list[str]) -> str:
+    cols = set(columns)
+    if {"prompt", "chosen", "rejected"} <= cols:
+        return "preference"
+    if "messages" in cols:
+        return "chat"
+    if {"prompt", "completion"} <= cols:
+        return "prompt_completion"
+    if "prompt" in cols:
+        return "prompts"
+    if "text" in cols:
+        return "text"
+    return "unknown"
+
+
+def _empty(value: Any) -> bool:
+    return value is None or (isinstance(value, str) and not value.strip()) or (isinstance(value, (list, dict)) and not value)
+
+
+def _need(row: dict, key: str) -> str | None:
+    if key not in row:
+        return f'"{key}" is missing'
+    if _empty(row[key]):
+        return f'"{key}" is empty'
+    value = row[key]
+    if isinstance(value, list):
+        return _messages_problem(value, key)
+    if not isinstance(value, str):
+        return f'"{key}" must be text or a list of messages, not {type(value).__name__}'
+    return None
+
+
+def _messages_problem(messages: Any, key: str = "messages", need_assistant: bool = False) -> str | None:
+    if not isinstance(messages, list) or not messages:
+        return f'"{key}" must be a non-empty list of {{role, content}} messages'
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict):
+            return f'"{key}"[{i}] must be an object with role and content'
+        if msg.get("role") not in ROLES:
+            return f'"{key}"[{i}].role must be one of {", ".join(ROLES)} (got {msg.get("role")!r})'
+        if not isinstance(msg.get("content"), str) and not msg.get("tool_calls"):
+            return f'"{key}"[{i}].content must be text'
+    if need_assistant and not any(m.get("role") == "assistant" for m in messages):
+        return f'"{key}" has no assistant message to learn from'
+    return None
+
+
+def row_problem(row: Any, shape: str) -> str | None:
+    """What is wrong with one row of `shape`, as a phrase naming the field; None when it is fine."""
+    if isinstance(row, RowError):
+        return str(row)
+    if not isinstance(row, dict):
+        return f"must be an object, not {type(row).__name__}"
+    if shape == "chat":
+        if "messages" not in row:
+            return '"messages" is missing'
+        return _messages_problem(row["messages"], need_assistant=True)
+    keys = {"preference": ("prompt", "chosen", "rejected"), "prompt_completion": ("prompt", "completion"), "prompts": ("prompt",), "text": ("text",)}[shape]
+    for key in keys:
+        problem = _need(row, key)
+        if problem:
+            return problem
+    if shape == "preference" and row["chosen"] == row["rejected"]:
+        return '"chosen" and "rejected" are the same: a preference pair needs two different answers'
+    return None
+
+
+# ---- preview and method checks -----------------------------------------------------------------
+
+def preview(commit: Commit, path: str | None = None, limit: int = 20) -> dict:
+    entries = data_entries(commit)
+    if path is not None:
+        entries = [e for e in entries if e.path == path]
+    if not entries:
+        raise BadRequest("There is no dataset file to preview.", [Finding("path", "give a .jsonl, .json, .csv or .parquet file of the repo")])
+    chosen = entries[0]
+    rows, problems = [], []
+    for number, row in islice(iter_rows(chosen), limit):
+        if isinstance(row, RowError):
+            problems.append({"row": number, "message": str(row)})
+        else:
+            rows.append(row)
+    columns = sorted({k for r in rows if isinstance(r, dict) for k in r})
+    return {
+        "path": chosen.path,
+        "format": file_format(chosen.path),
+        "shape": detect_shape(columns),
+        "columns": columns,
+        "rows": rows,
+        "problems": problems,
+        "files": [e.path for e in entries] if path is None else [chosen.path],
+    }
+
+
+def method_findings(commit: Commit, method: str, field: str) -> list[Finding]:
+    key = f"datahub:findings:{commit.pk}:{method}:{field}"
+    cached = cache.get(key)
+    if cached is not None:
+        return [Finding(f, m) for f, m in cached]
+    findings = _method_findings(commit, method, field)
+    cache.set(key, [(f.field, f.message) for f in findings], 3600)
+    return findings
+
+
+def _method_findings(commit: Commit, method: str, field: str) -> list[Finding]:
+    wanted = METHOD_SHAPES.get(method)
+    if wanted is None:
+        return []
+    entries = data_entries(commit)
+    if not entries:
+        return [Finding(field, f"{commit.repo.full_name}@{commit.pk[:10]} has no .jsonl, .json, .csv or .parquet file to train on")]
+    max_rows = int(getattr(settings, "DATAHUB_VALIDATE_MAX_ROWS", 1_000_000))
+    findings: list[Finding] = []
+    for entry in entries:
+        where = f"{entry.path} " if len(entries) > 1 else ""
+        shape = None
+        for number, row in iter_rows(entry):
+            if number > max_rows:
+                break
+            if shape is None and isinstance(row, dict):
+                shape = detect_shape(row.keys())
+                if shape not in wanted:
+                    expected = " or ".join(SHAPE_LABELS[s] for s in wanted)
+                    findings.append(Finding(field, f"{where}rows look like {SHAPE_LABELS[shape]} (columns: {', '.join(sorted(row))}); {method.upper()} trains on {expected} rows"))
+                    break
+            problem = row_problem(row, shape or "text") if shape or isinstance(row, RowError) else None
+            if problem:
+                findings.append(Finding(field, f"{where}row {number}: {problem}"))
+                if len(findings) >= MAX_FINDINGS:
+                    findings.append(Finding(field, f"stopped after {MAX_FINDINGS} problems: fix these and start again"))
+                    return findings
+        if shape is None and not findings:
+            findings.append(Finding(field, f"{where or 'the dataset '}has no rows".strip()))
+    return findings
