@@ -24,7 +24,7 @@ class RunCreateIn(Schema):
 class RunPatchIn(Schema):
     """A JSON merge patch (RFC 7386) of these fields."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="forbid")
     name: str | None = None
     base_model: str | None = None
     dataset: Any = None

@@ -147,7 +147,7 @@ def start_run(run: TrainingRun) -> TrainingRun:
     from training.tasks import dispatch_run
 
     with transaction.atomic():
-        project = Project.objects.select_for_update().select_related("plan").get(pk=run.project_id)
+        project = Project.objects.select_for_update(of=("self",)).select_related("plan").get(pk=run.project_id)
         run = TrainingRun.objects.select_for_update().get(pk=run.pk)
         run.project = project
         require_training_plan(project)

@@ -1,0 +1,216 @@
+"""Build 6, start → 422 (and 402/409): each finding names its field; the run stays as it was."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from studio.models import Plan
+from studio.services import set_plan, set_secret
+from tests.conftest import assert_error, sft_body
+from training.models import Status, TrainingRun
+
+
+def make_run(api, **overrides) -> int:
+    r = api.post("/api/training-runs", sft_body(**overrides))
+    assert r.status_code == 201, r.content
+    return r.json()["id"]
+
+
+def start(api, run_id: int):
+    return api.post(f"/api/training-runs/{run_id}/start")
+
+
+def assert_start_refused(api, run_id: int, status: int, field: str | None) -> dict:
+    before = TrainingRun.objects.get(pk=run_id)
+    body = assert_error(start(api, run_id), status, field)
+    after = TrainingRun.objects.get(pk=run_id)
+    assert (after.status, after.config, after.start_requested_at, after.attempt) == (before.status, before.config, before.start_requested_at, before.attempt)
+    return body
+
+
+def grpo(**config) -> dict:
+    return {"method": "grpo", "dataset": None, "config": config}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"base_model": None}, "base_model"),
+        ({"dataset": None}, "dataset"),
+        ({"method": "dpo", "dataset": None, "config": {"loss": {"type": "dpo"}, "lora_rank": 8}}, "dataset"),
+        ({"method": "distill", "dataset": None, "config": {"distillation": {"teacher_model": "org/t"}}}, "dataset"),
+        # GRPO
+        (grpo(), "config.environment_id"),
+        (grpo(rl_mode="ruler", judge={"mode": "external", "endpoint": "http://judge", "api_key_secret": "k"}), "config.ruler_task_args.dataset"),
+        (grpo(rl_mode="ruler", ruler_task_args={"dataset": "p@main"}, judge={"mode": "external", "endpoint": "http://j", "api_key_secret": "k"}), "config.ruler_task_args.system_prompt"),
+        (grpo(rl_mode="ruler", ruler_task_args={"dataset": "p@main", "system_prompt": "Be kind"}, judge={"mode": "external", "api_key_secret": "k"}), "config.judge.endpoint"),
+        (grpo(rl_mode="ruler", ruler_task_args={"dataset": "p@main", "system_prompt": "Be kind"}, judge={"mode": "external", "endpoint": "http://j"}), "config.judge.api_key_secret"),
+        (grpo(rl_mode="ruler", ruler_task_args={"dataset": "p@main", "system_prompt": "Be kind"}, judge={"mode": "external", "endpoint": "http://j", "api_key_secret": "missing"}), "config.judge.api_key_secret"),
+        (grpo(rl_mode="ruler", ruler_task_args={"dataset": "p@main", "system_prompt": "Be kind"}, judge={"mode": "colocated"}), "config.judge_blocks"),
+        ({**grpo(environment_id="builtin/arith@main"), "compute": {"backend": "dstack", "accelerators": "H100:2"}}, "config.inference_blocks"),
+        ({**grpo(environment_id="builtin/arith@main", inference_blocks=1), "compute": {"backend": "dstack", "accelerators": "H100:2"}}, "config.trainer_blocks"),
+        ({**grpo(environment_id="builtin/arith@main", inference_blocks=2, trainer_blocks=2), "compute": {"backend": "dstack", "accelerators": "H100:2"}}, "compute.accelerators"),
+        # DPO's four constraints and beta
+        ({"method": "dpo", "config": {"loss": {"type": "dpo"}}}, "config.lora_rank"),
+        ({"method": "dpo", "config": {"loss": {"type": "dpo"}, "lora_rank": 8, "per_device_train_batch_size": 3}}, "config.per_device_train_batch_size"),
+        ({"method": "dpo", "config": {"loss": {"type": "dpo", "target_margin": 0.5}, "lora_rank": 8}}, "config.loss.target_margin"),
+        ({"method": "dpo", "dataset": [{"ref": "prefs@main", "type": "chat"}], "config": {"loss": {"type": "dpo"}, "lora_rank": 8}}, "dataset[0].type"),
+        ({"method": "dpo", "config": {"loss": {"type": "dpo", "dpo_beta": 0}, "lora_rank": 8}}, "config.loss.dpo_beta"),
+        ({"method": "dpo", "config": {"loss": {"type": "dpo", "dpo_beta": -0.1}, "lora_rank": 8}}, "config.loss.dpo_beta"),
+        # DISTILL's ranges
+        ({"method": "distill", "config": {"distillation": {"teacher_model": "org/t", "top_k": 0}}}, "config.distillation.top_k"),
+        ({"method": "distill", "config": {"distillation": {"teacher_model": "org/t", "top_k": 1025}}}, "config.distillation.top_k"),
+        ({"method": "distill", "config": {"distillation": {"teacher_model": "org/t", "temperature": 0}}}, "config.distillation.temperature"),
+        ({"method": "distill", "config": {"distillation": {"teacher_model": "org/t", "kd_weight": -0.5}}}, "config.distillation.kd_weight"),
+        ({"method": "distill", "config": {"distillation": {"teacher_model": "org/t", "ce_weight": -1}}}, "config.distillation.ce_weight"),
+        ({"method": "distill", "config": {"distillation": {"teacher_model": "org/t", "kd_weight": 1.5}}}, "config.distillation.ce_weight"),
+        # Precision the accelerator cannot do
+        ({"config": {"precision": "nvfp4"}, "compute": {"backend": "dstack", "accelerators": "H100:1"}}, "config.precision"),
+        ({"config": {"precision": "fp8"}, "compute": {"backend": "dstack", "accelerators": "A100-80GB:2"}}, "config.precision"),
+        ({"config": {"precision": "fp8"}, "compute": {"backend": "dstack", "accelerators": "GPU:1"}}, "compute.accelerators"),
+        ({"config": {"precision": "FP8"}}, "config.precision"),
+        # Options the trainer image cannot run: never a silent fallback
+        ({**grpo(environment_id="builtin/arith@main", use_unsloth=True)}, "config.use_unsloth"),
+        ({"config": {"use_vllm": True}, "method": "grpo", "dataset": None}, "config.use_vllm"),
+        (grpo(rl_mode="ruler", ruler_task_args={"dataset": "p@main", "system_prompt": "x"}, judge={"mode": "colocated"}, judge_blocks=1), "config.judge.mode"),
+        # Backends
+        ({"compute": {"backend": "modal", "accelerators": "L4"}}, "compute.backend"),
+        ({"compute": {"backend": "local", "accelerators": "GPU:1"}}, "compute.accelerators"),
+    ],
+)
+def test_start_returns_422_naming_the_field(api, overrides, field):
+    run_id = make_run(api, **overrides)
+    assert_start_refused(api, run_id, 422, field)
+
+
+def test_grpo_needs_no_dataset_on_cpu(api):
+    run_id = make_run(api, **grpo(environment_id="builtin/arith@main"))
+    assert start(api, run_id).status_code == 202
+    assert TrainingRun.objects.get(pk=run_id).start_requested_at is not None
+
+
+def test_external_judge_with_saved_secret_passes(api, project):
+    set_secret(project, "judge-key", "sk-123")
+    run_id = make_run(api, **grpo(rl_mode="ruler", ruler_task_args={"dataset": "p@main", "system_prompt": "Be kind"}, judge={"mode": "external", "endpoint": "http://judge/v1", "api_key_secret": "judge-key"}))
+    assert start(api, run_id).status_code == 202
+
+
+def test_fp8_on_hopper_is_allowed_by_the_precision_rule(api):
+    run_id = make_run(api, config={"precision": "fp8"}, compute={"backend": "dstack", "accelerators": "H100:1"})
+    fields = [e["field"] for e in start(api, run_id).json()["errors"]]
+    assert "config.precision" not in fields and "compute.accelerators" not in fields
+
+
+def write_model(path, vocab: dict) -> str:
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (path / "tokenizer.json").write_text(json.dumps({"model": {"type": "BPE", "vocab": vocab}, "added_tokens": []}))
+    return str(path)
+
+
+def test_teacher_with_another_tokenizer_returns_422(api, tmp_path):
+    student = write_model(tmp_path / "student", {"a": 0, "b": 1})
+    teacher = write_model(tmp_path / "teacher", {"a": 0, "c": 1})
+    run_id = make_run(api, method="distill", base_model=student, config={"distillation": {"teacher_model": teacher}})
+    assert_start_refused(api, run_id, 422, "config.distillation.teacher_model")
+
+
+def test_teacher_with_same_tokenizer_passes(api, tmp_path):
+    student = write_model(tmp_path / "student", {"a": 0, "b": 1})
+    teacher = write_model(tmp_path / "teacher", {"a": 0, "b": 1})
+    run_id = make_run(api, method="distill", base_model=student, config={"distillation": {"teacher_model": teacher}})
+    assert start(api, run_id).status_code == 202
+
+
+def test_all_findings_are_reported_at_once(api):
+    run_id = make_run(api, method="dpo", base_model=None, dataset=None, config={"loss": {"type": "dpo", "dpo_beta": 0}, "per_device_train_batch_size": 3})
+    body = assert_start_refused(api, run_id, 422, "base_model")
+    fields = {e["field"] for e in body["errors"]}
+    assert {"base_model", "dataset", "config.lora_rank", "config.per_device_train_batch_size", "config.loss.dpo_beta"} <= fields
+
+
+# ---- 402 ---------------------------------------------------------------------------------------
+
+def test_start_without_training_plan_returns_402(api, project, free_plan):
+    run_id = make_run(api)
+    set_plan(project, free_plan)
+    assert_start_refused(api, run_id, 402, None)
+
+
+def test_start_beyond_concurrent_runs_returns_402(api, project):
+    Plan.objects.filter(pk=project.plan_id).update(max_concurrent_runs=1)
+    first, second = make_run(api), make_run(api)
+    assert start(api, first).status_code == 202
+    body = assert_start_refused(api, second, 402, None)
+    assert "1 run(s) at once" in body["detail"]
+
+
+def test_start_beyond_gpus_per_run_returns_402(api, project):
+    Plan.objects.filter(pk=project.plan_id).update(max_gpus_per_run=4)
+    run_id = make_run(api, compute={"backend": "dstack", "accelerators": "H100:8"})
+    assert_start_refused(api, run_id, 402, "compute.accelerators")
+
+
+def test_402_comes_before_422(api, project, free_plan):
+    run_id = make_run(api, base_model=None)
+    set_plan(project, free_plan)
+    assert_start_refused(api, run_id, 402, None)
+
+
+# ---- 409 ---------------------------------------------------------------------------------------
+
+def test_start_on_an_active_run_returns_409(api):
+    run_id = make_run(api)
+    TrainingRun.objects.filter(pk=run_id).update(status=Status.RUNNING)
+    assert_start_refused(api, run_id, 409, None)
+
+
+def test_start_twice_returns_409(api):
+    run_id = make_run(api)
+    assert start(api, run_id).status_code == 202
+    assert_start_refused(api, run_id, 409, None)
+
+
+def test_start_and_patch_on_a_completed_run_return_409(api):
+    run_id = make_run(api)
+    TrainingRun.objects.filter(pk=run_id).update(status=Status.COMPLETED)
+    assert_start_refused(api, run_id, 409, None)
+    assert_error(api.patch(f"/api/training-runs/{run_id}", {"name": "new"}), 409)
+    assert TrainingRun.objects.get(pk=run_id).name == "sft run"
+
+
+def test_409_comes_before_422(api):
+    run_id = make_run(api, base_model=None)
+    TrainingRun.objects.filter(pk=run_id).update(status=Status.COMPLETED)
+    assert_start_refused(api, run_id, 409, None)
+
+
+# ---- PATCH then start -------------------------------------------------------------------------
+
+def test_patch_fixes_a_run_so_it_can_start(api):
+    run_id = make_run(api, method="dpo", config={"loss": {"type": "dpo"}, "per_device_train_batch_size": 3})
+    assert start(api, run_id).status_code == 422
+    r = api.patch(f"/api/training-runs/{run_id}", {"config": {"lora_rank": 8, "per_device_train_batch_size": 4}})
+    assert r.status_code == 200, r.content
+    assert r.json()["config"]["loss"] == {"type": "dpo", "dpo_beta": 0.1}
+    assert r.json()["config"]["lora_alpha"] == 8
+    assert start(api, run_id).status_code == 202
+
+
+def test_patch_null_removes_a_key(api):
+    run_id = make_run(api, config={"max_steps": 5, "seed": 3})
+    r = api.patch(f"/api/training-runs/{run_id}", {"config": {"seed": None}})
+    assert r.json()["config"] == {"max_steps": 5}
+
+
+def test_patch_that_breaks_a_rule_returns_400_and_keeps_the_run(api):
+    run_id = make_run(api, method="dpo", config={"loss": {"type": "dpo"}, "lora_rank": 8})
+    assert_error(api.patch(f"/api/training-runs/{run_id}", {"config": {"loss": None}}), 400, "config.loss.type")
+    assert TrainingRun.objects.get(pk=run_id).config["loss"]["type"] == "dpo"
+
+
+def test_patch_of_unknown_field_returns_400(api):
+    run_id = make_run(api)
+    assert_error(api.patch(f"/api/training-runs/{run_id}", {"method": "dpo"}), 400, "method")
+    assert TrainingRun.objects.get(pk=run_id).method == "sft"
