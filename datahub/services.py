@@ -35,6 +35,8 @@ NAME_RE = re.compile(NAME_PATTERN)
 COMMIT_RE = re.compile(r"^[0-9a-f]{7,40}$")
 HUB_REF = re.compile(r"^(?:(?P<project>[a-z0-9][a-z0-9-]*)/)?(?P<repo>[A-Za-z0-9][A-Za-z0-9._-]*)@(?P<ref>[A-Za-z0-9][A-Za-z0-9._/-]*)$")
 MAX_PATH = 1024
+# `builtin/<name>@<ref>` names a catalogue environment (environments app), not a project's repo.
+RESERVED_NAMESPACES = frozenset({"builtin"})
 
 FileSource = Union[bytes, str, Path, IO[bytes]]
 
@@ -297,9 +299,18 @@ def resolve_ref(project, value: str) -> ResolvedRef | None:
     return ResolvedRef(ref=value, commit=commit.pk, location=repo.full_name)
 
 
+def is_hub_ref(value: Any) -> bool:
+    return isinstance(value, str) and "@" in value and value.split("/", 1)[0] not in RESERVED_NAMESPACES
+
+
 def run_refs(base_model: str | None, dataset: Any, config: dict | None) -> list[tuple[str, str]]:
     """(field, value) of every Data Hub ref a run names."""
-    config = config or {}
+    out = [(f, v) for f, v in _run_refs(base_model, dataset, config) if is_hub_ref(v)]
+    return out
+
+
+def _run_refs(base_model: str | None, dataset: Any, config: dict | None) -> list[tuple[str, str]]:
+    config = config if isinstance(config, dict) else {}
     out: list[tuple[str, str]] = []
     if isinstance(base_model, str) and "@" in base_model:
         out.append(("base_model", base_model))
@@ -367,7 +378,7 @@ def dataset_findings(project, method: str, dataset) -> list[Finding]:
 
     findings: list[Finding] = []
     for field, value in dataset_refs(dataset):
-        if "@" not in value:
+        if not is_hub_ref(value):
             continue
         try:
             repo, commit = parse_ref(project, value, field)

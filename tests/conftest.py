@@ -3,7 +3,13 @@ token, and an API client that speaks JSON with a bearer token."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import time
+import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -128,3 +134,79 @@ def assert_error(response, status: int, field: str | None = None) -> dict:
         for err in body["errors"]:
             assert err["message"], body
     return body
+
+
+# ---- a real Celery worker against the test database --------------------------------------------
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Worker:
+    proc: subprocess.Popen
+    log_path: Path
+    runs_dir: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def wait_for(predicate, timeout: float = 60.0, interval: float = 0.2, message: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {message}")
+
+
+@pytest.fixture
+def studio_worker(transactional_db, live_server, tmp_path, settings):
+    """A real `celery worker` subprocess on the test database; engines it starts report to
+    `live_server`. Runs are kept under tmp_path/runs."""
+    from django.db import connection
+
+    from studio.celery import app
+
+    app.control.purge()
+    runs_dir = tmp_path / "runs"
+    settings.STUDIO_RUNS_DIR = runs_dir
+    settings.STUDIO_PUBLIC_URL = live_server.url
+    db = connection.settings_dict
+    env = {
+        **os.environ,
+        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}",
+        "STUDIO_PUBLIC_URL": live_server.url,
+        "STUDIO_RUNS_DIR": str(runs_dir),
+        "CELERY_QUEUE": app.conf.task_default_queue,
+        "STUDIO_STOP_GRACE_SECONDS": "5",
+        "DEBUG": "1",
+    }
+    log_path = tmp_path / "worker.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "studio", "worker", "-Q", app.conf.task_default_queue, "--pool", "threads",
+             "-c", "4", "--loglevel", "INFO", "-n", f"test-{uuid.uuid4().hex[:8]}@%h", "--without-gossip", "--without-mingle"],
+            cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+        )
+    worker = Worker(proc, log_path, runs_dir)
+    try:
+        wait_for(lambda: "ready." in worker.log() or proc.poll() is not None, 60, message="the Celery worker to be ready")
+        assert proc.poll() is None, worker.log()
+        yield worker
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory) -> dict[str, str]:
+    """A tiny student and teacher sharing one tokenizer, plus demo datasets, built offline once."""
+    from training.engine.tiny import build_demo_datasets, build_tiny_models
+
+    out = tmp_path_factory.mktemp("tiny")
+    return {**build_tiny_models(out / "models"), **{f"data_{k}": v for k, v in build_demo_datasets(out / "data").items()}}

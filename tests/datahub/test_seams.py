@@ -1,0 +1,128 @@
+"""The Data Hub seams the rest of Studio calls: experiment repos, run branches, pinned refs at
+START, dataset row checks (the 422), and checkpoints committed to run-<id> on ingest."""
+from __future__ import annotations
+
+import pytest
+
+from datahub import services
+from datahub.models import Branch, Repo
+from studio import crypto
+from tests.conftest import assert_error, sft_body
+from tests.datahub.conftest import jsonl
+from training.models import TrainingRun
+
+GOOD_CHAT = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}] * 3
+
+
+@pytest.fixture
+def base_repo(project):
+    repo = services.create_repo(project, "base", "model")
+    services.commit_files(repo, "main", {"config.json": b'{"model_type": "llama"}'}, "base weights")
+    return repo
+
+
+@pytest.fixture
+def chat_data(project):
+    repo = services.create_repo(project, "my-data", "dataset")
+    services.commit_files(repo, "main", {"train.jsonl": jsonl(GOOD_CHAT)}, "data")
+    return repo
+
+
+def test_creating_an_experiment_provisions_its_repo(api, project):
+    r = api.post("/api/experiments", {"name": "Exp One"})
+    assert r.status_code == 201, r.content
+    repo = Repo.objects.get(project=project, name="experiment-exp-one")
+    assert repo.type == "experiment"
+    from experiments.models import Experiment
+
+    assert Experiment.objects.get(pk=r.json()["id"]).hub_repo == "acme/experiment-exp-one"
+    assert services.resolve(repo, "main").message == "Initial commit"
+
+
+def test_creating_a_run_makes_its_branch_from_main(api, project, chat_data):
+    r = api.post("/api/training-runs", sft_body())
+    assert r.status_code == 201, r.content
+    run_id = r.json()["id"]
+    repo = Repo.objects.get(project=project, name="experiment-default")
+    branch = Branch.objects.get(repo=repo, name=f"run-{run_id}")
+    assert branch.head == services.resolve(repo, "main")
+
+
+def test_base_model_given_as_repo_at_branch_is_pinned_to_a_commit_on_start(api, base_repo, chat_data):
+    head = services.resolve(base_repo, "main")
+    run_id = api.post("/api/training-runs", sft_body(base_model="base@main")).json()["id"]
+    r = api.post(f"/api/training-runs/{run_id}/start")
+    assert r.status_code == 202, r.content
+    pinned = TrainingRun.objects.get(pk=run_id).pinned
+    assert pinned["base_model"] == {"ref": "base@main", "commit": head.pk, "repo": "acme/base"}
+    assert pinned["dataset"]["commit"] == services.resolve(chat_data, "main").pk
+    # main moves on; the run keeps the bytes it started with
+    services.commit_files(base_repo, "main", {"config.json": b'{"model_type": "llama", "x": 1}'})
+    assert TrainingRun.objects.get(pk=run_id).pinned["base_model"]["commit"] == head.pk
+    assert services.resolve_ref(base_repo.project, "base@main").commit != head.pk
+
+
+def test_unknown_dataset_ref_returns_422_on_start(api):
+    run_id = api.post("/api/training-runs", sft_body(dataset="nope@main")).json()["id"]
+    body = assert_error(api.post(f"/api/training-runs/{run_id}/start"), 422, "dataset")
+    assert "nope" in body["errors"][0]["message"]
+    assert TrainingRun.objects.get(pk=run_id).start_requested_at is None
+
+
+def test_unknown_base_model_branch_returns_422_on_start(api, base_repo, chat_data):
+    run_id = api.post("/api/training-runs", sft_body(base_model="base@no-such-branch")).json()["id"]
+    assert_error(api.post(f"/api/training-runs/{run_id}/start"), 422, "base_model")
+
+
+def test_dataset_row_errors_name_the_row(api, project):
+    repo = services.create_repo(project, "prefs", "dataset")
+    rows = [{"prompt": "q", "chosen": "a", "rejected": "b"}] * 56 + [{"prompt": "q", "chosen": "", "rejected": "b"}]
+    services.commit_files(repo, "main", {"train.jsonl": jsonl(rows)})
+    run_id = api.post("/api/training-runs", sft_body(method="dpo", dataset="prefs@main", config={"loss": {"type": "dpo"}, "lora_rank": 8})).json()["id"]
+    body = assert_error(api.post(f"/api/training-runs/{run_id}/start"), 422, "dataset")
+    assert {"field": "dataset", "message": 'row 57: "chosen" is empty'} in body["errors"]
+
+
+def test_chat_rows_for_dpo_are_the_wrong_shape(api, chat_data):
+    run_id = api.post("/api/training-runs", sft_body(method="dpo", config={"loss": {"type": "dpo"}, "lora_rank": 8})).json()["id"]
+    body = assert_error(api.post(f"/api/training-runs/{run_id}/start"), 422, "dataset")
+    assert any("prompt/chosen/rejected" in e["message"] for e in body["errors"])
+
+
+def test_checkpoints_are_committed_to_the_run_branch(api, project, chat_data, eager_celery, tmp_path, django_capture_on_commit_callbacks):
+    run_id = api.post("/api/training-runs", sft_body()).json()["id"]
+    TrainingRun.objects.filter(pk=run_id).update(ingest_token_hash=crypto.hash_token("ing_test"), attempt=1)
+    step = tmp_path / "out" / "checkpoint-10"
+    step.mkdir(parents=True)
+    (step / "model.safetensors").write_bytes(b"w" * 1000)
+    (step / "sub").mkdir()
+    (step / "sub" / "state.json").write_text("{}")
+    (step / "link").symlink_to("/etc/hostname")
+    final = tmp_path / "out" / "final"
+    final.mkdir()
+    (final / "model.safetensors").write_bytes(b"f" * 1000)
+
+    def ingest(batch_id, checkpoints):
+        with django_capture_on_commit_callbacks(execute=True):
+            r = api.client.post(f"/api/ingest/runs/{run_id}", data={"batch_id": batch_id, "checkpoints": checkpoints},
+                                content_type="application/json", HTTP_AUTHORIZATION="Bearer ing_test")
+        assert r.status_code == 200, r.content
+
+    ingest("b1", [{"step": 10, "path": str(step)}])
+    repo = Repo.objects.get(project=project, name="experiment-default")
+    head = services.resolve(repo, f"run-{run_id}")
+    assert set(services.tree(head)) == {"checkpoints/step-10/model.safetensors", "checkpoints/step-10/sub/state.json"}
+    ingest("b2", [{"step": 20, "path": str(final), "kind": "final"}])
+    head2 = services.resolve(repo, f"run-{run_id}")
+    assert head2.parents == [head.pk]
+    assert {"checkpoints/step-10/model.safetensors", "final/model.safetensors", "metrics.jsonl"} <= set(services.tree(head2))
+    # main is untouched: the run's artifacts live on its branch
+    assert services.tree(services.resolve(repo, "main")) == {}
+    # running the task again for the same checkpoint makes no new commit
+    from training.models import Checkpoint
+
+    assert services.commit_checkpoint(Checkpoint.objects.get(run_id=run_id, step=20).pk) == head2
+
+
+def test_builtin_environment_refs_are_not_hub_refs(project):
+    assert services.run_refs(None, None, {"environment_id": "builtin/arith@main"}) == []
