@@ -40,7 +40,7 @@ def test_start_is_claimed_by_the_worker_and_submitted_once(api, studio_worker):
 
 def test_concurrent_dispatches_claim_the_run_once(transactional_db, api, settings, tmp_path):
     settings.STUDIO_RUNS_DIR = tmp_path / "runs"
-    run_id = api.post("/api/training-runs", sft_body(base_model="/nonexistent/model")).json()["id"]
+    run_id = api.post("/api/training-runs", sft_body(base_model="/nonexistent/model", dataset="/nonexistent/data.jsonl")).json()["id"]
     TrainingRun.objects.filter(pk=run_id).update(start_requested_at=timezone.now())
     results: list[bool] = []
     barrier = threading.Barrier(4)
@@ -84,7 +84,7 @@ def test_stop_frees_the_process_group_and_cancels(api, studio_worker, tiny_model
 
 
 def test_restart_wipes_the_series_keeps_checkpoints_and_retires_the_old_token(api, studio_worker):
-    run_id = api.post("/api/training-runs", sft_body(base_model="/nonexistent/model")).json()["id"]
+    run_id = api.post("/api/training-runs", sft_body(base_model="/nonexistent/model", dataset="/nonexistent/data.jsonl")).json()["id"]
     old_token = "ing_old-attempt-token"
     TrainingRun.objects.filter(pk=run_id).update(status=Status.FAILED, attempt=1, ingest_token_hash=crypto.hash_token(old_token), error={"code": "training_error", "message": "boom", "log_tail": []})
     run = TrainingRun.objects.get(pk=run_id)
