@@ -1,0 +1,117 @@
+"""The ingest API: per-attempt token, idempotent batches, reported statuses through the status service."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.test import Client
+
+from studio import crypto
+from tests.conftest import sft_body
+from training.models import Checkpoint, LogLine, MetricPoint, Rollout, Status, TrainingRun
+
+
+@pytest.fixture
+def live_run(api):
+    """A provisioning run with a known ingest token for its attempt 1."""
+    run_id = api.post("/api/training-runs", sft_body()).json()["id"]
+    token = crypto.new_token("ing")
+    TrainingRun.objects.filter(pk=run_id).update(status=Status.PROVISIONING, attempt=1, ingest_token_hash=crypto.hash_token(token))
+    return TrainingRun.objects.get(pk=run_id), token
+
+
+def send(run_id: int, token: str | None, body: dict):
+    headers = {"HTTP_AUTHORIZATION": f"Bearer {token}"} if token else {}
+    return Client().post(f"/api/ingest/runs/{run_id}", data=json.dumps(body), content_type="application/json", **headers)
+
+
+BATCH = {
+    "batch_id": "b1",
+    "metrics": [{"step": 1, "key": "loss", "value": 2.5}, {"step": 2, "key": "loss", "value": 2.0}],
+    "logs": ["step 1", "step 2"],
+    "rollouts": [{"step": 1, "prompt": "1+1=", "completion": "2", "reward": 1.0, "advantage": 0.5, "components": {"exact": 1.0}}],
+    "checkpoints": [{"step": 2, "path": "/out/checkpoint-2", "kind": "checkpoint"}],
+    "stage": "train",
+    "status": "running",
+    "progress": {"step": 2, "max_steps": 10, "tokens_per_s": 1000.0, "eta_s": 8},
+}
+
+
+def test_a_batch_lands_whole_and_moves_the_run_to_running(live_run):
+    run, token = live_run
+    r = send(run.pk, token, BATCH)
+    assert r.status_code == 200 and r.json() == {"ok": True, "duplicate": False}
+    run.refresh_from_db()
+    assert run.status == Status.RUNNING and run.stage == "train" and run.progress["step"] == 2 and run.last_heartbeat_at
+    assert list(MetricPoint.objects.filter(run=run).order_by("step").values_list("value", flat=True)) == [2.5, 2.0]
+    assert Rollout.objects.get(run=run).components == {"exact": 1.0}
+    assert Checkpoint.objects.get(run=run).path == "/out/checkpoint-2"
+    assert LogLine.objects.filter(run=run, line="step 2").exists()
+
+
+def test_a_replayed_batch_is_counted_once(live_run):
+    run, token = live_run
+    send(run.pk, token, BATCH)
+    r = send(run.pk, token, BATCH)
+    assert r.status_code == 200 and r.json()["duplicate"] is True
+    assert MetricPoint.objects.filter(run=run).count() == 2
+    assert Rollout.objects.filter(run=run).count() == 1 and Checkpoint.objects.filter(run=run).count() == 1
+
+
+def test_another_runs_token_gets_403_and_writes_nothing(api, live_run):
+    run, _ = live_run
+    other_id = api.post("/api/training-runs", sft_body()).json()["id"]
+    other_token = crypto.new_token("ing")
+    TrainingRun.objects.filter(pk=other_id).update(status=Status.PROVISIONING, attempt=1, ingest_token_hash=crypto.hash_token(other_token))
+    assert send(run.pk, other_token, BATCH).status_code == 403
+    assert not MetricPoint.objects.filter(run=run).exists()
+    assert TrainingRun.objects.get(pk=run.pk).status == Status.PROVISIONING
+
+
+def test_an_old_attempts_token_gets_403(live_run):
+    run, old = live_run
+    TrainingRun.objects.filter(pk=run.pk).update(attempt=2, ingest_token_hash=crypto.hash_token("ing_new"))
+    assert send(run.pk, old, BATCH).status_code == 403
+    assert not MetricPoint.objects.filter(run=run).exists()
+
+
+def test_a_user_api_token_is_not_an_ingest_token(live_run, tokens):
+    run, _ = live_run
+    assert send(run.pk, tokens["owner"], BATCH).status_code == 403
+
+
+def test_no_token_gets_401(live_run):
+    run, _ = live_run
+    assert send(run.pk, None, BATCH).status_code == 401
+
+
+def test_reported_failure_keeps_its_code_and_log_tail(live_run):
+    run, token = live_run
+    send(run.pk, token, {"batch_id": "a", "status": "running"})
+    send(run.pk, token, {"batch_id": "b", "status": "failed", "error": {"code": "oom", "message": "CUDA out of memory", "log_tail": ["x"] * 300}})
+    run.refresh_from_db()
+    assert run.status == Status.FAILED and run.error["code"] == "oom" and len(run.error["log_tail"]) == 200
+
+
+def test_an_unknown_error_code_becomes_training_error(live_run):
+    run, token = live_run
+    send(run.pk, token, {"batch_id": "a", "status": "failed", "error": {"code": "segfault", "message": "boom"}})
+    assert TrainingRun.objects.get(pk=run.pk).error["code"] == "training_error"
+
+
+def test_completed_after_stop_does_not_resurrect_the_run(live_run):
+    run, token = live_run
+    send(run.pk, token, {"batch_id": "a", "status": "running"})
+    TrainingRun.objects.filter(pk=run.pk).update(status=Status.CANCELLED)
+    r = send(run.pk, token, {"batch_id": "b", "status": "completed", "logs": ["flushed at stop"]})
+    assert r.status_code == 200
+    assert TrainingRun.objects.get(pk=run.pk).status == Status.CANCELLED
+    assert LogLine.objects.filter(run=run, line="flushed at stop").exists()
+
+
+def test_a_malformed_batch_is_a_400_naming_the_field(live_run):
+    run, token = live_run
+    r = send(run.pk, token, {"batch_id": "a", "metrics": [{"step": "x", "key": "loss", "value": 1}]})
+    assert r.status_code == 400
+    assert r.json()["errors"][0]["field"] == "metrics[0].step"
+    assert not MetricPoint.objects.filter(run=run).exists()
