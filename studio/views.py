@@ -1,15 +1,114 @@
+"""Studio's own pages (login lives in django.contrib.auth), and what the app pages share:
+the session's Actor, and turning service errors into pages."""
 from __future__ import annotations
 
-from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
+from decimal import Decimal
+from functools import wraps
+from typing import Callable
 
-from studio.auth import current_project_for_session
-from training.models import TrainingRun
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.db.models import Sum
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.utils import timezone
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_POST
+
+from studio.auth import SESSION_PROJECT_KEY, Actor, current_project_for_session
+from studio.errors import ApiError, Finding, Forbidden, NotFound
+from studio.models import Membership, Role
+from studio.queries import projects_for
+from training.compute import accelerators_of
+from training.models import ACTIVE_STATUSES, TrainingRun
+
+
+def web_actor(request: HttpRequest) -> Actor:
+    """The browser session as the services see it: its user in its current project."""
+    return Actor(user=request.user, project=current_project_for_session(request))
+
+
+def studio_page(view: Callable) -> Callable:
+    """Login required; a NotFound from a lookup is a 404 page and a Forbidden a 403 page."""
+
+    @login_required
+    @wraps(view)
+    def wrapper(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+        try:
+            response = view(request, *args, **kwargs)
+        except NotFound as exc:
+            raise Http404(exc.detail) from exc
+        except Forbidden as exc:
+            raise PermissionDenied(exc.detail) from exc
+        if request.htmx:
+            response.headers["Vary"] = ", ".join(filter(None, [response.headers.get("Vary"), "HX-Request"]))
+        return response
+
+    return wrapper
+
+
+def errors_by_field(error: ApiError | list[Finding], fields: set[str] | None = None) -> dict[str, list[str]]:
+    """Findings keyed by the form field that shows them: the exact dotted path when the form has it,
+    else the nearest shown parent (config.loss.x → config.loss → config), else "general"."""
+    findings = error.errors if isinstance(error, ApiError) else error
+    out: dict[str, list[str]] = {}
+    for finding in findings:
+        key = finding.field
+        if fields is not None:
+            candidate = finding.field.split("[")[0] if finding.field.startswith("dataset") else finding.field
+            while candidate and candidate not in fields:
+                candidate = candidate.rpartition(".")[0]
+            key = candidate or ("config_text" if finding.field.startswith("config") and "config_text" in fields else "general")
+        message = finding.message if key == finding.field else f"{finding.field}: {finding.message}"
+        out.setdefault(key, []).append(message)
+    return out
 
 
 @login_required
 def home(request: HttpRequest) -> HttpResponse:
-    project = current_project_for_session(request)
-    runs = TrainingRun.objects.filter(project=project).select_related("experiment")[:50] if project else []
-    return render(request, "studio/home.html", {"project": project, "runs": runs})
+    return redirect("training:runs")
+
+
+@login_required
+@require_POST
+def switch_project(request: HttpRequest) -> HttpResponse:
+    slug = request.POST.get("project", "")
+    if not projects_for(request.user).filter(slug=slug).exists():
+        raise Http404("No such project among yours.")
+    request.session[SESSION_PROJECT_KEY] = slug
+    target = request.POST.get("next") or "/"
+    if not url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}):
+        target = "/"
+    elif target.startswith("/training/runs/"):
+        target = "/training/"  # that run belongs to the project we just left
+    elif target.startswith("/experiments/") and target.split("?")[0] != "/experiments/":
+        target = "/experiments/"
+    return redirect(target)
+
+
+@studio_page
+def models_page(request: HttpRequest) -> HttpResponse:
+    return render(request, "studio/models.html", {"section": "models", "project": current_project_for_session(request)})
+
+
+@studio_page
+def billing(request: HttpRequest) -> HttpResponse:
+    project = web_actor(request).require_project()
+    runs = TrainingRun.objects.filter(project=project)
+    now = timezone.now()
+    gpu_hours = 0.0
+    for started, finished, compute in runs.filter(started_at__isnull=False).values_list("started_at", "finished_at", "compute"):
+        gpus = accelerators_of(compute or {}).count
+        gpu_hours += gpus * ((finished or now) - started).total_seconds() / 3600
+    owners = Membership.objects.filter(project=project, role=Role.OWNER).select_related("user").order_by("user__username")
+    context = {
+        "section": "settings",
+        "project": project,
+        "plan": project.plan,
+        "active_runs": runs.filter(status__in=ACTIVE_STATUSES).count(),
+        "gpu_hours": gpu_hours,
+        "cost": runs.aggregate(total=Sum("cost"))["total"] or Decimal("0"),
+        "owners": [m.user for m in owners],
+        "is_owner": any(m.user_id == request.user.pk for m in owners),
+    }
+    return render(request, "studio/billing.html", context)

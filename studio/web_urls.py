@@ -1,9 +1,17 @@
 from __future__ import annotations
 
-from django.urls import path
+from django.contrib.auth import views as auth_views
+from django.urls import include, path
 
 from studio import views
 
 urlpatterns = [
     path("", views.home, name="home"),
+    path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("projects/switch", views.switch_project, name="switch_project"),
+    path("models/", views.models_page, name="models"),
+    path("settings/billing/", views.billing, name="billing"),
+    path("", include("training.web_urls")),
+    path("experiments/", include("experiments.web_urls")),
 ]

@@ -1,0 +1,72 @@
+"""Experiments pages: the list with an HTMX create form, and one experiment's runs with their
+loss curves compared on one chart."""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from django.db.models import Count
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.views.decorators.http import require_GET, require_POST
+
+from experiments.models import Experiment
+from experiments.services import create_experiment
+from studio.errors import ApiError, NotFound
+from studio.views import errors_by_field, studio_page, web_actor
+from training import metrics
+from training.queries import runs_for
+from training.views import MAX_POINTS, align, can_write
+
+COMPARE_LIMIT = 12
+
+
+def list_context(actor, values: dict | None = None, errors: dict | None = None, created: Experiment | None = None) -> dict:
+    project = actor.project
+    experiments = Experiment.objects.filter(project=project).annotate(run_count=Count("runs")).order_by("-created_at", "-id") if project else []
+    return {"section": "experiments", "project": project, "experiments": experiments, "form": {"values": values or {}, "errors": errors or {}},
+            "writable": bool(project) and can_write(actor, project), "created": created}
+
+
+@studio_page
+@require_GET
+def experiment_list(request: HttpRequest) -> HttpResponse:
+    return render(request, "experiments/list.html", list_context(web_actor(request)))
+
+
+@studio_page
+@require_POST
+def experiment_create(request: HttpRequest) -> HttpResponse:
+    actor = web_actor(request)
+    project = actor.require_project()
+    actor.require_write(project)
+    name = request.POST.get("name", "")
+    try:
+        experiment = create_experiment(project, name)
+    except ApiError as exc:
+        errors = errors_by_field(exc, {"name"})
+        if exc.detail and exc.detail != exc.default_detail:
+            errors.setdefault("name", []).insert(0, exc.detail)
+        context = list_context(actor, {"name": name}, errors)
+        template = "experiments/list.html#experiments" if request.htmx else "experiments/list.html"
+        return render(request, template, context, status=exc.status)
+    template = "experiments/list.html#experiments" if request.htmx else "experiments/list.html"
+    return render(request, template, list_context(actor, created=experiment), status=201 if request.htmx else 200)
+
+
+@studio_page
+@require_GET
+def experiment_detail(request: HttpRequest, experiment_id: int) -> HttpResponse:
+    actor = web_actor(request)
+    experiment = Experiment.objects.filter(pk=experiment_id, project_id__in=actor.scoped_project_ids()).select_related("project").first()
+    if experiment is None:
+        raise NotFound(f"No experiment {experiment_id} in your projects.")
+    runs = list(runs_for(actor).filter(experiment=experiment).order_by("-created_at", "-id"))
+    compared = runs[:COMPARE_LIMIT]
+    named = OrderedDict()
+    for run in compared:
+        named[f"#{run.pk} {run.name}"] = metrics.series(run, ["loss"], MAX_POINTS).get("loss", [])
+    chart = align(named)
+    chart.update(id="compare-loss", title="Loss by step", empty=not chart["x"])
+    context = {"section": "experiments", "project": experiment.project, "experiment": experiment, "runs": runs,
+               "charts": [chart], "compared": len(compared), "writable": can_write(actor, experiment.project)}
+    return render(request, "experiments/detail.html", context)

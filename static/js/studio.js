@@ -1,0 +1,48 @@
+/* Studio: draws uPlot charts from <script type="application/json" id="chart-data"> blocks that
+   the server renders (and HTMX re-renders while a run is live). No other behaviour lives here. */
+(function () {
+  "use strict";
+  var COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#4b5563", "#db2777"];
+  var plots = {};
+
+  function draw(root) {
+    if (typeof uPlot === "undefined") return;
+    var blocks = (root || document).querySelectorAll('script[type="application/json"][id$="chart-data"]');
+    blocks.forEach(function (block) {
+      var charts;
+      try { charts = JSON.parse(block.textContent); } catch (e) { return; }
+      charts.forEach(function (chart) {
+        var el = document.getElementById(chart.id);
+        if (!el || !chart.x || !chart.x.length) return;
+        if (plots[chart.id]) { plots[chart.id].destroy(); delete plots[chart.id]; }
+        el.textContent = "";
+        var series = [{ label: "step" }];
+        var data = [chart.x];
+        chart.series.forEach(function (s, i) {
+          series.push({ label: s.label, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true, points: { show: chart.x.length < 60 } });
+          data.push(s.values);
+        });
+        var width = Math.max(200, el.clientWidth || 400);
+        plots[chart.id] = new uPlot({
+          width: width, height: 220, series: series,
+          scales: { x: { time: false } },
+          axes: [{ label: "step" }, {}],
+          legend: { live: true }
+        }, data, el);
+        el.dataset.drawn = "true";
+      });
+    });
+  }
+
+  function resize() {
+    Object.keys(plots).forEach(function (id) {
+      var el = document.getElementById(id);
+      if (el && el.clientWidth) plots[id].setSize({ width: el.clientWidth, height: 220 });
+    });
+  }
+
+  window.studioDrawCharts = draw;
+  document.addEventListener("DOMContentLoaded", function () { draw(document); });
+  document.addEventListener("htmx:afterSettle", function (evt) { draw(evt.target.parentNode || document); });
+  window.addEventListener("resize", resize);
+})();

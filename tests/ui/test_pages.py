@@ -1,0 +1,205 @@
+"""Server-side checks of the Studio pages with Django's test client (fast; no browser)."""
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+
+from training import services
+from training.models import MetricPoint, Rollout, Status
+
+pytestmark = pytest.mark.django_db
+
+METHOD_BODIES = {
+    "sft": {"config": {"lora_rank": 16}},
+    "dpo": {"config": {"lora_rank": 16, "loss": {"type": "dpo"}}},
+    "grpo": {"config": {"rl_mode": "environment", "environment_id": "builtin/arith@main"}, "dataset": None},
+    "distill": {"config": {"distillation": {"teacher_model": "org/teacher-8B"}}},
+}
+EXPECTED_TABS = {
+    "sft": ["overview", "configuration", "datasets", "checkpoints", "lineage", "repository"],
+    "dpo": ["overview", "configuration", "datasets", "checkpoints", "lineage", "repository"],
+    "distill": ["overview", "configuration", "datasets", "checkpoints", "lineage", "repository"],
+    "grpo": ["overview", "configuration", "environment", "rollouts", "repository"],
+}
+ALL_TABS = {"overview", "configuration", "datasets", "checkpoints", "lineage", "environment", "rollouts", "repository"}
+
+
+def client_for(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def make_run(project, user, method, **overrides):
+    body = {"name": f"{method} run", "method": method, "base_model": "org/base", "dataset": "my-data@main", **METHOD_BODIES[method]}
+    body.update(overrides)
+    return services.create_run(project, user, **body)
+
+
+def test_login_page_has_labelled_fields(client):
+    html = client.get("/login/").content.decode()
+    assert '<label for="id_username">' in html and '<label for="id_password">' in html
+
+
+def test_anonymous_is_sent_to_login(client):
+    response = client.get("/training/")
+    assert response.status_code == 302 and response["Location"].startswith("/login/")
+
+
+def test_training_page_lists_runs_with_filters(project, users):
+    make_run(project, users["owner"], "sft")
+    make_run(project, users["owner"], "dpo")
+    client = client_for(users["owner"])
+    html = client.get("/training/").content.decode()
+    assert "sft run" in html and "dpo run" in html
+    html = client.get("/training/", {"method": "dpo"}).content.decode()
+    assert "dpo run" in html and "sft run" not in html
+    rows = client.get("/training/", {"status": "queued"}, HTTP_HX_REQUEST="true", HTTP_HX_TARGET="run-rows")
+    assert rows.content.decode().lstrip().startswith("<tbody") and rows["Vary"].count("HX-Request")
+    # Unknown filter values are ignored rather than failing.
+    assert client.get("/training/", {"status": "bogus", "experiment": "x"}).status_code == 200
+
+
+def test_training_page_is_scoped_to_the_current_project(project, other_project, users):
+    make_run(other_project, users["outsider"], "sft", name="secret run")
+    html = client_for(users["owner"]).get("/training/").content.decode()
+    assert "secret run" not in html
+
+
+@pytest.mark.parametrize("method", ["sft", "dpo", "grpo", "distill"])
+def test_run_detail_has_exactly_the_methods_tabs(project, users, method):
+    run = make_run(project, users["owner"], method)
+    client = client_for(users["owner"])
+    html = client.get(f"/training/runs/{run.pk}/").content.decode()
+    for tab in ALL_TABS:
+        present = f'data-tab="{tab}"' in html
+        assert present == (tab in EXPECTED_TABS[method]), (method, tab)
+        response = client.get(f"/training/runs/{run.pk}/{tab}/")
+        assert response.status_code == (200 if tab in EXPECTED_TABS[method] else 404), (method, tab)
+
+
+def test_grpo_ruler_mode_has_no_environment_tab(project, users):
+    run = make_run(project, users["owner"], "grpo", config={"rl_mode": "ruler", "ruler_task_args": {"dataset": "p@main", "system_prompt": "be nice"}})
+    html = client_for(users["owner"]).get(f"/training/runs/{run.pk}/").content.decode()
+    assert 'data-tab="environment"' not in html and 'data-tab="rollouts"' in html
+
+
+def test_outsider_gets_404_and_viewer_cannot_start(project, users):
+    run = make_run(project, users["owner"], "sft")
+    assert client_for(users["outsider"]).get(f"/training/runs/{run.pk}/").status_code == 404
+    viewer = client_for(users["viewer"])
+    assert "Viewers cannot start" in viewer.get(f"/training/runs/{run.pk}/").content.decode()
+    assert viewer.post(f"/training/runs/{run.pk}/start").status_code == 403
+    run.refresh_from_db()
+    assert run.start_requested_at is None
+
+
+def test_start_button_is_disabled_with_the_422_findings(project, users):
+    run = make_run(project, users["owner"], "sft", dataset=None)
+    html = client_for(users["owner"]).get(f"/training/runs/{run.pk}/").content.decode()
+    assert 'id="start-btn"' in html and "disabled" in html.split('id="start-btn"')[1].split(">")[0]
+    assert 'data-field="dataset"' in html
+    response = client_for(users["owner"]).post(f"/training/runs/{run.pk}/start", HTTP_HX_REQUEST="true")
+    assert response.status_code == 200 and 'data-field="dataset"' in response.content.decode()
+    run.refresh_from_db()
+    assert run.status == Status.QUEUED and run.start_requested_at is None
+
+
+def test_new_run_form_creates_a_queued_run(project, users):
+    client = client_for(users["owner"])
+    html = client.get("/training/new/").content.decode()
+    assert html.count('<option value="sft"') == 1 and html.count("<option value=\"distill\"") == 1
+    response = client.post("/training/new/", {
+        "name": "form dpo", "method": "dpo", "experiment": "", "base_model": "org/base", "dataset": "prefs@main",
+        "config.loss.type": "dpo", "config.loss.dpo_beta": "0.2", "config.per_device_train_batch_size": "2",
+        "compute.backend": "local", "compute.accelerators": "CPU", "config_text": "lora_rank: 8\n",
+    })
+    assert response.status_code == 302, response.content.decode()[:2000]
+    run = project.runs.get(name="form dpo")
+    assert run.status == Status.QUEUED and run.start_requested_at is None
+    assert run.config["loss"] == {"type": "dpo", "dpo_beta": 0.2} and run.config["lora_rank"] == 8
+
+
+def test_new_run_form_shows_400_findings_next_to_fields(project, users):
+    response = client_for(users["owner"]).post("/training/new/", {
+        "name": "bad distill", "method": "distill", "base_model": "org/base", "config.distillation.teacher_model": "",
+        "compute.backend": "local", "config_text": "lora_rank: [",
+    })
+    html = response.content.decode()
+    assert response.status_code == 400 and 'id="f-config-text-errors"' in html
+    response = client_for(users["owner"]).post("/training/new/", {
+        "name": "bad distill", "method": "distill", "base_model": "org/base", "compute.backend": "local", "config_text": "",
+    })
+    assert response.status_code == 400 and 'id="f-config-distillation-teacher-model-errors"' in response.content.decode()
+    assert not project.runs.exists()
+
+
+def test_distill_estimate_and_teacher_warning(project, users):
+    client = client_for(users["owner"])
+    html = client.get("/training/new/estimate", {"method": "distill", "config.distillation.top_k": "64", "distill_tokens": "295000",
+                                                  "config.distillation.teacher_model": "Qwen/Qwen2.5-72B", "compute.accelerators": "L4:1"}).content.decode()
+    assert "113.3 MB" in html and 'data-testid="teacher-warning"' in html
+    html = client.get("/training/new/estimate", {"method": "distill", "config.distillation.top_k": "64", "distill_tokens": "1000",
+                                                  "config.distillation.teacher_model": "Qwen/Qwen3-1.7B", "compute.accelerators": "L4:1"}).content.decode()
+    assert 'data-testid="teacher-warning"' not in html
+
+
+def test_teacher_size_from_local_config(tmp_path):
+    import json
+
+    from training.forms import teacher_fit
+
+    model = tmp_path / "teacher"
+    model.mkdir()
+    # Llama-3-70B's shape in bf16: ~70.6B parameters, ~131 GiB of weights.
+    (model / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 8192, "num_hidden_layers": 80, "vocab_size": 128256,
+                                                   "num_attention_heads": 64, "num_key_value_heads": 8, "intermediate_size": 28672, "torch_dtype": "bfloat16"}))
+    fit = teacher_fit(str(model), "H100:8")
+    assert 68e9 < fit["params"] < 72e9 and fit["too_large"] and fit["source"] == "its config.json"
+    assert not teacher_fit(str(model), "B200:1")["too_large"]
+
+
+def test_overview_embeds_downsampled_chart_series(project, users):
+    run = make_run(project, users["owner"], "distill")
+    MetricPoint.objects.bulk_create([MetricPoint(run=run, key=k, step=s, value=1.0 / (s + 1)) for s in range(2000) for k in ("loss", "kd_loss")])
+    html = client_for(users["owner"]).get(f"/training/runs/{run.pk}/").content.decode()
+    assert "KD Loss" in html and "Training Loss (CE)" in html and 'id="chart-data"' in html
+
+
+def test_rollouts_grouped_by_prompt(project, users):
+    run = make_run(project, users["owner"], "grpo")
+    Rollout.objects.bulk_create([Rollout(run=run, step=s, prompt=f"p{p}", completion=f"c{i}", reward=float(i), advantage=0.0) for s in (1, 2) for p in range(2) for i in range(4)])
+    client = client_for(users["owner"])
+    html = client.get(f"/training/runs/{run.pk}/rollouts/").content.decode()
+    assert html.count("rollout-group") == 2 and "Step 2" in html
+    html = client.get(f"/training/runs/{run.pk}/rollouts/", {"step": "all", "min_reward": "3"}).content.decode()
+    assert html.count("rollout-group") == 4
+
+
+def test_experiment_create_via_htmx_and_compare_page(project, users):
+    client = client_for(users["owner"])
+    response = client.post("/experiments/create", {"name": "tone sweep"}, HTTP_HX_REQUEST="true")
+    assert response.status_code == 201 and "tone sweep" in response.content.decode()
+    dup = client.post("/experiments/create", {"name": "tone sweep"}, HTTP_HX_REQUEST="true")
+    assert dup.status_code == 409 and "f-name-errors" in dup.content.decode()
+    experiment = project.experiments.get(slug="tone-sweep")
+    run = make_run(project, users["owner"], "sft", experiment=experiment.pk)
+    MetricPoint.objects.bulk_create([MetricPoint(run=run, key="loss", step=s, value=2.0 - s / 100) for s in range(50)])
+    html = client.get(f"/experiments/{experiment.pk}/").content.decode()
+    assert "compare-loss" in html and run.name in html
+
+
+def test_billing_page(project, users):
+    html = client_for(users["member"]).get("/settings/billing/").content.decode()
+    assert "team" in html and "owner" in html and "Cost so far" in html
+
+
+def test_project_switcher(project, other_project, users):
+    from studio.services import add_member
+
+    add_member(other_project, users["owner"], "member")
+    client = client_for(users["owner"])
+    response = client.post("/projects/switch", {"project": "globex", "next": "/training/"})
+    assert response.status_code == 302
+    assert "globex" in client.get("/training/").content.decode()
+    assert client.post("/projects/switch", {"project": "nope"}).status_code == 404

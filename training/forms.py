@@ -1,0 +1,282 @@
+"""The NEW RUN form: the posted fields → create_run's arguments, and the DISTILL planning aids
+(storage estimate, "does the teacher fit on one card"). Validation itself stays in
+training/validation.py: this module only turns strings into typed values."""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+from django.http import QueryDict
+
+from studio.errors import Finding
+from training.compute import GPU_MEMORY_GIB, parse_accelerators
+from training.refs import local_model_dir
+
+METHOD_CHOICES = [("sft", "SFT"), ("dpo", "DPO"), ("grpo", "GRPO"), ("distill", "DISTILL")]
+PRECISION_CHOICES = [("", "Default (bf16)"), ("bf16", "BF16"), ("fp8", "FP8"), ("nvfp4", "NVFP4")]
+BACKEND_CHOICES = [("local", "local"), ("dstack", "dstack"), ("modal", "Modal")]
+RL_MODE_CHOICES = [("environment", "Environment"), ("ruler", "RULER")]
+JUDGE_MODE_CHOICES = [("external", "External (your endpoint + API key)"), ("colocated", "Colocated (vLLM on the fleet)")]
+
+# Form field → type. Dotted names are the config/compute paths the validator's findings use.
+COMMON_FIELDS = {
+    "config.num_epochs": "float", "config.max_steps": "int", "config.learning_rate": "float",
+    "config.per_device_train_batch_size": "int", "config.gradient_accumulation_steps": "int", "config.precision": "str",
+    "compute.backend": "str", "compute.accelerators": "str", "compute.spot": "bool", "compute.region": "str",
+}
+METHOD_FIELDS: dict[str, dict[str, str]] = {
+    "sft": {},
+    "dpo": {"config.loss.type": "str", "config.loss.dpo_beta": "float", "config.loss.reference_free": "bool",
+            "config.loss.target_margin": "float", "config.loss.length_norm": "bool", "config.loss.span_mask": "bool"},
+    "distill": {"config.distillation.teacher_model": "str", "config.distillation.top_k": "int", "config.distillation.temperature": "float",
+                "config.distillation.kd_weight": "float", "config.distillation.ce_weight": "float"},
+    "grpo": {"config.rl_mode": "str", "config.inference_blocks": "int", "config.trainer_blocks": "int",
+             "config.rollouts_per_prompt": "int", "config.kl_coef": "float", "config.max_response_length": "int"},
+}
+GRPO_MODE_FIELDS = {
+    "environment": {"config.environment_id": "str"},
+    "ruler": {"config.ruler_task_args.dataset": "str", "config.ruler_task_args.system_prompt": "str", "config.judge.mode": "str",
+              "config.judge.endpoint": "str", "config.judge.model": "str", "config.judge.api_key_secret": "str", "config.judge_blocks": "int"},
+}
+TOP_FIELDS = ("name", "method", "experiment", "base_model", "dataset", "config_text")
+DEFAULT_CONFIG_TEXT = {
+    "sft": "# Adapter: LoRA rank (delete for a full fine-tune; add load_in_4bit: true for QLoRA)\nlora_rank: 16\n",
+    "dpo": "# DPO needs LoRA: the frozen base is the reference\nlora_rank: 16\n",
+    "grpo": "lora_rank: 16\n",
+    "distill": "lora_rank: 16\n",
+}
+METHOD_DEFAULTS: dict[str, dict[str, Any]] = {
+    "dpo": {"config.loss.type": "dpo", "config.loss.dpo_beta": "0.1"},
+    "distill": {"config.distillation.top_k": "64", "config.distillation.temperature": "1.0", "config.distillation.kd_weight": "0.5",
+                "config.distillation.ce_weight": "0.5", "distill_tokens": "295000"},
+    "grpo": {"config.rl_mode": "environment", "config.rollouts_per_prompt": "8", "config.kl_coef": "0.0", "config.max_response_length": "2048",
+             "config.judge.mode": "external"},
+}
+
+
+def fields_for(method: str, rl_mode: str | None = None) -> dict[str, str]:
+    out = {**COMMON_FIELDS, **METHOD_FIELDS.get(method, {})}
+    if method == "grpo":
+        out.update(GRPO_MODE_FIELDS.get(rl_mode or "environment", {}))
+    return out
+
+
+def all_field_names(method: str, rl_mode: str | None = None) -> set[str]:
+    return set(TOP_FIELDS) | set(fields_for(method, rl_mode))
+
+
+def initial_values(method: str = "sft", experiment: str = "") -> dict[str, Any]:
+    return {"method": method, "experiment": experiment, "compute.backend": "local", "compute.accelerators": "CPU",
+            "config_text": DEFAULT_CONFIG_TEXT.get(method, ""), **METHOD_DEFAULTS.get(method, {})}
+
+
+def with_method_defaults(values: dict[str, Any], method: str) -> dict[str, Any]:
+    """Switching the picker: keep what was typed, fill the new method's card with its defaults."""
+    merged = {**METHOD_DEFAULTS.get(method, {}), **{k: v for k, v in values.items() if v not in (None, "")}}
+    if not values.get("config_text") or values.get("config_text") in DEFAULT_CONFIG_TEXT.values():
+        merged["config_text"] = DEFAULT_CONFIG_TEXT.get(method, "")
+    merged["method"] = method
+    return merged
+
+
+def set_path(target: dict, dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    for part in parents:
+        target = target.setdefault(part, {})
+        if not isinstance(target, dict):
+            return
+    target[leaf] = value
+
+
+def deep_merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = deep_merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+@dataclass
+class ParsedRun:
+    values: dict[str, Any]  # what was posted, to show again
+    kwargs: dict[str, Any] = field(default_factory=dict)  # create_run's keyword arguments
+    findings: list[Finding] = field(default_factory=list)  # what could not even be parsed
+
+
+def parse_config_text(text: str) -> tuple[dict, list[Finding]]:
+    if not text.strip():
+        return {}, []
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        return {}, [Finding("config_text", f"this is not valid YAML or JSON{where}: fix the syntax")]
+    if data is None:
+        return {}, []
+    if not isinstance(data, dict):
+        return {}, [Finding("config_text", "the config must be a mapping of settings, e.g. lora_rank: 16")]
+    return data, []
+
+
+def parse_run_form(data: QueryDict) -> ParsedRun:
+    values: dict[str, Any] = {k: data.get(k, "") for k in data.keys() if k != "csrfmiddlewaretoken"}
+    method = values.get("method", "")
+    parsed = ParsedRun(values=values)
+    config, parsed.findings = parse_config_text(values.get("config_text", ""))
+    compute: dict[str, Any] = {}
+    form_config: dict[str, Any] = {}
+    for name, kind in fields_for(method, values.get("config.rl_mode")).items():
+        raw = (values.get(name) or "").strip() if kind != "bool" else values.get(name)
+        if kind == "bool":
+            if raw:
+                value: Any = True
+            elif name == "compute.spot":
+                value = False
+            else:
+                continue
+        elif raw == "":
+            continue
+        elif kind == "int":
+            try:
+                value = int(raw)
+            except ValueError:
+                parsed.findings.append(Finding(name, f"give a whole number, not {raw!r}"))
+                continue
+        elif kind == "float":
+            try:
+                value = float(raw)
+            except ValueError:
+                parsed.findings.append(Finding(name, f"give a number, not {raw!r}"))
+                continue
+        else:
+            value = raw
+        root, _, rest = name.partition(".")
+        set_path(compute if root == "compute" else form_config, rest, value)
+    dataset = (values.get("dataset") or "").strip() or None
+    parsed.kwargs = {
+        "name": (values.get("name") or "").strip(),
+        "method": method,
+        "experiment": values.get("experiment") or None,
+        "base_model": (values.get("base_model") or "").strip() or None,
+        "dataset": dataset,
+        # The form's fields win over the same keys in the free-form text.
+        "config": deep_merge(config, form_config),
+        "compute": compute,
+    }
+    if not parsed.kwargs["name"]:
+        parsed.findings.append(Finding("name", "give the run a name"))
+    return parsed
+
+
+def values_from_run(run) -> dict[str, Any]:
+    """The form's values for an existing run: known fields pulled out, the rest as YAML."""
+    config = json.loads(json.dumps(run.config or {}))
+    values: dict[str, Any] = {"name": run.name, "method": run.method, "experiment": str(run.experiment_id),
+                              "base_model": run.base_model, "dataset": run.dataset if isinstance(run.dataset, str) else ""}
+    for name, kind in fields_for(run.method, config.get("rl_mode")).items():
+        root, _, rest = name.partition(".")
+        source = run.compute if root == "compute" else config
+        *parents, leaf = rest.split(".")
+        holder = source
+        for part in parents:
+            holder = holder.get(part) if isinstance(holder, dict) else None
+        if isinstance(holder, dict) and leaf in holder:
+            value = holder[leaf]
+            values[name] = value if kind == "bool" else ("" if value is None else str(value))
+            if root == "config":
+                holder.pop(leaf)
+    for key in [k for k, v in config.items() if v == {}]:
+        config.pop(key)
+    values["config_text"] = yaml.safe_dump(config, sort_keys=True) if config else ""
+    return values
+
+
+# ---- DISTILL planning aids ---------------------------------------------------------------------
+
+DTYPE_BYTES = {"float32": 4, "fp32": 4, "float": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2,
+               "float8_e4m3fn": 1, "fp8": 1, "int8": 1, "int4": 0.5}
+SIZE_IN_NAME = re.compile(r"(?<![A-Za-z0-9.])(\d+(?:\.\d+)?)\s*([bBmM])(?![A-Za-z0-9])")
+
+
+def storage_estimate(top_k: Any, tokens: Any) -> dict[str, Any] | None:
+    """Seed 001: a .kd sidecar holds ≈ 6 × top_k bytes per token."""
+    try:
+        k, n = int(top_k), int(float(tokens))
+    except (TypeError, ValueError):
+        return None
+    if k < 1 or n < 1:
+        return None
+    per_token = 6 * k
+    return {"top_k": k, "tokens": n, "bytes_per_token": per_token, "total_bytes": per_token * n}
+
+
+def params_from_config(cfg: dict) -> int | None:
+    """Approximate parameter count of a decoder-only transformer from its config.json."""
+    cfg = cfg.get("text_config", cfg)
+    h, layers, vocab = cfg.get("hidden_size"), cfg.get("num_hidden_layers"), cfg.get("vocab_size")
+    if not all(isinstance(x, int) and x > 0 for x in (h, layers, vocab)):
+        return None
+    heads = cfg.get("num_attention_heads") or max(1, h // 64)
+    kv_heads = cfg.get("num_key_value_heads") or heads
+    head_dim = cfg.get("head_dim") or h // heads
+    attention = h * heads * head_dim * 2 + 2 * h * kv_heads * head_dim
+    intermediate = cfg.get("intermediate_size") or 4 * h
+    experts = cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts") or 0
+    gated = cfg.get("model_type") not in ("gpt_neox", "gpt2", "opt")
+    mlp_one = (3 if gated else 2) * h * (cfg.get("moe_intermediate_size") or intermediate if experts else intermediate)
+    mlp = mlp_one * experts if experts else mlp_one
+    embeddings = vocab * h * (1 if cfg.get("tie_word_embeddings", False) else 2)
+    return int(layers * (attention + mlp) + embeddings)
+
+
+def teacher_footprint(teacher: str | None) -> dict[str, Any] | None:
+    """Weight bytes of the teacher: from its local config.json (params, dtype) when resolvable,
+    else from a size in its name (e.g. "-32B"), assuming bf16."""
+    if not teacher:
+        return None
+    directory = local_model_dir(teacher)
+    if directory is not None:
+        index = directory / "model.safetensors.index.json"
+        try:
+            cfg = json.loads((directory / "config.json").read_text())
+        except (OSError, ValueError):
+            cfg = {}
+        dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or (cfg.get("text_config") or {}).get("torch_dtype") or "bfloat16").lower()
+        per_param = DTYPE_BYTES.get(dtype.replace("torch.", ""), 2)
+        params = cfg.get("num_parameters") if isinstance(cfg.get("num_parameters"), int) else params_from_config(cfg)
+        total = None
+        if index.is_file():
+            try:
+                total = int(json.loads(index.read_text())["metadata"]["total_size"])
+            except (OSError, ValueError, KeyError, TypeError):
+                total = None
+        if total is None and params:
+            total = int(params * per_param)
+        if total:
+            return {"params": params, "dtype": dtype, "bytes": total, "source": "its config.json"}
+    match = SIZE_IN_NAME.search(teacher.rsplit("/", 1)[-1].replace("_", "-"))
+    if match:
+        params = float(match[1]) * (1e9 if match[2].lower() == "b" else 1e6)
+        return {"params": int(params), "dtype": "bfloat16 (assumed)", "bytes": int(params * 2), "source": "the size in its name"}
+    return None
+
+
+def teacher_fit(teacher: str | None, accelerators: str | None) -> dict[str, Any] | None:
+    """Does the teacher fit on ONE card of the selected GPU? Capture does not shard it (seed 001)."""
+    footprint = teacher_footprint(teacher)
+    if footprint is None:
+        return None
+    gib = footprint["bytes"] / 2**30
+    accel = parse_accelerators(accelerators or "")
+    gpu = accel.gpu_type if accel else None
+    card = GPU_MEMORY_GIB.get(gpu or "")
+    result = {**footprint, "gib": gib, "gpu": gpu, "card_gib": card, "too_large": False}
+    # Weights alone above ~90% of the card leave no room for activations during capture.
+    if card is not None and gib > 0.9 * card:
+        result["too_large"] = True
+        bigger = sorted((size, name) for name, size in GPU_MEMORY_GIB.items() if size * 0.9 > gib)
+        result["suggestion"] = bigger[0][1] if bigger else None
+    return result

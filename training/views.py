@@ -1,0 +1,408 @@
+"""Training pages: the runs list, NEW RUN, and the run detail page with its tabs.
+Each view: parse → authorise → one service → render (HTMX gets the partial)."""
+from __future__ import annotations
+
+import statistics
+from collections import OrderedDict
+from typing import Any
+
+import yaml
+from django.contrib import messages
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_POST
+
+from experiments.models import Experiment
+from studio.errors import ApiError, Conflict, Forbidden, PaymentRequired, Unprocessable
+from studio.views import errors_by_field, studio_page, web_actor
+from training import forms, metrics, services
+from training.models import ACTIVE_STATUSES, Checkpoint, LogLine, Method, Rollout, Status, TrainingRun
+from training.queries import get_run_for, runs_for
+from training.refs import dataset_entries, ref_kind
+
+MAX_POINTS = 500
+LOG_TAIL = 200
+
+# Seed 000's failure table: what to do for each error.code.
+FAILURE_HELP = {
+    "oom": "The model was too large for the chosen GPU: drop to a smaller base, ask for more or bigger GPUs, or shrink max_length / max_response_length.",
+    "CAPACITY_UNAVAILABLE": "No GPU capacity for the requested type: retry later, pick a different GPU type, or launch in another region. Capacity is provider-side and cannot be checked in advance.",
+    "provisioning_error": "The instance booted but the worker did not come up: start again; if it keeps happening, try a different GPU type.",
+    "provisioning_timeout": "The instance never reached a running worker in time: start again; capacity or boot was too slow.",
+    "configuring_timeout": "The worker booted but made no training progress in time: start again; if it keeps happening, read the full log.",
+    "heartbeat_timeout": "The worker stopped reporting for longer than heartbeat_timeout_seconds (likely OOM-killed or cut off): start again; if it keeps happening, ask for more GPUs.",
+    "training_error": "The worker crashed, a reward function failed or the dataset did not load: read the message and the log below, fix the config or data, then start again.",
+}
+
+# Charts on the Overview tab, per method: (title, metric keys).
+CHARTS = {
+    "sft": [("Training loss", ["loss"]), ("Throughput (tokens/s)", ["tokens_per_s"])],
+    "dpo": [("Training loss", ["loss"]), ("Reward margins", ["rewards/margins"]), ("Reward accuracies", ["rewards/accuracies"])],
+    "distill": [("KD Loss", ["kd_loss"]), ("Training Loss (CE)", ["loss"])],
+    "grpo": [("Reward", ["reward", "reward_std"]), ("KL", ["kl"]), ("Completion length", ["completions/mean_length"]), ("Entropy", ["entropy"])],
+}
+
+
+# ---- helpers -----------------------------------------------------------------------------------
+
+def align(named: "OrderedDict[str, list[tuple[int, float]]]") -> dict[str, Any]:
+    """Several step-ordered series on one shared x axis (uPlot's layout); gaps are null."""
+    steps = sorted({step for points in named.values() for step, _ in points})
+    index = {step: i for i, step in enumerate(steps)}
+    series = []
+    for label, points in named.items():
+        values: list[float | None] = [None] * len(steps)
+        for step, value in points:
+            values[index[step]] = value
+        series.append({"label": label, "values": values})
+    return {"x": steps, "series": series}
+
+
+def run_charts(run: TrainingRun) -> list[dict[str, Any]]:
+    spec = CHARTS.get(run.method, CHARTS["sft"])
+    keys = sorted({k for _, ks in spec for k in ks})
+    data = metrics.series(run, keys, MAX_POINTS)
+    charts = []
+    for i, (title, ks) in enumerate(spec):
+        chart = align(OrderedDict((k, data.get(k, [])) for k in ks))
+        chart.update(id=f"chart-{i}", title=title, empty=not chart["x"])
+        charts.append(chart)
+    return charts
+
+
+def tabs_for(run: TrainingRun) -> list[tuple[str, str]]:
+    """Seed 001's table: which tabs a run of this method has."""
+    tabs = [("overview", "Overview"), ("configuration", "Configuration")]
+    if run.method == Method.GRPO:
+        if (run.config or {}).get("rl_mode", "environment") == "environment":
+            tabs.append(("environment", "Environment"))
+        tabs.append(("rollouts", "Rollouts"))
+    else:
+        tabs += [("datasets", "Datasets"), ("checkpoints", "Checkpoints"), ("lineage", "Lineage")]
+    tabs.append(("repository", "Repository"))
+    return tabs
+
+
+def is_live(run: TrainingRun) -> bool:
+    return run.status in ACTIVE_STATUSES or (run.status == Status.QUEUED and run.start_requested_at is not None)
+
+
+def can_write(actor, project) -> bool:
+    member = actor.membership(project)
+    return bool(member and member.can_write)
+
+
+def status_context(request: HttpRequest, run: TrainingRun, actor=None, error: ApiError | None = None) -> dict[str, Any]:
+    actor = actor or web_actor(request)
+    blockers = services.start_blockers(run) if run.status in (Status.QUEUED, Status.FAILED, Status.CANCELLED) and not is_live(run) else []
+    if isinstance(error, Unprocessable):
+        blockers = error.errors
+    error_obj = run.error or {}
+    return {
+        "run": run,
+        "live": is_live(run),
+        "writable": can_write(actor, run.project),
+        "blockers": blockers,
+        "action_error": None if isinstance(error, Unprocessable) else error,
+        "failure_help": FAILURE_HELP.get(error_obj.get("code") or "", FAILURE_HELP["training_error"]) if run.status == Status.FAILED else "",
+        "error_log_tail": (error_obj.get("log_tail") or [])[-LOG_TAIL:],
+        "progress": run.progress or {},
+    }
+
+
+def live_context(run: TrainingRun) -> dict[str, Any]:
+    tail = list(LogLine.objects.filter(run=run).order_by("-id").values_list("line", flat=True)[:LOG_TAIL])[::-1]
+    return {"run": run, "live": is_live(run), "charts": run_charts(run), "log_tail": tail}
+
+
+def config_rows(run: TrainingRun) -> list[tuple[str, Any]]:
+    skip = {"loss", "distillation", "judge", "ruler_task_args"}
+    return [(k, v) for k, v in sorted((run.config or {}).items()) if k not in skip]
+
+
+def adapter_of(config: dict) -> str:
+    rank = config.get("lora_rank") or (16 if config.get("lora") else None)
+    if rank is None:
+        return "Full fine-tune"
+    kind = "QLoRA (4-bit base)" if config.get("load_in_4bit") else "LoRA"
+    return f"{kind}, rank {rank}, alpha {config.get('lora_alpha', rank)}"
+
+
+# ---- the runs list -----------------------------------------------------------------------------
+
+def parse_filters(request: HttpRequest, experiments: list[Experiment]) -> dict[str, str]:
+    """Only known values pass; anything else is ignored (and the control shows "All")."""
+    status, method, experiment = (request.GET.get(k, "") for k in ("status", "method", "experiment"))
+    return {
+        "status": status if status in Status.values else "",
+        "method": method if method in Method.values else "",
+        "experiment": experiment if experiment in {str(e.pk) for e in experiments} else "",
+    }
+
+
+@studio_page
+@require_GET
+def runs(request: HttpRequest) -> HttpResponse:
+    actor = web_actor(request)
+    project = actor.project
+    experiments = list(Experiment.objects.filter(project=project).order_by("name")) if project else []
+    filters = parse_filters(request, experiments)
+    rows = runs_for(actor).filter(project=project).select_related("experiment") if project else TrainingRun.objects.none()
+    if filters["status"]:
+        rows = rows.filter(status=filters["status"])
+    if filters["method"]:
+        rows = rows.filter(method=filters["method"])
+    if filters["experiment"]:
+        rows = rows.filter(experiment_id=int(filters["experiment"]))
+    context = {
+        "section": "training", "project": project, "runs": list(rows[:200]), "filters": filters, "experiments": experiments,
+        "statuses": Status.values, "methods": Method.choices, "writable": bool(project) and can_write(actor, project),
+    }
+    template = "training/runs.html#rows" if request.htmx and request.htmx.target == "run-rows" else "training/runs.html"
+    return render(request, template, context)
+
+
+# ---- NEW RUN -----------------------------------------------------------------------------------
+
+def form_context(request: HttpRequest, project, values: dict[str, Any], errors: dict[str, list[str]] | None = None, run: TrainingRun | None = None) -> dict[str, Any]:
+    method = values.get("method") or "sft"
+    distill = method == "distill"
+    return {
+        "section": "training", "project": project, "run": run,
+        "form": {"values": values, "errors": errors or {}},
+        "method": method,
+        "rl_mode": values.get("config.rl_mode") or "environment",
+        "experiments": [("", "Project default")] + [(str(e.pk), e.name) for e in Experiment.objects.filter(project=project).order_by("name")],
+        "choices": {"method": forms.METHOD_CHOICES, "precision": forms.PRECISION_CHOICES, "backend": forms.BACKEND_CHOICES,
+                    "rl_mode": forms.RL_MODE_CHOICES, "judge_mode": forms.JUDGE_MODE_CHOICES},
+        "estimate": forms.storage_estimate(values.get("config.distillation.top_k"), values.get("distill_tokens")) if distill else None,
+        "teacher": forms.teacher_fit(values.get("config.distillation.teacher_model"), values.get("compute.accelerators")) if distill else None,
+    }
+
+
+@studio_page
+def new_run(request: HttpRequest) -> HttpResponse:
+    actor = web_actor(request)
+    project = actor.require_project()
+    actor.require_write(project)
+    if request.method == "GET":
+        method = request.GET.get("method") if request.GET.get("method") in Method.values else "sft"
+        experiment = request.GET.get("experiment", "")
+        return render(request, "training/new_run.html", form_context(request, project, forms.initial_values(method, experiment)))
+    if request.method != "POST":
+        return HttpResponseNotAllowed(["GET", "POST"])
+    parsed = forms.parse_run_form(request.POST)
+    fields = forms.all_field_names(parsed.values.get("method", ""), parsed.values.get("config.rl_mode"))
+    if parsed.findings:
+        errors = errors_by_field(parsed.findings, fields)
+        return render(request, "training/new_run.html", form_context(request, project, parsed.values, errors), status=400)
+    try:
+        run = services.create_run(project, request.user, **parsed.kwargs)
+    except ApiError as exc:
+        errors = errors_by_field(exc, fields)
+        if not exc.errors or isinstance(exc, PaymentRequired):
+            errors.setdefault("general", []).insert(0, exc.detail)
+        return render(request, "training/new_run.html", form_context(request, project, parsed.values, errors), status=exc.status)
+    messages.success(request, f"Run {run.name} is queued. Press START when it is ready.")
+    return redirect("training:run", run_id=run.pk)
+
+
+@studio_page
+def edit_run(request: HttpRequest, run_id: int) -> HttpResponse:
+    actor = web_actor(request)
+    run = get_run_for(actor, run_id, write=True)
+    if request.method == "GET":
+        values = forms.values_from_run(run)
+        errors = errors_by_field(services.start_blockers(run), forms.all_field_names(run.method, values.get("config.rl_mode")))
+        return render(request, "training/new_run.html", form_context(request, run.project, values, errors, run=run))
+    if request.method != "POST":
+        return HttpResponseNotAllowed(["GET", "POST"])
+    parsed = forms.parse_run_form(request.POST)
+    parsed.values["method"] = run.method
+    fields = forms.all_field_names(run.method, parsed.values.get("config.rl_mode"))
+    if parsed.findings:
+        return render(request, "training/new_run.html", form_context(request, run.project, parsed.values, errors_by_field(parsed.findings, fields), run=run), status=400)
+    kwargs = parsed.kwargs
+    patch = {"name": kwargs["name"], "base_model": kwargs["base_model"], "dataset": kwargs["dataset"],
+             "config": replacement_patch(run.config, kwargs["config"]), "compute": replacement_patch(run.compute, kwargs["compute"])}
+    try:
+        services.update_run(run, patch)
+    except ApiError as exc:
+        errors = errors_by_field(exc, fields)
+        errors.setdefault("general", []).insert(0, exc.detail)
+        return render(request, "training/new_run.html", form_context(request, run.project, parsed.values, errors, run=run), status=exc.status)
+    messages.success(request, "Saved.")
+    return redirect("training:run", run_id=run.pk)
+
+
+def replacement_patch(old: Any, new: Any) -> Any:
+    """A JSON merge patch that turns `old` into exactly `new` (keys that went away become null)."""
+    if not (isinstance(old, dict) and isinstance(new, dict)):
+        return new
+    patch = {k: None for k in old if k not in new}
+    for key, value in new.items():
+        if key not in old or old[key] != value:
+            patch[key] = replacement_patch(old.get(key), value)
+    return patch
+
+
+@studio_page
+@require_GET
+def new_run_part(request: HttpRequest, part: str) -> HttpResponse:
+    """The form's live pieces: the method card (picker changed), GRPO's mode fields, DISTILL's
+    weights (Pure distillation preset) and its estimate. Values come in the query string."""
+    project = web_actor(request).require_project()
+    values = {k: request.GET.get(k, "") for k in request.GET.keys()}
+    method = values.get("method") if values.get("method") in Method.values else "sft"
+    if part == "method":
+        values = forms.with_method_defaults(values, method)
+    elif part == "preset":
+        values["config.distillation.kd_weight"], values["config.distillation.ce_weight"] = "1.0", "0"
+    elif part == "mode":
+        values.update({k: v for k, v in forms.METHOD_DEFAULTS["grpo"].items() if not values.get(k)})
+    names = {"method": "method_fields", "mode": "grpo_mode", "preset": "distill_weights", "estimate": "distill_estimate"}
+    if part not in names:
+        return HttpResponse(status=404)
+    values["method"] = method
+    return render(request, f"training/new_run.html#{names[part]}", form_context(request, project, values))
+
+
+# ---- run detail --------------------------------------------------------------------------------
+
+def tab_context(request: HttpRequest, run: TrainingRun, tab: str) -> dict[str, Any]:
+    context: dict[str, Any] = {"run": run, "tab": tab}
+    config = run.config or {}
+    if tab == "overview":
+        context.update(live_context(run))
+    elif tab == "configuration":
+        blockers = services.start_blockers(run) if run.status != Status.COMPLETED and not is_live(run) else []
+        context.update(
+            rows=config_rows(run), adapter=adapter_of(config), loss=config.get("loss"), distillation=config.get("distillation"),
+            judge=config.get("judge"), ruler=config.get("ruler_task_args"), config_yaml=yaml.safe_dump(config, sort_keys=True),
+            findings=errors_by_field(blockers), editable=run.status in (Status.QUEUED, Status.FAILED, Status.CANCELLED) and not is_live(run),
+        )
+        if run.method == Method.DISTILL and isinstance(config.get("distillation"), dict):
+            context["teacher"] = forms.teacher_fit(config["distillation"].get("teacher_model"), (run.compute or {}).get("accelerators"))
+            context["per_token"] = 6 * int(config["distillation"].get("top_k") or 64)
+    elif tab == "datasets":
+        context["entries"] = [{"ref": e.ref, "type": e.type or "—", "kind": ref_kind(e.ref), "pinned": (run.pinned or {}).get("dataset")} for e in dataset_entries(run.dataset)]
+    elif tab == "checkpoints":
+        context["checkpoints"] = list(Checkpoint.objects.filter(run=run))
+        context["lora"] = config.get("lora_rank") is not None or bool(config.get("lora"))
+    elif tab == "lineage":
+        context["lineage"] = lineage_of(run)
+    elif tab == "environment":
+        context["environment_id"] = config.get("environment_id")
+        context["pinned"] = (run.pinned or {}).get("environment_id")
+    elif tab == "rollouts":
+        context.update(rollout_groups(run, request))
+    return context
+
+
+def lineage_of(run: TrainingRun) -> list[dict[str, Any]]:
+    pinned = run.pinned or {}
+    items = [{"role": "Base model (weights)", "ref": run.base_model or "— not set", "kind": ref_kind(run.base_model) if run.base_model else "", "pinned": pinned.get("base_model")}]
+    for i, entry in enumerate(dataset_entries(run.dataset)):
+        items.append({"role": "Dataset" + (f" {i + 1}" if i else ""), "ref": entry.ref, "kind": ref_kind(entry.ref), "pinned": pinned.get("dataset")})
+    teacher = ((run.config or {}).get("distillation") or {}).get("teacher_model")
+    if teacher:
+        items.append({"role": "Teacher (distilled from)", "ref": teacher, "kind": ref_kind(teacher), "pinned": pinned.get("teacher_model")})
+    items.append({"role": "Output branch", "ref": f"{run.experiment.hub_repo or run.experiment.slug}@run-{run.pk}", "kind": "hub", "pinned": None})
+    return items
+
+
+def rollout_groups(run: TrainingRun, request: HttpRequest) -> dict[str, Any]:
+    steps = list(Rollout.objects.filter(run=run).order_by("step").values_list("step", flat=True).distinct())
+    qs = Rollout.objects.filter(run=run).order_by("step", "id")
+    step = request.GET.get("step", "")
+    chosen_step = int(step) if step.lstrip("-").isdigit() and int(step) in steps else None
+    if chosen_step is None and steps and step != "all":
+        chosen_step = steps[-1]
+    if chosen_step is not None:
+        qs = qs.filter(step=chosen_step)
+    bounds = {}
+    for key in ("min_reward", "max_reward"):
+        try:
+            bounds[key] = float(request.GET[key]) if request.GET.get(key, "") != "" else None
+        except ValueError:
+            bounds[key] = None
+    if bounds["min_reward"] is not None:
+        qs = qs.filter(reward__gte=bounds["min_reward"])
+    if bounds["max_reward"] is not None:
+        qs = qs.filter(reward__lte=bounds["max_reward"])
+    groups: "OrderedDict[tuple[int, str], list[Rollout]]" = OrderedDict()
+    for rollout in qs[:1000]:
+        groups.setdefault((rollout.step, rollout.prompt), []).append(rollout)
+    out = []
+    for (s, prompt), items in groups.items():
+        rewards = [r.reward for r in items]
+        out.append({"step": s, "prompt": prompt, "rollouts": items, "mean": statistics.fmean(rewards),
+                    "std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0, "min": min(rewards), "max": max(rewards)})
+    return {"groups": out, "steps": steps, "chosen_step": "all" if step == "all" else chosen_step, **bounds}
+
+
+@studio_page
+@require_GET
+def run_detail(request: HttpRequest, run_id: int, tab: str = "overview") -> HttpResponse:
+    actor = web_actor(request)
+    run = get_run_for(actor, run_id)
+    tabs = tabs_for(run)
+    if tab not in dict(tabs):
+        return render(request, "training/run_detail.html", {"run": run, "tabs": tabs, "tab": None, "section": "training"}, status=404)
+    context = {**tab_context(request, run, tab), "tabs": tabs, "section": "training", "project": run.project}
+    if request.htmx and request.htmx.target == "tab-panel":
+        return render(request, "training/run_detail.html#tab_panel", context)
+    context.update(status_context(request, run, actor))
+    return render(request, "training/run_detail.html", context)
+
+
+@studio_page
+@require_GET
+def run_status(request: HttpRequest, run_id: int) -> HttpResponse:
+    run = get_run_for(web_actor(request), run_id)
+    response = render(request, "training/run_detail.html#run_status", status_context(request, run))
+    if request.GET.get("seen") and request.GET["seen"] != run.status:
+        response.headers["HX-Trigger"] = "run-changed"
+    return response
+
+
+@studio_page
+@require_GET
+def run_live(request: HttpRequest, run_id: int) -> HttpResponse:
+    run = get_run_for(web_actor(request), run_id)
+    return render(request, "training/run_detail.html#live", live_context(run))
+
+
+def _action(request: HttpRequest, run_id: int, service) -> HttpResponse:
+    actor = web_actor(request)
+    run = get_run_for(actor, run_id, write=True)
+    error: ApiError | None = None
+    try:
+        run = service(run)
+    except (Unprocessable, Conflict, PaymentRequired, Forbidden) as exc:
+        error = exc
+        run.refresh_from_db()
+    if not request.htmx:
+        if error is not None:
+            messages.error(request, error.detail + "".join(f" {f.field}: {f.message}" for f in error.errors))
+        return redirect("training:run", run_id=run.pk)
+    response = render(request, "training/run_detail.html#run_status", status_context(request, run, actor, error))
+    response.headers["HX-Trigger"] = "run-changed"
+    return response
+
+
+@studio_page
+@require_POST
+def start(request: HttpRequest, run_id: int) -> HttpResponse:
+    return _action(request, run_id, services.start_run)
+
+
+@studio_page
+@require_POST
+def stop(request: HttpRequest, run_id: int) -> HttpResponse:
+    return _action(request, run_id, services.stop_run)
+
+
+def run_url(run: TrainingRun, tab: str = "overview") -> str:
+    return reverse("training:run_tab", args=[run.pk, tab])

@@ -1,0 +1,19 @@
+from __future__ import annotations
+
+from django.urls import path
+
+from training import views
+
+app_name = "training"
+urlpatterns = [
+    path("training/", views.runs, name="runs"),
+    path("training/new/", views.new_run, name="new"),
+    path("training/new/<slug:part>", views.new_run_part, name="new_part"),
+    path("training/runs/<int:run_id>/", views.run_detail, name="run"),
+    path("training/runs/<int:run_id>/edit/", views.edit_run, name="edit"),
+    path("training/runs/<int:run_id>/status", views.run_status, name="status"),
+    path("training/runs/<int:run_id>/live", views.run_live, name="live"),
+    path("training/runs/<int:run_id>/start", views.start, name="start"),
+    path("training/runs/<int:run_id>/stop", views.stop, name="stop"),
+    path("training/runs/<int:run_id>/<slug:tab>/", views.run_detail, name="run_tab"),
+]
