@@ -1,6 +1,9 @@
-"""/api/training-runs: parse → authorise → one service → return."""
-from __future__ import annotations
+"""/api/training-runs: parse → authorise → one service → return.
 
+No `from __future__ import annotations` here: ninja reads a @paginate-wrapped view's annotations
+in ninja.pagination's globals, where `Query[RunFilters]` as a string cannot be resolved (every list
+call was a 500).
+"""
 from django.http import HttpRequest
 from ninja import Query, Router
 from ninja.pagination import LimitOffsetPagination, paginate
@@ -62,6 +65,7 @@ def get_run(request: HttpRequest, run_id: int):
 @router.patch("/{int:run_id}", response=RunOut, openapi_extra=body_schema(RunPatchIn))
 def patch_run(request: HttpRequest, run_id: int):
     run = get_run_for(actor(request), run_id, write=True)
+    services.require_patchable(run)  # 409 before any body error (the precedence)
     patch = parse_body(request, RunPatchIn)
     return services.update_run(run, patch.model_dump(exclude_unset=True))
 
