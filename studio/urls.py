@@ -8,5 +8,6 @@ from studio.api import api
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/", api.urls),
+    path("hub/", include("datahub.hf_urls")),
     path("", include("studio.web_urls")),
 ]

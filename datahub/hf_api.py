@@ -1,0 +1,266 @@
+"""Enough of the Hugging Face Hub's HTTP protocol for `huggingface_hub` (snapshot_download,
+hf_hub_download, HfFileSystem) and `transformers` from_pretrained to read Data Hub repos, with
+HF_ENDPOINT=http://<studio>/hub and a Studio token (Authorization: Bearer).
+
+The repo id is `<project-slug>/<repo-name>`. Reads only: writes go through Studio's API. A caller
+who cannot see the project gets RepoNotFound (404), exactly like a repo that does not exist.
+What huggingface_hub 2.4 reads (file_download.get_hf_file_metadata, hf_api.model_info /
+list_repo_tree / get_paths_info): X-Repo-Commit, X-Linked-Etag / ETag, X-Linked-Size /
+Content-Length on a HEAD of /resolve/, X-Error-Code on 404s, and Range on GETs (resumes, HfFileSystem).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import timezone as dt_timezone
+
+from django.http import FileResponse, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_http_methods
+
+from datahub import services, storage
+from datahub.models import Commit, Repo, TreeEntry
+from studio import crypto
+from studio.auth import StudioAuth
+from studio.errors import ApiError, BadRequest, NotFound
+
+LFS_POINTER_SIZE = 134
+RANGE_RE = re.compile(r"^bytes=(\d*)-(\d*)$")
+
+
+@dataclass(frozen=True)
+class Reader:
+    project_ids: frozenset[int]
+
+
+class HubError(Exception):
+    def __init__(self, status: int, code: str | None, detail: str, commit: str | None = None, message_header: str | None = None):
+        super().__init__(detail)
+        self.status, self.code, self.detail, self.commit, self.message_header = status, code, detail, commit, message_header
+
+    def response(self) -> HttpResponse:
+        resp = JsonResponse({"detail": self.detail, "errors": [], "error": self.detail}, status=self.status)
+        if self.code:
+            resp["X-Error-Code"] = self.code
+        if self.message_header:
+            resp["X-Error-Message"] = self.message_header
+        if self.commit:
+            resp["X-Repo-Commit"] = self.commit
+        return resp
+
+
+def hub_view(methods: list[str]):
+    def decorate(view):
+        @csrf_exempt
+        @require_http_methods(methods)
+        def wrapped(request: HttpRequest, *args, **kwargs):
+            try:
+                return view(request, *args, **kwargs)
+            except HubError as exc:
+                return exc.response()
+            except ApiError as exc:
+                return JsonResponse(exc.body(), status=exc.status)
+
+        wrapped.__name__ = view.__name__
+        wrapped.__doc__ = view.__doc__
+        return wrapped
+
+    return decorate
+
+
+# ---- who is reading ----------------------------------------------------------------------------
+
+def reader_for(request: HttpRequest) -> Reader:
+    """A Studio API token or browser session (its projects), or a run's ingest token (read access
+    to that run's project, so a remote engine can fetch its base model and datasets)."""
+    header = request.headers.get("Authorization", "")
+    actor = StudioAuth()(request) if request.method in ("GET", "HEAD", "OPTIONS") or header else None
+    if actor is not None:
+        return Reader(frozenset(actor.scoped_project_ids()))
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        from training.models import ACTIVE_STATUSES, TrainingRun
+
+        project_id = TrainingRun.objects.filter(ingest_token_hash=crypto.hash_token(token.strip()), status__in=ACTIVE_STATUSES).values_list("project_id", flat=True).first()
+        if project_id is not None:
+            return Reader(frozenset({project_id}))
+        raise HubError(401, None, "The token is not valid: send a Studio API token as Authorization: Bearer <token>.", message_header="Invalid credentials in Authorization header")
+    raise HubError(401, None, "Authentication required: set HF_TOKEN to a Studio API token.")
+
+
+def repo_for(request: HttpRequest, namespace: str, name: str) -> Repo:
+    reader = reader_for(request)
+    repo = Repo.objects.select_related("project").filter(project__slug=namespace, name=name).first()
+    if repo is None or repo.project_id not in reader.project_ids:
+        raise HubError(404, "RepoNotFound", f"Repository {namespace}/{name} not found.")
+    return repo
+
+
+def commit_for(repo: Repo, revision: str | None) -> Commit:
+    try:
+        return services.resolve(repo, revision or repo.default_branch)
+    except NotFound:
+        raise HubError(404, "RevisionNotFound", f"Invalid rev id: {revision}") from None
+
+
+# ---- JSON shapes -------------------------------------------------------------------------------
+
+def file_json(entry: TreeEntry) -> dict:
+    blob = entry.blob
+    return {
+        "type": "file",
+        "oid": blob.sha256,
+        "size": blob.size,
+        "path": entry.path,
+        "lfs": {"oid": blob.sha256, "size": blob.size, "pointerSize": LFS_POINTER_SIZE},
+    }
+
+
+def folder_json(path: str) -> dict:
+    return {"type": "directory", "oid": "0" * 40, "size": 0, "path": path}
+
+
+def hf_date(value) -> str:
+    """The Hub's timestamp format, which huggingface_hub parses strictly: 2024-11-16T00:27:02.123Z."""
+    return value.astimezone(dt_timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def repo_json(repo: Repo, commit: Commit) -> dict:
+    entries = TreeEntry.objects.filter(commit=commit).select_related("blob").order_by("path")
+    return {
+        "_id": str(repo.pk),
+        "id": repo.full_name,
+        "modelId": repo.full_name,
+        "author": repo.project.slug,
+        "sha": commit.pk,
+        "lastModified": hf_date(commit.created_at),
+        "createdAt": hf_date(repo.created_at),
+        "private": True,
+        "gated": False,
+        "disabled": False,
+        "tags": [repo.type],
+        "cardData": {},
+        "siblings": [
+            {"rfilename": e.path, "size": e.blob.size, "blobId": e.blob.sha256,
+             "lfs": {"sha256": e.blob.sha256, "size": e.blob.size, "pointerSize": LFS_POINTER_SIZE}}
+            for e in entries
+        ],
+    }
+
+
+# ---- endpoints ---------------------------------------------------------------------------------
+
+@hub_view(["GET"])
+def repo_info(request: HttpRequest, kind: str, namespace: str, name: str, revision: str | None = None):
+    """GET /api/{models,datasets}/{ns}/{name}[/revision/{rev}] → the repo at a commit."""
+    repo = repo_for(request, namespace, name)
+    return JsonResponse(repo_json(repo, commit_for(repo, revision)))
+
+
+@hub_view(["GET"])
+def repo_tree(request: HttpRequest, kind: str, namespace: str, name: str, rest: str):
+    """GET /api/{kind}/{ns}/{name}/tree/{rev}[/{path}]?recursive=1 → files and folders."""
+    repo = repo_for(request, namespace, name)
+    revision, _, path = rest.partition("/")
+    commit = commit_for(repo, revision)
+    prefix = services.clean_path(path.rstrip("/")) + "/" if path.strip("/") else ""
+    recursive = request.GET.get("recursive", "").lower() in ("1", "true")
+    files = [e for e in TreeEntry.objects.filter(commit=commit, path__startswith=prefix).select_related("blob").order_by("path")]
+    if prefix and not files:
+        raise HubError(404, "EntryNotFound", f"{path} does not exist at {commit.pk}", commit=commit.pk)
+    out, folders = [], set()
+    for e in files:
+        rel = e.path[len(prefix):]
+        parts = rel.split("/")
+        if recursive:
+            for depth in range(1, len(parts)):
+                folders.add(prefix + "/".join(parts[:depth]))
+            out.append(file_json(e))
+        elif len(parts) == 1:
+            out.append(file_json(e))
+        else:
+            folders.add(prefix + parts[0])
+    out += [folder_json(f) for f in sorted(folders)]
+    out.sort(key=lambda item: item["path"])
+    resp = JsonResponse(out, safe=False)
+    resp["X-Repo-Commit"] = commit.pk
+    return resp
+
+
+@hub_view(["POST"])
+def paths_info(request: HttpRequest, kind: str, namespace: str, name: str, revision: str):
+    """POST /api/{kind}/{ns}/{name}/paths-info/{rev} (form: paths=..., expand=...)."""
+    repo = repo_for(request, namespace, name)
+    commit = commit_for(repo, revision)
+    paths = request.POST.getlist("paths")
+    if not paths and request.content_type == "application/json":
+        import json
+
+        try:
+            paths = list(json.loads(request.body or b"{}").get("paths") or [])
+        except (ValueError, AttributeError):
+            raise BadRequest("The body is not valid JSON.") from None
+    out = []
+    for raw in paths:
+        path = services.clean_path(str(raw).strip("/"), "paths")
+        entry = services.entry(commit, path)
+        if entry is not None:
+            out.append(file_json(entry))
+        elif TreeEntry.objects.filter(commit=commit, path__startswith=path + "/").exists():
+            out.append(folder_json(path))
+    return JsonResponse(out, safe=False)
+
+
+@hub_view(["GET", "HEAD"])
+def resolve_file(request: HttpRequest, namespace: str, name: str, revision: str, path: str, kind: str = "models"):
+    """GET|HEAD /{ns}/{name}/resolve/{rev}/{path} (and /datasets/...): the file's bytes, streamed."""
+    repo = repo_for(request, namespace, name)
+    path = services.clean_path(path)
+    commit = commit_for(repo, revision)
+    entry = services.entry(commit, path)
+    if entry is None:
+        raise HubError(404, "EntryNotFound", f"{path} does not exist at {repo.full_name}@{commit.pk}", commit=commit.pk)
+    return file_response(request, entry, commit)
+
+
+def file_response(request: HttpRequest, entry: TreeEntry, commit: Commit) -> HttpResponse:
+    blob = entry.blob
+    size = blob.size
+    start, end = 0, size - 1
+    status = 200
+    range_header = request.headers.get("Range", "")
+    match = RANGE_RE.match(range_header.strip()) if range_header else None
+    if match and (match[1] or match[2]):
+        if match[1]:
+            start = int(match[1])
+            end = min(int(match[2]), size - 1) if match[2] else size - 1
+        else:
+            start, end = max(0, size - int(match[2])), size - 1
+        if start >= size or start > end:
+            resp = HttpResponse(status=416)
+            resp["Content-Range"] = f"bytes */{size}"
+            return resp
+        status = 206
+    length = end - start + 1 if size else 0
+    if request.method == "HEAD":
+        resp = HttpResponse(status=status)
+    elif status == 206:
+        resp = StreamingHttpResponse(storage.iter_range(_raw(storage.open_blob(blob.storage_name)), start, length), status=206)
+    else:
+        resp = FileResponse(_raw(storage.open_blob(blob.storage_name)), content_type="application/octet-stream")
+    resp["Content-Type"] = "application/octet-stream"
+    resp["Content-Length"] = str(length)
+    if status == 206:
+        resp["Content-Range"] = f"bytes {start}-{end}/{size}"
+    resp["Accept-Ranges"] = "bytes"
+    resp["ETag"] = f'"{blob.sha256}"'
+    resp["X-Linked-Etag"] = f'"{blob.sha256}"'
+    resp["X-Linked-Size"] = str(size)
+    resp["X-Repo-Commit"] = commit.pk
+    resp["Content-Disposition"] = f'inline; filename="{entry.path.rsplit("/", 1)[-1]}"'
+    return resp
+
+
+def _raw(opened):
+    """The plain file under Django's File wrapper, so the WSGI server can use sendfile."""
+    return getattr(opened, "file", opened)

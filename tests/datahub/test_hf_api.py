@@ -1,0 +1,101 @@
+"""The HF Hub-compatible read API: huggingface_hub and transformers against the live test server."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from datahub import services
+
+
+@pytest.fixture
+def model_repo(project, tiny_model_dir):
+    repo = services.create_repo(project, "tiny-llama", "model")
+    files = {p.name: p for p in tiny_model_dir.iterdir() if p.is_file()}
+    commit = services.commit_files(repo, "main", files, "tiny llama")
+    services.create_branch(repo, "stable", "main")
+    services.commit_files(repo, "main", {"README.md": b"# newer"}, "readme on main only")
+    return repo, commit
+
+
+def hf_env(tmp_path: Path, endpoint: str, token: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE"))}
+    env.update(HF_ENDPOINT=endpoint, HF_TOKEN=token, HF_HOME=str(tmp_path / "hf-home"), HF_HUB_DISABLE_TELEMETRY="1",
+               HF_HUB_DISABLE_XET="1", TRANSFORMERS_NO_ADVISORY_WARNINGS="1")
+    return env
+
+
+def test_snapshot_download_and_from_pretrained_from_the_live_server(transactional_db, live_server, model_repo, tokens, tmp_path, tiny_model_dir):
+    from huggingface_hub import hf_hub_download, snapshot_download
+
+    repo, commit = model_repo
+    endpoint = f"{live_server.url}/hub"
+    folder = snapshot_download("acme/tiny-llama", revision="stable", endpoint=endpoint, token=tokens["owner"], cache_dir=tmp_path / "cache")
+    got = sorted(p.name for p in Path(folder).iterdir())
+    assert got == sorted(p.name for p in tiny_model_dir.iterdir() if p.is_file())
+    assert Path(folder).name == commit.pk  # the snapshot is keyed by the commit the branch resolved to
+    assert (Path(folder) / "model.safetensors").read_bytes() == (tiny_model_dir / "model.safetensors").read_bytes()
+
+    readme = hf_hub_download("acme/tiny-llama", "README.md", revision="main", endpoint=endpoint, token=tokens["member"], cache_dir=tmp_path / "c2")
+    assert Path(readme).read_bytes() == b"# newer"
+
+    # transformers, in its own process, with HF_ENDPOINT pointed at Studio and a Studio token
+    script = (
+        "import json, sys, torch\n"
+        "from transformers import AutoModelForCausalLM, AutoTokenizer\n"
+        "m = AutoModelForCausalLM.from_pretrained('acme/tiny-llama', revision=sys.argv[1])\n"
+        "t = AutoTokenizer.from_pretrained('acme/tiny-llama', revision=sys.argv[1])\n"
+        "ids = t('hello world', return_tensors='pt').input_ids\n"
+        "print(json.dumps({'hidden': m.config.hidden_size, 'layers': m.config.num_hidden_layers, 'logits': list(m(ids).logits.shape)}))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script, "stable"], env=hf_env(tmp_path, endpoint, tokens["viewer"]),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["hidden"] == 32 and out["layers"] == 2
+
+
+def test_another_projects_token_gets_404(transactional_db, live_server, model_repo, tokens, tmp_path):
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    with pytest.raises(RepositoryNotFoundError):
+        snapshot_download("acme/tiny-llama", endpoint=f"{live_server.url}/hub", token=tokens["outsider"], cache_dir=tmp_path / "c")
+
+
+def test_resolve_headers_head_and_range(client, model_repo, tokens):
+    repo, commit = model_repo
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {tokens['owner']}"}
+    blob = services.tree(commit)["config.json"]
+    head = client.head(f"/hub/acme/tiny-llama/resolve/stable/config.json", **auth)
+    assert head.status_code == 200
+    assert head["X-Repo-Commit"] == commit.pk
+    assert head["ETag"] == f'"{blob.sha256}"' and head["X-Linked-Etag"] == f'"{blob.sha256}"'
+    assert head["Content-Length"] == str(blob.size)
+    part = client.get(f"/hub/acme/tiny-llama/resolve/{commit.pk}/config.json", HTTP_RANGE="bytes=2-5", **auth)
+    assert part.status_code == 206
+    full = b"".join(client.get(f"/hub/acme/tiny-llama/resolve/{commit.pk}/config.json", **auth).streaming_content)
+    assert b"".join(part.streaming_content) == full[2:6]
+    missing = client.head("/hub/acme/tiny-llama/resolve/main/nope.json", **auth)
+    assert missing.status_code == 404 and missing["X-Error-Code"] == "EntryNotFound" and missing["X-Repo-Commit"]
+    assert client.get("/hub/api/models/acme/tiny-llama/revision/nope", **auth)["X-Error-Code"] == "RevisionNotFound"
+    assert client.get("/hub/api/models/acme/tiny-llama").status_code == 401
+
+
+@pytest.mark.parametrize("path", ["..%2F..%2Fetc%2Fpasswd", "a/%2E%2E/config.json", "nul%00byte", "back%5Cslash"])
+def test_traversal_in_downloads_is_400(client, model_repo, tokens, path):
+    r = client.get(f"/hub/acme/tiny-llama/resolve/main/{path}", HTTP_AUTHORIZATION=f"Bearer {tokens['owner']}")
+    assert r.status_code == 400, (r.status_code, r.content)
+    assert r.json()["errors"][0]["field"] == "path"
+
+
+def test_outsider_gets_404_on_every_hub_endpoint(client, model_repo, tokens):
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {tokens['outsider']}"}
+    for url in ("/hub/api/models/acme/tiny-llama", "/hub/api/models/acme/tiny-llama/revision/main",
+                "/hub/api/models/acme/tiny-llama/tree/main", "/hub/acme/tiny-llama/resolve/main/config.json"):
+        r = client.get(url, **auth)
+        assert r.status_code == 404 and r["X-Error-Code"] == "RepoNotFound", url
