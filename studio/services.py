@@ -27,8 +27,13 @@ def create_plan(name: str, *, includes_training: bool = True, max_concurrent_run
     return plan
 
 
+PROJECT_SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
+
+
 @transaction.atomic
 def create_project(slug: str, *, owner, plan: Plan | None = None, name: str = "") -> Project:
+    if not PROJECT_SLUG.match(slug or ""):
+        raise BadRequest(f"{slug!r} is not a project slug.", [Finding("slug", "a slug has 1 to 64 lower-case letters, digits and dashes, starting with a letter or digit")])
     project = Project.objects.create(slug=slug, name=name or slug, plan=plan)
     Membership.objects.create(project=project, user=owner, role=Role.OWNER)
     return project

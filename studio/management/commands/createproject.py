@@ -27,5 +27,8 @@ class Command(BaseCommand):
             plan = Plan.objects.filter(name=opts["plan"]).first()
             if plan is None:
                 raise CommandError(f"no plan named {opts['plan']}: create it with `createplan {opts['plan']}`")
-        project = create_project(opts["slug"], owner=owner, plan=plan)
+        try:
+            project = create_project(opts["slug"], owner=owner, plan=plan)
+        except ApiError as exc:
+            raise CommandError("; ".join(f"{e.field}: {e.message}" for e in exc.errors) or exc.detail) from exc
         self.stdout.write(f"project {project.slug} (owner {owner.username}, plan {plan.name if plan else 'none'})")

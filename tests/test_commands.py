@@ -1,0 +1,194 @@
+"""The setup commands: createplan, createproject, setplan, createapitoken, bootstrapdemo."""
+from __future__ import annotations
+
+from io import StringIO
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.core.management import CommandError, call_command
+from django.test import Client
+
+from studio.models import ApiToken, Membership, Plan, Project
+from tests.conftest import Api
+
+
+@pytest.fixture(autouse=True)
+def fast_password_hasher(settings):
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+def run(*args: str) -> str:
+    out = StringIO()
+    call_command(*args, stdout=out, stderr=StringIO())
+    return out.getvalue()
+
+
+@pytest.fixture
+def alice(db):
+    return get_user_model().objects.create_user("alice", "alice@example.com", "pw")
+
+
+# ---- createplan ----------------------------------------------------------------------------------
+
+def test_createplan_defaults_include_training(db):
+    run("createplan", "pro")
+    plan = Plan.objects.get(name="pro")
+    assert (plan.includes_training, plan.max_concurrent_runs, plan.max_gpus_per_run) == (True, 2, 8)
+
+
+def test_createplan_with_options(db):
+    output = run("createplan", "starter", "--no-training", "--max-concurrent-runs", "0", "--max-gpus", "1")
+    plan = Plan.objects.get(name="starter")
+    assert (plan.includes_training, plan.max_concurrent_runs, plan.max_gpus_per_run) == (False, 0, 1)
+    assert "starter" in output
+
+
+def test_createplan_again_updates_the_plan(db):
+    run("createplan", "pro", "--max-gpus", "2")
+    run("createplan", "pro", "--max-gpus", "4", "--max-concurrent-runs", "5")
+    assert Plan.objects.filter(name="pro").count() == 1
+    plan = Plan.objects.get(name="pro")
+    assert (plan.max_gpus_per_run, plan.max_concurrent_runs) == (4, 5)
+
+
+@pytest.mark.parametrize("option", ["--max-gpus", "--max-concurrent-runs"])
+def test_createplan_with_a_negative_limit_is_a_command_error(db, option):
+    with pytest.raises(CommandError, match=option.lstrip("-").replace("-", "[-_ ]")):
+        run("createplan", "pro", option, "-1")
+    assert not Plan.objects.filter(name="pro").exists()
+
+
+# ---- createproject -------------------------------------------------------------------------------
+
+def test_createproject_makes_the_owner_an_owner(alice):
+    run("createplan", "team")
+    run("createproject", "acme", "--owner", "alice", "--plan", "team")
+    project = Project.objects.get(slug="acme")
+    assert project.plan.name == "team"
+    assert Membership.objects.get(project=project, user=alice).role == "owner"
+
+
+def test_createproject_without_plan_has_no_plan(alice):
+    run("createproject", "acme", "--owner", "alice")
+    assert Project.objects.get(slug="acme").plan is None
+
+
+def test_createproject_with_unknown_owner_is_a_command_error(db):
+    with pytest.raises(CommandError, match="bob"):
+        run("createproject", "acme", "--owner", "bob")
+    assert not Project.objects.exists()
+
+
+def test_createproject_with_unknown_plan_is_a_command_error(alice):
+    with pytest.raises(CommandError, match="no plan named gold"):
+        run("createproject", "acme", "--owner", "alice", "--plan", "gold")
+    assert not Project.objects.exists()
+
+
+def test_createproject_twice_is_a_command_error(alice):
+    run("createproject", "acme", "--owner", "alice")
+    with pytest.raises(CommandError, match="already exists"):
+        run("createproject", "acme", "--owner", "alice")
+    assert Project.objects.count() == 1
+
+
+@pytest.mark.parametrize("slug", ["Has Space", "semi;colon", "x" * 65, "ünï"])
+def test_createproject_with_a_bad_slug_is_a_command_error(alice, slug):
+    with pytest.raises(CommandError, match="slug"):
+        run("createproject", slug, "--owner", "alice")
+    assert not Project.objects.exists()
+
+
+# ---- setplan -------------------------------------------------------------------------------------
+
+def test_setplan_moves_the_project(alice):
+    run("createplan", "free", "--no-training")
+    run("createplan", "team")
+    run("createproject", "acme", "--owner", "alice", "--plan", "free")
+    run("setplan", "acme", "team")
+    assert Project.objects.get(slug="acme").plan.name == "team"
+
+
+def test_setplan_unknown_project_is_a_command_error(db):
+    run("createplan", "team")
+    with pytest.raises(CommandError, match="no project nowhere"):
+        run("setplan", "nowhere", "team")
+
+
+def test_setplan_unknown_plan_is_a_command_error(alice):
+    run("createproject", "acme", "--owner", "alice")
+    with pytest.raises(CommandError, match="no plan named gold"):
+        run("setplan", "acme", "gold")
+    assert Project.objects.get(slug="acme").plan is None
+
+
+# ---- createapitoken ------------------------------------------------------------------------------
+
+def test_createapitoken_last_line_authenticates(alice):
+    run("createplan", "team")
+    run("createproject", "acme", "--owner", "alice", "--plan", "team")
+    output = run("createapitoken", "alice", "--project", "acme")
+    token = output.strip().splitlines()[-1]
+    response = Api(Client(), token).get("/api/training-runs")
+    assert response.status_code == 200, response.content
+    assert response.json()["count"] == 0
+    stored = ApiToken.objects.get()
+    assert stored.token_hash != token and token not in stored.token_hash  # only the hash is kept
+    # The plaintext is printed once, on the last line only.
+    assert output.count(token) == 1
+
+
+def test_createapitoken_unknown_user_is_a_command_error(alice):
+    run("createproject", "acme", "--owner", "alice")
+    with pytest.raises(CommandError, match="bob"):
+        run("createapitoken", "bob", "--project", "acme")
+    assert not ApiToken.objects.exists()
+
+
+def test_createapitoken_unknown_project_is_a_command_error(alice):
+    with pytest.raises(CommandError, match="no project nowhere"):
+        run("createapitoken", "alice", "--project", "nowhere")
+
+
+def test_createapitoken_for_a_non_member_is_a_command_error(alice):
+    get_user_model().objects.create_user("bob", "bob@example.com", "pw")
+    run("createproject", "acme", "--owner", "alice")
+    with pytest.raises(CommandError, match="not a member"):
+        run("createapitoken", "bob", "--project", "acme")
+    assert not ApiToken.objects.exists()
+
+
+# ---- bootstrapdemo -------------------------------------------------------------------------------
+
+@pytest.fixture
+def demo_var(settings, tmp_path):
+    """A private var/ for the demo; the tiny models are marked built so the test needs no torch."""
+    settings.VAR_DIR = tmp_path
+    (tmp_path / "demo" / "student").mkdir(parents=True)
+    return tmp_path
+
+
+def demo_state() -> dict:
+    User = get_user_model()
+    return {
+        "users": sorted(User.objects.values_list("username", "is_superuser")),
+        "plans": sorted(Plan.objects.values_list("name", "includes_training", "max_concurrent_runs", "max_gpus_per_run")),
+        "projects": sorted(Project.objects.values_list("slug", "plan__name")),
+        "memberships": sorted(Membership.objects.values_list("project__slug", "user__username", "role")),
+        "tokens": sorted(ApiToken.objects.filter(revoked_at__isnull=True).values_list("pk", "project__slug", "user__username")),
+    }
+
+
+def test_bootstrapdemo_is_idempotent(db, demo_var):
+    first_output = run("bootstrapdemo")
+    first = demo_state()
+    token = (demo_var / "demo-token").read_text().strip()
+    run("bootstrapdemo")
+    assert demo_state() == first
+    assert (demo_var / "demo-token").read_text().strip() == token
+    assert first["projects"] == [("demo", "team")]
+    assert ("admin", True) in first["users"]
+    assert len(first["tokens"]) == 1
+    assert "/admin/" in first_output
+    response = Api(Client(), token).get("/api/training-runs")
+    assert response.status_code == 200, response.content
