@@ -1,0 +1,91 @@
+"""Settings load loudly: a bad environment stops the process with a message naming the variable.
+
+Each case boots Django in a fresh subprocess, because settings are read once at import.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+# Variables the settings read; each case starts without any of them.
+SETTINGS_VARS = (
+    "DEBUG", "SECRET_KEY", "SECRET_KEY_FILE", "STUDIO_ENCRYPTION_KEY", "STUDIO_ENCRYPTION_KEY_FILE", "DATABASE_URL",
+    "DATABASE_URL_FILE", "REDIS_URL", "REDIS_URL_FILE", "ALLOWED_HOSTS", "DB_CONN_MAX_AGE", "STUDIO_STOP_GRACE_SECONDS",
+)
+PRODUCTION = {"DEBUG": "0", "SECRET_KEY": "s" * 50, "STUDIO_ENCRYPTION_KEY": "e" * 32}
+PRINT = "import django; django.setup(); from django.conf import settings as s; print(repr({attr}))"
+
+
+def boot(env: dict[str, str], code: str = "import django; django.setup()") -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if k not in SETTINGS_VARS and not k.startswith("PYTEST")}
+    clean.update(DJANGO_SETTINGS_MODULE="studio.settings", **env)
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, env=clean, capture_output=True, text=True, timeout=60)
+
+
+def assert_refused(result: subprocess.CompletedProcess, variable: str) -> None:
+    assert result.returncode != 0, result.stdout
+    assert "ImproperlyConfigured" in result.stderr, result.stderr[-2000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert variable in last, last
+
+
+@pytest.mark.parametrize("env, variable", [
+    ({"DEBUG": "maybe"}, "DEBUG"),
+    ({"DEBUG": "0"}, "SECRET_KEY"),
+    ({"DEBUG": "0", "SECRET_KEY": "s" * 50}, "STUDIO_ENCRYPTION_KEY"),
+    ({**PRODUCTION, "DATABASE_URL": "nonsense"}, "DATABASE_URL"),
+    ({**PRODUCTION, "DATABASE_URL": "mysqlx://nowhere/db"}, "DATABASE_URL"),
+    ({**PRODUCTION, "REDIS_URL": "http://x"}, "REDIS_URL"),
+    ({**PRODUCTION, "DB_CONN_MAX_AGE": "forever"}, "DB_CONN_MAX_AGE"),
+    ({**PRODUCTION, "STUDIO_STOP_GRACE_SECONDS": "ten"}, "STUDIO_STOP_GRACE_SECONDS"),
+    ({**PRODUCTION, "SECRET_KEY": "", "SECRET_KEY_FILE": "/nonexistent/secret"}, "SECRET_KEY_FILE"),
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_bad_environment_stops_startup_naming_the_variable(env, variable):
+    assert_refused(boot(env), variable)
+
+
+def test_production_environment_boots():
+    result = boot({**PRODUCTION, "DATABASE_URL": "postgres://u:p@db:5432/studio", "REDIS_URL": "redis://cache:6379/0"},
+                  PRINT.format(attr="(s.DEBUG, s.DATABASES['default']['ENGINE'], s.CELERY_BROKER_URL)"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == repr((False, "django.db.backends.postgresql", "redis://cache:6379/0"))
+
+
+def test_embedded_defaults_need_nothing_in_debug():
+    result = boot({"DEBUG": "1"}, PRINT.format(attr="(s.DATABASES['default']['ENGINE'], s.REDIS_URL.startswith('redis+socket://'))"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == repr(("django.db.backends.sqlite3", True))
+
+
+def test_secret_key_file_is_read(tmp_path):
+    key_file = tmp_path / "secret_key"
+    key_file.write_text("from-a-file-" + "k" * 40 + "\n")
+    result = boot({"DEBUG": "0", "SECRET_KEY_FILE": str(key_file), "STUDIO_ENCRYPTION_KEY": "e" * 32}, PRINT.format(attr="s.SECRET_KEY"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == repr("from-a-file-" + "k" * 40)
+
+
+def test_encryption_key_file_is_read(tmp_path):
+    key_file = tmp_path / "enc"
+    key_file.write_text("file-encryption-key")
+    result = boot({**PRODUCTION, "STUDIO_ENCRYPTION_KEY": "", "STUDIO_ENCRYPTION_KEY_FILE": str(key_file)}, PRINT.format(attr="s.STUDIO_ENCRYPTION_KEY"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == repr("file-encryption-key")
+
+
+@pytest.mark.parametrize("raw, expected", [("1", True), ("true", True), ("YES", True), ("on", True), ("0", False), ("false", False), ("No", False), ("off", False)])
+def test_debug_accepts_the_usual_booleans(raw, expected):
+    result = boot({**PRODUCTION, "DEBUG": raw}, PRINT.format(attr="s.DEBUG"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == repr(expected)
+
+
+def test_allowed_hosts_is_a_comma_list():
+    result = boot({**PRODUCTION, "ALLOWED_HOSTS": " studio.example.com , .internal ,"}, PRINT.format(attr="s.ALLOWED_HOSTS"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == repr(["studio.example.com", ".internal"])
