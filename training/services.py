@@ -220,6 +220,7 @@ def dispatch(run_id: int) -> bool:
         return False
     run = TrainingRun.objects.select_related("project").get(pk=run_id)
     backend = get_backend(run.backend_name)
+    add_log(run, "[studio] status → provisioning: claimed by a worker")
     add_log(run, f"[studio] attempt {run.attempt}: submitting to the {run.backend_name} backend")
     try:
         if backend is None:
