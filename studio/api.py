@@ -7,6 +7,7 @@ error on a run you cannot see must still be a 404.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, TypeVar
 
 from django.http import Http404, HttpRequest, HttpResponse
@@ -22,12 +23,17 @@ S = TypeVar("S", bound=Schema)
 api = NinjaAPI(title="Studio API", version="1.0", urls_namespace="api", auth=StudioAuth())
 
 
+# The tags pydantic puts in an error's loc for each member of a union (`str | int` → "str", "int";
+# "list[...]", "function-after[...]"): they name a type, not a field, so a path leaves them out.
+UNION_TAG = re.compile(r"^(str|int|float|bool|bytes|none|[a-z_-]+\[.*\])$")
+
+
 def field_path(loc: tuple | list) -> str:
     parts: list[str] = []
     for item in loc:
         if isinstance(item, int):
             parts.append(f"[{item}]")
-        elif item in ("body", "payload", "query", "path", "filters"):
+        elif item in ("body", "payload", "query", "path", "filters") or UNION_TAG.match(str(item)):
             continue
         else:
             parts.append(("." if parts else "") + str(item))
@@ -35,15 +41,18 @@ def field_path(loc: tuple | list) -> str:
 
 
 def findings_from_pydantic(errors: list[dict[str, Any]]) -> list[Finding]:
-    findings = []
+    """One finding per field: a value no member of a union accepts is one problem, not one per member."""
+    messages: dict[str, list[str]] = {}
     for err in errors:
         message = err.get("msg", "is not valid")
         if err.get("type") == "missing":
             message = "this field is required"
         elif err.get("type") == "extra_forbidden":
             message = "unknown field: remove it"
-        findings.append(Finding(field_path(err.get("loc", ())), message))
-    return findings
+        field = messages.setdefault(field_path(err.get("loc", ())), [])
+        if message not in field:
+            field.append(message)
+    return [Finding(field, "; or ".join(found)) for field, found in messages.items()]
 
 
 def parse_body(request: HttpRequest, schema: type[S]) -> S:

@@ -1,0 +1,119 @@
+"""/api/experiments and how runs find their experiment (the project's `default` made on first use)."""
+from __future__ import annotations
+
+import pytest
+
+from experiments.models import Experiment
+from experiments.services import create_experiment
+from tests.conftest import assert_error, sft_body
+from training.models import TrainingRun
+
+
+@pytest.fixture(autouse=True)
+def fast_password_hasher(settings):
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+def test_post_creates_an_experiment(api, project):
+    response = api.post("/api/experiments", {"name": "Baseline Sweep"})
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert body["name"] == "Baseline Sweep" and body["slug"] == "baseline-sweep"
+    assert isinstance(body["id"], int) and body["created_at"]
+    stored = Experiment.objects.get(pk=body["id"])
+    assert (stored.project_id, stored.name, stored.slug) == (project.pk, "Baseline Sweep", "baseline-sweep")
+    # The Data Hub seam gave it a repo.
+    assert body["hub_repo"] and stored.hub_repo == body["hub_repo"]
+
+
+@pytest.mark.parametrize("second", ["Baseline Sweep", "baseline sweep", "Baseline  Sweep!"])
+def test_duplicate_name_is_409_naming_the_field(api, project, second):
+    assert api.post("/api/experiments", {"name": "Baseline Sweep"}).status_code == 201
+    assert_error(api.post("/api/experiments", {"name": second}), 409, "name")
+    assert Experiment.objects.filter(project=project).count() == 1
+
+
+def test_same_name_in_another_project_is_fine(api, api_as):
+    assert api.post("/api/experiments", {"name": "Sweep"}).status_code == 201
+    assert api_as("outsider").post("/api/experiments", {"name": "Sweep"}).status_code == 201
+
+
+@pytest.mark.parametrize("body, field", [
+    ({}, "name"),
+    ({"name": ""}, "name"),
+    ({"name": "   "}, "name"),
+    ({"name": "!!!"}, "name"),
+    ({"name": None}, "name"),
+    ({"name": 42}, "name"),
+    ({"name": ["a"]}, "name"),
+    ({"name": "x" * 201}, "name"),
+    ({"name": "ok", "description": "extra"}, "description"),
+])
+def test_bad_body_is_400_with_the_field_path(api, project, body, field):
+    assert_error(api.post("/api/experiments", body), 400, field)
+    assert not Experiment.objects.filter(project=project).exists()
+
+
+@pytest.mark.parametrize("raw", [b"not json", b"[]", b'"name"', b"null", b"{"])
+def test_non_object_body_is_400(api, project, raw):
+    assert_error(api.post("/api/experiments", raw=raw), 400, "body")
+    assert not Experiment.objects.filter(project=project).exists()
+
+
+def test_list_is_scoped_to_the_tokens_project(api, api_as, project, other_project):
+    create_experiment(project, "Acme One")
+    create_experiment(project, "Acme Two")
+    create_experiment(other_project, "Globex One")
+    ours = api.get("/api/experiments")
+    assert ours.status_code == 200
+    assert sorted(e["name"] for e in ours.json()) == ["Acme One", "Acme Two"]
+    theirs = api_as("outsider").get("/api/experiments")
+    assert [e["name"] for e in theirs.json()] == ["Globex One"]
+    assert sorted(e["name"] for e in api_as("viewer").get("/api/experiments").json()) == ["Acme One", "Acme Two"]
+
+
+def test_run_without_experiment_lands_in_default_made_once(api, project):
+    first = api.post("/api/training-runs", sft_body(name="one"))
+    second = api.post("/api/training-runs", sft_body(name="two", experiment=None))
+    assert first.status_code == 201 and second.status_code == 201, (first.content, second.content)
+    assert first.json()["experiment"]["slug"] == "default"
+    assert first.json()["experiment"]["id"] == second.json()["experiment"]["id"]
+    assert Experiment.objects.filter(project=project, slug="default").count() == 1
+    assert Experiment.objects.filter(project=project).count() == 1
+
+
+def test_posting_default_after_it_was_made_is_409(api, project):
+    api.post("/api/training-runs", sft_body())
+    assert_error(api.post("/api/experiments", {"name": "default"}), 409, "name")
+    assert Experiment.objects.filter(project=project).count() == 1
+
+
+@pytest.mark.parametrize("key", ["slug", "id", "id_as_string", "name"])
+def test_run_naming_an_experiment_lands_there(api, project, key):
+    experiment = create_experiment(project, "Long Runs")
+    value = {"slug": experiment.slug, "id": experiment.pk, "id_as_string": str(experiment.pk), "name": experiment.name}[key]
+    response = api.post("/api/training-runs", sft_body(experiment=value))
+    assert response.status_code == 201, response.content
+    assert response.json()["experiment"] == {"id": experiment.pk, "name": "Long Runs", "slug": "long-runs"}
+    assert TrainingRun.objects.get(pk=response.json()["id"]).experiment_id == experiment.pk
+    assert not Experiment.objects.filter(project=project, slug="default").exists()
+
+
+@pytest.mark.parametrize("key", ["slug", "id"])
+def test_run_naming_another_projects_experiment_is_400(api, project, other_project, key):
+    theirs = create_experiment(other_project, "Secret Plans")
+    value = theirs.slug if key == "slug" else theirs.pk
+    assert_error(api.post("/api/training-runs", sft_body(experiment=value)), 400, "experiment")
+    assert not TrainingRun.objects.exists()
+    assert not Experiment.objects.filter(project=project).exists()
+
+
+@pytest.mark.parametrize("value", ["no-such-experiment", 999_999, True, 1.5, {"id": 1}, ["default"]])
+def test_run_naming_an_unknown_or_malformed_experiment_is_400(api, project, value):
+    assert_error(api.post("/api/training-runs", sft_body(experiment=value)), 400, "experiment")
+    assert not TrainingRun.objects.exists()
+
+
+def test_viewer_cannot_create_experiments(api_as, project):
+    assert_error(api_as("viewer").post("/api/experiments", {"name": "Nope"}), 403)
+    assert not Experiment.objects.filter(project=project).exists()
