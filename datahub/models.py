@@ -125,12 +125,15 @@ class UploadSession(models.Model):
 
     class State(models.TextChoices):
         OPEN = "open"
+        COMMITTING = "committing"
         COMMITTED = "committed"
         ABORTED = "aborted"
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     repo = models.ForeignKey(Repo, on_delete=models.CASCADE, related_name="uploads")
     branch = models.CharField(max_length=96)
+    message = models.TextField(blank=True)
+    parent = models.CharField(max_length=40, blank=True, help_text="When set, the commit step requires the branch to still be here.")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     state = models.CharField(max_length=16, choices=State.choices, default=State.OPEN)
     commit = models.ForeignKey(Commit, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
@@ -145,6 +148,7 @@ class UploadFile(models.Model):
     size = models.BigIntegerField()
     received = models.BigIntegerField(default=0)
     sha256 = models.CharField(max_length=64, blank=True)  # optional, checked at commit when given
+    blob = models.ForeignKey(Blob, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")  # once stored
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["session", "index"], name="hub_upload_file_index")]

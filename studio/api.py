@@ -125,6 +125,7 @@ def register_routers() -> None:
     api.add_router("/training-runs", runs_router)
     api.add_router("/secrets", secrets_router)
     api.add_router("/ingest", ingest_router)
+    api.add_router("/hub", "datahub.api.router")
 
 
 register_routers()

@@ -1,0 +1,264 @@
+"""/api/hub: repos, branches, tags, commits, files, downloads, dataset preview and upload sessions.
+
+Repos are named within the caller's current project (a token's project). Order of checks, as
+everywhere: 401 → 404 (not this project's repo) → 403 (viewers cannot write) → 409 → 400.
+Bodies are parsed after the permission checks (parse_body), query values by hand for the same reason.
+"""
+from __future__ import annotations
+
+from django.http import FileResponse, HttpRequest
+from ninja import Router
+
+from datahub import datasets, services, storage, uploads
+from datahub.models import Blob, Branch, Commit, Repo, RepoType, Tag, TreeEntry, UploadSession
+from datahub.schemas import (
+    BranchIn,
+    ChunkOut,
+    CommitOut,
+    DiffOut,
+    FileOut,
+    PreviewOut,
+    RefOut,
+    RepoIn,
+    RepoOut,
+    TagIn,
+    TreeOut,
+    UploadCommitIn,
+    UploadIn,
+    UploadOut,
+)
+from studio.api import actor, body_schema, parse_body
+from studio.errors import BadRequest, Conflict, Finding, NotFound
+
+router = Router(tags=["hub"])
+
+
+def repo_or_404(request: HttpRequest, name: str, write: bool = False) -> Repo:
+    who = actor(request)
+    project = who.require_project()
+    repo = services.find_repo(project, name)
+    if repo is None or who.membership(project) is None:
+        raise NotFound(f"Project {project.slug} has no repo {name!r}.")
+    if write:
+        who.require_write(project)
+    return repo
+
+
+def query_int(request: HttpRequest, key: str, default: int | None, minimum: int = 0, maximum: int | None = None) -> int | None:
+    raw = request.GET.get(key)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadRequest(f"{key} must be a whole number.", [Finding(key, f"give {key} as an integer")]) from None
+    if value < minimum or (maximum is not None and value > maximum):
+        raise BadRequest(f"{key} is out of range.", [Finding(key, f"give {key} between {minimum} and {maximum if maximum is not None else 'any'}")])
+    return value
+
+
+def query_ref(request: HttpRequest, key: str = "ref") -> str | None:
+    value = request.GET.get(key) or None
+    if value is not None and (len(value) > 200 or not services.NAME_RE.match(value)):
+        raise BadRequest(f"{key} is not a branch, tag or commit id.", [Finding(key, "give a branch name, a tag or a commit id")])
+    return value
+
+
+def files_of(entries) -> list[dict]:
+    return [{"path": e.path, "size": e.blob.size, "sha256": e.blob.sha256} for e in entries]
+
+
+def commit_out(c: Commit) -> dict:
+    return {"id": c.pk, "parents": c.parents, "author": c.author_name, "message": c.message, "created_at": c.created_at}
+
+
+def repo_out(r: Repo) -> dict:
+    return {"id": r.pk, "name": r.name, "full_name": r.full_name, "type": r.type, "description": r.description,
+            "default_branch": r.default_branch, "created_at": r.created_at}
+
+
+# ---- repos -------------------------------------------------------------------------------------
+
+@router.get("/repos", response=list[RepoOut])
+def list_repos(request: HttpRequest):
+    project = actor(request).require_project()
+    qs = Repo.objects.filter(project=project).select_related("project")
+    kind = request.GET.get("type")
+    if kind:
+        if kind not in RepoType.values:
+            raise BadRequest("Unknown repo type.", [Finding("type", f"type is one of {', '.join(RepoType.values)}")])
+        qs = qs.filter(type=kind)
+    return [repo_out(r) for r in qs]
+
+
+@router.post("/repos", response={201: RepoOut}, openapi_extra=body_schema(RepoIn))
+def create_repo(request: HttpRequest):
+    who = actor(request)
+    project = who.require_project()
+    who.require_write(project)
+    payload = parse_body(request, RepoIn)
+    return 201, repo_out(services.create_repo(project, payload.name, payload.type, who.user, payload.description))
+
+
+@router.get("/repos/{name}", response=RepoOut)
+def get_repo(request: HttpRequest, name: str):
+    return repo_out(repo_or_404(request, name))
+
+
+@router.get("/repos/{name}/branches", response=list[RefOut])
+def list_branches(request: HttpRequest, name: str):
+    repo = repo_or_404(request, name)
+    return [{"name": b.name, "commit": b.head_id} for b in Branch.objects.filter(repo=repo)]
+
+
+@router.post("/repos/{name}/branches", response={201: RefOut}, openapi_extra=body_schema(BranchIn))
+def create_branch(request: HttpRequest, name: str):
+    repo = repo_or_404(request, name, write=True)
+    payload = parse_body(request, BranchIn)
+    if Branch.objects.filter(repo=repo, name=payload.name).exists():
+        raise Conflict(f"Branch {payload.name!r} already exists.", [Finding("name", "choose another branch name")])
+    branch = services.create_branch(repo, payload.name, payload.from_ref)
+    return 201, {"name": branch.name, "commit": branch.head_id}
+
+
+@router.get("/repos/{name}/tags", response=list[RefOut])
+def list_tags(request: HttpRequest, name: str):
+    repo = repo_or_404(request, name)
+    return [{"name": t.name, "commit": t.commit_id} for t in Tag.objects.filter(repo=repo)]
+
+
+@router.post("/repos/{name}/tags", response={201: RefOut}, openapi_extra=body_schema(TagIn))
+def create_tag(request: HttpRequest, name: str):
+    repo = repo_or_404(request, name, write=True)
+    payload = parse_body(request, TagIn)
+    tag = services.create_tag(repo, payload.name, payload.ref)
+    return 201, {"name": tag.name, "commit": tag.commit_id}
+
+
+@router.get("/repos/{name}/commits", response=list[CommitOut])
+def list_commits(request: HttpRequest, name: str):
+    repo = repo_or_404(request, name)
+    limit = query_int(request, "limit", 50, 1, 500)
+    return [commit_out(c) for c in services.history(repo, query_ref(request), limit or 50)]
+
+
+@router.get("/repos/{name}/files", response=TreeOut)
+def list_files(request: HttpRequest, name: str):
+    repo = repo_or_404(request, name)
+    ref = query_ref(request) or repo.default_branch
+    commit = services.resolve(repo, ref)
+    qs = TreeEntry.objects.filter(commit=commit).select_related("blob")
+    prefix = request.GET.get("path")
+    if prefix:
+        qs = qs.filter(path__startswith=services.clean_path(prefix.rstrip("/")) + "/")
+    return {"repo": repo.full_name, "ref": ref, "commit": commit.pk, "files": files_of(qs)}
+
+
+@router.get("/repos/{name}/download")
+def download(request: HttpRequest, name: str):
+    """The file at `path` in `ref`, streamed."""
+    repo = repo_or_404(request, name)
+    path = services.clean_path(request.GET.get("path"))
+    commit = services.resolve(repo, query_ref(request))
+    entry = services.entry(commit, path)
+    if entry is None:
+        raise NotFound(f"{repo.full_name} has no file {path!r} at {commit.pk[:10]}.")
+    opened = storage.open_blob(entry.blob.storage_name)
+    resp = FileResponse(getattr(opened, "file", opened), as_attachment=True, filename=path.rsplit("/", 1)[-1], content_type="application/octet-stream")
+    resp["Content-Length"] = str(entry.blob.size)
+    resp["ETag"] = f'"{entry.blob.sha256}"'
+    resp["X-Repo-Commit"] = commit.pk
+    return resp
+
+
+@router.get("/repos/{name}/diff", response=DiffOut)
+def diff(request: HttpRequest, name: str):
+    """Files added, removed and changed between two refs (`base` → `head`)."""
+    repo = repo_or_404(request, name)
+    base = services.resolve(repo, query_ref(request, "base") or repo.default_branch)
+    head = services.resolve(repo, query_ref(request, "head") or repo.default_branch)
+    old, new = services.tree(base), services.tree(head)
+
+    def out(paths: list[str], tree: dict[str, Blob]) -> list[dict]:
+        return [{"path": p, "size": tree[p].size, "sha256": tree[p].sha256} for p in sorted(paths)]
+
+    return {
+        "base": base.pk, "head": head.pk,
+        "added": out([p for p in new if p not in old], new),
+        "removed": out([p for p in old if p not in new], old),
+        "changed": out([p for p in new if p in old and new[p].pk != old[p].pk], new),
+    }
+
+
+@router.get("/repos/{name}/preview", response=PreviewOut)
+def preview(request: HttpRequest, name: str):
+    """The first rows of a dataset file and its detected shape."""
+    repo = repo_or_404(request, name)
+    commit = services.resolve(repo, query_ref(request))
+    path = request.GET.get("path")
+    if path:
+        path = services.clean_path(path)
+    limit = query_int(request, "limit", 20, 1, 200)
+    return {"commit": commit.pk, **datasets.preview(commit, path, limit or 20)}
+
+
+# ---- upload sessions ---------------------------------------------------------------------------
+
+def upload_out(session: UploadSession) -> dict:
+    return {
+        "id": str(session.pk), "repo": session.repo.full_name, "branch": session.branch, "state": session.state,
+        "commit": session.commit_id,
+        "files": [{"index": f.index, "path": f.path, "size": f.size, "received": f.received, "complete": f.complete} for f in session.files.all()],
+    }
+
+
+def upload_or_404(request: HttpRequest, upload_id: str, write: bool = False) -> UploadSession:
+    who = actor(request)
+    session = uploads.get_upload(who.scoped_project_ids(), upload_id)
+    if write:
+        who.require_write(session.repo.project)
+    return session
+
+
+@router.post("/repos/{name}/uploads", response={201: UploadOut}, openapi_extra=body_schema(UploadIn))
+def create_upload(request: HttpRequest, name: str):
+    repo = repo_or_404(request, name, write=True)
+    payload = parse_body(request, UploadIn)
+    session = uploads.create_upload(repo, actor(request).user, payload.branch, [f.model_dump() for f in payload.files], payload.message, payload.parent)
+    return 201, upload_out(session)
+
+
+@router.get("/uploads/{upload_id}", response=UploadOut)
+def get_upload(request: HttpRequest, upload_id: str):
+    return upload_out(upload_or_404(request, upload_id))
+
+
+@router.put("/uploads/{upload_id}/files/{index}", response=ChunkOut, openapi_extra={
+    "requestBody": {"required": True, "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
+    "parameters": [{"name": "offset", "in": "query", "required": True, "schema": {"type": "integer", "minimum": 0}}],
+})
+def put_chunk(request: HttpRequest, upload_id: str, index: str):
+    """Write the body at `offset` (the file's received count) of file `index`; send the chunks in order."""
+    session = upload_or_404(request, upload_id, write=True)
+    if not index.isdigit():
+        raise NotFound(f"The upload session has no file {index!r}.")
+    offset = query_int(request, "offset", None, 0)
+    if offset is None:
+        raise BadRequest("offset is required.", [Finding("offset", "give offset=<bytes already received>; GET the session to see it")])
+    length = request.META.get("CONTENT_LENGTH")
+    upload = uploads.write_chunk(session, int(index), offset, request, int(length) if length and length.isdigit() else None)
+    return {"index": upload.index, "received": upload.received, "size": upload.size, "complete": upload.complete}
+
+
+@router.post("/uploads/{upload_id}/commit", response=CommitOut, openapi_extra=body_schema(UploadCommitIn))
+def commit_upload(request: HttpRequest, upload_id: str):
+    session = upload_or_404(request, upload_id, write=True)
+    # the body is optional: a bare POST commits with the message given when the session was made
+    payload = parse_body(request, UploadCommitIn) if request.content_type == "application/json" and request.body.strip() else UploadCommitIn()
+    return commit_out(uploads.commit_upload(session, actor(request).user, payload.message))
+
+
+@router.delete("/uploads/{upload_id}", response={204: None})
+def abort_upload(request: HttpRequest, upload_id: str):
+    uploads.abort_upload(upload_or_404(request, upload_id, write=True))
+    return 204, None

@@ -1,0 +1,125 @@
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from ninja import Schema
+from pydantic import ConfigDict, Field
+
+
+class RepoIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=128)
+    type: Literal["model", "dataset", "experiment", "environment"] = "model"
+    description: str = Field("", max_length=5000)
+
+
+class RepoOut(Schema):
+    id: int
+    name: str
+    full_name: str
+    type: str
+    description: str
+    default_branch: str
+    created_at: datetime
+
+
+class BranchIn(Schema):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    name: str = Field(min_length=1, max_length=128)
+    from_ref: str = Field("main", alias="from", min_length=1, max_length=200)
+
+
+class TagIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=128)
+    ref: str = Field("main", min_length=1, max_length=200)
+
+
+class RefOut(Schema):
+    name: str
+    commit: str
+
+
+class CommitOut(Schema):
+    id: str
+    parents: list[str]
+    author: str
+    message: str
+    created_at: datetime
+
+
+class FileOut(Schema):
+    path: str
+    size: int
+    sha256: str
+
+
+class TreeOut(Schema):
+    repo: str
+    ref: str
+    commit: str
+    files: list[FileOut]
+
+
+class DiffOut(Schema):
+    base: str
+    head: str
+    added: list[FileOut]
+    removed: list[FileOut]
+    changed: list[FileOut]
+
+
+class PreviewOut(Schema):
+    commit: str
+    path: str
+    format: str
+    shape: str
+    columns: list[str]
+    rows: list[Any]
+    problems: list[dict[str, Any]]
+    files: list[str]
+
+
+class UploadFileIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+    path: str = Field(min_length=1, max_length=1024)
+    size: int = Field(ge=0)
+    sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
+
+
+class UploadIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+    branch: str = Field("main", min_length=1, max_length=128)
+    message: str = Field("", max_length=5000)
+    parent: str | None = Field(None, pattern=r"^[0-9a-f]{40}$")
+    files: list[UploadFileIn] = Field(min_length=1, max_length=10_000)
+
+
+class UploadFileOut(Schema):
+    index: int
+    path: str
+    size: int
+    received: int
+    complete: bool
+
+
+class UploadOut(Schema):
+    id: str
+    repo: str
+    branch: str
+    state: str
+    commit: str | None
+    files: list[UploadFileOut]
+
+
+class UploadCommitIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+    message: str | None = Field(None, max_length=5000)
+
+
+class ChunkOut(Schema):
+    index: int
+    received: int
+    size: int
+    complete: bool

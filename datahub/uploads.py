@@ -1,0 +1,152 @@
+"""Upload sessions (the write path of the Data Hub API): create a session naming the files and
+their sizes → PUT each file's bytes in chunks at explicit offsets (resumable: GET the session to
+see what arrived) → commit. Chunks are staged on local disk; nothing is visible in any commit
+until the commit step, which refuses while any file is incomplete.
+"""
+from __future__ import annotations
+
+import shutil
+import uuid
+from pathlib import Path
+from typing import IO
+
+from django.db import transaction
+
+from datahub import services, storage
+from datahub.models import Commit, Repo, UploadFile, UploadSession
+from studio.errors import BadRequest, Conflict, Finding, NotFound
+
+
+def session_dir(session: UploadSession) -> Path:
+    path = storage.staging_dir() / "uploads" / str(session.pk)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def part_path(session: UploadSession, index: int) -> Path:
+    return session_dir(session) / f"{index}.part"
+
+
+@transaction.atomic
+def create_upload(repo: Repo, user, branch: str, files: list[dict], message: str = "", parent: str | None = None) -> UploadSession:
+    services.check_name(branch, "branch", "branch name")
+    if not repo.branches.filter(name=branch).exists():
+        raise BadRequest(f"{repo.full_name} has no branch {branch!r}.", [Finding("branch", "upload to an existing branch, or create it first")])
+    seen: set[str] = set()
+    rows = []
+    for i, f in enumerate(files):
+        path = services.clean_path(f["path"], f"files[{i}].path")
+        if path in seen:
+            raise BadRequest(f"{path!r} is listed twice.", [Finding(f"files[{i}].path", "list each path once")])
+        seen.add(path)
+        rows.append((i, path, f["size"], f.get("sha256") or ""))
+    session = UploadSession.objects.create(repo=repo, branch=branch, created_by=user, message=message or "", parent=parent or "")
+    UploadFile.objects.bulk_create([UploadFile(session=session, index=i, path=p, size=s, sha256=h) for i, p, s, h in rows])
+    session_dir(session)
+    return session
+
+
+def get_upload(repo_ids: list[int] | None, upload_id: str) -> UploadSession:
+    try:
+        key = uuid.UUID(str(upload_id))
+    except ValueError:
+        raise NotFound("No such upload session.") from None
+    qs = UploadSession.objects.select_related("repo", "repo__project").filter(pk=key)
+    session = qs.first()
+    if session is None or (repo_ids is not None and session.repo.project_id not in repo_ids):
+        raise NotFound("No such upload session.")
+    return session
+
+
+def write_chunk(session: UploadSession, index: int, offset: int, stream: IO[bytes], length: int | None) -> UploadFile:
+    """Append the request body to file `index` at `offset` (which must equal what has arrived).
+    The row lock serialises two clients writing the same file."""
+    with transaction.atomic():
+        upload = UploadFile.objects.select_for_update().filter(session=session, index=index).first()
+        if upload is None:
+            raise NotFound(f"The upload session has no file {index}.")
+        session = UploadSession.objects.get(pk=session.pk)
+        if session.state != UploadSession.State.OPEN:
+            raise Conflict(f"This upload session is {session.state}: start a new one.")
+        if offset != upload.received:
+            raise Conflict(
+                f"File {index} has {upload.received} bytes so far: send the next chunk at offset {upload.received}.",
+                [Finding("offset", f"use offset={upload.received}")],
+            )
+        part = part_path(session, index)
+        written = 0
+        with open(part, "r+b" if part.exists() else "wb") as out:
+            out.seek(offset)
+            out.truncate()
+            while True:
+                want = storage.CHUNK_SIZE if length is None else min(storage.CHUNK_SIZE, length - written)
+                if want <= 0:
+                    break
+                chunk = stream.read(want)
+                if not chunk:
+                    break
+                if offset + written + len(chunk) > upload.size:
+                    out.truncate(offset)
+                    raise BadRequest(
+                        f"File {index} is {upload.size} bytes and this chunk goes past its end.",
+                        [Finding("body", f"send at most {upload.size - offset} bytes at offset {offset}")],
+                    )
+                out.write(chunk)
+                written += len(chunk)
+        upload.received = offset + written
+        upload.save(update_fields=["received"])
+        return upload
+
+
+def commit_upload(session: UploadSession, user, message: str | None = None) -> Commit:
+    """Hash every staged file into a blob, then commit them all at once. The session is claimed
+    (open → committing) so two commit requests do not both work; the hashing runs outside any
+    transaction. Committing a committed session returns its commit (a retry is harmless)."""
+    with transaction.atomic():
+        session = UploadSession.objects.select_for_update().select_related("repo", "repo__project").get(pk=session.pk)
+        if session.state == UploadSession.State.COMMITTED and session.commit_id:
+            return session.commit
+        if session.state != UploadSession.State.OPEN:
+            raise Conflict(f"This upload session is {session.state}: {'wait for it' if session.state == UploadSession.State.COMMITTING else 'start a new one'}.")
+        files = list(session.files.all())
+        missing = [f for f in files if not f.complete]
+        if missing:
+            raise Conflict(
+                "The upload is not complete: nothing was committed.",
+                [Finding(f"files[{f.index}]", f"{f.path} has {f.received} of {f.size} bytes: send the rest, then commit") for f in missing],
+            )
+        UploadSession.objects.filter(pk=session.pk).update(state=UploadSession.State.COMMITTING)
+    try:
+        blobs = {f.path: _blob_of(session, f) for f in files}
+        commit = services.commit_blobs(session.repo, session.branch, blobs, message or session.message, user, parent=session.parent or None)
+    except BaseException:
+        UploadSession.objects.filter(pk=session.pk).update(state=UploadSession.State.OPEN)
+        raise
+    UploadSession.objects.filter(pk=session.pk).update(state=UploadSession.State.COMMITTED, commit=commit)
+    shutil.rmtree(storage.staging_dir() / "uploads" / str(session.pk), ignore_errors=True)
+    return commit
+
+
+def _blob_of(session: UploadSession, f: UploadFile):
+    """The stored blob of a complete staged file (stored once: a retried commit reuses it)."""
+    if f.blob_id:
+        return f.blob
+    part = part_path(session, f.index)
+    if f.size == 0 and not part.exists():
+        part.write_bytes(b"")
+    sha256, size = storage.hash_file(part)
+    if f.sha256 and f.sha256 != sha256:
+        UploadFile.objects.filter(pk=f.pk).update(received=0)
+        part.unlink(missing_ok=True)
+        raise BadRequest(f"{f.path} arrived with sha256 {sha256}, not the {f.sha256} announced.",
+                         [Finding(f"files[{f.index}].sha256", "the bytes were corrupted on the way: upload this file again from offset 0")])
+    blob = services.store_staged(part, sha256, size)
+    UploadFile.objects.filter(pk=f.pk).update(blob=blob)
+    return blob
+
+
+def abort_upload(session: UploadSession) -> None:
+    with transaction.atomic():
+        updated = UploadSession.objects.filter(pk=session.pk, state=UploadSession.State.OPEN).update(state=UploadSession.State.ABORTED)
+    if updated:
+        shutil.rmtree(storage.staging_dir() / "uploads" / str(session.pk), ignore_errors=True)

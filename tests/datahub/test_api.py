@@ -1,0 +1,96 @@
+"""/api/hub: repos, refs, files, downloads, diff, preview — and the tenant matrix."""
+from __future__ import annotations
+
+import pytest
+
+from datahub import services
+from datahub.models import Repo
+from tests.conftest import assert_error
+from tests.datahub.conftest import jsonl
+
+
+def get(api, url: str, **params):
+    """GET with query parameters (Api.get's own `path` argument would clash with ?path=)."""
+    return api.client.get(url, params, **api._headers())
+
+
+def test_create_and_list_repos(api, project):
+    r = api.post("/api/hub/repos", {"name": "prefs", "type": "dataset"})
+    assert r.status_code == 201, r.content
+    assert r.json()["full_name"] == "acme/prefs"
+    assert Repo.objects.get(project=project, name="prefs").type == "dataset"
+    assert [x["name"] for x in api.get("/api/hub/repos").json()] == ["prefs"]
+    assert api.get("/api/hub/repos", type="model").json() == []
+    assert_error(api.post("/api/hub/repos", {"name": "prefs"}), 409, "name")
+    assert_error(api.post("/api/hub/repos", {"name": "../x"}), 400, "name")
+    assert_error(api.post("/api/hub/repos", {"name": "ok", "type": "space"}), 400, "type")
+
+
+@pytest.mark.parametrize(("role", "read", "write"), [("owner", 200, 201), ("member", 200, 201), ("viewer", 200, 403), ("outsider", 404, 404), (None, 401, 401)])
+def test_tenant_matrix(api_as, repo, role, read, write):
+    client = api_as(role)
+    assert client.get("/api/hub/repos/my-model").status_code == read
+    assert client.get("/api/hub/repos/my-model/files").status_code == read
+    assert get(client, "/api/hub/repos/my-model/download", path="x").status_code == (404 if read == 200 else read)
+    r = client.post("/api/hub/repos/my-model/uploads", {"files": [{"path": "a.txt", "size": 1}]})
+    assert r.status_code == write, r.content
+    # a bad body from an outsider is still a 404 (precedence: 404 before 400)
+    if role == "outsider":
+        assert client.post("/api/hub/repos/my-model/uploads", {"files": "nope"}).status_code == 404
+
+
+def test_files_commits_branches_download_and_diff(api, repo, users):
+    first = services.commit_files(repo, "main", {"config.json": b"{}", "w/model.bin": b"1" * 100}, "weights")
+    services.create_branch(repo, "dev", "main")
+    second = services.commit_files(repo, "dev", {"w/model.bin": b"2" * 100, "README.md": b"hi"}, "v2", delete=["config.json"])
+    files = get(api, "/api/hub/repos/my-model/files", ref="dev").json()
+    assert files["commit"] == second.pk and [f["path"] for f in files["files"]] == ["README.md", "w/model.bin"]
+    assert [c["id"] for c in get(api, "/api/hub/repos/my-model/commits", ref="dev").json()][:2] == [second.pk, first.pk]
+    assert {b["name"] for b in api.get("/api/hub/repos/my-model/branches").json()} == {"main", "dev"}
+    r = get(api, "/api/hub/repos/my-model/download", ref=first.pk[:10], path="w/model.bin")
+    assert r.status_code == 200 and b"".join(r.streaming_content) == b"1" * 100 and r["X-Repo-Commit"] == first.pk
+    d = get(api, "/api/hub/repos/my-model/diff", base="main", head="dev").json()
+    assert [f["path"] for f in d["added"]] == ["README.md"]
+    assert [f["path"] for f in d["removed"]] == ["config.json"]
+    assert [f["path"] for f in d["changed"]] == ["w/model.bin"]
+    assert api.post("/api/hub/repos/my-model/tags", {"name": "v1", "ref": "dev"}).json()["commit"] == second.pk
+    assert_error(get(api, "/api/hub/repos/my-model/files", ref="nope"), 404)
+
+
+@pytest.mark.parametrize("path", ["../secret", "/etc/passwd", "a/../../b", "nul\x00", "back\\slash"])
+def test_traversal_in_download_is_400(api, repo, path):
+    assert_error(get(api, "/api/hub/repos/my-model/download", path=path), 400, "path")
+
+
+@pytest.mark.parametrize("path", ["../secret", "/etc/passwd", "a/../../b", "nul\x00", "back\\slash"])
+def test_traversal_in_upload_is_400(api, repo, path):
+    assert_error(api.post("/api/hub/repos/my-model/uploads", {"files": [{"path": path, "size": 1}]}), 400, "files[0].path")
+
+
+def test_another_projects_repo_is_404(api_as, other_project):
+    services.create_repo(other_project, "theirs", "model")
+    assert_error(api_as("owner").get("/api/hub/repos/theirs"), 404)
+
+
+def test_preview_detects_shapes(api, project):
+    cases = {
+        "chat.jsonl": (jsonl([{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}]), "chat"),
+        "pc.csv": (b"prompt,completion\nq,a\nq2,a2\n", "prompt_completion"),
+        "prefs.jsonl": (jsonl([{"prompt": "q", "chosen": "a", "rejected": "b"}]), "preference"),
+        "prompts.jsonl": (jsonl([{"prompt": "what is 2+2?"}]), "prompts"),
+    }
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"prompt": ["q1", "q2"], "chosen": ["a", "b"], "rejected": ["c", "d"]}), buf)
+    cases["prefs.parquet"] = (buf.getvalue(), "preference")
+    repo = services.create_repo(project, "mixed", "dataset")
+    services.commit_files(repo, "main", {p: data for p, (data, _) in cases.items()})
+    for path, (_, shape) in cases.items():
+        r = get(api, "/api/hub/repos/mixed/preview", path=path)
+        assert r.status_code == 200, r.content
+        assert r.json()["shape"] == shape, (path, r.json())
+    assert get(api, "/api/hub/repos/mixed/preview", path="pc.csv").json()["rows"] == [{"prompt": "q", "completion": "a"}, {"prompt": "q2", "completion": "a2"}]

@@ -1,0 +1,61 @@
+"""Upload sessions: chunked and resumable; nothing is visible until the commit step."""
+from __future__ import annotations
+
+import hashlib
+
+from datahub import services
+from datahub.models import UploadSession
+from tests.conftest import assert_error
+
+
+def put(api, upload_id, index, offset, data: bytes):
+    return api.client.put(f"/api/hub/uploads/{upload_id}/files/{index}?offset={offset}", data=data,
+                          content_type="application/octet-stream", HTTP_AUTHORIZATION=f"Bearer {api.token}")
+
+
+def test_chunked_resumable_upload_then_commit(api, dataset_repo):
+    data = b"x" * 3000 + b"y" * 2000
+    body = {"files": [{"path": "data/train.jsonl", "size": len(data), "sha256": hashlib.sha256(data).hexdigest()},
+                      {"path": "empty.txt", "size": 0}], "message": "add data"}
+    r = api.post("/api/hub/repos/my-data/uploads", body)
+    assert r.status_code == 201, r.content
+    upload_id = r.json()["id"]
+    assert put(api, upload_id, 0, 0, data[:3000]).json()["received"] == 3000
+    # a chunk at the wrong offset is a 409 that says where to resume
+    assert_error(put(api, upload_id, 0, 1000, data[1000:]), 409, "offset")
+    # half-finished: committing refuses and nothing is visible on the branch
+    before = services.resolve(dataset_repo, "main")
+    assert_error(api.post(f"/api/hub/uploads/{upload_id}/commit"), 409, "files[0]")
+    assert services.resolve(dataset_repo, "main") == before
+    assert services.tree(before) == {}
+    # resume from what the session says arrived
+    received = api.get(f"/api/hub/uploads/{upload_id}").json()["files"][0]["received"]
+    assert put(api, upload_id, 0, received, data[received:]).json()["complete"] is True
+    assert_error(put(api, upload_id, 0, len(data), b"more"), 400, "body")
+    r = api.post(f"/api/hub/uploads/{upload_id}/commit")
+    assert r.status_code == 200, r.content
+    commit = services.resolve(dataset_repo, "main")
+    assert r.json()["id"] == commit.pk and commit.message == "add data"
+    tree = services.tree(commit)
+    assert tree["data/train.jsonl"].sha256 == hashlib.sha256(data).hexdigest() and tree["empty.txt"].size == 0
+    # committing again is harmless
+    assert api.post(f"/api/hub/uploads/{upload_id}/commit").json()["id"] == commit.pk
+    assert UploadSession.objects.get(pk=upload_id).state == "committed"
+
+
+def test_corrupted_upload_is_refused_and_resets(api, dataset_repo):
+    r = api.post("/api/hub/repos/my-data/uploads", {"files": [{"path": "a.bin", "size": 4, "sha256": "0" * 64}]})
+    upload_id = r.json()["id"]
+    put(api, upload_id, 0, 0, b"abcd")
+    assert_error(api.post(f"/api/hub/uploads/{upload_id}/commit"), 400, "files[0].sha256")
+    assert services.tree(services.resolve(dataset_repo, "main")) == {}
+    assert api.get(f"/api/hub/uploads/{upload_id}").json()["files"][0]["received"] == 0
+
+
+def test_viewer_and_outsider_cannot_write_chunks(api, api_as, dataset_repo):
+    upload_id = api.post("/api/hub/repos/my-data/uploads", {"files": [{"path": "a.bin", "size": 4}]}).json()["id"]
+    assert put(api_as("viewer"), upload_id, 0, 0, b"abcd").status_code == 403
+    assert put(api_as("outsider"), upload_id, 0, 0, b"abcd").status_code == 404
+    assert api_as("outsider").get(f"/api/hub/uploads/{upload_id}").status_code == 404
+    assert api.delete(f"/api/hub/uploads/{upload_id}").status_code == 204
+    assert_error(put(api, upload_id, 0, 0, b"abcd"), 409)
