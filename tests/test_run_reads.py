@@ -1,0 +1,247 @@
+"""The run read endpoints: the list (pagination, filters, query count), metrics, logs, rollouts and
+checkpoints. Rows the engine would report are inserted directly: these tests are about reading."""
+from __future__ import annotations
+
+import random
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from experiments.services import create_experiment, default_experiment
+from tests.conftest import assert_error
+from training.models import Checkpoint, LogLine, MetricPoint, Rollout, Status, TrainingRun
+
+
+@pytest.fixture(autouse=True)
+def fast_password_hasher(settings):
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+def make_runs(project, n: int, *, method: str = "sft", status: str = Status.QUEUED, experiment=None) -> list[TrainingRun]:
+    experiment = experiment or default_experiment(project)
+    return [
+        TrainingRun.objects.create(project=project, experiment=experiment, name=f"{method} {status} {i}", method=method, status=status,
+                                   base_model="org/base", dataset="org/data", config={}, compute={"backend": "local"})
+        for i in range(n)
+    ]
+
+
+def get(api, path: str, query: dict):
+    """GET with any query (conftest's Api.get cannot take a `method` parameter)."""
+    return api.client.get(path, query, HTTP_AUTHORIZATION=f"Bearer {api.token}")
+
+
+@pytest.fixture
+def run(project):
+    return make_runs(project, 1)[0]
+
+
+# ---- list ----------------------------------------------------------------------------------------
+
+def test_list_paginates_with_limit_offset_and_count(api, project):
+    runs = make_runs(project, 7)
+    newest_first = [r.pk for r in reversed(runs)]
+    page = api.get("/api/training-runs", limit=3, offset=2)
+    assert page.status_code == 200, page.content
+    body = page.json()
+    assert body["count"] == 7
+    assert [r["id"] for r in body["items"]] == newest_first[2:5]
+    assert [r["id"] for r in api.get("/api/training-runs", limit=3, offset=6).json()["items"]] == newest_first[6:]
+    assert api.get("/api/training-runs", limit=3, offset=50).json()["items"] == []
+
+
+def test_list_item_has_the_run_fields(api, run):
+    item = api.get("/api/training-runs").json()["items"][0]
+    assert item["id"] == run.pk and item["project"] == "acme" and item["experiment"]["slug"] == "default"
+    assert {"method", "base_model", "dataset", "config", "compute", "status", "error", "created_at", "started_at", "finished_at", "cost"} <= set(item)
+    assert "ingest_token_hash" not in item and "backend_job_id" not in item
+
+
+def test_list_filters_by_status_method_and_experiment(api, project):
+    sweep = create_experiment(project, "Sweep")
+    queued = make_runs(project, 2)
+    failed = make_runs(project, 1, status=Status.FAILED)
+    dpo = make_runs(project, 2, method="dpo", experiment=sweep)
+
+    def ids(**query):
+        response = get(api, "/api/training-runs", query)
+        assert response.status_code == 200, response.content
+        return sorted(r["id"] for r in response.json()["items"])
+
+    assert ids(status="failed") == [r.pk for r in failed]
+    assert ids(status="queued") == sorted(r.pk for r in queued + dpo)
+    assert ids(method="dpo") == sorted(r.pk for r in dpo)
+    assert ids(experiment="sweep") == sorted(r.pk for r in dpo)
+    assert ids(experiment=str(sweep.pk)) == sorted(r.pk for r in dpo)
+    assert ids(experiment="Sweep", method="sft") == []
+    assert ids(experiment="no-such-experiment") == []
+    assert api.get("/api/training-runs", status="failed").json()["count"] == 1
+
+
+@pytest.mark.parametrize("query, field", [
+    ({"status": "exploded"}, "status"),
+    ({"status": "QUEUED"}, "status"),
+    ({"method": "ppo"}, "method"),
+    ({"limit": "-1"}, "limit"),
+    ({"limit": "many"}, "limit"),
+    ({"offset": "-5"}, "offset"),
+])
+def test_list_with_invalid_query_is_400_naming_it(api, run, query, field):
+    assert_error(get(api, "/api/training-runs", query), 400, field)
+
+
+def test_list_never_shows_another_projects_runs(api, api_as, project, other_project):
+    make_runs(project, 2)
+    make_runs(other_project, 3)
+    assert api.get("/api/training-runs").json()["count"] == 2
+    assert api_as("outsider").get("/api/training-runs").json()["count"] == 3
+
+
+def count_list_queries(api) -> int:
+    with CaptureQueriesContext(connection) as ctx:
+        response = api.get("/api/training-runs", limit=100)
+    assert response.status_code == 200
+    return len(ctx.captured_queries)
+
+
+def test_list_query_count_does_not_grow_with_runs(api, project, django_assert_max_num_queries):
+    sweep = create_experiment(project, "Sweep")
+    make_runs(project, 2)
+    api.get("/api/training-runs")  # the token's last_used_at write happens once a minute: not on the pinned calls
+    few = count_list_queries(api)
+    make_runs(project, 20, experiment=sweep)
+    make_runs(project, 20, method="grpo", status=Status.RUNNING)
+    assert count_list_queries(api) == few
+    # token, membership, count, page: 4, whatever the number of runs.
+    with django_assert_max_num_queries(4):
+        assert api.get("/api/training-runs", limit=100).json()["count"] == 42
+
+
+# ---- metrics -------------------------------------------------------------------------------------
+
+@pytest.fixture
+def metric_run(run):
+    loss = [MetricPoint(run=run, key="loss", step=step, value=10.0 - step / 100) for step in range(500)]
+    kd = [MetricPoint(run=run, key="kd_loss", step=step, value=float(step)) for step in range(0, 30, 3)]
+    other = [MetricPoint(run=run, key="reward", step=step, value=1.0) for step in range(5)]
+    rows = loss + kd + other
+    random.Random(7).shuffle(rows)  # inserted out of order: the endpoint must order by step
+    MetricPoint.objects.bulk_create(rows)
+    return run
+
+
+def test_metrics_returns_requested_series_step_ordered_and_downsampled(api, metric_run):
+    response = api.get(f"/api/training-runs/{metric_run.pk}/metrics", keys="loss,kd_loss", max_points=50)
+    assert response.status_code == 200, response.content
+    series = response.json()["series"]
+    assert set(series) == {"loss", "kd_loss"}
+    loss = series["loss"]
+    assert 2 < len(loss) <= 50
+    steps = [s for s, _ in loss]
+    assert steps == sorted(steps) and len(set(steps)) == len(steps)
+    assert loss[0] == [0, 10.0] and loss[-1] == [499, pytest.approx(10.0 - 4.99)]
+    assert all(4.9 <= v <= 10.0 for _, v in loss)
+    # A series shorter than max_points comes back whole.
+    assert series["kd_loss"] == [[s, float(s)] for s in range(0, 30, 3)]
+
+
+def test_metrics_without_keys_returns_every_series(api, metric_run):
+    series = api.get(f"/api/training-runs/{metric_run.pk}/metrics").json()["series"]
+    assert set(series) == {"loss", "kd_loss", "reward"}
+    assert len(series["loss"]) == 500  # under the default max_points: not downsampled
+
+
+def test_metrics_for_unknown_keys_is_empty(api, metric_run):
+    assert api.get(f"/api/training-runs/{metric_run.pk}/metrics", keys="nope").json() == {"series": {}}
+
+
+def test_metrics_max_points_two_keeps_first_and_last(api, metric_run):
+    loss = api.get(f"/api/training-runs/{metric_run.pk}/metrics", keys="loss", max_points=2).json()["series"]["loss"]
+    assert [s for s, _ in loss] == [0, 499]
+
+
+@pytest.mark.parametrize("max_points", ["1", "0", "-3", "lots", "100001"])
+def test_metrics_with_bad_max_points_is_400(api, metric_run, max_points):
+    assert_error(api.get(f"/api/training-runs/{metric_run.pk}/metrics", keys="loss", max_points=max_points), 400, "max_points")
+
+
+# ---- logs ----------------------------------------------------------------------------------------
+
+@pytest.fixture
+def log_run(run):
+    LogLine.objects.bulk_create([LogLine(run=run, line=f"line {i}") for i in range(300)])
+    return run
+
+
+def test_logs_tail_by_default(api, log_run):
+    body = api.get(f"/api/training-runs/{log_run.pk}/logs").json()
+    assert body["total"] == 300
+    assert body["lines"] == [f"line {i}" for i in range(100, 300)]
+
+
+def test_logs_tail_n(api, log_run):
+    assert api.get(f"/api/training-runs/{log_run.pk}/logs", tail=5).json()["lines"] == [f"line {i}" for i in range(295, 300)]
+
+
+def test_logs_full(api, log_run):
+    body = api.get(f"/api/training-runs/{log_run.pk}/logs", full="true").json()
+    assert body["lines"] == [f"line {i}" for i in range(300)] and body["total"] == 300
+
+
+@pytest.mark.parametrize("query, field", [({"tail": "0"}, "tail"), ({"tail": "x"}, "tail"), ({"full": "perhaps"}, "full")])
+def test_logs_with_bad_query_is_400(api, log_run, query, field):
+    assert_error(api.get(f"/api/training-runs/{log_run.pk}/logs", **query), 400, field)
+
+
+def test_logs_of_a_run_without_lines(api, run):
+    assert api.get(f"/api/training-runs/{run.pk}/logs").json() == {"lines": [], "total": 0}
+
+
+# ---- rollouts ------------------------------------------------------------------------------------
+
+@pytest.fixture
+def rollout_run(run):
+    Rollout.objects.bulk_create([
+        Rollout(run=run, step=step, prompt=f"p{step}.{i}", completion=f"c{step}.{i}", reward=i / 2, advantage=None if i else 0.5, components={"fmt": 1.0})
+        for step in (3, 1, 2) for i in range(2)
+    ])
+    return run
+
+
+def test_rollouts_are_step_ordered_and_paginated(api, rollout_run):
+    body = api.get(f"/api/training-runs/{rollout_run.pk}/rollouts").json()
+    assert body["count"] == 6
+    assert [r["step"] for r in body["items"]] == [1, 1, 2, 2, 3, 3]
+    first = body["items"][0]
+    assert first == {"step": 1, "prompt": "p1.0", "completion": "c1.0", "reward": 0.0, "advantage": 0.5, "components": {"fmt": 1.0}}
+    page = api.get(f"/api/training-runs/{rollout_run.pk}/rollouts", limit=2, offset=2).json()
+    assert [r["prompt"] for r in page["items"]] == ["p2.0", "p2.1"]
+
+
+def test_rollouts_filter_by_step(api, rollout_run):
+    body = api.get(f"/api/training-runs/{rollout_run.pk}/rollouts", step=2).json()
+    assert [r["prompt"] for r in body["items"]] == ["p2.0", "p2.1"]
+
+
+@pytest.mark.parametrize("step", ["-1", "two"])
+def test_rollouts_with_bad_step_is_400(api, rollout_run, step):
+    assert_error(api.get(f"/api/training-runs/{rollout_run.pk}/rollouts", step=step), 400, "step")
+
+
+# ---- checkpoints ---------------------------------------------------------------------------------
+
+def test_checkpoints_list_in_step_order(api, run):
+    Checkpoint.objects.create(run=run, attempt=2, step=200, kind="final", path="/out/final")
+    Checkpoint.objects.create(run=run, attempt=1, step=100, path="/out/checkpoint-100")
+    body = api.get(f"/api/training-runs/{run.pk}/checkpoints").json()
+    assert [(c["step"], c["kind"], c["attempt"], c["path"]) for c in body] == [(100, "checkpoint", 1, "/out/checkpoint-100"), (200, "final", 2, "/out/final")]
+    assert all(c["created_at"] for c in body)
+
+
+# ---- reads of another project's run -------------------------------------------------------------
+
+@pytest.mark.parametrize("suffix", ["", "/metrics", "/logs", "/rollouts", "/checkpoints"])
+def test_reads_of_another_projects_run_are_404(api_as, run, suffix):
+    MetricPoint.objects.create(run=run, key="loss", step=1, value=1.0)
+    assert_error(api_as("outsider").get(f"/api/training-runs/{run.pk}{suffix}"), 404)
