@@ -7,6 +7,7 @@ Exit codes: 0 completed, 1 training failed (reported), 2 bad spec, 3 superseded 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import sys
@@ -17,6 +18,19 @@ from .reporter import Reporter, Superseded
 from .spec import Spec, SpecError, load_spec
 
 SIGTERM_GRACE_S = 4.0
+# Libraries whose warnings belong in the run log (and so in error.log_tail) next to our own lines.
+LIBRARY_LOGGERS = ("transformers", "trl", "peft", "accelerate", "datasets", "bitsandbytes")
+
+
+class _ReporterLogHandler(logging.Handler):
+    def __init__(self, reporter: Reporter) -> None:
+        super().__init__(level=logging.WARNING)
+        self.reporter = reporter
+        self.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        # The library's own handler already wrote it to stderr, which the backend captures.
+        self.reporter.log(self.format(record), echo=False)
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -66,6 +80,17 @@ def run_spec(spec: Spec, reporter: Reporter) -> None:
 def execute(spec: Spec, reporter: Reporter) -> int:
     """Run one attempt with the engine's error contract; returns the process exit code."""
     reporter.start()
+    handler = _ReporterLogHandler(reporter)
+    for name in LIBRARY_LOGGERS:
+        logging.getLogger(name).addHandler(handler)
+    try:
+        return _execute(spec, reporter)
+    finally:
+        for name in LIBRARY_LOGGERS:
+            logging.getLogger(name).removeHandler(handler)
+
+
+def _execute(spec: Spec, reporter: Reporter) -> int:
     try:
         run_spec(spec, reporter)
     except Superseded as exc:

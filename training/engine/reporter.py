@@ -70,10 +70,10 @@ class Reporter:
                 self._pending[key] = value
             self._dirty = True
 
-    def log(self, line: str) -> None:
+    def log(self, line: str, *, echo: bool = True) -> None:
         for part in str(line).splitlines() or [""]:
             self.log_tail.append(part)
-            if self.echo:
+            if self.echo and echo:
                 print(part, flush=True)
             self._add("logs", part)
 
