@@ -2,6 +2,7 @@
 present) a tiny student/teacher model pair and demo datasets built offline. Safe to run again."""
 from __future__ import annotations
 
+import json
 import os
 
 from django.conf import settings
@@ -32,10 +33,13 @@ class Command(BaseCommand):
         except ImportError:
             self.stdout.write("the trainer engine is not installed: skipping the tiny demo models")
         else:
-            if not (models_dir / "student").exists():
-                built = build_tiny_models(models_dir)
-                data = build_demo_datasets(models_dir / "datasets")
-                self.stdout.write(f"built tiny models {built} and datasets {data}")
+            marker = models_dir / "built.json"
+            if not marker.exists():
+                built = {**build_tiny_models(models_dir), **build_demo_datasets(models_dir / "datasets")}
+                marker.write_text(json.dumps(built, indent=2))
+                self.stdout.write("built the tiny demo models and datasets:")
+            for name, path in json.loads(marker.read_text()).items():
+                self.stdout.write(f"  {name}: {path}")
         if not project.api_tokens.filter(user=user, revoked_at__isnull=True).exists():
             _, plaintext = create_api_token(user, project, name="demo")
             (settings.VAR_DIR / "demo-token").write_text(plaintext + "\n")
