@@ -108,3 +108,12 @@ def test_sigterm_flushes_and_exits_143(tiny, ingest: IngestStub, tmp_path: Path)
     assert took < 6
     assert "SIGTERM: flushing reports and stopping" in ingest.collect("logs")  # flushed before exit
     assert "completed" not in ingest.scalars("status")
+
+
+def test_gpu_request_without_a_gpu_fails_loudly(tiny, ingest: IngestStub, tmp_path: Path) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    spec = make_spec("sft", tiny["student"], [tiny["sft"]], tmp_path, {"max_steps": 1}, ingest)
+    spec["compute"]["accelerators"] = "GPU:1"
+    assert run_inprocess(spec) == 1
+    assert "no CUDA device" in ingest.scalars("error")[0]["message"]

@@ -28,8 +28,12 @@ def pick_device(spec: Spec) -> Device:
     """bf16 on CUDA when available, fp32 on the CPU. fp8/nvfp4 need a GPU."""
     import torch
 
-    wants_cpu = str(spec.compute.get("accelerators", "")).upper() == "CPU"
+    accelerators = str(spec.compute.get("accelerators") or "").upper()
+    wants_cpu = accelerators == "CPU"
     precision = spec.cfg("precision", "bf16")
+    if accelerators and not wants_cpu and not torch.cuda.is_available():
+        # Silently training a GPU-sized job on the CPU would look like a hang; fail loudly instead.
+        raise RuntimeError(f"compute.accelerators is {accelerators!r} but no CUDA device is visible to the engine")
     if torch.cuda.is_available() and not wants_cpu:
         if precision == "fp32":
             return Device("cuda", False, "fp32")
@@ -77,12 +81,16 @@ def load_model(ref: str, revision: str | None, device: Device, *, four_bit: bool
     return model
 
 
-def wrap_lora(model: Any, spec: Spec, *, four_bit: bool) -> Any:
+def wrap_lora(model: Any, spec: Spec, device: Device, *, four_bit: bool) -> Any:
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
     if four_bit:
         # Gradient checkpointing stays a TrainingArguments decision, not a side effect of quantisation.
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    if device.kind == "cuda":
+        # On GPU we checkpoint activations; with a frozen base the checkpointed segments would otherwise
+        # see no input that requires grad and the adapters would get no gradient.
+        model.enable_input_require_grads()
     config = LoraConfig(
         r=spec.lora_rank,
         lora_alpha=spec.lora_alpha,
@@ -98,7 +106,7 @@ def load_policy(spec: Spec, device: Device) -> Any:
     four_bit = bool(spec.cfg("load_in_4bit", False))
     model = load_model(spec.base_model, spec.base_model_revision, device, four_bit=four_bit)
     if spec.use_lora:
-        model = wrap_lora(model, spec, four_bit=four_bit)
+        model = wrap_lora(model, spec, device, four_bit=four_bit)
     return model
 
 
