@@ -60,3 +60,15 @@ def test_demo_datasets_have_each_method_shape(tmp_path: Path) -> None:
     assert set(first["dpo"]) == {"prompt", "chosen", "rejected"}
     assert set(first["distill"]) == {"messages"}
     assert set(first["grpo"]) == {"prompt"}
+
+
+def test_tiny_cli_builds_models_and_datasets(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-m", "training.engine.tiny", str(tmp_path)], cwd=repo, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    assert Path(out["models"]["student"], "config.json").is_file()
+    assert set(out["datasets"]) >= {"sft", "dpo", "distill", "grpo"}
