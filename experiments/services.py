@@ -43,7 +43,12 @@ def default_experiment(project: Project) -> Experiment:
 def find_experiment(project: Project, key: str | int) -> Experiment | None:
     """An experiment of `project` by id, slug or name."""
     qs = Experiment.objects.filter(project=project)
-    if isinstance(key, int) or (isinstance(key, str) and key.isdigit()):
+    if isinstance(key, str) and "\x00" in key:
+        return None  # no experiment has such a name, and PostgreSQL cannot compare text with a NUL
+    if isinstance(key, bool):
+        return None  # True is an int to Python, never an experiment id
+    # isdecimal and ascii: "²".isdigit() is True yet int("²") raises.
+    if isinstance(key, int) or (isinstance(key, str) and key.isascii() and key.isdecimal()):
         found = qs.filter(pk=int(key)).first()
         if found:
             return found

@@ -7,6 +7,7 @@ error on a run you cannot see must still be a 404.
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any, TypeVar
 
@@ -55,14 +56,62 @@ def findings_from_pydantic(errors: list[dict[str, Any]]) -> list[Finding]:
     return [Finding(field, "; or ".join(found)) for field, found in messages.items()]
 
 
+MAX_JSON_DEPTH = 32
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is too large for a number")
+    return value
+
+
+def unstorable(value: Any) -> Finding | None:
+    """What PostgreSQL cannot store (NUL characters, lone surrogates) or is nested absurdly deep.
+
+    Python's json accepts all of it; left alone, it fails at the INSERT as a 500. Iterative, so a
+    deep value cannot exhaust the stack here either.
+    """
+    stack: list[tuple[Any, tuple, int]] = [(value, (), 0)]
+    while stack:
+        item, loc, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            return Finding(field_path(loc), f"nested more than {MAX_JSON_DEPTH} levels deep: flatten it")
+        if isinstance(item, str):
+            if "\x00" in item:
+                return Finding(field_path(loc), "contains a NUL character (\\u0000): remove it")
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return Finding(field_path(loc), "contains an unpaired surrogate (\\ud800-\\udfff): send valid UTF-8 text")
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                key_problem = unstorable(key)
+                if key_problem is not None:
+                    readable = key.encode("utf-8", "backslashreplace").decode().replace("\x00", "\\u0000")
+                    return Finding(field_path((*loc, readable)), "this key " + key_problem.message)
+                stack.append((child, (*loc, key), depth + 1))
+        elif isinstance(item, list):
+            stack.extend((child, (*loc, i), depth + 1) for i, child in enumerate(item))
+    return None
+
+
 def parse_body(request: HttpRequest, schema: type[S]) -> S:
     """Parse the JSON body into `schema`, or raise a 400 naming each bad field."""
     try:
-        raw = json.loads(request.body or b"{}")
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadRequest("The request body is not valid JSON.", [Finding("body", f"send a JSON object ({exc})")]) from exc
+        raw = json.loads(request.body or b"{}", parse_constant=_no_constant, parse_float=_finite_float)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)[:200]
+        raise BadRequest("The request body is not valid JSON.", [Finding("body", f"send a JSON object ({reason})")]) from exc
     if not isinstance(raw, dict):
         raise BadRequest("The request body must be a JSON object.", [Finding("body", "send a JSON object, e.g. {\"name\": ...}")])
+    problem = unstorable(raw)
+    if problem is not None:
+        raise BadRequest("The request body has a value that cannot be stored.", [problem])
     try:
         return schema.model_validate(raw)
     except PydanticValidationError as exc:

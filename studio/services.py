@@ -95,18 +95,19 @@ def set_secret(project: Project, name: str, value: str) -> ProjectSecret:
 
 
 def delete_secret(project: Project, name: str) -> None:
-    deleted, _ = ProjectSecret.objects.filter(project=project, name=name).delete()
+    # A name set_secret would refuse cannot exist; PostgreSQL would refuse to compare one with a NUL.
+    deleted = ProjectSecret.objects.filter(project=project, name=name).delete()[0] if SECRET_NAME.match(name or "") else 0
     if not deleted:
         raise NotFound(f"No secret named {name!r} in this project.")
 
 
 def secret_exists(project: Project, name: str) -> bool:
-    return ProjectSecret.objects.filter(project=project, name=name).exists()
+    return bool(SECRET_NAME.match(name or "")) and ProjectSecret.objects.filter(project=project, name=name).exists()
 
 
 def reveal_secret(project: Project, name: str) -> str:
     """The plaintext, for handing to a backend or a judge at dispatch time. Never log or return it."""
-    secret = ProjectSecret.objects.filter(project=project, name=name).first()
+    secret = ProjectSecret.objects.filter(project=project, name=name).first() if SECRET_NAME.match(name or "") else None
     if secret is None:
         raise NotFound(f"No secret named {name!r} in this project.")
     return crypto.decrypt(secret.ciphertext)

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from decimal import Decimal
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from ninja import Schema
 from pydantic import ConfigDict, Field
@@ -15,7 +15,7 @@ class RunCreateIn(Schema):
     name: str = Field(min_length=1, max_length=200)
     experiment: str | int | None = None
     method: str = Field(description="sft | dpo | grpo | distill")
-    base_model: str | None = Field(None, description="An HF id, a Data Hub repo@ref, or a local path (local backend)")
+    base_model: str | None = Field(None, max_length=500, description="An HF id, a Data Hub repo@ref, or a local path (local backend)")
     dataset: Any = Field(None, description="A ref, {ref, type}, or a list of those")
     config: dict[str, Any] = Field(default_factory=dict)
     compute: dict[str, Any] = Field(default_factory=dict, description="{backend, accelerators, spot, region}")
@@ -26,7 +26,7 @@ class RunPatchIn(Schema):
 
     model_config = ConfigDict(extra="forbid")
     name: str | None = None
-    base_model: str | None = None
+    base_model: str | None = Field(None, max_length=500)
     dataset: Any = None
     config: dict[str, Any] | None = None
     compute: dict[str, Any] | None = None
@@ -112,23 +112,27 @@ class CheckpointOut(Schema):
     created_at: datetime
 
 
+# Steps are stored as PostgreSQL integers; a larger one must be a 400, not an overflow at INSERT.
+Step = Annotated[int, Field(ge=0, le=2**31 - 1)]
+
+
 class IngestMetric(Schema):
-    step: int
+    step: Step
     key: str = Field(min_length=1, max_length=100)
-    value: float
+    value: float = Field(allow_inf_nan=False)
 
 
 class IngestRollout(Schema):
-    step: int
+    step: Step
     prompt: str
     completion: str
-    reward: float
-    advantage: float | None = None
+    reward: float = Field(allow_inf_nan=False)
+    advantage: float | None = Field(None, allow_inf_nan=False)
     components: dict[str, Any] = Field(default_factory=dict)
 
 
 class IngestCheckpoint(Schema):
-    step: int
+    step: Step
     path: str = Field(min_length=1, max_length=1000)
     kind: Literal["checkpoint", "final", "adapter", "merged"] = "checkpoint"
 

@@ -1,0 +1,300 @@
+"""Every body an API user can send that is wrong gets a 4xx with `detail` and field paths, never a 500.
+
+Hypothesis throws arbitrary JSON (and non-JSON bytes, arrays, nulls, huge numbers, nested junk) at
+each write endpoint. Each example runs inside a savepoint that is rolled back afterwards, so every
+example starts from the same database, and a refused PATCH can be checked to have changed nothing.
+The Django test client re-raises a view's exception, so a 500 fails the example with its traceback.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+from django.db import transaction
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from studio import crypto
+from studio.models import ProjectSecret
+from tests.conftest import Api, sft_body
+from training import status as status_service
+from training.models import LogLine, MetricPoint, Status, TrainingRun
+
+SETTINGS = settings(
+    max_examples=60, deadline=None, database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+)
+
+
+@pytest.fixture(autouse=True)
+def fast_password_hasher(settings):
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+# ---- strategies ----------------------------------------------------------------------------------
+
+HUGE = st.sampled_from([2**31, -(2**31) - 1, 2**63, -(2**63) - 1, 10**30, -(10**100), 1e308, -1e308, 5e-324])
+scalars = st.none() | st.booleans() | st.integers() | HUGE | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=30)
+json_values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4), max_leaves=12)
+
+CONFIG_KEYS = [
+    "num_epochs", "max_steps", "learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps", "max_length",
+    "precision", "seed", "system_prompt", "lora", "lora_rank", "lora_alpha", "load_in_4bit", "loss", "distillation", "rl_mode",
+    "environment_id", "ruler_task_args", "judge", "inference_blocks", "trainer_blocks", "judge_blocks", "rollouts_per_prompt",
+    "kl_coef", "max_response_length", "use_liger", "use_unsloth", "heartbeat_timeout_seconds", "global_batch_size",
+    "max_prompt_length", "beta", "no_such_key",
+]
+BLOCK_KEYS = ["type", "dpo_beta", "reference_free", "target_margin", "length_norm", "span_mask", "teacher_model", "top_k",
+              "temperature", "kd_weight", "ce_weight", "dataset", "system_prompt", "mode", "endpoint", "model", "api_key_secret"]
+blocks = st.dictionaries(st.sampled_from(BLOCK_KEYS), json_values, max_size=4)
+configs = st.dictionaries(st.sampled_from(CONFIG_KEYS), json_values | blocks, max_size=5) | json_values
+computes = st.dictionaries(st.sampled_from(["backend", "accelerators", "spot", "region", "gpus"]),
+                           st.sampled_from(["local", "dstack", "modal", "GPU:0", "GPU:-1", "H100:999999999999", "CPU:2", "", "TPU"]) | json_values, max_size=4) | json_values
+refs = st.sampled_from(["", "@", "repo@", "@main", "a/b/c@x@y", "org/model", "x" * 600, "../../etc/passwd", "other/repo@main"]) | json_values
+datasets = refs | st.lists(refs | st.dictionaries(st.sampled_from(["ref", "type", "split"]), refs, max_size=3), max_size=3)
+methods = st.sampled_from(["sft", "dpo", "grpo", "distill", "ppo", "PPO", "SFT", "", "rlhf"]) | json_values
+
+
+def with_junk(valid: dict[str, Any], fields: dict[str, st.SearchStrategy]) -> st.SearchStrategy[Any]:
+    """A valid body with some fields replaced by junk, extra keys, or a body that is junk throughout."""
+    replaced = st.fixed_dictionaries({}, optional={k: v for k, v in fields.items()}).map(lambda junk: {**valid, **junk})
+    extra = st.dictionaries(st.text(max_size=12), json_values, min_size=1, max_size=3).map(lambda more: {**more, **valid})
+    dropped = st.sets(st.sampled_from(sorted(valid)), min_size=1).map(lambda gone: {k: v for k, v in valid.items() if k not in gone})
+    free = st.dictionaries(st.sampled_from(sorted(fields)) | st.text(max_size=8), json_values, max_size=6)
+    return replaced | extra | dropped | free | json_values
+
+
+# Bodies that are not JSON objects at all, or JSON that Python accepts and PostgreSQL or the spec do not.
+RAW = st.sampled_from([
+    b"", b"   ", b"not json", b"{", b"}", b"[]", b"null", b"0", b'"text"', b"\xff\xfe\x00", b"{'single': 'quotes'}",
+    b"NaN", b'{"name": NaN}', b'{"name": "x", "config": {"learning_rate": Infinity}}', b'{"value": -Infinity}',
+    b'{"name": 1e999}', b'{"name": "nul\\u0000byte"}', b'{"nul\\u0000key": 1}', b'{"value": "nul\\u0000byte"}',
+    b'{"name": "lone \\ud800 surrogate"}', b'{"name": "a", "name": "b"}',
+    b"[" * 50_000 + b"]" * 50_000, b'{"a":' * 20_000 + b"1" + b"}" * 20_000,
+]) | st.binary(max_size=64)
+
+
+def body_or_raw(bodies: st.SearchStrategy[Any]) -> st.SearchStrategy[tuple[Any, bytes | None]]:
+    return bodies.map(lambda b: (b, None)) | RAW.map(lambda r: (None, r))
+
+
+# ---- the check -----------------------------------------------------------------------------------
+
+def assert_4xx_with_field_paths(response) -> None:
+    assert response.status_code < 500, response.content[:500]
+    if response.status_code < 400:
+        return
+    body = response.json()
+    assert isinstance(body.get("detail"), str) and body["detail"].strip(), body
+    assert isinstance(body.get("errors"), list) and body["errors"], body
+    for error in body["errors"]:
+        assert isinstance(error.get("field"), str) and error["field"], body  # may be a key like "\r" itself
+        assert isinstance(error.get("message"), str) and error["message"].strip(), body
+
+
+def send(api: Api, method: str, path: str, body: Any, raw: bytes | None):
+    """One request inside a savepoint that is always rolled back: each example sees the same rows."""
+    savepoint = transaction.savepoint()
+    try:
+        data = raw if raw is not None else json.dumps(body).encode()
+        headers = {"HTTP_AUTHORIZATION": f"Bearer {api.token}"} if api.token else {}
+        return getattr(api.client, method)(path, data=data, content_type="application/json", **headers)
+    finally:
+        transaction.savepoint_rollback(savepoint)
+
+
+def run_snapshot(pk: int) -> tuple:
+    return tuple(TrainingRun.objects.filter(pk=pk).values_list("name", "base_model", "dataset", "config", "compute", "status", "experiment_id").get())
+
+
+@pytest.fixture
+def queued_run(api) -> TrainingRun:
+    response = api.post("/api/training-runs", sft_body(name="target", config={"learning_rate": 1e-4}, compute={"backend": "local", "accelerators": "CPU"}))
+    assert response.status_code == 201, response.content
+    return TrainingRun.objects.get(pk=response.json()["id"])
+
+
+# ---- endpoints -----------------------------------------------------------------------------------
+
+RUN_FIELDS = {"name": json_values, "experiment": json_values, "method": methods, "base_model": refs, "dataset": datasets, "config": configs, "compute": computes}
+
+
+def test_create_run_never_500s(api, project):
+    @SETTINGS
+    @given(body_or_raw(with_junk(sft_body(), RUN_FIELDS)))
+    def check(case):
+        body, raw = case
+        assert_4xx_with_field_paths(send(api, "post", "/api/training-runs", body, raw))
+
+    check()
+
+
+def test_create_run_per_method_never_500s(api, project):
+    """Junk inside each method's own blocks, with a method that reads them."""
+    @SETTINGS
+    @given(st.sampled_from(["sft", "dpo", "grpo", "distill"]), configs, computes)
+    def check(method, config, compute):
+        body = sft_body(method=method, config=config, compute=compute)
+        assert_4xx_with_field_paths(send(api, "post", "/api/training-runs", body, None))
+
+    check()
+
+
+def test_patch_run_never_500s_and_a_refused_patch_changes_nothing(api, queued_run):
+    before = run_snapshot(queued_run.pk)
+    patch_fields = {k: v for k, v in RUN_FIELDS.items() if k not in ("method", "experiment")} | {"method": methods, "status": json_values}
+
+    @SETTINGS
+    @given(body_or_raw(with_junk({"name": "renamed", "config": {"max_steps": 5}}, patch_fields)))
+    def check(case):
+        body, raw = case
+        savepoint = transaction.savepoint()
+        try:
+            data = raw if raw is not None else json.dumps(body).encode()
+            response = api.client.patch(f"/api/training-runs/{queued_run.pk}", data=data, content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {api.token}")
+            assert_4xx_with_field_paths(response)
+            if response.status_code >= 400:
+                assert run_snapshot(queued_run.pk) == before, "a refused PATCH changed the run"
+        finally:
+            transaction.savepoint_rollback(savepoint)
+
+    check()
+    assert run_snapshot(queued_run.pk) == before
+
+
+def test_create_experiment_never_500s(api, project):
+    @SETTINGS
+    @given(body_or_raw(with_junk({"name": "Sweep"}, {"name": json_values})))
+    def check(case):
+        body, raw = case
+        assert_4xx_with_field_paths(send(api, "post", "/api/experiments", body, raw))
+
+    check()
+
+
+secret_names = st.text(max_size=120).filter(lambda n: "/" not in n) | st.sampled_from(["ok_name", "1bad", "a" * 101, ".", "..", "a\x00b", "%2F"])
+
+
+def test_put_secret_never_500s(api, project):
+    @SETTINGS
+    @given(secret_names, body_or_raw(with_junk({"value": "sk-1"}, {"value": json_values})))
+    def check(name, case):
+        body, raw = case
+        response = send(api, "put", f"/api/secrets/{quote(name, safe='')}" if name else "/api/secrets/%20", body, raw)
+        if response.status_code == 404 and not response.get("Content-Type", "").startswith("application/json"):
+            return  # a name that is no path at all (e.g. "..") never reaches the API
+        assert_4xx_with_field_paths(response)
+
+    check()
+    assert not ProjectSecret.objects.filter(project=project).exists()
+
+
+INGEST_FIELDS = {
+    "batch_id": json_values,
+    "metrics": st.lists(st.fixed_dictionaries({}, optional={"step": json_values | HUGE, "key": json_values, "value": json_values | HUGE}), max_size=3) | json_values,
+    "logs": st.lists(json_values | st.text(), max_size=3) | json_values,
+    "rollouts": st.lists(st.dictionaries(st.sampled_from(["step", "prompt", "completion", "reward", "advantage", "components"]), json_values | HUGE, max_size=6), max_size=2) | json_values,
+    "checkpoints": st.lists(st.dictionaries(st.sampled_from(["step", "path", "kind"]), json_values | HUGE, max_size=3), max_size=2) | json_values,
+    "stage": json_values, "status": st.sampled_from(["running", "completed", "failed", "queued", "cancelled"]) | json_values,
+    "error": st.dictionaries(st.sampled_from(["code", "message", "log_tail"]), json_values, max_size=3) | json_values,
+    "progress": json_values,
+}
+VALID_BATCH = {
+    "batch_id": "b-1", "metrics": [{"step": 1, "key": "loss", "value": 1.5}], "logs": ["step 1"],
+    "rollouts": [{"step": 1, "prompt": "p", "completion": "c", "reward": 1.0}], "checkpoints": [{"step": 1, "path": "/out/ckpt-1"}],
+    "stage": "training", "progress": {"step": 1, "max_steps": 10},
+}
+
+
+@pytest.fixture
+def ingest_api(queued_run) -> Api:
+    from django.test import Client
+
+    status_service.transition(queued_run.pk, Status.PROVISIONING)
+    status_service.transition(queued_run.pk, Status.RUNNING)
+    token = crypto.new_token("ing")
+    TrainingRun.objects.filter(pk=queued_run.pk).update(ingest_token_hash=crypto.hash_token(token), attempt=1)
+    return Api(Client(), token)
+
+
+def test_ingest_never_500s(ingest_api, queued_run):
+    metrics_before = MetricPoint.objects.filter(run=queued_run).count()
+    logs_before = LogLine.objects.filter(run=queued_run).count()
+
+    @SETTINGS
+    @given(body_or_raw(with_junk(VALID_BATCH, INGEST_FIELDS)))
+    def check(case):
+        body, raw = case
+        assert_4xx_with_field_paths(send(ingest_api, "post", f"/api/ingest/runs/{queued_run.pk}", body, raw))
+
+    check()
+    assert MetricPoint.objects.filter(run=queued_run).count() == metrics_before
+    assert LogLine.objects.filter(run=queued_run).count() == logs_before
+
+
+def test_ingest_valid_batch_is_applied(ingest_api, queued_run):
+    """The happy path of the same harness, so the fuzzing above is known to reach the endpoint."""
+    response = ingest_api.post(f"/api/ingest/runs/{queued_run.pk}", VALID_BATCH)
+    assert response.status_code == 200, response.content
+    assert MetricPoint.objects.filter(run=queued_run, key="loss").count() == 1
+
+
+# ---- named cases that once were 500s -------------------------------------------------------------
+
+@pytest.mark.parametrize("raw", [
+    b'{"name": "nul\\u0000byte", "method": "sft", "config": {}, "compute": {}}',
+    b'{"name": "x", "method": "sft", "config": {"warmup_ratio": NaN}, "compute": {}}',
+    b'{"name": "x", "method": "sft", "config": {"nul\\u0000key": 1}, "compute": {}}',
+    b'{"name": "x", "method": "sft", "config": {"learning_rate": 1e999}, "compute": {}}',
+    b"[" * 50_000 + b"]" * 50_000,
+])
+def test_create_run_with_json_postgres_cannot_store_is_400(api, project, raw):
+    response = api.post("/api/training-runs", raw=raw)
+    assert_4xx_with_field_paths(response)
+    assert response.status_code == 400
+    assert not TrainingRun.objects.exists()
+
+
+def test_create_run_with_an_overlong_base_model_is_400(api, project):
+    response = api.post("/api/training-runs", sft_body(base_model="org/" + "m" * 600))
+    assert response.status_code == 400, response.content
+    assert_4xx_with_field_paths(response)
+    assert not TrainingRun.objects.exists()
+
+
+@pytest.mark.parametrize("field, value", [("step", 2**31), ("step", -(2**31) - 1), ("value", 1e308 * 10)])
+def test_ingest_metric_out_of_range_is_400(ingest_api, queued_run, field, value):
+    metric = {"step": 1, "key": "loss", "value": 1.0, field: value}
+    response = ingest_api.post(f"/api/ingest/runs/{queued_run.pk}", {"batch_id": "b", "metrics": [metric]}) if value != float("inf") else \
+        ingest_api.post(f"/api/ingest/runs/{queued_run.pk}", raw=b'{"batch_id": "b", "metrics": [{"step": 1, "key": "loss", "value": 1e999}]}')
+    assert response.status_code == 400, response.content
+    assert_4xx_with_field_paths(response)
+    assert not MetricPoint.objects.filter(run=queued_run).exists()
+
+
+# ---- query strings and paths PostgreSQL cannot compare against -----------------------------------
+
+@pytest.mark.parametrize("method, path", [
+    ("get", "/api/training-runs?experiment=a%00b"),
+    ("delete", "/api/secrets/a%00b"),
+    ("put", "/api/secrets/a%00b"),
+    ("get", "/api/training-runs?experiment=%ED%A0%80"),
+])
+def test_nul_or_broken_text_in_query_or_path_is_4xx(api, project, method, path):
+    body = {} if method == "get" else {"data": b'{"value": "v"}', "content_type": "application/json"}
+    response = getattr(api.client, method)(path, HTTP_AUTHORIZATION=f"Bearer {api.token}", **body)
+    if method == "delete":  # no secret can have that name: a plain 404
+        assert response.status_code == 404 and response.json()["detail"]
+    else:
+        assert_4xx_with_field_paths(response)
+
+
+@pytest.mark.parametrize("experiment", ["²", "٣", "9" * 30, True, False])
+def test_odd_experiment_keys_never_500(api, project, experiment):
+    create = api.post("/api/training-runs", sft_body(experiment=experiment))
+    assert_4xx_with_field_paths(create)
+    assert create.status_code == 400 and not TrainingRun.objects.exists()
+    listed = api.client.get("/api/training-runs", {"experiment": str(experiment)}, HTTP_AUTHORIZATION=f"Bearer {api.token}")
+    assert listed.status_code == 200 and listed.json()["count"] == 0
