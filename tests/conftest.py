@@ -118,7 +118,7 @@ def tiny_local_model(tmp_path):
 
 
 def sft_body(**overrides: Any) -> dict:
-    body = {"name": "sft run", "method": "sft", "base_model": "org/base", "dataset": "my-data@main", "config": {}, "compute": {}}
+    body = {"name": "sft run", "method": "sft", "base_model": "org/base", "dataset": "org/my-data", "config": {}, "compute": {}}
     body.update(overrides)
     return body
 

@@ -38,8 +38,9 @@ def test_start_is_claimed_by_the_worker_and_submitted_once(api, studio_worker):
     assert sorted(p.name for p in (studio_worker.runs_dir / str(run_id)).iterdir()) == ["attempt-1"]
 
 
-def test_concurrent_dispatches_claim_the_run_once(transactional_db, api, settings, tmp_path):
+def test_concurrent_dispatches_claim_the_run_once(transactional_db, live_server, api, settings, tmp_path):
     settings.STUDIO_RUNS_DIR = tmp_path / "runs"
+    settings.STUDIO_PUBLIC_URL = live_server.url
     run_id = api.post("/api/training-runs", sft_body(base_model="/nonexistent/model", dataset="/nonexistent/data.jsonl")).json()["id"]
     TrainingRun.objects.filter(pk=run_id).update(start_requested_at=timezone.now())
     results: list[bool] = []

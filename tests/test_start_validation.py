@@ -43,11 +43,11 @@ def grpo(**config) -> dict:
         # GRPO
         (grpo(), "config.environment_id"),
         (grpo(rl_mode="ruler", judge={"mode": "external", "endpoint": "http://judge", "api_key_secret": "k"}), "config.ruler_task_args.dataset"),
-        (grpo(rl_mode="ruler", ruler_task_args={"dataset": "p@main"}, judge={"mode": "external", "endpoint": "http://j", "api_key_secret": "k"}), "config.ruler_task_args.system_prompt"),
-        (grpo(rl_mode="ruler", ruler_task_args={"dataset": "p@main", "system_prompt": "Be kind"}, judge={"mode": "external", "api_key_secret": "k"}), "config.judge.endpoint"),
-        (grpo(rl_mode="ruler", ruler_task_args={"dataset": "p@main", "system_prompt": "Be kind"}, judge={"mode": "external", "endpoint": "http://j"}), "config.judge.api_key_secret"),
-        (grpo(rl_mode="ruler", ruler_task_args={"dataset": "p@main", "system_prompt": "Be kind"}, judge={"mode": "external", "endpoint": "http://j", "api_key_secret": "missing"}), "config.judge.api_key_secret"),
-        (grpo(rl_mode="ruler", ruler_task_args={"dataset": "p@main", "system_prompt": "Be kind"}, judge={"mode": "colocated"}), "config.judge_blocks"),
+        (grpo(rl_mode="ruler", ruler_task_args={"dataset": "org/prompts"}, judge={"mode": "external", "endpoint": "http://j", "api_key_secret": "k"}), "config.ruler_task_args.system_prompt"),
+        (grpo(rl_mode="ruler", ruler_task_args={"dataset": "org/prompts", "system_prompt": "Be kind"}, judge={"mode": "external", "api_key_secret": "k"}), "config.judge.endpoint"),
+        (grpo(rl_mode="ruler", ruler_task_args={"dataset": "org/prompts", "system_prompt": "Be kind"}, judge={"mode": "external", "endpoint": "http://j"}), "config.judge.api_key_secret"),
+        (grpo(rl_mode="ruler", ruler_task_args={"dataset": "org/prompts", "system_prompt": "Be kind"}, judge={"mode": "external", "endpoint": "http://j", "api_key_secret": "missing"}), "config.judge.api_key_secret"),
+        (grpo(rl_mode="ruler", ruler_task_args={"dataset": "org/prompts", "system_prompt": "Be kind"}, judge={"mode": "colocated"}), "config.judge_blocks"),
         ({**grpo(environment_id="builtin/arith@main"), "compute": {"backend": "dstack", "accelerators": "H100:2"}}, "config.inference_blocks"),
         ({**grpo(environment_id="builtin/arith@main", inference_blocks=1), "compute": {"backend": "dstack", "accelerators": "H100:2"}}, "config.trainer_blocks"),
         ({**grpo(environment_id="builtin/arith@main", inference_blocks=2, trainer_blocks=2), "compute": {"backend": "dstack", "accelerators": "H100:2"}}, "compute.accelerators"),
@@ -73,10 +73,12 @@ def grpo(**config) -> dict:
         # Options the trainer image cannot run: never a silent fallback
         ({**grpo(environment_id="builtin/arith@main", use_unsloth=True)}, "config.use_unsloth"),
         ({"config": {"use_vllm": True}, "method": "grpo", "dataset": None}, "config.use_vllm"),
-        (grpo(rl_mode="ruler", ruler_task_args={"dataset": "p@main", "system_prompt": "x"}, judge={"mode": "colocated"}, judge_blocks=1), "config.judge.mode"),
+        (grpo(rl_mode="ruler", ruler_task_args={"dataset": "org/prompts", "system_prompt": "x"}, judge={"mode": "colocated"}, judge_blocks=1), "config.judge.mode"),
         # Backends
         ({"compute": {"backend": "modal", "accelerators": "L4"}}, "compute.backend"),
         ({"compute": {"backend": "local", "accelerators": "GPU:1"}}, "compute.accelerators"),
+        ({"base_model": "/models/mine", "compute": {"backend": "dstack", "accelerators": "H100:1"}}, "base_model"),
+        ({"dataset": ["ok@main", "/data/rows.jsonl"], "compute": {"backend": "modal", "accelerators": "L4"}}, "dataset[1]"),
     ],
 )
 def test_start_returns_422_naming_the_field(api, overrides, field):
@@ -92,7 +94,7 @@ def test_grpo_needs_no_dataset_on_cpu(api):
 
 def test_external_judge_with_saved_secret_passes(api, project):
     set_secret(project, "judge-key", "sk-123")
-    run_id = make_run(api, **grpo(rl_mode="ruler", ruler_task_args={"dataset": "p@main", "system_prompt": "Be kind"}, judge={"mode": "external", "endpoint": "http://judge/v1", "api_key_secret": "judge-key"}))
+    run_id = make_run(api, **grpo(rl_mode="ruler", ruler_task_args={"dataset": "org/prompts", "system_prompt": "Be kind"}, judge={"mode": "external", "endpoint": "http://judge/v1", "api_key_secret": "judge-key"}))
     assert start(api, run_id).status_code == 202
 
 
@@ -214,3 +216,9 @@ def test_patch_of_unknown_field_returns_400(api):
     run_id = make_run(api)
     assert_error(api.patch(f"/api/training-runs/{run_id}", {"method": "dpo"}), 400, "method")
     assert TrainingRun.objects.get(pk=run_id).method == "sft"
+
+
+def test_unresolvable_hub_refs_return_422_naming_the_field(api):
+    run_id = make_run(api, base_model="no-such-model@main", dataset="no-such-data@main")
+    body = assert_start_refused(api, run_id, 422, "base_model")
+    assert "dataset" in {e["field"] for e in body["errors"]}

@@ -10,13 +10,13 @@ from typing import Any
 
 from django.conf import settings
 
-from datahub.services import dataset_findings
+from datahub.services import dataset_findings, ref_findings
 from studio.errors import BadRequest, Finding
 from training.backends import get_backend
 from training.compute import accelerators_of, check_compute, normalise_compute, precision_findings
 from training.methods import NOT_YET_SUPPORTED, get_method
 from training.methods.base import Draft, TrainingMethod
-from training.refs import check_dataset, check_ref, local_model_dir
+from training.refs import check_dataset, check_ref, dataset_entries, local_model_dir, ref_kind
 
 
 def method_or_400(name: Any) -> TrainingMethod:
@@ -70,7 +70,9 @@ def start_findings(draft: Draft) -> list[Finding]:
         findings += backend.check(draft.project, draft.compute)
         findings += image_findings(draft, backend.image_has)
     findings += teacher_tokenizer_findings(draft)
+    findings += local_path_findings(draft)
     if draft.project is not None:
+        findings += ref_findings(draft.project, draft.base_model, draft.config)
         findings += dataset_findings(draft.project, draft.method, draft.dataset)
     return findings
 
@@ -115,6 +117,21 @@ def teacher_tokenizer_findings(draft: Draft) -> list[Finding]:
     if student_fp and teacher_fp and student_fp != teacher_fp:
         return [Finding("config.distillation.teacher_model", "the teacher's tokenizer differs from the student's: distillation compares token ids, so pick a teacher of the same family")]
     return []
+
+
+def local_path_findings(draft: Draft) -> list[Finding]:
+    """A local path names a file on the Studio's machine: only the local backend can read it."""
+    if draft.compute.get("backend", "local") == "local":
+        return []
+    refs = [("base_model", draft.base_model)]
+    refs += [(f"dataset[{i}]" if isinstance(draft.dataset, list) else "dataset", e.ref) for i, e in enumerate(dataset_entries(draft.dataset))]
+    if draft.method == "distill":
+        refs.append(("config.distillation.teacher_model", (draft.config.get("distillation") or {}).get("teacher_model")))
+    return [
+        Finding(field, f"{value} is a path on the Studio's machine, which the {draft.compute.get('backend')} backend cannot read: push it to the Data Hub and use repo@ref")
+        for field, value in refs
+        if isinstance(value, str) and ref_kind(value) == "path"
+    ]
 
 
 def local_image_has(module: str) -> bool:
