@@ -44,7 +44,12 @@ class Shots:
     def __call__(self, name: str) -> Path:
         self.n += 1
         path = self.folder / f"{self.n:02d}-{name}.png"
+        # Chromium's full-page capture resizes the viewport for a moment and can restore a stale scroll
+        # offset on the next input event (a click then lands elsewhere): capture at the top, then put it back.
+        scroll = self.page.evaluate("() => window.scrollY")
+        self.page.evaluate("() => window.scrollTo(0, 0)")
         self.page.screenshot(path=str(path), full_page=True)
+        self.page.evaluate("(y) => new Promise(r => { window.scrollTo(0, y); requestAnimationFrame(() => requestAnimationFrame(r)); })", scroll)
         return path
 
 
