@@ -29,19 +29,27 @@ api = NinjaAPI(title="Studio API", version="1.0", urls_namespace="api", auth=Stu
 UNION_TAG = re.compile(r"^(str|int|float|bool|bytes|none|[a-z_-]+\[.*\])$")
 
 
-def field_path(loc: tuple | list) -> str:
+NINJA_MARKERS = ("body", "payload", "query", "path", "filters")
+
+
+def field_path(loc: tuple | list, *, ninja: bool = False) -> str:
+    """`config.loss.type`, `metrics[0].step`. With ninja, the leading markers ninja puts before the
+    field ("query", "path", "body"…) are dropped; a field that is itself called "path" is kept."""
+    loc = list(loc)
+    while ninja and loc and loc[0] in NINJA_MARKERS:
+        loc.pop(0)
     parts: list[str] = []
     for item in loc:
         if isinstance(item, int):
             parts.append(f"[{item}]")
-        elif item in ("body", "payload", "query", "path", "filters") or UNION_TAG.match(str(item)):
+        elif UNION_TAG.match(str(item)):
             continue
         else:
             parts.append(("." if parts else "") + str(item))
     return "".join(parts) or "body"
 
 
-def findings_from_pydantic(errors: list[dict[str, Any]]) -> list[Finding]:
+def findings_from_pydantic(errors: list[dict[str, Any]], *, ninja: bool = False) -> list[Finding]:
     """One finding per field: a value no member of a union accepts is one problem, not one per member."""
     messages: dict[str, list[str]] = {}
     for err in errors:
@@ -50,7 +58,7 @@ def findings_from_pydantic(errors: list[dict[str, Any]]) -> list[Finding]:
             message = "this field is required"
         elif err.get("type") == "extra_forbidden":
             message = "unknown field: remove it"
-        field = messages.setdefault(field_path(err.get("loc", ())), [])
+        field = messages.setdefault(field_path(err.get("loc", ()), ninja=ninja), [])
         if message not in field:
             field.append(message)
     return [Finding(field, "; or ".join(found)) for field, found in messages.items()]
@@ -143,7 +151,7 @@ def on_api_error(request: HttpRequest, exc: ApiError) -> HttpResponse:
 
 @api.exception_handler(ValidationError)
 def on_validation_error(request: HttpRequest, exc: ValidationError) -> HttpResponse:
-    findings = findings_from_pydantic(exc.errors)
+    findings = findings_from_pydantic(exc.errors, ninja=True)
     return error_response(request, 400, BadRequest("The request has invalid fields.", findings).body())
 
 
