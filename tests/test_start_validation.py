@@ -182,6 +182,12 @@ def test_start_and_patch_on_a_completed_run_return_409(api):
     assert TrainingRun.objects.get(pk=run_id).name == "sft run"
 
 
+def test_patch_409_comes_before_body_errors(api):
+    run_id = make_run(api)
+    TrainingRun.objects.filter(pk=run_id).update(status=Status.RUNNING)
+    assert_error(api.patch(f"/api/training-runs/{run_id}", raw=b"{not json"), 409)
+
+
 def test_409_comes_before_422(api):
     run_id = make_run(api, base_model=None)
     TrainingRun.objects.filter(pk=run_id).update(status=Status.COMPLETED)
