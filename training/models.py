@@ -73,6 +73,20 @@ class TrainingRun(models.Model):
     poll_failures = models.PositiveIntegerField(default=0)
     cost = models.DecimalField(max_digits=12, decimal_places=4, default=0)
 
+    # Reconciler state (training/services.py): when this provisioning phase began (claim, or a retry
+    # after an interruption), when the worker came up, when the current submit was handed to the
+    # backend (a lease: an older one with no job id is submitted again), and how many spot
+    # interruptions were retried.
+    provisioning_since = models.DateTimeField(null=True, blank=True)
+    worker_up_at = models.DateTimeField(null=True, blank=True)
+    submit_started_at = models.DateTimeField(null=True, blank=True)
+    interruptions = models.PositiveIntegerField(default=0)
+    # Cost: a GPU lease opens when the backend reports a machine and closes when the run ends or
+    # loses it; closed leases add to gpu_seconds. The hourly price is taken when the lease opens.
+    gpu_leased_at = models.DateTimeField(null=True, blank=True)
+    gpu_seconds = models.FloatField(default=0)
+    hourly_price = models.DecimalField(max_digits=10, decimal_places=4, null=True, blank=True)
+
     class Meta:
         ordering = ["-created_at", "-id"]
         indexes = [models.Index(fields=["project", "status"]), models.Index(fields=["project", "-created_at"])]
@@ -145,3 +159,62 @@ class IngestBatch(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["run", "batch_id"], name="batch_once_per_run")]
+
+
+class BackendKind(models.TextChoices):
+    DSTACK = "dstack", "dstack"
+    MODAL = "modal", "Modal"
+
+
+class BackendConnection(models.Model):
+    """A project's connection to a remote backend (admin-editable). Tokens live in the project's
+    secret store (encrypted at rest); these rows only name them."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="backend_connections")
+    backend = models.CharField(max_length=16, choices=BackendKind.choices)
+    enabled = models.BooleanField(default=True)
+    # dstack
+    server_url = models.URLField(blank=True, help_text="dstack server, e.g. https://sky.dstack.ai or http://127.0.0.1:3000")
+    dstack_project = models.CharField(max_length=100, blank=True, help_text="dstack project name")
+    backends = models.JSONField(default=list, blank=True, help_text='dstack backends to use, e.g. ["aws", "kubernetes"]; empty: any')
+    # Modal
+    modal_workspace = models.CharField(max_length=100, blank=True)
+    modal_environment = models.CharField(max_length=100, blank=True)
+    modal_app = models.CharField(max_length=100, blank=True, default="studio-engine", help_text="deployed Modal app with the engine function")
+    token_id_secret = models.CharField(max_length=100, blank=True, help_text="Modal token id: name of a project secret")
+    # both
+    token_secret = models.CharField(max_length=100, blank=True, help_text="name of the project secret with the dstack token or Modal token secret")
+    image = models.CharField(max_length=300, blank=True, help_text="trainer image; empty: the backend's default image")
+    setup_commands = models.JSONField(default=list, blank=True, help_text="shell commands run before the engine (e.g. pip install the engine at the Studio's version)")
+    regions = models.JSONField(default=list, blank=True, help_text="regions runs may ask for; empty: any region the backend knows")
+    retry_window_seconds = models.PositiveIntegerField(default=0, help_text="keep retrying a run that finds no capacity for this long (0: fail at once with CAPACITY_UNAVAILABLE)")
+    interruption_retries = models.PositiveIntegerField(default=2, help_text="spot interruptions retried from the last checkpoint before the run fails")
+    provisioning_timeout_seconds = models.PositiveIntegerField(null=True, blank=True, help_text="no worker within this long → provisioning_timeout (empty: the Studio default)")
+    configuring_timeout_seconds = models.PositiveIntegerField(null=True, blank=True, help_text="worker up but no training step within this long → configuring_timeout (empty: the Studio default)")
+    request_timeout_seconds = models.PositiveIntegerField(default=30, help_text="timeout of one call to the backend")
+    # Last verification from a Celery task (Modal is never called inside a web request).
+    last_checked_at = models.DateTimeField(null=True, blank=True)
+    last_check_error = models.TextField(blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["project", "backend"], name="one_connection_per_backend")]
+
+    def __str__(self) -> str:
+        return f"{self.project} → {self.get_backend_display()}"
+
+
+class GpuPrice(models.Model):
+    """Hourly price of one GPU (admin-editable). Lookup: this backend, then any backend ("");
+    spot price, then on-demand; the GPU type, then the "GPU" row (any type)."""
+
+    backend = models.CharField(max_length=16, blank=True, help_text="empty: any backend")
+    gpu_type = models.CharField(max_length=40, help_text='upper-case type as in accelerators (H100, A100-80GB, L4), or "GPU" for any type')
+    spot = models.BooleanField(default=False)
+    price_per_hour = models.DecimalField(max_digits=10, decimal_places=4, help_text="per GPU, in the billing currency")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["backend", "gpu_type", "spot"], name="one_price_per_gpu")]
+        ordering = ["backend", "gpu_type", "spot"]
+
+    def __str__(self) -> str:
+        return f"{self.gpu_type}{' spot' if self.spot else ''} on {self.backend or 'any backend'}: {self.price_per_hour}/h"
