@@ -13,9 +13,8 @@ from experiments.models import Experiment
 from experiments.services import create_experiment
 from studio.errors import ApiError, NotFound
 from studio.views import errors_by_field, studio_page, web_actor
-from training import metrics
 from training.queries import runs_for
-from training.views import MAX_POINTS, align, can_write
+from training.views import MAX_POINTS, align, can_write, chart_series
 
 COMPARE_LIMIT = 12
 
@@ -64,7 +63,7 @@ def experiment_detail(request: HttpRequest, experiment_id: int) -> HttpResponse:
     compared = runs[:COMPARE_LIMIT]
     named = OrderedDict()
     for run in compared:
-        named[f"#{run.pk} {run.name}"] = metrics.series(run, ["loss"], MAX_POINTS).get("loss", [])
+        named[f"#{run.pk} {run.name}"] = chart_series(run.pk, ["loss"], MAX_POINTS).get("loss", [])
     chart = align(named)
     chart.update(id="compare-loss", title="Loss by step", empty=not chart["x"])
     context = {"section": "experiments", "project": experiment.project, "experiment": experiment, "runs": runs,

@@ -8,6 +8,7 @@ from typing import Any
 
 import yaml
 from django.contrib import messages
+from django.db import connection
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -16,8 +17,8 @@ from django.views.decorators.http import require_GET, require_POST
 from experiments.models import Experiment
 from studio.errors import ApiError, Conflict, Forbidden, PaymentRequired, Unprocessable
 from studio.views import errors_by_field, studio_page, web_actor
-from training import forms, metrics, services
-from training.models import ACTIVE_STATUSES, Checkpoint, LogLine, Method, Rollout, Status, TrainingRun
+from training import forms, services
+from training.models import ACTIVE_STATUSES, Checkpoint, LogLine, MetricPoint, Method, Rollout, Status, TrainingRun
 from training.queries import get_run_for, runs_for
 from training.refs import dataset_entries, ref_kind
 
@@ -59,10 +60,33 @@ def align(named: "OrderedDict[str, list[tuple[int, float]]]") -> dict[str, Any]:
     return {"x": steps, "series": series}
 
 
+def chart_series(run_id: int, keys: list[str], max_points: int = MAX_POINTS) -> dict[str, list[tuple[int, float]]]:
+    """Step-ordered series for charts, downsampled inside the database: a series longer than
+    max_points is cut into max_points equal step ranges and each range is drawn at its last step
+    with its mean. One query whatever the run's size, so a 100k-point run page stays fast.
+    (training.metrics.series does the same in Python for the API; see bench/run_page.py.)"""
+    table = MetricPoint._meta.db_table
+    out: dict[str, list[tuple[int, float]]] = {}
+    with connection.cursor() as cursor:
+        for key in keys:
+            # MIN/MAX alone are two index probes on (run, key, step); no count needed: a span of
+            # at most max_points steps cannot hold more than max_points distinct steps.
+            cursor.execute(f"SELECT MIN(step), MAX(step) FROM {table} WHERE run_id = %s AND key = %s", [run_id, key])
+            lo, hi = cursor.fetchone()
+            if lo is None:
+                continue
+            span = hi - lo + 1
+            bucket = "step" if span <= max_points else "(step - %s) * %s / %s"
+            params = [run_id, key] + ([] if span <= max_points else [lo, max_points, span])
+            cursor.execute(f"SELECT MAX(step), AVG(value) FROM {table} WHERE run_id = %s AND key = %s GROUP BY {bucket} ORDER BY 1", params)
+            out[key] = [(int(step), float(value)) for step, value in cursor.fetchall()]
+    return out
+
+
 def run_charts(run: TrainingRun) -> list[dict[str, Any]]:
     spec = CHARTS.get(run.method, CHARTS["sft"])
     keys = sorted({k for _, ks in spec for k in ks})
-    data = metrics.series(run, keys, MAX_POINTS)
+    data = chart_series(run.pk, keys)
     charts = []
     for i, (title, ks) in enumerate(spec):
         chart = align(OrderedDict((k, data.get(k, [])) for k in ks))
@@ -258,7 +282,7 @@ def new_run_part(request: HttpRequest, part: str) -> HttpResponse:
     if part == "method":
         values = forms.with_method_defaults(values, method)
     elif part == "preset":
-        values["config.distillation.kd_weight"], values["config.distillation.ce_weight"] = "1.0", "0"
+        values["config.distillation.ce_weight"] = "0"  # seed 001's preset: take cross-entropy out entirely
     elif part == "mode":
         values.update({k: v for k, v in forms.METHOD_DEFAULTS["grpo"].items() if not values.get(k)})
     names = {"method": "method_fields", "mode": "grpo_mode", "preset": "distill_weights", "estimate": "distill_estimate"}
