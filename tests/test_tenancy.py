@@ -3,6 +3,7 @@ with the contract's precedence 401 → 404 → 403 → 402 → 409 → 400/422, 
 after every refused call. Plus the browser session: reads work, unsafe calls need the CSRF token."""
 from __future__ import annotations
 
+import json
 import secrets
 import string
 from typing import Any
@@ -11,8 +12,9 @@ import pytest
 from django.test import Client
 
 from experiments.models import Experiment
+from studio.crypto import hash_token
 from studio.models import ApiToken, ProjectSecret
-from studio.services import create_plan, set_plan, set_secret
+from studio.services import add_member, create_api_token, create_plan, revoke_api_token, set_plan, set_secret
 from tests.conftest import Api, assert_error, sft_body
 from training import status as status_service
 from training.models import Checkpoint, LogLine, MetricPoint, Rollout, Status, TrainingRun
@@ -136,7 +138,9 @@ def test_endpoint_status_per_persona_and_refused_calls_change_nothing(case, pers
 
     assert response.status_code == expected[persona], (persona, method, url, response.status_code, response.content[:400])
     if response.status_code >= 400:
-        assert_error(response, expected[persona])
+        body_out = assert_error(response, expected[persona])
+        if response.status_code in (400, 422):
+            assert body_out["errors"], "a body or pre-start error names its fields"
         assert snapshot() == before, "a refused call changed the database"
     elif persona == "outsider" and method == "get":
         # A collection read by an outsider's token lists its own project's rows, none of acme's.
@@ -204,9 +208,7 @@ def test_malformed_authorization_header_is_401(header, world):
 
 
 def test_revoked_token_is_401(world, tokens):
-    from studio.services import revoke_api_token
-
-    token = ApiToken.objects.get(token_hash=__import__("studio.crypto", fromlist=["hash_token"]).hash_token(tokens["member"]))
+    token = ApiToken.objects.get(token_hash=hash_token(tokens["member"]))
     revoke_api_token(token)
     assert_error(Api(Client(), tokens["member"]).get("/api/training-runs"), 401)
 
@@ -219,8 +221,6 @@ def test_token_of_removed_member_is_401(world, tokens, project, users):
 def test_token_sees_only_its_own_project_even_when_user_is_in_both(world, project, other_project, users):
     """A token implies its project: the outsider, made a member of acme too, still sees only globex
     through a globex token."""
-    from studio.services import add_member, create_api_token
-
     add_member(project, users["outsider"], "owner")
     _, globex_token = create_api_token(users["outsider"], other_project)
     api = Api(Client(), globex_token)
@@ -261,7 +261,7 @@ def test_session_write_without_csrf_token_is_refused(world, users):
     before = snapshot()
     response = client.patch(f"/api/training-runs/{world['queued']}", data='{"name": "csrf"}', content_type="application/json")
     assert_error(response, 403)
-    response = client.post("/api/training-runs", data=__import__("json").dumps(sft_body()), content_type="application/json")
+    response = client.post("/api/training-runs", data=json.dumps(sft_body()), content_type="application/json")
     assert_error(response, 403)
     assert snapshot() == before
 
@@ -290,3 +290,22 @@ def test_session_user_in_no_project_gets_404_on_collections(db):
 
     loner = get_user_model().objects.create_user("loner", "l@example.com", "pw")
     assert_error(session_client(loner).get("/api/training-runs"), 404)
+
+
+# ---- ingest: only the attempt's own token --------------------------------------------------------
+
+def test_ingest_accepts_only_the_runs_current_attempt_token(world, tokens):
+    from studio.crypto import new_token
+
+    running, other = world["running"], world["queued"]
+    token = new_token("ing")
+    TrainingRun.objects.filter(pk=running).update(ingest_token_hash=hash_token(token))
+    batch = {"batch_id": "b1", "logs": ["hi"]}
+    before = snapshot()
+    assert_error(Api(Client(), None).post(f"/api/ingest/runs/{running}", batch), 401)
+    assert_error(Api(Client(), tokens["owner"]).post(f"/api/ingest/runs/{running}", batch), 403)  # a user token is no ingest token
+    assert_error(Api(Client(), token).post(f"/api/ingest/runs/{other}", batch), 403)  # another run's token
+    assert_error(Api(Client(), token).post("/api/ingest/runs/999999", batch), 403)
+    assert snapshot() == before
+    assert Api(Client(), token).post(f"/api/ingest/runs/{running}", batch).status_code == 200
+    assert LogLine.objects.filter(run_id=running, line="hi").exists()
