@@ -122,7 +122,10 @@ TEMPLATES = [
     },
 ]
 
-DATABASE_URL = env("DATABASE_URL") or f"sqlite:///{VAR_DIR / 'studio.sqlite3'}"
+DATABASE_URL = env("DATABASE_URL")
+if not DATABASE_URL:
+    VAR_DIR.mkdir(parents=True, exist_ok=True)  # the embedded default keeps its SQLite file there
+    DATABASE_URL = f"sqlite:///{VAR_DIR / 'studio.sqlite3'}"
 try:
     DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=envint("DB_CONN_MAX_AGE", 0))}
 except ValueError as exc:
@@ -164,6 +167,21 @@ EMBEDDED_REDIS_SOCKET = VAR_DIR / "redis.sock"
 REDIS_URL = env("REDIS_URL") or f"redis+socket://{EMBEDDED_REDIS_SOCKET}"
 if not REDIS_URL.startswith(("redis://", "rediss://", "redis+socket://", "unix://")):
     raise ImproperlyConfigured(f"REDIS_URL={REDIS_URL!r} must start with redis://, rediss:// or redis+socket://")
+
+# The cache (rate-limit counters, finished runs' metric series) lives in the same Redis, so every
+# web process sees the same counters.
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": "unix://" + REDIS_URL.removeprefix("redis+socket://") if REDIS_URL.startswith("redis+socket://") else REDIS_URL,
+        "KEY_PREFIX": env("CACHE_KEY_PREFIX", "studio"),
+        "TIMEOUT": 300,
+        "OPTIONS": {"socket_connect_timeout": 2, "socket_timeout": 2},
+    }
+}
+# Bearer-token failures allowed per client address per window before 429 (0 turns the limit off).
+STUDIO_RATELIMIT_AUTH_FAILURES = envint("STUDIO_RATELIMIT_AUTH_FAILURES", 20)
+STUDIO_RATELIMIT_WINDOW_SECONDS = envint("STUDIO_RATELIMIT_WINDOW_SECONDS", 60)
 
 CELERY_BROKER_URL = REDIS_URL
 CELERY_RESULT_BACKEND = None
