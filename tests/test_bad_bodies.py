@@ -8,6 +8,7 @@ The Django test client re-raises a view's exception, so a 500 fails the example 
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 from urllib.parse import quote
 
@@ -22,8 +23,9 @@ from tests.conftest import Api, sft_body
 from training import status as status_service
 from training.models import LogLine, MetricPoint, Status, TrainingRun
 
+# BAD_BODIES_EXAMPLES=1000 for a deeper local hunt; 60 keeps the file under a minute in `make test`.
 SETTINGS = settings(
-    max_examples=60, deadline=None, database=None,
+    max_examples=int(os.environ.get("BAD_BODIES_EXAMPLES", "60")), deadline=None, database=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
 )
 
