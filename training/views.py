@@ -14,6 +14,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
+from datahub import services as hub
 from experiments.models import Experiment
 from studio.errors import ApiError, Conflict, Forbidden, PaymentRequired, Unprocessable
 from studio.views import errors_by_field, studio_page, web_actor
@@ -321,7 +322,29 @@ def tab_context(request: HttpRequest, run: TrainingRun, tab: str) -> dict[str, A
         context["pinned"] = (run.pinned or {}).get("environment_id")
     elif tab == "rollouts":
         context.update(rollout_groups(run, request))
+    elif tab == "repository":
+        context.update(repository_of(run, request.GET.get("path", "")))
+    if tab == "checkpoints":
+        context["prefixes"] = {c.pk: hub.checkpoint_prefix(c) for c in context["checkpoints"]}
     return context
+
+
+def repository_of(run: TrainingRun, prefix: str) -> dict[str, Any]:
+    """The run's Data Hub branch: its files (optionally under one folder) and its commits."""
+    repo = hub.find_repo(run.project, hub.experiment_repo_name(run.experiment))
+    branch = hub.run_branch_name(run)
+    out: dict[str, Any] = {"repo": repo, "branch": branch, "prefix": prefix.strip("/"), "files": [], "commits": []}
+    if repo is None:
+        return out
+    try:
+        commits = hub.history(repo, branch, 20)
+    except hub.RefNotFound:
+        return out
+    files = sorted(hub.tree(commits[0]).items()) if commits else []
+    if out["prefix"]:
+        files = [(path, blob) for path, blob in files if path.startswith(out["prefix"] + "/")]
+    out.update(commits=commits, files=[{"path": path, "size": blob.size} for path, blob in files[:500]], truncated=len(files) > 500)
+    return out
 
 
 def lineage_of(run: TrainingRun) -> list[dict[str, Any]]:

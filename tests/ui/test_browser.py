@@ -282,6 +282,20 @@ def test_live_start_to_completed_with_loss_chart(owner_page, project, studio_wor
     expect(page.get_by_test_id("run-status")).to_have_text("completed", timeout=240_000)
     expect(page.locator("#chart-0 canvas")).to_have_count(1, timeout=15_000)
     page.shot("completed")
+    page.locator("nav.tabs").get_by_role("link", name="Checkpoints").click()
+    expect(page.locator("table").first).to_contain_text("final")
+    page.shot("checkpoints")
+    # The worker commits the final weights to the run's Data Hub branch; Repository lists and downloads them.
+    for _ in range(90):
+        page.goto(page.url.rsplit("/", 2)[0] + "/repository/")
+        if page.locator("td.ref", has_text="final/config.json").count():
+            break
+        page.wait_for_timeout(1000)
+    link = page.locator("tr", has=page.locator("td.ref", has_text="final/config.json")).get_by_role("link", name=re.compile("Download"))
+    with page.expect_download() as download:
+        link.click()
+    assert download.value.suggested_filename == "config.json"
+    page.shot("repository")
 
 
 def test_live_stop_a_running_run(owner_page, project, studio_worker, tiny_models):

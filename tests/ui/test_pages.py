@@ -203,3 +203,9 @@ def test_project_switcher(project, other_project, users):
     assert response.status_code == 302
     assert "globex" in client.get("/training/").content.decode()
     assert client.post("/projects/switch", {"project": "nope"}).status_code == 404
+
+
+def test_repository_tab_lists_the_run_branch(project, users):
+    run = make_run(project, users["owner"], "sft", dataset="org/data")
+    html = client_for(users["owner"]).get(f"/training/runs/{run.pk}/repository/").content.decode()
+    assert f"run-{run.pk}" in html and "Commits" in html
