@@ -19,7 +19,7 @@ from experiments.models import Experiment
 from studio.errors import ApiError, Conflict, Forbidden, PaymentRequired, Unprocessable
 from studio.views import errors_by_field, studio_page, web_actor
 from training import forms, services
-from training.models import ACTIVE_STATUSES, Checkpoint, LogLine, MetricPoint, Method, Rollout, Status, TrainingRun
+from training.models import ACTIVE_STATUSES, Checkpoint, LogLine, Method, MetricPoint, Rollout, Status, TrainingRun
 from training.queries import get_run_for, runs_for
 from training.refs import dataset_entries, ref_kind
 
@@ -48,7 +48,7 @@ CHARTS = {
 
 # ---- helpers -----------------------------------------------------------------------------------
 
-def align(named: "OrderedDict[str, list[tuple[int, float]]]") -> dict[str, Any]:
+def align(named: OrderedDict[str, list[tuple[int, float]]]) -> dict[str, Any]:
     """Several step-ordered series on one shared x axis (uPlot's layout); gaps are null."""
     steps = sorted({step for points in named.values() for step, _ in points})
     index = {step: i for i, step in enumerate(steps)}
@@ -131,9 +131,17 @@ def status_context(request: HttpRequest, run: TrainingRun, actor=None, error: Ap
         "blockers": blockers,
         "action_error": None if isinstance(error, Unprocessable) else error,
         "failure_help": FAILURE_HELP.get(error_obj.get("code") or "", FAILURE_HELP["training_error"]) if run.status == Status.FAILED else "",
-        "error_log_tail": (error_obj.get("log_tail") or [])[-LOG_TAIL:],
+        "error_log_tail": failure_log_tail(run) if run.status == Status.FAILED else [],
         "progress": run.progress or {},
     }
+
+
+def failure_log_tail(run: TrainingRun) -> list[str]:
+    """The worker's last 200 lines (error.log_tail); the run's own log when the backend sent none."""
+    tail = (run.error or {}).get("log_tail") or []
+    if not tail:
+        tail = list(LogLine.objects.filter(run=run).order_by("-id").values_list("line", flat=True)[:LOG_TAIL])[::-1]
+    return tail[-LOG_TAIL:]
 
 
 def live_context(run: TrainingRun) -> dict[str, Any]:
@@ -228,7 +236,9 @@ def new_run(request: HttpRequest) -> HttpResponse:
         errors = errors_by_field(exc, fields)
         if not exc.errors or isinstance(exc, PaymentRequired):
             errors.setdefault("general", []).insert(0, exc.detail)
-        return render(request, "training/new_run.html", form_context(request, project, parsed.values, errors), status=exc.status)
+        context = form_context(request, project, parsed.values, errors)
+        context["billing_hint"] = isinstance(exc, PaymentRequired)
+        return render(request, "training/new_run.html", context, status=exc.status)
     messages.success(request, f"Run {run.name} is queued. Press START when it is ready.")
     return redirect("training:run", run_id=run.pk)
 
@@ -378,7 +388,7 @@ def rollout_groups(run: TrainingRun, request: HttpRequest) -> dict[str, Any]:
         qs = qs.filter(reward__gte=bounds["min_reward"])
     if bounds["max_reward"] is not None:
         qs = qs.filter(reward__lte=bounds["max_reward"])
-    groups: "OrderedDict[tuple[int, str], list[Rollout]]" = OrderedDict()
+    groups: OrderedDict[tuple[int, str], list[Rollout]] = OrderedDict()
     for rollout in qs[:1000]:
         groups.setdefault((rollout.step, rollout.prompt), []).append(rollout)
     out = []

@@ -151,7 +151,7 @@ def test_new_run_for_each_method(owner_page, project, method):
     assert tab_names(page) == EXPECTED_TABS[method]
     for tab in EXPECTED_TABS[method]:
         page.locator("nav.tabs").get_by_role("link", name=tab, exact=True).click()
-        expect(page.locator(f'nav.tabs a[aria-current="page"]')).to_have_text(tab)
+        expect(page.locator('nav.tabs a[aria-current="page"]')).to_have_text(tab)
         expect(page).to_have_url(re.compile(rf"/{tab.lower()}/$"))
         if tab == "Configuration":
             card = {"dpo": "#preference-loss-card", "distill": "#distillation-card", "grpo": "#rl-card"}.get(method)

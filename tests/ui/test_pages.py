@@ -209,3 +209,35 @@ def test_repository_tab_lists_the_run_branch(project, users):
     run = make_run(project, users["owner"], "sft", dataset="org/data")
     html = client_for(users["owner"]).get(f"/training/runs/{run.pk}/repository/").content.decode()
     assert f"run-{run.pk}" in html and "Commits" in html
+
+
+def test_plan_without_training_answers_402_with_a_billing_link(project, users, free_plan):
+    from studio.services import set_plan
+
+    set_plan(project, free_plan)
+    response = client_for(users["owner"]).post("/training/new/", {"name": "x", "method": "sft", "compute.backend": "local", "config_text": ""})
+    html = response.content.decode()
+    assert response.status_code == 402 and "Settings → Billing" in html and 'href="/settings/billing/"' in html
+    assert not project.runs.exists()
+
+
+def test_plan_limit_on_start_shows_402_next_to_the_button(project, users, team_plan):
+    from studio.services import create_plan, set_plan
+
+    set_plan(project, create_plan("tiny", max_concurrent_runs=0))
+    run = make_run(project, users["owner"], "sft", dataset="org/data")
+    response = client_for(users["owner"]).post(f"/training/runs/{run.pk}/start", HTTP_HX_REQUEST="true")
+    html = response.content.decode()
+    assert response.status_code == 200 and "runs 0 run(s) at once" in html and 'href="/settings/billing/"' in html
+    run.refresh_from_db()
+    assert run.start_requested_at is None
+
+
+def test_failed_run_without_a_log_tail_shows_the_run_log(project, users):
+    from training import status as status_service
+
+    run = make_run(project, users["owner"], "sft", dataset="org/data")
+    status_service.transition(run.pk, Status.PROVISIONING)
+    status_service.transition(run.pk, Status.FAILED, error={"code": "CAPACITY_UNAVAILABLE", "message": "no H100", "log_tail": []})
+    html = client_for(users["owner"]).get(f"/training/runs/{run.pk}/").content.decode()
+    assert "CAPACITY_UNAVAILABLE" in html and "another region" in html and "status → failed" in html
