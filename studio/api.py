@@ -183,6 +183,7 @@ def register_routers() -> None:
     api.add_router("/secrets", secrets_router)
     api.add_router("/ingest", ingest_router)
     api.add_router("/hub", "datahub.api.router")
+    api.add_router("/environments", "environments.api.router")
 
 
 register_routers()

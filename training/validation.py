@@ -11,6 +11,7 @@ from typing import Any
 from django.conf import settings
 
 from datahub.services import dataset_findings, ref_findings
+from environments.services import environment_findings
 from studio.errors import BadRequest, Finding
 from training.backends import get_backend
 from training.compute import accelerators_of, check_compute, normalise_compute, precision_findings
@@ -69,6 +70,7 @@ def start_findings(draft: Draft) -> list[Finding]:
     else:
         findings += backend.check(draft.project, draft.compute)
         findings += image_findings(draft, backend.image_has)
+        findings += environment_findings(draft, backend.image_has)
     findings += teacher_tokenizer_findings(draft)
     findings += local_path_findings(draft)
     if draft.project is not None:

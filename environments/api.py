@@ -1,0 +1,66 @@
+"""/api/environments: the catalogue, Fork, a project's environment repos and their CONFIG."""
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import HttpRequest
+from ninja import Router, Schema
+from pydantic import ConfigDict, Field
+
+from environments import services
+from studio.api import actor, body_schema, parse_body
+
+router = Router(tags=["environments"])
+
+
+class ForkIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+    catalogue: str = Field(min_length=1, max_length=200, description='a catalogue name, e.g. "gsm-maths" (or "builtin/gsm-maths@main")')
+    name: str | None = Field(None, min_length=1, max_length=128, description="the new environment repo's name (default: the catalogue name)")
+    config: dict[str, Any] | None = Field(None, description="CONFIG values that replace the catalogue's defaults")
+
+
+class ConfigIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+    config: dict[str, Any]
+
+
+@router.get("/catalogue")
+def list_catalogue(request: HttpRequest):
+    actor(request).require_project()
+    builtin = [{"name": k.removeprefix("builtin/"), "environment_id": f"{k}@main", "description": v, "config": None, "files": [], "forkable": False}
+               for k, v in services.ENGINE_BUILTINS.items()]
+    return [{**services.catalogue_info(e), "forkable": True} for e in services.catalogue()] + builtin
+
+
+@router.post("/fork", response={201: dict}, openapi_extra=body_schema(ForkIn))
+def fork_environment(request: HttpRequest):
+    who = actor(request)
+    project = who.require_project()
+    who.require_write(project)
+    payload = parse_body(request, ForkIn)
+    return 201, services.fork(project, payload.catalogue, payload.name, payload.config, user=who.user)
+
+
+@router.get("")
+def list_environments(request: HttpRequest):
+    from datahub.models import Repo, RepoType
+
+    project = actor(request).require_project()
+    repos = Repo.objects.filter(project=project, type=RepoType.ENVIRONMENT).order_by("name")
+    return [{"repo": r.name, "environment_id": f"{r.name}@main", "description": r.description} for r in repos]
+
+
+@router.get("/{name}/config")
+def get_config(request: HttpRequest, name: str, ref: str = "main"):
+    project = actor(request).require_project()
+    return services.repo_config(project, name, ref)
+
+
+@router.put("/{name}/config", openapi_extra=body_schema(ConfigIn))
+def put_config(request: HttpRequest, name: str):
+    who = actor(request)
+    project = who.require_project()
+    who.require_write(project)
+    payload = parse_body(request, ConfigIn)
+    return services.update_config(project, name, payload.config, user=who.user)

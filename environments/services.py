@@ -1,0 +1,364 @@
+"""RL environments: the curated catalogue, forking it into a project, static package checks before a
+run starts, and staging a run's environment for the engine.
+
+- An environment is a Python package whose ``__init__.py`` exposes ``load_environment(**kwargs)`` (or a
+  verifiers v1 ``Taskset`` subclass), with its arguments in ``CONFIG`` (``config.py``).
+- ``builtin/<name>@<ref>`` names a catalogue package (environments/catalogue/) or the engine's
+  ``builtin/arith``; ``[project/]<repo>@<ref>`` names a Data Hub repo of type environment.
+- The web process never imports a package: checks parse it with ``ast`` (``static_findings``).
+"""
+from __future__ import annotations
+
+import ast
+import pprint
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any, Callable
+
+from django.conf import settings
+
+from studio.errors import BadRequest, Finding, NotFound
+
+CATALOGUE_DIR = Path(__file__).resolve().parent / "catalogue"
+ENGINE_BUILTINS = {"builtin/arith": "Two-number addition with a dense per-digit reward (ships with the engine)."}
+FIELD = "config.environment_id"
+CONFIG_FILE = "config.py"
+SKIP_PARTS = {"__pycache__", ".git"}
+
+
+# ---- the catalogue -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CatalogueEntry:
+    name: str  # "gsm-maths"
+    directory: Path
+
+    @property
+    def environment_id(self) -> str:
+        return f"builtin/{self.name}@main"
+
+    def files(self) -> dict[str, bytes]:
+        return package_files_from_dir(self.directory)
+
+    def config(self) -> dict[str, Any]:
+        return read_config(self.files()) or {}
+
+
+def package_files_from_dir(directory: Path) -> dict[str, bytes]:
+    out = {}
+    for path in sorted(directory.rglob("*")):
+        rel = path.relative_to(directory)
+        if path.is_file() and not (set(rel.parts) & SKIP_PARTS) and path.suffix != ".pyc":
+            out[rel.as_posix()] = path.read_bytes()
+    return out
+
+
+def catalogue() -> list[CatalogueEntry]:
+    return [CatalogueEntry(p.parent.name.replace("_", "-"), p.parent) for p in sorted(CATALOGUE_DIR.glob("*/__init__.py"))]
+
+
+def catalogue_entry(name: str) -> CatalogueEntry | None:
+    name = name.split("@", 1)[0].removeprefix("builtin/")
+    return next((e for e in catalogue() if e.name == name), None)
+
+
+def catalogue_info(entry: CatalogueEntry) -> dict[str, Any]:
+    config = entry.config()
+    return {"name": entry.name, "environment_id": entry.environment_id, "description": config.get("description", ""),
+            "config": config, "files": sorted(entry.files())}
+
+
+# ---- reading CONFIG without importing ----------------------------------------------------------
+
+def _config_node(tree: ast.Module) -> ast.expr | None:
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "CONFIG" for t in node.targets):
+            return node.value
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == "CONFIG" and node.value is not None:
+            return node.value
+    return None
+
+
+def read_config(files: dict[str, bytes]) -> dict[str, Any] | None:
+    """The package's CONFIG dict literal (config.py first, then __init__.py), or None."""
+    root = package_prefix(files) or ""
+    for name in (CONFIG_FILE, "__init__.py"):
+        source = files.get(root + name)
+        if source is None:
+            continue
+        try:
+            node = _config_node(ast.parse(source))
+            if node is not None:
+                value = ast.literal_eval(node)
+                return value if isinstance(value, dict) else None
+        except (SyntaxError, ValueError):
+            return None
+    return None
+
+
+def render_config(config: dict[str, Any]) -> str:
+    return (
+        '"""Arguments of this environment: edit them here (load_environment(**CONFIG) is what runs)."""\n\n'
+        f"CONFIG = {pprint.pformat(config, indent=4, sort_dicts=False, width=110)}\n"
+    )
+
+
+# ---- static package checks (no import) ---------------------------------------------------------
+
+def package_prefix(files: dict[str, bytes]) -> str | None:
+    """'' when __init__.py is at the root, 'pkg/' for a single top-level package, else None."""
+    if "__init__.py" in files:
+        return ""
+    subs = sorted({p.split("/", 1)[0] for p in files if p.count("/") == 1 and p.endswith("/__init__.py")})
+    return f"{subs[0]}/" if len(subs) == 1 else None
+
+
+def _is_taskset_base(base: ast.expr) -> bool:
+    if isinstance(base, ast.Subscript):  # vf.Taskset[MyTask]
+        base = base.value
+    return (isinstance(base, ast.Name) and base.id == "Taskset") or (isinstance(base, ast.Attribute) and base.attr == "Taskset")
+
+
+def static_findings(files: dict[str, bytes], image_has: Callable[[str], bool], *, field: str = FIELD, where: str = "the trainer image") -> list[Finding]:
+    """Problems a package would hit at import time, found by parsing it: no entry point, syntax errors,
+    imports that neither the standard library, the package itself nor the trainer image provides."""
+    prefix = package_prefix(files)
+    if prefix is None:
+        return [Finding(field, "the environment has no __init__.py at its root: an environment is a Python package whose __init__.py exposes load_environment(**kwargs)")]
+    own = {prefix.rstrip("/")} if prefix else set()
+    modules: dict[str, ast.Module] = {}
+    findings: list[Finding] = []
+    for path, source in sorted(files.items()):
+        if not path.startswith(prefix):
+            continue
+        rel = path[len(prefix):]
+        first = rel.split("/", 1)[0]
+        if "/" in rel or rel.endswith(".py"):
+            own.add(PurePosixPath(first).stem if first.endswith(".py") else first)
+        if not rel.endswith(".py"):
+            continue
+        try:
+            modules[rel] = ast.parse(source, filename=path)
+        except SyntaxError as exc:
+            findings.append(Finding(field, f"{path}:{exc.lineno}: syntax error ({exc.msg}): the package cannot be imported"))
+        except ValueError as exc:  # NUL bytes
+            findings.append(Finding(field, f"{path}: cannot be parsed ({exc})"))
+    unmet: dict[str, str] = {}
+    for rel, tree in modules.items():
+        for node in ast.walk(tree):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            for name in names:
+                top = name.split(".", 1)[0]
+                if top in sys.stdlib_module_names or top in own or top == "__future__" or top in unmet:
+                    continue
+                if not image_has(top):
+                    unmet[top] = f"{prefix}{rel}:{node.lineno}"
+    for module, at in unmet.items():
+        findings.append(Finding(field, f"the environment imports {module!r} ({at}), which {where} does not ship: an environment may import only the standard library, the image's packages and its own modules"))
+    init = modules.get("__init__.py")
+    if init is not None and not _has_entry_point(init, modules):
+        findings.append(Finding(field, "the package's __init__.py has no module-level load_environment(**kwargs) (and exports no verifiers Taskset subclass)"))
+    return findings
+
+
+def _has_entry_point(init: ast.Module, modules: dict[str, ast.Module]) -> bool:
+    tasksets = {n.name for tree in modules.values() for n in tree.body if isinstance(n, ast.ClassDef) and any(_is_taskset_base(b) for b in n.bases)}
+    for node in init.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "load_environment":
+            return True
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "load_environment" for t in node.targets):
+            return True
+        if isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                if (alias.asname or alias.name) == "load_environment" or alias.name in tasksets:
+                    return True
+        if isinstance(node, ast.ClassDef) and node.name in tasksets:
+            return True
+    return False
+
+
+# ---- a run's environment -----------------------------------------------------------------------
+
+def hub_package_files(commit) -> dict[str, bytes]:
+    from datahub import storage
+    from datahub.services import tree
+
+    out = {}
+    for path, blob in tree(commit).items():
+        if set(PurePosixPath(path).parts) & SKIP_PARTS:
+            continue
+        with storage.open_blob(blob.storage_name) as fh:
+            out[path] = fh.read()
+    return out
+
+
+def environment_findings(draft, image_has: Callable[[str], bool]) -> list[Finding]:
+    """Pre-start (422) checks of a GRPO run's Environment-mode package. An unresolvable Data Hub ref is
+    left to datahub.services.ref_findings, which reports it on the same field."""
+    from datahub.services import is_hub_ref, resolve_ref
+
+    config = draft.config if isinstance(draft.config, dict) else {}
+    if draft.method != "grpo" or config.get("rl_mode", "environment") != "environment":
+        return []
+    env_id = config.get("environment_id")
+    if not isinstance(env_id, str) or not env_id:
+        return []  # the GRPO method check reports a missing environment_id
+    name = env_id.split("@", 1)[0]
+    backend = (draft.compute or {}).get("backend", "local") if isinstance(draft.compute, dict) else "local"
+    where = "this machine's trainer environment" if backend == "local" else f"the {backend} trainer image"
+    if name.startswith("builtin/"):
+        if name in ENGINE_BUILTINS:
+            return []
+        entry = catalogue_entry(name)
+        if entry is None:
+            known = sorted(ENGINE_BUILTINS) + [f"builtin/{e.name}" for e in catalogue()]
+            return [Finding(FIELD, f"{env_id!r} is not a built-in environment: use one of {', '.join(known)}, or fork one into your project")]
+        return static_findings(entry.files(), image_has, where=where)
+    if "@" not in env_id:
+        return [Finding(FIELD, f'"{env_id}" is not an environment ref: write "<repo>@<ref>" (a Data Hub environment repo) or "builtin/<name>@main"')]
+    if draft.project is None or not is_hub_ref(env_id):
+        return []
+    resolved = resolve_ref(draft.project, env_id)
+    if resolved is None:
+        return []
+    from datahub.models import Commit
+
+    commit = Commit.objects.get(pk=resolved.commit)
+    files = hub_package_files(commit)
+    if not files:
+        return [Finding(FIELD, f"{env_id} is empty: push a package whose __init__.py exposes load_environment(**kwargs)")]
+    return static_findings(files, image_has, where=where)
+
+
+def checkout(files: dict[str, bytes], dest: Path) -> Path:
+    if dest.exists():
+        shutil.rmtree(dest)
+    for path, data in files.items():
+        target = dest / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+    return dest
+
+
+def stage_dir(run) -> Path:
+    """Where the local backend's engine finds the staged package (beside the attempt's run dir)."""
+    return Path(settings.STUDIO_RUNS_DIR) / str(run.pk) / f"attempt-{run.attempt}" / "environment"
+
+
+def job_environment(run) -> dict[str, Any] | None:
+    """The spec's ``environment`` block for one attempt, staging what the engine will load.
+
+    Environment mode: ``{"id", "package"?, "repo"?, "commit"?, "path"?}`` — on the local backend the
+    pinned commit's files are checked out to the run dir (``path``); remote backends get ``repo`` +
+    ``commit`` and fetch them through the Data Hub's HF API. RULER mode: ``{"id": "builtin/ruler_task",
+    "ruler_dataset"?: {"path", "revision"}}`` when its dataset is a Data Hub ref.
+    """
+    config = run.config or {}
+    if run.method != "grpo":
+        return None
+    local = (run.compute or {}).get("backend", "local") == "local"
+    if config.get("rl_mode") == "ruler":
+        block: dict[str, Any] = {"id": "builtin/ruler_task"}
+        pin = (run.pinned or {}).get("config.ruler_task_args.dataset")
+        if pin:
+            block["ruler_dataset"] = _stage_hub(run, pin, local, "ruler-dataset") or {"path": pin["repo"], "revision": pin["commit"]}
+        return block
+    env_id = config.get("environment_id") or ""
+    name = env_id.split("@", 1)[0]
+    block = {"id": env_id}
+    if name.startswith("builtin/"):
+        entry = catalogue_entry(name)
+        if entry is not None:
+            block["package"] = entry.directory.name
+            if local:
+                block["path"] = str(entry.directory)
+        return block
+    pin = (run.pinned or {}).get(FIELD)
+    if pin:
+        block.update(repo=pin["repo"], commit=pin["commit"], hub_url=f"{settings.STUDIO_PUBLIC_URL}/hub")
+        staged = _stage_hub(run, pin, local, "environment")
+        if staged:
+            block["path"] = staged["path"]
+    return block
+
+
+def _stage_hub(run, pin: dict, local: bool, folder: str) -> dict[str, Any] | None:
+    if not local:
+        return None
+    from datahub.models import Commit
+
+    commit = Commit.objects.filter(pk=pin["commit"]).first()
+    if commit is None:
+        return None
+    dest = checkout(hub_package_files(commit), stage_dir(run).parent / folder)
+    return {"path": str(dest), "revision": None}
+
+
+def judge_env(run) -> dict[str, str]:
+    """The external judge's API key for the engine's environment (never the spec or the run config)."""
+    config = run.config or {}
+    judge = config.get("judge") or {}
+    if run.method != "grpo" or config.get("rl_mode") != "ruler" or judge.get("mode", "external") != "external":
+        return {}
+    secret = judge.get("api_key_secret")
+    if not secret:
+        return {}
+    from studio.services import reveal_secret
+
+    return {"STUDIO_JUDGE_API_KEY": reveal_secret(run.project, secret)}
+
+
+# ---- fork and CONFIG edits ---------------------------------------------------------------------
+
+def fork(project, catalogue_name: str, name: str | None = None, config: dict[str, Any] | None = None, user=None) -> dict[str, Any]:
+    """Copy a catalogue package into a new environment repo of `project`; CONFIG lands in config.py."""
+    from datahub.models import RepoType
+    from datahub.services import commit_files, create_repo
+
+    entry = catalogue_entry(catalogue_name or "")
+    if entry is None:
+        raise NotFound(f"The catalogue has no environment {catalogue_name!r}.", [Finding("catalogue", f"use one of {', '.join(e.name for e in catalogue())}")])
+    repo_name = name or entry.name
+    files = entry.files()
+    merged = {**entry.config(), **(config or {})}
+    files[CONFIG_FILE] = render_config(merged).encode()
+    repo = create_repo(project, repo_name, RepoType.ENVIRONMENT, user=user, description=f"Forked from {entry.environment_id}")
+    commit = commit_files(repo, "main", files, message=f"Fork {entry.environment_id} from the Studio catalogue", author=user)
+    return {"repo": repo.name, "environment_id": f"{repo.name}@main", "commit": commit.pk, "forked_from": entry.environment_id, "config": merged}
+
+
+def environment_repo(project, name: str):
+    from datahub.models import RepoType
+    from datahub.services import find_repo
+
+    repo = find_repo(project, name)
+    if repo is None or repo.type != RepoType.ENVIRONMENT:
+        raise NotFound(f"Project {project.slug} has no environment repo {name!r}.", [Finding("name", "fork one from the catalogue or create an environment repo")])
+    return repo
+
+
+def repo_config(project, name: str, ref: str = "main") -> dict[str, Any]:
+    from datahub.services import resolve
+
+    repo = environment_repo(project, name)
+    commit = resolve(repo, ref)
+    files = hub_package_files(commit)
+    return {"repo": repo.name, "environment_id": f"{repo.name}@{ref}", "commit": commit.pk, "config": read_config(files), "files": sorted(files)}
+
+
+def update_config(project, name: str, config: dict[str, Any], user=None) -> dict[str, Any]:
+    from datahub.services import commit_files
+
+    if not isinstance(config, dict):
+        raise BadRequest("CONFIG must be an object.", [Finding("config", "send the whole CONFIG as a JSON object")])
+    repo = environment_repo(project, name)
+    current = repo_config(project, name)
+    prefix = package_prefix({p: b"" for p in current["files"]}) or ""
+    commit = commit_files(repo, "main", {prefix + CONFIG_FILE: render_config(config).encode()}, message="Edit CONFIG", author=user)
+    return {"repo": repo.name, "environment_id": f"{repo.name}@main", "commit": commit.pk, "config": config}

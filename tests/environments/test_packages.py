@@ -1,0 +1,137 @@
+"""Static package checks (no import in the web process), the catalogue/fork/CONFIG API, and the
+pre-start 422 for a package importing something outside the trainer image's set."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from datahub.models import Repo, RepoType
+from datahub.services import commit_files, create_repo
+from environments import services
+from tests.conftest import assert_error
+
+GOOD = b"import json\nimport re\nfrom .config import CONFIG\nfrom . import helpers\nimport helpers\n\ndef load_environment(**kwargs):\n    return None\n"
+
+
+def image(*names):
+    return lambda module: module in names
+
+
+def findings(files, *names):
+    return [f.message for f in services.static_findings(files, image(*names))]
+
+
+def test_a_valid_package_has_no_findings():
+    files = {"__init__.py": GOOD, "config.py": b"CONFIG = {'a': 1}\n", "helpers.py": b"import torch\n", "data.jsonl": b"{}\n"}
+    assert findings(files, "torch") == []
+    assert services.read_config(files) == {"a": 1}
+
+
+def test_an_import_outside_the_image_is_named():
+    files = {"__init__.py": GOOD + b"import numpy_but_not_really\nfrom sklearn.metrics import f1_score\n", "helpers.py": b""}
+    messages = findings(files, "torch")
+    assert len(messages) == 2
+    assert "'numpy_but_not_really'" in messages[0] and "__init__.py:9" in messages[0]
+    assert "'sklearn'" in messages[1]
+
+
+def test_missing_entry_point_syntax_errors_and_layout():
+    assert any("no module-level load_environment" in m for m in findings({"__init__.py": b"def other():\n    pass\n"}))
+    assert any("syntax error" in m for m in findings({"__init__.py": b"def load_environment(:\n"}))
+    assert any("no __init__.py" in m for m in findings({"env.py": b"def load_environment(): pass\n"}))
+    # one sub-package is fine; so are entry points imported from a module or bound by assignment
+    assert findings({"pkg/__init__.py": b"from .impl import load_environment\n", "pkg/impl.py": b"def load_environment(**k): pass\n"}) == []
+    assert findings({"__init__.py": b"def _make(**k): pass\nload_environment = _make\n"}) == []
+
+
+def test_a_verifiers_taskset_package_passes():
+    source = b"import verifiers.v1 as vf\n\nclass MyTaskset(vf.Taskset[vf.Task]):\n    def load(self):\n        return []\n"
+    assert findings({"__init__.py": source}, "verifiers") == []
+    assert any("'verifiers'" in m for m in findings({"__init__.py": source}))
+
+
+def test_the_local_image_check_uses_the_engine_environment():
+    from training.validation import local_image_has
+
+    assert local_image_has("trl") and not local_image_has("definitely_not_installed_mod")
+    assert "json" in sys.stdlib_module_names
+
+
+def test_every_catalogue_package_passes_the_static_checks_for_both_image_kinds(settings):
+    from training.validation import local_image_has, remote_image_has
+
+    for entry in services.catalogue():
+        assert services.static_findings(entry.files(), local_image_has) == [], entry.name
+        assert services.static_findings(entry.files(), remote_image_has) == [], entry.name
+
+
+def test_catalogue_api_lists_the_four_and_arith(api):
+    r = api.get("/api/environments/catalogue")
+    assert r.status_code == 200, r.content
+    by_name = {e["name"]: e for e in r.json()}
+    assert set(by_name) == {"gsm-maths", "multiple-choice", "science-qa", "calculator", "arith"}
+    assert by_name["gsm-maths"]["environment_id"] == "builtin/gsm-maths@main" and by_name["gsm-maths"]["config"]["weights"]
+    assert "data.jsonl" in by_name["calculator"]["files"] and by_name["calculator"]["config"]["max_tool_calls"] == 3
+
+
+def test_fork_copies_the_package_with_an_editable_config(api, api_as, project):
+    r = api.post("/api/environments/fork", {"catalogue": "gsm-maths", "name": "my-maths", "config": {"max_examples": 5}})
+    assert r.status_code == 201, r.content
+    body = r.json()
+    assert body["environment_id"] == "my-maths@main" and body["forked_from"] == "builtin/gsm-maths@main"
+    repo = Repo.objects.get(project=project, name="my-maths")
+    assert repo.type == RepoType.ENVIRONMENT
+    got = api.get("/api/environments/my-maths/config").json()
+    assert got["config"]["max_examples"] == 5 and got["config"]["answer_marker"] == "####"
+    assert {"__init__.py", "config.py", "data.jsonl"} <= set(got["files"])
+    edited = {**got["config"], "weights": {"correct": 1.0}}
+    r = api.put("/api/environments/my-maths/config", {"config": edited})
+    assert r.status_code == 200, r.content
+    assert api.get("/api/environments/my-maths/config").json()["config"]["weights"] == {"correct": 1.0}
+    assert [e["repo"] for e in api.get("/api/environments").json()] == ["my-maths"]
+    # the same name twice is a 409; an unknown catalogue entry a 404; viewers cannot fork (403)
+    assert_error(api.post("/api/environments/fork", {"catalogue": "gsm-maths", "name": "my-maths"}), 409)
+    assert_error(api.post("/api/environments/fork", {"catalogue": "chess"}), 404, "catalogue")
+    assert_error(api_as("viewer").post("/api/environments/fork", {"catalogue": "calculator"}), 403)
+    assert_error(api_as("outsider").get("/api/environments/my-maths/config"), 404)
+
+
+def grpo_run(api, environment_id: str, **compute) -> int:
+    body = {"name": "env", "method": "grpo", "base_model": "org/base", "config": {"environment_id": environment_id}, "compute": compute}
+    r = api.post("/api/training-runs", body)
+    assert r.status_code == 201, r.content
+    return r.json()["id"]
+
+
+def test_start_refuses_a_package_importing_a_module_outside_the_image(api, project):
+    repo = create_repo(project, "bad-env", RepoType.ENVIRONMENT)
+    commit_files(repo, "main", {"__init__.py": b"import definitely_not_installed_mod\n\ndef load_environment(**kwargs):\n    return None\n"})
+    run_id = grpo_run(api, "bad-env@main")
+    body = assert_error(api.post(f"/api/training-runs/{run_id}/start"), 422, "config.environment_id")
+    messages = [e["message"] for e in body["errors"] if e["field"] == "config.environment_id"]
+    assert any("'definitely_not_installed_mod'" in m and "__init__.py:1" in m for m in messages), messages
+    assert api.get(f"/api/training-runs/{run_id}").json()["status"] == "queued"
+
+
+def test_start_checks_remote_images_against_the_configured_package_list(api, project, settings):
+    repo = create_repo(project, "np-env", RepoType.ENVIRONMENT)
+    commit_files(repo, "main", {"__init__.py": b"import numpy\n\ndef load_environment(**kwargs):\n    return None\n"})
+    run_id = grpo_run(api, "np-env@main", backend="dstack", accelerators="H100:2")
+    body = api.post(f"/api/training-runs/{run_id}/start").json()
+    assert any(e["field"] == "config.environment_id" and "'numpy'" in e["message"] and "dstack" in e["message"] for e in body["errors"]), body
+
+
+def test_start_refuses_unknown_builtins_and_non_refs(api):
+    for env_id, text in (("builtin/chess@main", "not a built-in"), ("my-env", "not an environment ref")):
+        body = assert_error(api.post(f"/api/training-runs/{grpo_run(api, env_id)}/start"), 422, "config.environment_id")
+        assert any(text in e["message"] for e in body["errors"]), body
+
+
+@pytest.mark.parametrize("env_id", ["builtin/gsm-maths@main", "builtin/arith@main"])
+def test_builtins_pass_the_environment_checks(api, env_id):
+    from training.methods.base import Draft
+    from training.validation import local_image_has
+
+    draft = Draft(method="grpo", base_model="x", dataset=None, config={"environment_id": env_id}, compute={}, project=None)
+    assert services.environment_findings(draft, local_image_has) == []
