@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 from django.http import QueryDict
 
-from studio.errors import Finding
+from studio.errors import ApiError, Finding
 from training.compute import GPU_MEMORY_GIB, parse_accelerators
 from training.refs import local_model_dir
 
@@ -232,41 +232,76 @@ def params_from_config(cfg: dict) -> int | None:
     return int(layers * (attention + mlp) + embeddings)
 
 
-def teacher_footprint(teacher: str | None) -> dict[str, Any] | None:
-    """Weight bytes of the teacher: from its local config.json (params, dtype) when resolvable,
-    else from a size in its name (e.g. "-32B"), assuming bf16."""
+def hub_model_files(project, ref: str) -> tuple[dict, int | None] | None:
+    """config.json and the weight files' total size of a Data Hub model ref; None if it does not resolve."""
+    from datahub import services as hub
+    from datahub.storage import open_blob
+
+    try:
+        _, commit = hub.parse_ref(project, ref, "config.distillation.teacher_model")
+    except ApiError:
+        return None
+    files = hub.tree(commit)
+    cfg: dict = {}
+    blob = files.get("config.json")
+    if blob is not None and blob.size < 1_000_000:
+        with open_blob(blob.storage_name) as fh:
+            try:
+                cfg = json.loads(fh.read())
+            except ValueError:
+                cfg = {}
+    weights = sum(b.size for path, b in files.items() if "/" not in path and path.endswith((".safetensors", ".bin")))
+    return cfg, weights or None
+
+
+def footprint_from_config(cfg: dict, weights: int | None, source: str) -> dict[str, Any] | None:
+    dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or (cfg.get("text_config") or {}).get("torch_dtype") or "bfloat16").lower()
+    per_param = DTYPE_BYTES.get(dtype.replace("torch.", ""), 2)
+    params = cfg.get("num_parameters") if isinstance(cfg.get("num_parameters"), int) else params_from_config(cfg)
+    total = weights or (int(params * per_param) if params else None)
+    if not total:
+        return None
+    return {"params": params, "dtype": dtype, "bytes": total, "source": source}
+
+
+def teacher_footprint(teacher: str | None, project=None) -> dict[str, Any] | None:
+    """Weight bytes of the teacher: from its config.json (params, dtype) and weight files when it
+    resolves here (a local path, the HF cache, or a Data Hub repo@ref of `project`), else from a
+    size in its name (e.g. "-32B"), assuming bf16."""
     if not teacher:
         return None
-    directory = local_model_dir(teacher)
-    if directory is not None:
-        index = directory / "model.safetensors.index.json"
-        try:
-            cfg = json.loads((directory / "config.json").read_text())
-        except (OSError, ValueError):
-            cfg = {}
-        dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or (cfg.get("text_config") or {}).get("torch_dtype") or "bfloat16").lower()
-        per_param = DTYPE_BYTES.get(dtype.replace("torch.", ""), 2)
-        params = cfg.get("num_parameters") if isinstance(cfg.get("num_parameters"), int) else params_from_config(cfg)
-        total = None
-        if index.is_file():
+    found = None
+    if "@" in teacher and project is not None:
+        hub_files = hub_model_files(project, teacher)
+        if hub_files is not None:
+            found = footprint_from_config(hub_files[0], hub_files[1], "its config.json in the Data Hub")
+    else:
+        directory = local_model_dir(teacher)
+        if directory is not None:
             try:
-                total = int(json.loads(index.read_text())["metadata"]["total_size"])
-            except (OSError, ValueError, KeyError, TypeError):
-                total = None
-        if total is None and params:
-            total = int(params * per_param)
-        if total:
-            return {"params": params, "dtype": dtype, "bytes": total, "source": "its config.json"}
-    match = SIZE_IN_NAME.search(teacher.rsplit("/", 1)[-1].replace("_", "-"))
+                cfg = json.loads((directory / "config.json").read_text())
+            except (OSError, ValueError):
+                cfg = {}
+            weights = None
+            index = directory / "model.safetensors.index.json"
+            if index.is_file():
+                try:
+                    weights = int(json.loads(index.read_text())["metadata"]["total_size"])
+                except (OSError, ValueError, KeyError, TypeError):
+                    weights = None
+            found = footprint_from_config(cfg, weights, "its config.json")
+    if found:
+        return found
+    match = SIZE_IN_NAME.search(teacher.split("@")[0].rsplit("/", 1)[-1].replace("_", "-"))
     if match:
         params = float(match[1]) * (1e9 if match[2].lower() == "b" else 1e6)
         return {"params": int(params), "dtype": "bfloat16 (assumed)", "bytes": int(params * 2), "source": "the size in its name"}
     return None
 
 
-def teacher_fit(teacher: str | None, accelerators: str | None) -> dict[str, Any] | None:
+def teacher_fit(teacher: str | None, accelerators: str | None, project=None) -> dict[str, Any] | None:
     """Does the teacher fit on ONE card of the selected GPU? Capture does not shard it (seed 001)."""
-    footprint = teacher_footprint(teacher)
+    footprint = teacher_footprint(teacher, project)
     if footprint is None:
         return None
     gib = footprint["bytes"] / 2**30

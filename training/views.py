@@ -210,7 +210,7 @@ def form_context(request: HttpRequest, project, values: dict[str, Any], errors: 
         "choices": {"method": forms.METHOD_CHOICES, "precision": forms.PRECISION_CHOICES, "backend": forms.BACKEND_CHOICES,
                     "rl_mode": forms.RL_MODE_CHOICES, "judge_mode": forms.JUDGE_MODE_CHOICES},
         "estimate": forms.storage_estimate(values.get("config.distillation.top_k"), values.get("distill_tokens")) if distill else None,
-        "teacher": forms.teacher_fit(values.get("config.distillation.teacher_model"), values.get("compute.accelerators")) if distill else None,
+        "teacher": forms.teacher_fit(values.get("config.distillation.teacher_model"), values.get("compute.accelerators"), project) if distill else None,
     }
 
 
@@ -318,7 +318,7 @@ def tab_context(request: HttpRequest, run: TrainingRun, tab: str) -> dict[str, A
             findings=errors_by_field(blockers), editable=run.status in (Status.QUEUED, Status.FAILED, Status.CANCELLED) and not is_live(run),
         )
         if run.method == Method.DISTILL and isinstance(config.get("distillation"), dict):
-            context["teacher"] = forms.teacher_fit(config["distillation"].get("teacher_model"), (run.compute or {}).get("accelerators"))
+            context["teacher"] = forms.teacher_fit(config["distillation"].get("teacher_model"), (run.compute or {}).get("accelerators"), run.project)
             context["per_token"] = 6 * int(config["distillation"].get("top_k") or 64)
     elif tab == "datasets":
         context["entries"] = [{"ref": e.ref, "type": e.type or "—", "kind": ref_kind(e.ref), "pinned": (run.pinned or {}).get("dataset")} for e in dataset_entries(run.dataset)]
