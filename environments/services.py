@@ -13,9 +13,10 @@ import ast
 import pprint
 import shutil
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, Callable
+from typing import Any
 
 from django.conf import settings
 

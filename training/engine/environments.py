@@ -3,14 +3,19 @@
 `score` returns a dict of reward components plus ``total``; only ``total`` drives the advantage, the
 components are reported with each rollout so a user can see *why* a completion scored what it did.
 Environments are looked up by id (``builtin/arith@main``; the ``@ref`` names a version and is ignored by
-built-ins). The catalogue of user environments comes later and plugs in through ``register``.
+built-ins). Anything else is a package (packages.py): Studio stages it and names it in the spec's
+``environment`` block (``path`` on the local backend; ``repo`` + ``commit`` fetched through the Data Hub's
+HF API elsewhere); the catalogue's ``builtin/<name>`` packages ship with the engine's repo. RULER mode
+(``rl_mode: "ruler"``) is the built-in ``ruler_task`` environment in ruler.py.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import re
 from abc import ABC, abstractmethod
+from pathlib import Path
 from typing import Any
 
 from .spec import SpecError
@@ -26,6 +31,10 @@ class Environment(ABC):
     @abstractmethod
     def score(self, row: dict[str, Any], completion: str) -> dict[str, float]:
         """Reward components for one completion, including ``total``."""
+
+    def score_group(self, rows: list[dict[str, Any]], completions: list[str]) -> list[dict[str, float]]:
+        """Scores for one step's rollouts; judges that compare a group override this."""
+        return [self.score(row, completion) for row, completion in zip(rows, completions, strict=True)]
 
 
 class ArithEnvironment(Environment):
@@ -82,3 +91,65 @@ def load_environment(environment_id: str) -> Environment:
     if name not in _REGISTRY:
         raise SpecError(f"config.environment_id: unknown environment {environment_id!r}; built-in ones are {', '.join(sorted(_REGISTRY))}")
     return _REGISTRY[name]()
+
+
+# ---- environments named by the run spec ----------------------------------------------------------
+
+ENGINE_REPO = Path(__file__).resolve().parents[2]
+CATALOGUE_DIR = ENGINE_REPO / "environments" / "catalogue"
+
+
+def _staged_directory(spec: Any, block: dict[str, Any], environment_id: str) -> Path:
+    """Where the environment package lies: the staged path, a catalogue package, or a Data Hub fetch."""
+    from .packages import EnvironmentLoadError
+
+    path = block.get("path")
+    if path and Path(path).exists():
+        return Path(path)
+    name = environment_id.split("@", 1)[0]
+    if name.startswith("builtin/"):
+        candidate = CATALOGUE_DIR / (block.get("package") or name.split("/", 1)[1].replace("-", "_"))
+        if candidate.is_dir():
+            return candidate
+        raise EnvironmentLoadError(f"config.environment_id: unknown environment {environment_id!r}; built-in ones are "
+                                   f"{', '.join(sorted(_REGISTRY) + sorted('builtin/' + p.name.replace('_', '-') for p in CATALOGUE_DIR.glob('*/__init__.py')))}")
+    if block.get("repo") and block.get("commit"):
+        return _fetch_from_hub(spec, block)
+    raise EnvironmentLoadError(f"environment {environment_id}: the package was not staged (no path, repo or commit in the spec's environment block)")
+
+
+def _fetch_from_hub(spec: Any, block: dict[str, Any]) -> Path:
+    """Remote backends: download the pinned commit through the Data Hub's HF-compatible API."""
+    from huggingface_hub import snapshot_download
+
+    dest = Path(spec.output_dir) / "environment"
+    endpoint = block.get("hub_url") or os.environ.get("HF_ENDPOINT")
+    snapshot_download(repo_id=block["repo"], revision=block["commit"], local_dir=str(dest), endpoint=endpoint, token=os.environ.get("HF_TOKEN"))
+    return dest
+
+
+def environment_for(spec: Any, reporter: Any = None) -> Environment:
+    """The run's environment, loaded BEFORE the model so a bad package fails the run before step one."""
+    from .packages import EnvironmentLoadError, load_package
+
+    block = spec.raw.get("environment") or {}
+    if spec.cfg("rl_mode", "environment") == "ruler":
+        from .ruler import RulerEnvironment
+
+        return RulerEnvironment.from_spec(spec, block, reporter.log if reporter is not None else print)
+    environment_id = str(spec.cfg("environment_id", "builtin/arith@main"))
+    name = environment_id.split("@", 1)[0]
+    if name in _REGISTRY:
+        return _REGISTRY[name]()
+    directory = _staged_directory(spec, block, environment_id)
+    if reporter is not None:
+        where = f"{block.get('repo')}@{str(block.get('commit'))[:12]}" if block.get("commit") else str(directory)
+        reporter.log(f"environment {environment_id}: loading the package staged from {where}")
+    try:
+        return load_package(directory, environment_id)
+    except EnvironmentLoadError:
+        raise
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        raise EnvironmentLoadError(f"environment {environment_id}: loading the package failed: {type(exc).__name__}: {exc}") from exc

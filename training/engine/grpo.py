@@ -16,7 +16,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from .common import Context, StudioCallback, TokenCountingMixin, build_config, train_and_finish
 from .data import load_rows
-from .environments import Environment, load_environment
+from .environments import Environment, environment_for
 from .modeling import load_policy, load_tokenizer
 from .spec import SpecError
 
@@ -47,11 +47,12 @@ def make_reward_fn(env: Environment, ctx: Context, group: int, trainer_ref: list
         state = columns.get("trainer_state")
         step = (state.global_step if state is not None else 0) + 1  # scored before the step's update
         extra = {k: v for k, v in columns.items() if isinstance(v, list) and len(v) == len(prompts)}
-        scores = []
-        for i, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
+        rows = []
+        for i, prompt in enumerate(prompts):
             row = {k: v[i] for k, v in extra.items()}
             row["prompt"] = _prompt_text(prompt)
-            scores.append(env.score(row, _completion_text(completion)))
+            rows.append(row)
+        scores = env.score_group(rows, [_completion_text(c) for c in completions])
         totals = torch.tensor([s["total"] for s in scores], dtype=torch.float32)
         rep = ctx.reporter
         for key in scores[0]:
@@ -90,16 +91,24 @@ def _prompt_rows(ctx: Context, env: Environment) -> Any:
     else:
         n = max(int(spec.cfg("max_steps", 100)), 64)
         ds = datasets.Dataset.from_list(env.prompts(n, seed=int(spec.cfg("seed", 42))))
-    system_prompt = spec.cfg("system_prompt")
+    system_prompt = spec.cfg("system_prompt") or getattr(env, "system_prompt", None)
     if system_prompt:
         # A system prompt turns each string prompt into a chat, so the model's chat template applies.
         ds = ds.map(lambda r: {"prompt": [{"role": "system", "content": system_prompt}, {"role": "user", "content": r["prompt"]}]})
     return ds
 
 
+def _tool_rollouts(env: Environment, tokenizer: Any, max_len: int) -> Any:
+    if not getattr(env, "tool_stop", None):
+        return None
+    from .tools import make_rollout_func
+
+    return make_rollout_func(env, tokenizer, max_len)
+
+
 def run(ctx: Context) -> None:
     spec = ctx.spec
-    env = load_environment(str(spec.cfg("environment_id", "builtin/arith@main")))
+    env = environment_for(spec, ctx.reporter)  # before the model: a bad environment fails before step one
     group = int(spec.cfg("rollouts_per_prompt", 8))
     if group < 2:
         raise SpecError("config.rollouts_per_prompt: GRPO needs at least 2 rollouts per prompt")
@@ -127,6 +136,7 @@ def run(ctx: Context) -> None:
         processing_class=tokenizer,
         reward_funcs=[make_reward_fn(env, ctx, group, ref)],
         callbacks=[StudioCallback(ctx, ref)],
+        rollout_func=_tool_rollouts(env, tokenizer, method_kwargs["max_completion_length"]),
     )
     ref.append(trainer)
     ctx.reporter.stage("train")

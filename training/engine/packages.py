@@ -52,6 +52,8 @@ def import_package(directory: Path) -> Any:
         raise EnvironmentLoadError(f"{root}: cannot import the package")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
+    if str(root) not in sys.path:
+        sys.path.append(str(root))  # `import helpers` of the package's own modules works as well as `from . import`
     try:
         spec.loader.exec_module(module)
     except BaseException:

@@ -34,6 +34,11 @@ ENGINE_KEYS = {
     "distillation",
     "rl_mode",
     "environment_id",
+    "ruler_task_args",
+    "judge",
+    "inference_blocks",
+    "trainer_blocks",
+    "judge_blocks",
     "rollouts_per_prompt",
     "kl_coef",
     "max_response_length",
@@ -160,8 +165,8 @@ def _validate_config(method: str, config: dict[str, Any]) -> None:
         _number(dist, "ce_weight", d, minimum=0)
     if method == "grpo":
         mode = config.get("rl_mode", "environment")
-        if mode != "environment":
-            raise SpecError(f'{w}rl_mode: this engine supports "environment" only, got {mode!r}')
+        if mode not in ("environment", "ruler"):
+            raise SpecError(f'{w}rl_mode: must be "environment" or "ruler", got {mode!r}')
 
 
 def parse_spec(data: dict[str, Any]) -> Spec:
