@@ -133,6 +133,8 @@ class LocalBackend(Backend):
             return PollResult("running")
         if not parsed:
             return PollResult("pending")
+        if exit_file.is_file():  # the runner wrote it and exited between our two looks
+            return self._exit_result(json.loads(exit_file.read_text()), directory)
         return PollResult("gone", "training_error", "the engine's process is gone without an exit status", tail_lines(directory / "engine.log"))
 
     def _exit_result(self, result: dict, directory: Path) -> PollResult:
