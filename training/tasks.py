@@ -1,24 +1,47 @@
-"""Celery tasks: thin wrappers over training.services. Each takes ids and is safe to run twice."""
+"""Celery tasks: thin wrappers over training.services. Each takes ids and is safe to run twice.
+
+Every call to a remote backend (dstack, Modal) happens in one of these tasks, never in a web request,
+and has a time limit: a wrong Modal token can hang a call for about a minute.
+"""
 from __future__ import annotations
+
+import logging
 
 from celery import shared_task
 
 from training import services
+from training.backends.base import BackendUnavailable
+
+log = logging.getLogger(__name__)
 
 
-@shared_task(name="training.tasks.dispatch_run")
+@shared_task(name="training.tasks.dispatch_run", soft_time_limit=150, time_limit=180)
 def dispatch_run(run_id: int) -> bool:
     return services.dispatch(run_id)
 
 
-@shared_task(name="training.tasks.stop_backend_job", soft_time_limit=120)
-def stop_backend_job(run_id: int, attempt: int, job_id: str) -> None:
+@shared_task(name="training.tasks.stop_backend_job", bind=True, soft_time_limit=120, time_limit=150,
+             autoretry_for=(BackendUnavailable,), retry_backoff=15, retry_backoff_max=600, max_retries=40)
+def stop_backend_job(self, run_id: int, attempt: int, job_id: str) -> None:
+    # A backend that is down is asked again with back-off until it answers: STOP must reach it.
     services.stop_backend_job(run_id, attempt, job_id)
 
 
-@shared_task(name="training.tasks.reconcile_runs", soft_time_limit=120)
+@shared_task(name="training.tasks.reconcile_runs", soft_time_limit=240, time_limit=300)
 def reconcile_runs() -> None:
-    for run_id in services.runs_to_reconcile():
-        services.reconcile_run(run_id)
-    for run_id in services.runs_to_redispatch():
-        services.dispatch(run_id)
+    for step, run_ids in ((services.reconcile_run, services.runs_to_reconcile()),
+                          (services.resubmit, services.runs_to_resubmit()),
+                          (services.dispatch, services.runs_to_redispatch())):
+        for run_id in run_ids:
+            try:
+                step(run_id)
+            except Exception:  # noqa: BLE001 - one run's trouble must not starve the others
+                log.exception("%s(%s) failed", step.__name__, run_id)
+
+
+@shared_task(name="training.tasks.verify_backend_connection", soft_time_limit=90, time_limit=120)
+def verify_backend_connection(connection_id: int) -> str:
+    """Check a backend connection's credentials with one real call; the result is shown at START."""
+    from training.backends.verify import verify_connection
+
+    return verify_connection(connection_id)

@@ -22,6 +22,7 @@ class JobSpec:
     ingest_token: str
     output_dir: str = ""
     resume_from: str | None = None
+    environment: dict[str, Any] | None = None  # GRPO: the staged environment package (environments.services.job_environment)
     env: dict[str, str] = field(default_factory=dict)
 
     def as_engine_spec(self) -> dict[str, Any]:
@@ -34,16 +35,30 @@ class JobSpec:
 
 @dataclass
 class PollResult:
-    """state: pending | running | succeeded | failed | gone (the backend no longer knows the job)."""
+    """state: pending | running | succeeded | failed | gone (the backend no longer knows the job)
+    | interrupted (the machine was taken away, e.g. a spot interruption: the reconciler retries from
+    the last checkpoint within the connection's budget, else fails the run with error_code).
+
+    running means the worker's container is up. leased: whether a GPU is rented right now (cost
+    accrues while it is); None leaves it to the reconciler (leased while running). gpu_type: the
+    GPU the backend actually gave, for the price table when the run asked for a generic GPU:n.
+    """
 
     state: str
     error_code: str | None = None
     message: str = ""
     log_tail: list[str] = field(default_factory=list)
+    leased: bool | None = None
+    gpu_type: str | None = None
 
 
 class BackendError(Exception):
     """The backend could not be reached or refused the call; the caller decides whether to retry."""
+
+
+class BackendUnavailable(BackendError):
+    """The backend could not be reached (down, timed out): transient, the run keeps its state and the
+    call is tried again later."""
 
 
 class Backend:
@@ -70,3 +85,9 @@ class Backend:
 
     def logs(self, run, tail: int = 200) -> list[str]:
         return []
+
+    def find_job(self, run_id: int, attempt: int) -> str | None:
+        """The job id of this attempt if the backend already has it (a submit whose id was never
+        saved), so a resubmission adopts it instead of starting a second job. None: not found, or
+        the backend cannot tell."""
+        return None

@@ -1,0 +1,91 @@
+"""A project's connection to a remote backend, and what the remote backends share: the job's name,
+its environment and the command that runs the engine in the job."""
+from __future__ import annotations
+
+import json
+
+from studio.errors import Finding
+from studio.services import reveal_secret, secret_exists
+from training.backends.base import BackendError, JobSpec
+from training.models import BackendConnection, TrainingRun
+
+SPEC_PATH = "/tmp/studio-run.json"
+OUTPUT_DIR = "/tmp/studio-output"
+
+
+def connection_for(project, backend: str) -> BackendConnection | None:
+    if project is None:
+        return None
+    return BackendConnection.objects.filter(project=project, backend=backend, enabled=True).first()
+
+
+def connection_of_run(run_id: int, backend: str) -> BackendConnection:
+    """The connection a run's job goes through; BackendError (a provisioning_error) when missing."""
+    run = TrainingRun.objects.select_related("project").get(pk=run_id)
+    conn = connection_for(run.project, backend)
+    if conn is None:
+        raise BackendError(f"{label(backend)} is not configured for project {run.project.slug}: an owner adds a {label(backend)} connection in the admin")
+    return conn
+
+
+def label(backend: str) -> str:
+    return {"dstack": "dstack", "modal": "Modal"}.get(backend, backend)
+
+
+def secret_value(conn: BackendConnection, field: str, what: str) -> str:
+    """The plaintext of the secret the connection names in `field`. Never log it."""
+    name = getattr(conn, field)
+    if not name or not secret_exists(conn.project, name):
+        raise BackendError(
+            f"{label(conn.backend)} credentials are not configured for project {conn.project.slug}: "
+            f"store the {what} as a project secret and name it in the connection's {field}"
+        )
+    return reveal_secret(conn.project, name)
+
+
+def connection_findings(project, backend: str, compute: dict, secret_fields: dict[str, str]) -> tuple[BackendConnection | None, list[Finding]]:
+    """Configuration problems that need no call to the backend (422 at START)."""
+    name = label(backend)
+    conn = connection_for(project, backend)
+    if conn is None:
+        return None, [Finding("compute.backend", f"{name} is not configured for this project: use backend local, or ask an owner to connect {name} (admin → Backend connections)")]
+    findings = []
+    for field, what in secret_fields.items():
+        secret_name = getattr(conn, field)
+        if not secret_name or not secret_exists(project, secret_name):
+            findings.append(Finding("compute.backend", f"the {name} connection has no {what}: store it as a project secret and name it in the connection's {field}"))
+    accelerators = str(compute.get("accelerators") or "")
+    if accelerators.strip().upper() == "CPU":
+        findings.append(Finding("compute.accelerators", f"CPU runs only on the local backend: ask {name} for a GPU, e.g. GPU:1 or L4"))
+    region = compute.get("region")
+    if region and conn.regions and region not in conn.regions:
+        findings.append(Finding("compute.region", f"{name} knows no region {region!r} for this project: use one of {', '.join(conn.regions)}, or leave region empty"))
+    return conn, findings
+
+
+def job_name(run_id: int, attempt: int) -> str:
+    """Deterministic, so a resubmission can find a job whose id was never saved."""
+    return f"studio-r{run_id}-a{attempt}"
+
+
+def job_env(job: JobSpec) -> dict[str, str]:
+    """The job's environment: the engine spec, the ingest URL and this attempt's token."""
+    job.output_dir = job.output_dir or OUTPUT_DIR
+    return {
+        **job.env,
+        "STUDIO_RUN_ID": str(job.run_id),
+        "STUDIO_ATTEMPT": str(job.attempt),
+        "STUDIO_INGEST_URL": job.ingest_url,
+        "STUDIO_INGEST_TOKEN": job.ingest_token,
+        "STUDIO_RUN_SPEC": json.dumps(job.as_engine_spec()),
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def engine_commands(conn: BackendConnection) -> list[str]:
+    """Setup (e.g. install the engine at the Studio's version), then the engine on its spec."""
+    return [
+        *[str(c) for c in conn.setup_commands or []],
+        f'printf "%s" "$STUDIO_RUN_SPEC" > {SPEC_PATH}',
+        f"python -m training.engine --spec {SPEC_PATH}",
+    ]

@@ -1,0 +1,23 @@
+"""Verify a backend connection with one real call (from a Celery task), and keep the answer on the
+connection so START can report it without calling the backend from the web request."""
+from __future__ import annotations
+
+from django.utils import timezone
+
+from training.backends.base import BackendError
+from training.models import BackendConnection
+
+
+def verify_connection(connection_id: int) -> str:
+    """Returns "" when the connection works, else the reason (also saved as last_check_error)."""
+    from training.backends import get_backend
+
+    conn = BackendConnection.objects.select_related("project").get(pk=connection_id)
+    backend = get_backend(conn.backend)
+    error = ""
+    try:
+        backend.verify(conn)
+    except BackendError as exc:
+        error = str(exc)
+    BackendConnection.objects.filter(pk=conn.pk).update(last_checked_at=timezone.now(), last_check_error=error[:2000])
+    return error
