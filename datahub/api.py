@@ -16,7 +16,6 @@ from datahub.schemas import (
     ChunkOut,
     CommitOut,
     DiffOut,
-    FileOut,
     PreviewOut,
     RefOut,
     RepoIn,

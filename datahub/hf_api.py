@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import timezone as dt_timezone
+from datetime import UTC
 
 from django.http import FileResponse, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
@@ -122,7 +122,7 @@ def folder_json(path: str) -> dict:
 
 def hf_date(value) -> str:
     """The Hub's timestamp format, which huggingface_hub parses strictly: 2024-11-16T00:27:02.123Z."""
-    return value.astimezone(dt_timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
 def repo_json(repo: Repo, commit: Commit) -> dict:

@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import IO, Any, Union
+from typing import IO, Any
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -38,7 +38,7 @@ MAX_PATH = 1024
 # `builtin/<name>@<ref>` names a catalogue environment (environments app), not a project's repo.
 RESERVED_NAMESPACES = frozenset({"builtin"})
 
-FileSource = Union[bytes, str, Path, IO[bytes]]
+FileSource = bytes | str | Path | IO[bytes]
 
 
 class RefNotFound(NotFound):

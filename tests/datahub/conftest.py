@@ -50,7 +50,7 @@ def repo(project, users):
 
 @pytest.fixture
 def dataset_repo(project, users):
-    return services.create_repo(project, "my-data", "dataset", users["owner"])
+    return services.create_repo(project, "hub-data", "dataset", users["owner"])
 
 
 def jsonl(rows: list[dict]) -> bytes:

@@ -71,7 +71,7 @@ def test_resolve_headers_head_and_range(client, model_repo, tokens):
     repo, commit = model_repo
     auth = {"HTTP_AUTHORIZATION": f"Bearer {tokens['owner']}"}
     blob = services.tree(commit)["config.json"]
-    head = client.head(f"/hub/acme/tiny-llama/resolve/stable/config.json", **auth)
+    head = client.head("/hub/acme/tiny-llama/resolve/stable/config.json", **auth)
     assert head.status_code == 200
     assert head["X-Repo-Commit"] == commit.pk
     assert head["ETag"] == f'"{blob.sha256}"' and head["X-Linked-Etag"] == f'"{blob.sha256}"'

@@ -11,6 +11,12 @@ from tests.conftest import assert_error, sft_body
 from tests.datahub.conftest import jsonl
 from training.models import TrainingRun
 
+
+def body(**overrides):
+    """sft_body with its dataset pointed at this module's chat-data repo unless a test says otherwise."""
+    return sft_body(**{"dataset": "chat-data@main", **overrides})
+
+
 GOOD_CHAT = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}] * 3
 
 
@@ -23,7 +29,7 @@ def base_repo(project):
 
 @pytest.fixture
 def chat_data(project):
-    repo = services.create_repo(project, "my-data", "dataset")
+    repo = services.create_repo(project, "chat-data", "dataset")
     services.commit_files(repo, "main", {"train.jsonl": jsonl(GOOD_CHAT)}, "data")
     return repo
 
@@ -40,7 +46,7 @@ def test_creating_an_experiment_provisions_its_repo(api, project):
 
 
 def test_creating_a_run_makes_its_branch_from_main(api, project, chat_data):
-    r = api.post("/api/training-runs", sft_body())
+    r = api.post("/api/training-runs", body())
     assert r.status_code == 201, r.content
     run_id = r.json()["id"]
     repo = Repo.objects.get(project=project, name="experiment-default")
@@ -50,7 +56,7 @@ def test_creating_a_run_makes_its_branch_from_main(api, project, chat_data):
 
 def test_base_model_given_as_repo_at_branch_is_pinned_to_a_commit_on_start(api, base_repo, chat_data):
     head = services.resolve(base_repo, "main")
-    run_id = api.post("/api/training-runs", sft_body(base_model="base@main")).json()["id"]
+    run_id = api.post("/api/training-runs", body(base_model="base@main")).json()["id"]
     r = api.post(f"/api/training-runs/{run_id}/start")
     assert r.status_code == 202, r.content
     pinned = TrainingRun.objects.get(pk=run_id).pinned
@@ -63,14 +69,14 @@ def test_base_model_given_as_repo_at_branch_is_pinned_to_a_commit_on_start(api, 
 
 
 def test_unknown_dataset_ref_returns_422_on_start(api):
-    run_id = api.post("/api/training-runs", sft_body(dataset="nope@main")).json()["id"]
-    body = assert_error(api.post(f"/api/training-runs/{run_id}/start"), 422, "dataset")
-    assert "nope" in body["errors"][0]["message"]
+    run_id = api.post("/api/training-runs", body(dataset="nope@main")).json()["id"]
+    err = assert_error(api.post(f"/api/training-runs/{run_id}/start"), 422, "dataset")
+    assert "nope" in err["errors"][0]["message"]
     assert TrainingRun.objects.get(pk=run_id).start_requested_at is None
 
 
 def test_unknown_base_model_branch_returns_422_on_start(api, base_repo, chat_data):
-    run_id = api.post("/api/training-runs", sft_body(base_model="base@no-such-branch")).json()["id"]
+    run_id = api.post("/api/training-runs", body(base_model="base@no-such-branch")).json()["id"]
     assert_error(api.post(f"/api/training-runs/{run_id}/start"), 422, "base_model")
 
 
@@ -78,19 +84,19 @@ def test_dataset_row_errors_name_the_row(api, project):
     repo = services.create_repo(project, "prefs", "dataset")
     rows = [{"prompt": "q", "chosen": "a", "rejected": "b"}] * 56 + [{"prompt": "q", "chosen": "", "rejected": "b"}]
     services.commit_files(repo, "main", {"train.jsonl": jsonl(rows)})
-    run_id = api.post("/api/training-runs", sft_body(method="dpo", dataset="prefs@main", config={"loss": {"type": "dpo"}, "lora_rank": 8})).json()["id"]
-    body = assert_error(api.post(f"/api/training-runs/{run_id}/start"), 422, "dataset")
-    assert {"field": "dataset", "message": 'row 57: "chosen" is empty'} in body["errors"]
+    run_id = api.post("/api/training-runs", body(method="dpo", dataset="prefs@main", config={"loss": {"type": "dpo"}, "lora_rank": 8})).json()["id"]
+    err = assert_error(api.post(f"/api/training-runs/{run_id}/start"), 422, "dataset")
+    assert {"field": "dataset", "message": 'row 57: "chosen" is empty'} in err["errors"]
 
 
 def test_chat_rows_for_dpo_are_the_wrong_shape(api, chat_data):
-    run_id = api.post("/api/training-runs", sft_body(method="dpo", config={"loss": {"type": "dpo"}, "lora_rank": 8})).json()["id"]
-    body = assert_error(api.post(f"/api/training-runs/{run_id}/start"), 422, "dataset")
-    assert any("prompt/chosen/rejected" in e["message"] for e in body["errors"])
+    run_id = api.post("/api/training-runs", body(method="dpo", config={"loss": {"type": "dpo"}, "lora_rank": 8})).json()["id"]
+    err = assert_error(api.post(f"/api/training-runs/{run_id}/start"), 422, "dataset")
+    assert any("prompt/chosen/rejected" in e["message"] for e in err["errors"])
 
 
 def test_checkpoints_are_committed_to_the_run_branch(api, project, chat_data, eager_celery, tmp_path, django_capture_on_commit_callbacks):
-    run_id = api.post("/api/training-runs", sft_body()).json()["id"]
+    run_id = api.post("/api/training-runs", body()).json()["id"]
     TrainingRun.objects.filter(pk=run_id).update(ingest_token_hash=crypto.hash_token("ing_test"), attempt=1)
     step = tmp_path / "out" / "checkpoint-10"
     step.mkdir(parents=True)

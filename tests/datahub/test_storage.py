@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import pytest
 
@@ -13,15 +14,16 @@ from studio.errors import BadRequest, Conflict
 def test_identical_files_in_two_repos_share_one_blob(project, users):
     a = services.create_repo(project, "a", "model")
     b = services.create_repo(project, "b", "dataset")
+    blobs_before = Blob.objects.count()
     payload = b"same bytes" * 1000
     ca = services.commit_files(a, "main", {"weights.bin": payload}, "add", users["owner"])
     cb = services.commit_files(b, "main", {"other/name.bin": io.BytesIO(payload)}, "add", users["owner"])
     ea, eb = TreeEntry.objects.get(commit=ca), TreeEntry.objects.get(commit=cb)
     assert ea.blob_id == eb.blob_id
-    assert Blob.objects.count() == 1
+    assert Blob.objects.count() == blobs_before + 1
     storage = blob_storage()
-    dirs = list((storage.location and __import__("pathlib").Path(storage.location) / "blobs").rglob("*"))
-    assert len([d for d in dirs if d.is_file()]) == 1
+    on_disk = [p for p in (Path(storage.location) / "blobs").rglob("*") if p.is_file() and p.read_bytes() == payload]
+    assert len(on_disk) == 1
     with storage.open(ea.blob.storage_name) as fh:
         assert fh.read() == payload
 

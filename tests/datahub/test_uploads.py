@@ -17,7 +17,7 @@ def test_chunked_resumable_upload_then_commit(api, dataset_repo):
     data = b"x" * 3000 + b"y" * 2000
     body = {"files": [{"path": "data/train.jsonl", "size": len(data), "sha256": hashlib.sha256(data).hexdigest()},
                       {"path": "empty.txt", "size": 0}], "message": "add data"}
-    r = api.post("/api/hub/repos/my-data/uploads", body)
+    r = api.post("/api/hub/repos/hub-data/uploads", body)
     assert r.status_code == 201, r.content
     upload_id = r.json()["id"]
     assert put(api, upload_id, 0, 0, data[:3000]).json()["received"] == 3000
@@ -44,7 +44,7 @@ def test_chunked_resumable_upload_then_commit(api, dataset_repo):
 
 
 def test_corrupted_upload_is_refused_and_resets(api, dataset_repo):
-    r = api.post("/api/hub/repos/my-data/uploads", {"files": [{"path": "a.bin", "size": 4, "sha256": "0" * 64}]})
+    r = api.post("/api/hub/repos/hub-data/uploads", {"files": [{"path": "a.bin", "size": 4, "sha256": "0" * 64}]})
     upload_id = r.json()["id"]
     put(api, upload_id, 0, 0, b"abcd")
     assert_error(api.post(f"/api/hub/uploads/{upload_id}/commit"), 400, "files[0].sha256")
@@ -53,7 +53,7 @@ def test_corrupted_upload_is_refused_and_resets(api, dataset_repo):
 
 
 def test_viewer_and_outsider_cannot_write_chunks(api, api_as, dataset_repo):
-    upload_id = api.post("/api/hub/repos/my-data/uploads", {"files": [{"path": "a.bin", "size": 4}]}).json()["id"]
+    upload_id = api.post("/api/hub/repos/hub-data/uploads", {"files": [{"path": "a.bin", "size": 4}]}).json()["id"]
     assert put(api_as("viewer"), upload_id, 0, 0, b"abcd").status_code == 403
     assert put(api_as("outsider"), upload_id, 0, 0, b"abcd").status_code == 404
     assert api_as("outsider").get(f"/api/hub/uploads/{upload_id}").status_code == 404
