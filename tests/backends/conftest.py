@@ -40,7 +40,7 @@ class DstackServer:
         return self.log_path.read_text(errors="replace") if self.log_path else ""
 
     def start(self) -> None:
-        env = {**os.environ, "HOME": str(self.home), "DSTACK_SERVER_DIR": str(self.home / "server"), "DSTACK_DO_NOT_UPDATE_DEFAULT_PROJECT": "1"}
+        env = {**os.environ, "HOME": str(self.home), "DSTACK_SERVER_DIR": str(self.home / "server")}
         for name in ("DATABASE_URL", "REDIS_URL"):
             env.pop(name, None)  # the server reads its own settings from env; never the Studio's
         env["DSTACK_SERVER_ADMIN_TOKEN"] = self.token
