@@ -99,3 +99,20 @@ def test_outsider_gets_404_on_every_hub_endpoint(client, model_repo, tokens):
                 "/hub/api/models/acme/tiny-llama/tree/main", "/hub/acme/tiny-llama/resolve/main/config.json"):
         r = client.get(url, **auth)
         assert r.status_code == 404 and r["X-Error-Code"] == "RepoNotFound", url
+
+
+def test_load_dataset_from_the_live_server(transactional_db, live_server, project, tokens, tmp_path):
+    """How the engine on a remote backend reads a Data Hub dataset: datasets.load_dataset with
+    HF_ENDPOINT pointed at Studio and the pinned commit as the revision."""
+    repo = services.create_repo(project, "chat", "dataset")
+    rows = [{"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]} for i in range(5)]
+    commit = services.commit_files(repo, "main", {"data/train.jsonl": "".join(json.dumps(r) + "\n" for r in rows).encode()})
+    script = (
+        "import json, sys, datasets\n"
+        "ds = datasets.load_dataset('acme/chat', revision=sys.argv[1], split='train')\n"
+        "print(json.dumps({'n': len(ds), 'cols': ds.column_names}))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script, commit.pk], env=hf_env(tmp_path, f"{live_server.url}/hub", tokens["owner"]),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"n": 5, "cols": ["messages"]}
