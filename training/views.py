@@ -150,7 +150,10 @@ def live_context(run: TrainingRun) -> dict[str, Any]:
 
 
 def config_rows(run: TrainingRun) -> list[tuple[str, Any]]:
+    """Hyperparameters not already shown on the method's own card."""
     skip = {"loss", "distillation", "judge", "ruler_task_args"}
+    if run.method == Method.GRPO:
+        skip |= {"rl_mode", "environment_id", "inference_blocks", "trainer_blocks", "judge_blocks"}
     return [(k, v) for k, v in sorted((run.config or {}).items()) if k not in skip]
 
 

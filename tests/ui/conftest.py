@@ -11,11 +11,35 @@ import pytest
 # Playwright's sync API runs an event loop in this thread; Django's ORM refuses to run in one unless told.
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
+
+def _own_celery_queue() -> None:
+    """Other suites on this machine may share the Redis db; a worker of theirs on the default
+    "studio" queue would take our dispatch tasks (and run them against its own database). Unless
+    CELERY_QUEUE was chosen explicitly, the UI tests use a queue of their own; the Celery app reads
+    its configuration lazily, so setting it before the first task is sent is enough."""
+    if os.environ.get("CELERY_QUEUE"):
+        return
+    from django.conf import settings
+
+    settings.CELERY_TASK_DEFAULT_QUEUE = f"studio-ui-{os.getpid()}"
+
+
+_own_celery_queue()
+
 CHROMIUM = os.environ.get("STUDIO_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 ARTIFACTS = Path(__file__).resolve().parents[2] / "var" / "test-artifacts" / "ui"
 PASSWORD = "pw"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _celery_queue_is_ours():
+    from django.conf import settings
+
+    from studio.celery import app
+
+    assert app.conf.task_default_queue == settings.CELERY_TASK_DEFAULT_QUEUE, "the Celery app was configured before the UI tests chose their queue"
 
 
 @pytest.fixture(scope="session")
