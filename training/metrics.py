@@ -1,9 +1,15 @@
 """Metric series for charts and the API: step-ordered, downsampled to at most max_points."""
 from __future__ import annotations
 
+import hashlib
 from collections import defaultdict
 
-from training.models import MetricPoint, TrainingRun
+from django.core.cache import cache
+from django.db import connection
+
+from training.models import TERMINAL_STATUSES, MetricPoint, TrainingRun
+
+CACHE_SECONDS = 3600
 
 
 def downsample(points: list[tuple[int, float]], max_points: int) -> list[tuple[int, float]]:
@@ -23,7 +29,62 @@ def downsample(points: list[tuple[int, float]], max_points: int) -> list[tuple[i
     return out
 
 
+# The same buckets as downsample(), computed by PostgreSQL: a 100k-point series leaves the database
+# as max_points rows instead of 100k. With rn the 1-based position in (step, id) order and n the
+# series length, inner point i = rn - 2 of m = n - 2 falls in bucket floor(((i + 1) * B - 1) / m),
+# the b with b*m//B <= i < (b+1)*m//B; the first and last points are buckets of their own, and a
+# series of at most max_points rows keeps every point (bucket = rn).
+DOWNSAMPLE_SQL = """
+WITH ranked AS (
+    SELECT key, step, value,
+           row_number() OVER (PARTITION BY key ORDER BY step, id) AS rn,
+           count(*) OVER (PARTITION BY key) AS n
+    FROM {table}
+    WHERE run_id = %(run_id)s {key_filter}
+), bucketed AS (
+    SELECT key, step, value, rn,
+           CASE WHEN n <= %(max_points)s THEN rn
+                WHEN rn = 1 THEN 0
+                WHEN rn = n THEN %(max_points)s + 1
+                WHEN %(max_points)s <= 2 THEN NULL
+                ELSE 1 + ((rn - 1) * (%(max_points)s - 2) - 1) / (n - 2)
+           END AS bucket
+    FROM ranked
+)
+SELECT key, max(step), avg(value)
+FROM bucketed
+WHERE bucket IS NOT NULL
+GROUP BY key, bucket
+ORDER BY key, bucket
+"""
+
+
 def series(run: TrainingRun, keys: list[str] | None, max_points: int) -> dict[str, list[tuple[int, float]]]:
+    """A finished run's series do not change until it is restarted (which changes its status) or a
+    late batch lands (which moves last_heartbeat_at), so they are cached under a key made of both."""
+    cache_key = None
+    if run.status in TERMINAL_STATUSES:
+        version = f"{run.pk}:{run.created_at.timestamp()}:{run.attempt}:{run.status}:{run.last_heartbeat_at and run.last_heartbeat_at.timestamp()}"
+        cache_key = "metrics:" + hashlib.sha256(f"{version}:{max_points}:{','.join(sorted(keys or []))}".encode()).hexdigest()
+        try:
+            cached = cache.get(cache_key)
+        except Exception:  # noqa: BLE001 - the cache is an optimisation: Redis down must not fail a read
+            cached, cache_key = None, None
+        if cached is not None:
+            return cached
+    if connection.vendor == "postgresql":
+        result = series_in_sql(run, keys, max_points)
+    else:
+        result = series_in_python(run, keys, max_points)
+    if cache_key is not None:
+        try:
+            cache.set(cache_key, result, CACHE_SECONDS)
+        except Exception:  # noqa: BLE001 - see above
+            pass
+    return result
+
+
+def series_in_python(run: TrainingRun, keys: list[str] | None, max_points: int) -> dict[str, list[tuple[int, float]]]:
     qs = MetricPoint.objects.filter(run=run)
     if keys:
         qs = qs.filter(key__in=keys)
@@ -31,3 +92,16 @@ def series(run: TrainingRun, keys: list[str] | None, max_points: int) -> dict[st
     for key, step, value in qs.order_by("key", "step", "id").values_list("key", "step", "value").iterator(chunk_size=10_000):
         grouped[key].append((step, value))
     return {key: downsample(points, max_points) for key, points in grouped.items()}
+
+
+def series_in_sql(run: TrainingRun, keys: list[str] | None, max_points: int) -> dict[str, list[tuple[int, float]]]:
+    params: dict = {"run_id": run.pk, "max_points": max_points}
+    key_filter = ""
+    if keys:
+        key_filter, params["keys"] = "AND key = ANY(%(keys)s)", list(keys)
+    grouped: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    with connection.cursor() as cursor:
+        cursor.execute(DOWNSAMPLE_SQL.format(table=MetricPoint._meta.db_table, key_filter=key_filter), params)
+        for key, step, value in cursor.fetchall():
+            grouped[key].append((step, value))
+    return dict(grouped)
