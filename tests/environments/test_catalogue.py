@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from training.engine.packages import load_package
 from tests.environments.conftest import CATALOGUE
+from training.engine.packages import load_package
 
 
 def load(name: str, **overrides):
