@@ -355,7 +355,10 @@ def ref_findings(project, base_model: str | None, config: dict | None) -> list[F
 
 
 def pin_refs(run) -> dict:
-    """At START: resolve the run's Data Hub refs to commit ids, as {field: {"ref", "commit", "repo"}}.
+    """At START: resolve the run's Data Hub refs to commit ids, as {field: {"ref", "commit", "repo"}}
+    where field is base_model, dataset / dataset[i], config.distillation.teacher_model,
+    config.environment_id or config.ruler_task_args.dataset, and repo is the HF-style repo id the
+    engine loads from HF_ENDPOINT=<studio>/hub at that commit.
     A ref that does not resolve is a 422 (start_findings should have caught it already)."""
     pinned: dict[str, dict] = {}
     findings: list[Finding] = []
@@ -365,7 +368,8 @@ def pin_refs(run) -> dict:
         except Unprocessable as exc:
             findings += exc.errors
             continue
-        pinned[field] = {"ref": value, "commit": commit.pk, "repo": repo.full_name}
+        # keyed by the field path, without dataset entries' ".ref": base_model, dataset, dataset[1], ...
+        pinned[field.removesuffix(".ref")] = {"ref": value, "commit": commit.pk, "repo": repo.full_name}
     if findings:
         raise Unprocessable(errors=findings)
     return pinned

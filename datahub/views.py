@@ -1,0 +1,101 @@
+"""The Data Hub repo browser: the project's repos, a repo's files at a ref, its commits and
+branches, the diff of two commits' file lists, and a dataset file's preview. Served under /hub/
+next to the HF-compatible API, with the Hub's own URL shapes (/hub/<project>/<repo>/tree/<rev>)."""
+from __future__ import annotations
+
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.views.decorators.http import require_GET
+
+from datahub import datasets, services
+from datahub.models import Branch, Repo, RepoType, Tag
+from studio.errors import ApiError, NotFound
+from studio.views import studio_page, web_actor
+
+
+def repo_for_page(request: HttpRequest, namespace: str, name: str) -> Repo:
+    actor = web_actor(request)
+    repo = Repo.objects.select_related("project").filter(project__slug=namespace, name=name).first()
+    if repo is None or actor.membership(repo.project) is None:
+        raise NotFound(f"No repo {namespace}/{name}.")
+    return repo
+
+
+@studio_page
+@require_GET
+def repo_list(request: HttpRequest) -> HttpResponse:
+    project = web_actor(request).project
+    kind = request.GET.get("type") if request.GET.get("type") in RepoType.values else ""
+    repos = Repo.objects.filter(project=project).select_related("project") if project else Repo.objects.none()
+    if kind:
+        repos = repos.filter(type=kind)
+    return render(request, "datahub/repos.html", {"section": "hub", "project": project, "repos": list(repos[:500]), "types": RepoType.values, "kind": kind})
+
+
+@studio_page
+@require_GET
+def repo_tree(request: HttpRequest, namespace: str, name: str, revision: str | None = None, path: str = "") -> HttpResponse:
+    repo = repo_for_page(request, namespace, name)
+    revision = revision or repo.default_branch
+    commit = services.resolve(repo, revision)
+    prefix = services.clean_path(path.strip("/")) + "/" if path.strip("/") else ""
+    files, folders = [], set()
+    for path_, blob in sorted(services.tree(commit).items()):
+        if not path_.startswith(prefix):
+            continue
+        rest = path_[len(prefix):]
+        if "/" in rest:
+            folders.add(prefix + rest.split("/", 1)[0])
+        else:
+            files.append({"path": path_, "name": rest, "size": blob.size, "sha256": blob.sha256, "previewable": bool(datasets.file_format(path_))})
+    crumbs = []
+    parts = prefix.strip("/").split("/") if prefix else []
+    for i, part in enumerate(parts):
+        crumbs.append({"name": part, "path": "/".join(parts[: i + 1])})
+    return render(request, "datahub/repo.html", {
+        "section": "hub", "repo": repo, "tab": "files", "revision": revision, "commit": commit, "prefix": prefix.rstrip("/"),
+        "crumbs": crumbs, "folders": [{"path": f, "name": f.rsplit("/", 1)[-1]} for f in sorted(folders)], "files": files,
+        "branches": list(Branch.objects.filter(repo=repo)), "tags": list(Tag.objects.filter(repo=repo)),
+    })
+
+
+@studio_page
+@require_GET
+def repo_commits(request: HttpRequest, namespace: str, name: str, revision: str) -> HttpResponse:
+    repo = repo_for_page(request, namespace, name)
+    return render(request, "datahub/repo.html", {
+        "section": "hub", "repo": repo, "tab": "commits", "revision": revision, "commits": services.history(repo, revision, 200),
+        "branches": list(Branch.objects.filter(repo=repo)), "tags": list(Tag.objects.filter(repo=repo)),
+    })
+
+
+@studio_page
+@require_GET
+def repo_compare(request: HttpRequest, namespace: str, name: str, base: str, head: str) -> HttpResponse:
+    repo = repo_for_page(request, namespace, name)
+    old, new = services.tree(services.resolve(repo, base)), services.tree(services.resolve(repo, head))
+    diff = {
+        "added": sorted(p for p in new if p not in old),
+        "removed": sorted(p for p in old if p not in new),
+        "changed": sorted(p for p in new if p in old and new[p].pk != old[p].pk),
+    }
+    return render(request, "datahub/repo.html", {
+        "section": "hub", "repo": repo, "tab": "compare", "base": base, "head": head, "diff": diff, "revision": head,
+        "branches": list(Branch.objects.filter(repo=repo)), "tags": list(Tag.objects.filter(repo=repo)),
+    })
+
+
+@studio_page
+@require_GET
+def dataset_preview(request: HttpRequest, namespace: str, name: str, revision: str, path: str) -> HttpResponse:
+    repo = repo_for_page(request, namespace, name)
+    commit = services.resolve(repo, revision)
+    try:
+        preview = datasets.preview(commit, services.clean_path(path), 50)
+    except ApiError as exc:
+        raise NotFound(exc.detail) from exc
+    return render(request, "datahub/repo.html", {
+        "section": "hub", "repo": repo, "tab": "preview", "revision": revision, "commit": commit, "preview": preview,
+        "shape_label": datasets.SHAPE_LABELS.get(preview["shape"], preview["shape"]),
+        "branches": list(Branch.objects.filter(repo=repo)), "tags": list(Tag.objects.filter(repo=repo)),
+    })

@@ -1,0 +1,44 @@
+"""The repo browser pages: files at a ref, commits, compare, dataset preview; outsiders get 404."""
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+
+from datahub import services
+from tests.datahub.conftest import jsonl
+
+
+@pytest.fixture
+def browser(users):
+    def login(role: str) -> Client:
+        c = Client()
+        c.force_login(users[role])
+        return c
+
+    return login
+
+
+def test_repo_pages_show_files_commits_diff_and_preview(browser, project):
+    repo = services.create_repo(project, "prefs", "dataset")
+    first = services.commit_files(repo, "main", {"data/train.jsonl": jsonl([{"prompt": "q", "chosen": "a", "rejected": "b"}]), "README.md": b"hi"}, "data")
+    second = services.commit_files(repo, "main", {"README.md": b"hello"}, "readme")
+    c = browser("viewer")
+    assert "acme/prefs" in c.get("/hub/").content.decode()
+    page = c.get("/hub/acme/prefs").content.decode()
+    assert "data/" in page and "README.md" in page
+    assert "train.jsonl" in c.get("/hub/acme/prefs/tree/main/data").content.decode()
+    assert "readme" in c.get("/hub/acme/prefs/commits/main").content.decode()
+    diff = c.get(f"/hub/acme/prefs/compare/{first.pk}...{second.pk}").content.decode()
+    assert "README.md" in diff and "train.jsonl" not in diff
+    preview = c.get("/hub/acme/prefs/preview/main/data/train.jsonl").content.decode()
+    assert "prompt/chosen/rejected" in preview
+    download = c.get("/hub/acme/prefs/resolve/main/README.md")
+    assert b"".join(download.streaming_content) == b"hello"
+
+
+def test_outsider_gets_404_pages(browser, project):
+    services.create_repo(project, "prefs", "dataset")
+    c = browser("outsider")
+    assert c.get("/hub/acme/prefs").status_code == 404
+    assert c.get("/hub/acme/prefs/commits/main").status_code == 404
+    assert "acme/prefs" not in c.get("/hub/").content.decode()
