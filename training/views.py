@@ -15,6 +15,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from datahub import services as hub
+from environments import services as env_services
 from experiments.models import Experiment
 from studio.errors import ApiError, Conflict, Forbidden, PaymentRequired, Unprocessable
 from studio.views import errors_by_field, studio_page, web_actor
@@ -213,6 +214,7 @@ def form_context(request: HttpRequest, project, values: dict[str, Any], errors: 
         "choices": {"method": forms.METHOD_CHOICES, "precision": forms.PRECISION_CHOICES, "backend": forms.BACKEND_CHOICES,
                     "rl_mode": forms.RL_MODE_CHOICES, "judge_mode": forms.JUDGE_MODE_CHOICES},
         "estimate": forms.storage_estimate(values.get("config.distillation.top_k"), values.get("distill_tokens")) if distill else None,
+        "environment_choices": environment_choices(project) if method == "grpo" else [],
         "teacher": forms.teacher_fit(values.get("config.distillation.teacher_model"), values.get("compute.accelerators"), project) if distill else None,
     }
 
@@ -333,6 +335,7 @@ def tab_context(request: HttpRequest, run: TrainingRun, tab: str) -> dict[str, A
     elif tab == "environment":
         context["environment_id"] = config.get("environment_id")
         context["pinned"] = (run.pinned or {}).get("environment_id")
+        context["env"] = environment_info(run.project, config.get("environment_id"))
     elif tab == "rollouts":
         context.update(rollout_groups(run, request))
     elif tab == "repository":
@@ -358,6 +361,36 @@ def repository_of(run: TrainingRun, prefix: str) -> dict[str, Any]:
         files = [(path, blob) for path, blob in files if path.startswith(out["prefix"] + "/")]
     out.update(commits=commits, files=[{"path": path, "size": blob.size} for path, blob in files[:500]], truncated=len(files) > 500)
     return out
+
+
+def environment_info(project, environment_id: str | None) -> dict[str, Any] | None:
+    """What the Environment tab shows: description, CONFIG and files of a catalogue entry, an engine
+    builtin, or a Data Hub environment repo; None when it does not resolve (START says why)."""
+    if not environment_id:
+        return None
+    name, _, ref = environment_id.partition("@")
+    if name in env_services.ENGINE_BUILTINS:
+        return {"kind": "Built into the engine", "description": env_services.ENGINE_BUILTINS[name], "config": None, "files": []}
+    if name.startswith("builtin/"):
+        entry = env_services.catalogue_entry(name)
+        if entry is None:
+            return None
+        info = env_services.catalogue_info(entry)
+        return {"kind": "Studio catalogue", **info}
+    try:
+        info = env_services.repo_config(project, name.rsplit("/", 1)[-1], ref or "main")
+    except ApiError:
+        return None
+    return {"kind": "Data Hub environment repo", "description": (info.get("config") or {}).get("description", ""), **info}
+
+
+def environment_choices(project) -> list[str]:
+    """Environment ids to suggest in the NEW RUN form: the engine's builtins, the catalogue, the project's repos."""
+    from datahub.models import Repo, RepoType
+
+    ids = [f"{name}@main" for name in env_services.ENGINE_BUILTINS] + [e.environment_id for e in env_services.catalogue()]
+    ids += [f"{name}@main" for name in Repo.objects.filter(project=project, type=RepoType.ENVIRONMENT).order_by("name").values_list("name", flat=True)]
+    return ids
 
 
 def lineage_of(run: TrainingRun) -> list[dict[str, Any]]:

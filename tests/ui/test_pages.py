@@ -256,3 +256,11 @@ def test_teacher_size_from_a_data_hub_repo(project, users):
     fit = teacher_fit("big-teacher@main", "L4:1", project)
     assert fit["source"] == "its config.json in the Data Hub" and 30e9 < fit["params"] < 34e9 and fit["too_large"]
     assert not teacher_fit("big-teacher@main", "H200:1", project)["too_large"]
+
+
+def test_environment_tab_describes_the_builtin(project, users):
+    run = make_run(project, users["owner"], "grpo")
+    html = client_for(users["owner"]).get(f"/training/runs/{run.pk}/environment/").content.decode()
+    assert "Built into the engine" in html and "builtin/arith@main" in html
+    form = client_for(users["owner"]).get("/training/new/method", {"method": "grpo"}).content.decode()
+    assert 'list="environment-choices"' in form and '<option value="builtin/arith@main">' in form
