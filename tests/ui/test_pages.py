@@ -264,3 +264,17 @@ def test_environment_tab_describes_the_builtin(project, users):
     assert "Built into the engine" in html and "builtin/arith@main" in html
     form = client_for(users["owner"]).get("/training/new/method", {"method": "grpo"}).content.decode()
     assert 'list="environment-choices"' in form and '<option value="builtin/arith@main">' in form
+
+
+@pytest.mark.parametrize("path", ["/training/", "/experiments/"])
+def test_list_pages_take_a_fixed_number_of_queries(project, users, django_assert_max_num_queries, path):
+    for i in range(3):
+        make_run(project, users["owner"], "sft", name=f"r{i}")
+    client = client_for(users["owner"])
+    client.get(path)
+    with django_assert_max_num_queries(12) as few:
+        client.get(path)
+    for i in range(3, 23):
+        make_run(project, users["owner"], "sft", name=f"r{i}")
+    with django_assert_max_num_queries(len(few.captured_queries)):
+        client.get(path)
