@@ -326,7 +326,8 @@ def tab_context(request: HttpRequest, run: TrainingRun, tab: str) -> dict[str, A
             context["teacher"] = forms.teacher_fit(config["distillation"].get("teacher_model"), (run.compute or {}).get("accelerators"), run.project)
             context["per_token"] = 6 * int(config["distillation"].get("top_k") or 64)
     elif tab == "datasets":
-        context["entries"] = [{"ref": e.ref, "type": e.type or "—", "kind": ref_kind(e.ref), "pinned": (run.pinned or {}).get("dataset")} for e in dataset_entries(run.dataset)]
+        entries = dataset_entries(run.dataset)
+        context["entries"] = [{"ref": e.ref, "type": e.type or "—", "kind": ref_kind(e.ref), "pinned": pinned_of(run, dataset_field(run, i))} for i, e in enumerate(entries)]
     elif tab == "checkpoints":
         context["checkpoints"] = list(Checkpoint.objects.filter(run=run))
         context["lora"] = config.get("lora_rank") is not None or bool(config.get("lora"))
@@ -334,7 +335,7 @@ def tab_context(request: HttpRequest, run: TrainingRun, tab: str) -> dict[str, A
         context["lineage"] = lineage_of(run)
     elif tab == "environment":
         context["environment_id"] = config.get("environment_id")
-        context["pinned"] = (run.pinned or {}).get("environment_id")
+        context["pinned"] = pinned_of(run, "config.environment_id")
         context["env"] = environment_info(run.project, config.get("environment_id"))
     elif tab == "rollouts":
         context.update(rollout_groups(run, request))
@@ -393,14 +394,22 @@ def environment_choices(project) -> list[str]:
     return ids
 
 
+def dataset_field(run: TrainingRun, index: int) -> str:
+    return f"dataset[{index}]" if isinstance(run.dataset, list) else "dataset"
+
+
+def pinned_of(run: TrainingRun, field: str) -> dict | None:
+    """The commit a Data Hub ref was pinned to at START (run.pinned is keyed by field path)."""
+    return (run.pinned or {}).get(field)
+
+
 def lineage_of(run: TrainingRun) -> list[dict[str, Any]]:
-    pinned = run.pinned or {}
-    items = [{"role": "Base model (weights)", "ref": run.base_model or "— not set", "kind": ref_kind(run.base_model) if run.base_model else "", "pinned": pinned.get("base_model")}]
+    items = [{"role": "Base model (weights)", "ref": run.base_model or "— not set", "kind": ref_kind(run.base_model) if run.base_model else "", "pinned": pinned_of(run, "base_model")}]
     for i, entry in enumerate(dataset_entries(run.dataset)):
-        items.append({"role": "Dataset" + (f" {i + 1}" if i else ""), "ref": entry.ref, "kind": ref_kind(entry.ref), "pinned": pinned.get("dataset")})
+        items.append({"role": "Dataset" + (f" {i + 1}" if i else ""), "ref": entry.ref, "kind": ref_kind(entry.ref), "pinned": pinned_of(run, dataset_field(run, i))})
     teacher = ((run.config or {}).get("distillation") or {}).get("teacher_model")
     if teacher:
-        items.append({"role": "Teacher (distilled from)", "ref": teacher, "kind": ref_kind(teacher), "pinned": pinned.get("teacher_model")})
+        items.append({"role": "Teacher (distilled from)", "ref": teacher, "kind": ref_kind(teacher), "pinned": pinned_of(run, "config.distillation.teacher_model")})
     items.append({"role": "Output branch", "ref": f"{run.experiment.hub_repo or run.experiment.slug}@run-{run.pk}", "kind": "hub", "pinned": None})
     return items
 
