@@ -252,6 +252,9 @@ def new_run(request: HttpRequest) -> HttpResponse:
 def edit_run(request: HttpRequest, run_id: int) -> HttpResponse:
     actor = web_actor(request)
     run = get_run_for(actor, run_id, write=True)
+    if is_live(run) or run.status in ACTIVE_STATUSES or run.status == Status.COMPLETED:
+        messages.error(request, f"A {run.status} run cannot be changed: stop it first, or create a new run.")
+        return redirect("training:run", run_id=run.pk)
     if request.method == "GET":
         values = forms.values_from_run(run)
         errors = errors_by_field(services.start_blockers(run), forms.all_field_names(run.method, values.get("config.rl_mode")))

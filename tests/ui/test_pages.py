@@ -278,3 +278,22 @@ def test_list_pages_take_a_fixed_number_of_queries(project, users, django_assert
         make_run(project, users["owner"], "sft", name=f"r{i}")
     with django_assert_max_num_queries(len(few.captured_queries)):
         client.get(path)
+
+
+def test_edit_keeps_unrelated_config_and_refuses_a_completed_run(project, users):
+    run = make_run(project, users["owner"], "sft", dataset="org/data", config={"lora_rank": 8, "save_steps": 5, "max_steps": 10})
+    client = client_for(users["owner"])
+    html = client.get(f"/training/runs/{run.pk}/edit/").content.decode()
+    assert 'value="10"' in html and "save_steps: 5" in html  # form field, and the rest as YAML
+    response = client.post(f"/training/runs/{run.pk}/edit/", {"name": "renamed", "method": "sft", "base_model": "org/base", "dataset": "org/data",
+                                                              "config.max_steps": "20", "compute.backend": "local", "compute.accelerators": "CPU",
+                                                              "config_text": "lora_rank: 8\n"})
+    assert response.status_code == 302
+    run.refresh_from_db()
+    assert run.name == "renamed" and run.config["max_steps"] == 20 and "save_steps" not in run.config
+    from training import status as status_service
+
+    status_service.transition(run.pk, Status.PROVISIONING)
+    status_service.transition(run.pk, Status.RUNNING)
+    status_service.transition(run.pk, Status.COMPLETED)
+    assert client.get(f"/training/runs/{run.pk}/edit/").status_code == 302
