@@ -3,6 +3,7 @@ pre-start 422 for a package importing something outside the trainer image's set.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -135,3 +136,38 @@ def test_builtins_pass_the_environment_checks(api, env_id):
 
     draft = Draft(method="grpo", base_model="x", dataset=None, config={"environment_id": env_id}, compute={}, project=None)
     assert services.environment_findings(draft, local_image_has) == []
+
+
+@pytest.mark.parametrize("body, field", [
+    ({}, "catalogue"),
+    ({"catalogue": 5}, "catalogue"),
+    ({"catalogue": "gsm-maths", "name": "../etc"}, "name"),
+    ({"catalogue": "gsm-maths", "nme": "x"}, "nme"),
+    ({"catalogue": "gsm-maths", "config": [1]}, "config"),
+])
+def test_bad_fork_bodies_are_400s_naming_the_field(api, body, field):
+    assert_error(api.post("/api/environments/fork", body), 400, field)
+
+
+def test_config_edits_need_an_environment_repo_and_an_object(api, project):
+    create_repo(project, "weights", RepoType.MODEL)
+    assert_error(api.get("/api/environments/weights/config"), 404, "name")
+    assert_error(api.put("/api/environments/nope/config", {"config": {}}), 404, "name")
+    api.post("/api/environments/fork", {"catalogue": "science-qa"})
+    assert_error(api.put("/api/environments/science-qa/config", {"config": "x"}), 400, "config")
+    assert_error(api.put("/api/environments/science-qa/config", {}), 400, "config")
+
+
+def test_a_staging_failure_leaves_repo_and_commit_for_the_engine(api, project, monkeypatch, settings, tmp_path):
+    from training.models import TrainingRun
+
+    settings.STUDIO_RUNS_DIR = tmp_path / "runs"
+
+    fork = api.post("/api/environments/fork", {"catalogue": "gsm-maths"}).json()
+    run = TrainingRun.objects.get(pk=grpo_run(api, "gsm-maths@main"))
+    run.pinned = {"config.environment_id": {"ref": "gsm-maths@main", "commit": fork["commit"], "repo": "acme/gsm-maths"}}
+    staged = Path(services.job_environment(run)["path"])
+    assert staged == tmp_path / "runs" / str(run.pk) / "attempt-0" / "environment" and (staged / "config.py").is_file()
+    monkeypatch.setattr(services, "checkout", lambda *a: (_ for _ in ()).throw(OSError("disk full")))
+    block = services.job_environment(run)
+    assert "path" not in block and block["commit"] == fork["commit"]
