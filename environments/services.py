@@ -257,9 +257,10 @@ def stage_dir(run) -> Path:
 def job_environment(run) -> dict[str, Any] | None:
     """The spec's ``environment`` block for one attempt, staging what the engine will load.
 
-    Environment mode: ``{"id", "package"?, "repo"?, "commit"?, "path"?}`` — on the local backend the
-    pinned commit's files are checked out to the run dir (``path``); remote backends get ``repo`` +
-    ``commit`` and fetch them through the Data Hub's HF API. RULER mode: ``{"id": "builtin/ruler_task",
+    Environment mode: ``{"id", "package"?, "files"?, "repo"?, "commit"?, "hub_url"?, "path"?}`` — on the
+    local backend the pinned commit's files are checked out to the run dir (``path``); remote backends
+    get ``repo`` + ``commit`` and fetch them through the Data Hub's HF API; a catalogue package travels
+    inline (``files``) to remote backends. RULER mode: ``{"id": "builtin/ruler_task",
     "ruler_dataset"?: {"path", "revision"}}`` when its dataset is a Data Hub ref.
     """
     config = run.config or {}
@@ -281,6 +282,8 @@ def job_environment(run) -> dict[str, Any] | None:
             block["package"] = entry.directory.name
             if local:
                 block["path"] = str(entry.directory)
+            else:  # a few KB of text: the job needs nothing from the Studio's disk or the image
+                block["files"] = {p: data.decode() for p, data in entry.files().items()}
         return block
     pin = (run.pinned or {}).get(FIELD)
     if pin:

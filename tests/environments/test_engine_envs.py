@@ -233,3 +233,13 @@ def test_grpo_ruler_fails_with_the_judges_message_after_retries(tiny, ingest: In
     assert error["code"] == "training_error" and "rate limit for judge-1 exceeded" in error["message"]
     assert not ingest.series("reward")
     assert KEY not in json.dumps(ingest.batches)
+
+
+def test_a_catalogue_package_travels_inline_to_remote_jobs(tmp_path):
+    from environments.services import catalogue_entry
+
+    files = {p: b.decode() for p, b in catalogue_entry("calculator").files().items()}
+    env = environment_for(spec_of({"environment_id": "builtin/calculator@main"}, {"id": "builtin/calculator@main", "files": files}, str(tmp_path)))
+    assert (tmp_path / "environment" / "data.jsonl").is_file() and env.tool_stop == "</calc>"
+    with pytest.raises(EnvironmentLoadError, match="leaves the package"):
+        environment_for(spec_of({"environment_id": "x@main"}, {"files": {"../evil.py": ""}}, str(tmp_path / "2")))

@@ -133,3 +133,7 @@ def test_remote_backends_fetch_the_pinned_commit_through_the_hub_api(transaction
     assert (tmp_path / "out" / "environment" / "config.py").is_file()
     row = env.prompts(1, 0)[0]
     assert env.score(row, f"Answer: {row['answer']}")["total"] == pytest.approx(1.0)
+    # a catalogue id on a remote backend carries its files inline
+    run.config = {**run.config, "environment_id": "builtin/science-qa@main"}
+    block = job_environment(run)
+    assert "path" not in block and {"__init__.py", "config.py", "data.jsonl"} <= set(block["files"])

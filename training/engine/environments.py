@@ -5,7 +5,8 @@ components are reported with each rollout so a user can see *why* a completion s
 Environments are looked up by id (``builtin/arith@main``; the ``@ref`` names a version and is ignored by
 built-ins). Anything else is a package (packages.py): Studio stages it and names it in the spec's
 ``environment`` block (``path`` on the local backend; ``repo`` + ``commit`` fetched through the Data Hub's
-HF API elsewhere); the catalogue's ``builtin/<name>`` packages ship with the engine's repo. RULER mode
+HF API elsewhere; a catalogue package's ``files`` inline); the catalogue's ``builtin/<name>`` packages
+also resolve from the engine's repo checkout. RULER mode
 (``rl_mode: "ruler"``) is the built-in ``ruler_task`` environment in ruler.py.
 """
 
@@ -107,6 +108,15 @@ def _staged_directory(spec: Any, block: dict[str, Any], environment_id: str) -> 
     if path and Path(path).exists():
         return Path(path)
     name = environment_id.split("@", 1)[0]
+    if isinstance(block.get("files"), dict) and block["files"]:
+        dest = Path(spec.output_dir) / "environment"
+        for rel, text in block["files"].items():
+            target = (dest / rel).resolve()
+            if not target.is_relative_to(dest.resolve()):
+                raise EnvironmentLoadError(f"environment {environment_id}: file path {rel!r} leaves the package")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text)
+        return dest
     if name.startswith("builtin/"):
         candidate = CATALOGUE_DIR / (block.get("package") or name.split("/", 1)[1].replace("-", "_"))
         if candidate.is_dir():
