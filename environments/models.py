@@ -1,1 +1,2 @@
-"""RL environment repos arrive with the environments issue; builtin/arith ships with the engine."""
+"""No tables: environment repos are Data Hub repos of type environment; the catalogue ships as
+packages under environments/catalogue/ (see services.py)."""
