@@ -13,7 +13,7 @@ from django.http import QueryDict
 
 from studio.errors import ApiError, Finding
 from training.compute import GPU_MEMORY_GIB, parse_accelerators
-from training.refs import local_model_dir
+from training.refs import DATASET_TYPES, local_model_dir
 
 METHOD_CHOICES = [("sft", "SFT"), ("dpo", "DPO"), ("grpo", "GRPO"), ("distill", "DISTILL")]
 PRECISION_CHOICES = [("", "Default (bf16)"), ("bf16", "BF16"), ("fp8", "FP8"), ("nvfp4", "NVFP4")]
@@ -41,7 +41,8 @@ GRPO_MODE_FIELDS = {
     "ruler": {"config.ruler_task_args.dataset": "str", "config.ruler_task_args.system_prompt": "str", "config.judge.mode": "str",
               "config.judge.endpoint": "str", "config.judge.model": "str", "config.judge.api_key_secret": "str", "config.judge_blocks": "int"},
 }
-TOP_FIELDS = ("name", "method", "experiment", "base_model", "dataset", "config_text")
+TOP_FIELDS = ("name", "method", "experiment", "base_model", "dataset", "dataset_type", "config_text")
+DATASET_TYPE_CHOICES = [("", "Not set (the method's default)")] + [(t, t) for t in DATASET_TYPES]
 DEFAULT_CONFIG_TEXT = {
     "sft": "# Adapter: LoRA rank (delete for a full fine-tune; add load_in_4bit: true for QLoRA)\nlora_rank: 16\n",
     "dpo": "# DPO needs LoRA: the frozen base is the reference\nlora_rank: 16\n",
@@ -155,7 +156,9 @@ def parse_run_form(data: QueryDict) -> ParsedRun:
             value = raw
         root, _, rest = name.partition(".")
         set_path(compute if root == "compute" else form_config, rest, value)
-    dataset = (values.get("dataset") or "").strip() or None
+    dataset: Any = (values.get("dataset") or "").strip() or None
+    if dataset and (values.get("dataset_type") or "").strip():
+        dataset = {"ref": dataset, "type": values["dataset_type"].strip()}
     parsed.kwargs = {
         "name": (values.get("name") or "").strip(),
         "method": method,
@@ -176,6 +179,8 @@ def values_from_run(run) -> dict[str, Any]:
     config = json.loads(json.dumps(run.config or {}))
     values: dict[str, Any] = {"name": run.name, "method": run.method, "experiment": str(run.experiment_id),
                               "base_model": run.base_model, "dataset": run.dataset if isinstance(run.dataset, str) else ""}
+    if isinstance(run.dataset, dict):
+        values.update(dataset=run.dataset.get("ref", ""), dataset_type=run.dataset.get("type") or "")
     for name, kind in fields_for(run.method, config.get("rl_mode")).items():
         root, _, rest = name.partition(".")
         source = run.compute if root == "compute" else config

@@ -212,7 +212,7 @@ def form_context(request: HttpRequest, project, values: dict[str, Any], errors: 
         "rl_mode": values.get("config.rl_mode") or "environment",
         "experiments": [("", "Project default")] + [(str(e.pk), e.name) for e in Experiment.objects.filter(project=project).order_by("name")],
         "choices": {"method": forms.METHOD_CHOICES, "precision": forms.PRECISION_CHOICES, "backend": forms.BACKEND_CHOICES,
-                    "rl_mode": forms.RL_MODE_CHOICES, "judge_mode": forms.JUDGE_MODE_CHOICES},
+                    "rl_mode": forms.RL_MODE_CHOICES, "judge_mode": forms.JUDGE_MODE_CHOICES, "dataset_type": forms.DATASET_TYPE_CHOICES},
         "estimate": forms.storage_estimate(values.get("config.distillation.top_k"), values.get("distill_tokens")) if distill else None,
         "environment_choices": environment_choices(project) if method == "grpo" else [],
         "teacher": forms.teacher_fit(values.get("config.distillation.teacher_model"), values.get("compute.accelerators"), project) if distill else None,

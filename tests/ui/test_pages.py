@@ -1,6 +1,8 @@
 """Server-side checks of the Studio pages with Django's test client (fast; no browser)."""
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.test import Client
 
@@ -108,7 +110,8 @@ def test_start_button_is_disabled_with_the_422_findings(project, users):
 def test_new_run_form_creates_a_queued_run(project, users):
     client = client_for(users["owner"])
     html = client.get("/training/new/").content.decode()
-    assert html.count('<option value="sft"') == 1 and html.count("<option value=\"distill\"") == 1
+    picker = html.split('id="f-method"')[1].split("</select>")[0]
+    assert re.findall(r'<option value="([a-z]+)"', picker) == ["sft", "dpo", "grpo", "distill"]
     response = client.post("/training/new/", {
         "name": "form dpo", "method": "dpo", "experiment": "", "base_model": "org/base", "dataset": "prefs@main",
         "config.loss.type": "dpo", "config.loss.dpo_beta": "0.2", "config.per_device_train_batch_size": "2",
@@ -297,3 +300,14 @@ def test_edit_keeps_unrelated_config_and_refuses_a_completed_run(project, users)
     status_service.transition(run.pk, Status.RUNNING)
     status_service.transition(run.pk, Status.COMPLETED)
     assert client.get(f"/training/runs/{run.pk}/edit/").status_code == 302
+
+
+def test_dpo_dataset_entry_type_finding_shows_at_the_dataset(project, users):
+    client = client_for(users["owner"])
+    response = client.post("/training/new/", {"name": "typed", "method": "dpo", "base_model": "org/base", "dataset": "org/prefs", "dataset_type": "chat",
+                                               "config.loss.type": "dpo", "compute.backend": "local", "config_text": "lora_rank: 8\n"})
+    assert response.status_code == 302
+    run = project.runs.get(name="typed")
+    assert run.dataset == {"ref": "org/prefs", "type": "chat"}
+    html = client.get(f"/training/runs/{run.pk}/edit/").content.decode()
+    assert 'id="f-dataset-errors"' in html and "preference" in html.split('id="f-dataset-errors"')[1][:400]
