@@ -13,7 +13,7 @@ from tests.conftest import assert_error, sft_body, wait_for
 from training import services
 from training.backends import get_backend
 from training.backends.base import PollResult
-from training.backends.connections import job_name
+from training.backends.connections import ENGINE_PACKAGES, job_name
 from training.backends.dstack import map_run
 from training.models import Checkpoint, ErrorCode, Status, TrainingRun
 
@@ -74,7 +74,10 @@ def test_the_task_on_the_server_has_the_runs_resources_spot_policy_region_and_en
     assert conf.spot_policy.value == "spot"
     assert conf.regions == ["us-east-1"] and [b.value for b in conf.backends] == ["aws"]
     assert conf.retry.on_events[0].value == "no-capacity" and conf.retry.duration == 600
-    assert conf.commands[-1] == "python -m training.engine --spec /tmp/studio-run.json"
+    assert conf.commands[-2:] == ["cd /workflow/studio", "python -m training.engine --spec /tmp/studio-run.json"]
+    assert conf.commands[0].startswith("pip install -q torch==2.13.0 ")  # the trainer stack at the Studio's pins
+    # The engine's source travels with the run, uploaded to the server from this checkout.
+    assert sorted(a.path for a in spec.file_archives) == ["/workflow/studio/training/__init__.py", "/workflow/studio/training/engine"]
     env = dict(conf.env)
     assert env["STUDIO_INGEST_URL"] == f"{settings.STUDIO_PUBLIC_URL}/api/ingest/runs/{run.pk}"
     assert crypto.hash_token(env["STUDIO_INGEST_TOKEN"]) == run.ingest_token_hash  # this attempt's token
@@ -233,3 +236,15 @@ def test_start_with_an_unknown_region_is_422(api, dstack_connection):
 
 def test_cpu_on_dstack_is_422(api, dstack_connection):
     start_422(api, "compute.accelerators", accelerators="CPU")
+
+
+def test_the_jobs_install_the_trainer_stack_at_the_studios_pins():
+    from pathlib import Path
+
+    from training.backends import modal_app
+
+    pins = {line.split("==")[0].lower(): line.strip() for line in (Path(__file__).resolve().parents[2] / "requirements.txt").read_text().splitlines()
+            if "==" in line and not line.startswith("#")}
+    for package in ENGINE_PACKAGES:
+        assert pins[package.split("==")[0].lower()] == package, package
+    assert tuple(modal_app.ENGINE_PACKAGES) == tuple(ENGINE_PACKAGES)

@@ -3,6 +3,7 @@ its environment and the command that runs the engine in the job."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from studio.errors import Finding
 from studio.services import reveal_secret, secret_exists
@@ -11,6 +12,17 @@ from training.models import BackendConnection, TrainingRun
 
 SPEC_PATH = "/tmp/studio-run.json"
 OUTPUT_DIR = "/tmp/studio-output"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# Where the job finds the engine's source, uploaded from this checkout with each run (so the job
+# runs the Studio's own version of the engine).
+ENGINE_ROOT_IN_JOB = "/workflow/studio"
+# The trainer stack at the Studio's pins (requirements.txt; a test keeps them equal), installed in
+# the job unless the connection names a trainer image that already has it.
+ENGINE_PACKAGES = (
+    "torch==2.13.0", "transformers==5.24.0", "trl==1.16.0", "peft==0.21.2", "datasets==5.2.0",
+    "accelerate==1.15.0", "tokenizers==0.23.3", "huggingface-hub==2.4.0", "safetensors==0.8.0",
+    "bitsandbytes==0.50.2", "requests==2.34.2",
+)
 
 
 def connection_for(project, backend: str) -> BackendConnection | None:
@@ -83,9 +95,22 @@ def job_env(job: JobSpec) -> dict[str, str]:
 
 
 def engine_commands(conn: BackendConnection) -> list[str]:
-    """Setup (e.g. install the engine at the Studio's version), then the engine on its spec."""
+    """Setup (the connection's commands; by default the trainer stack at the Studio's pins unless
+    the connection names a trainer image), then the engine on its spec."""
+    setup = [str(c) for c in conn.setup_commands or []]
+    if not setup and not conn.image:
+        setup = ["pip install -q " + " ".join(ENGINE_PACKAGES)]
     return [
-        *[str(c) for c in conn.setup_commands or []],
+        *setup,
         f'printf "%s" "$STUDIO_RUN_SPEC" > {SPEC_PATH}',
+        f"cd {ENGINE_ROOT_IN_JOB}",
         f"python -m training.engine --spec {SPEC_PATH}",
+    ]
+
+
+def engine_files() -> list[dict[str, str]]:
+    """The engine's source from this checkout, as (local path, path in the job) pairs."""
+    return [
+        {"local_path": str(REPO_ROOT / "training" / "__init__.py"), "path": f"{ENGINE_ROOT_IN_JOB}/training/__init__.py"},
+        {"local_path": str(REPO_ROOT / "training" / "engine"), "path": f"{ENGINE_ROOT_IN_JOB}/training/engine"},
     ]

@@ -27,6 +27,7 @@ from training.backends.connections import (
     connection_findings,
     connection_of_run,
     engine_commands,
+    engine_files,
     job_env,
     job_name,
     secret_value,
@@ -93,6 +94,7 @@ def task_for(job: JobSpec, conn: BackendConnection) -> Task:
     fields: dict[str, Any] = {
         "name": job_name(job.run_id, job.attempt),
         "commands": engine_commands(conn),
+        "files": engine_files(),
         "env": job_env(job),
         "resources": Resources(gpu=gpu_spec(accelerators_of(compute))),
         "spot_policy": "spot" if compute.get("spot") else "on-demand",

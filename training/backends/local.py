@@ -138,16 +138,10 @@ class LocalBackend(Backend):
         return PollResult("gone", "training_error", "the engine's process is gone without an exit status", tail_lines(directory / "engine.log"))
 
     def _exit_result(self, result: dict, directory: Path) -> PollResult:
-        returncode, sig = result.get("returncode"), result.get("signal")
-        tail = tail_lines(directory / "engine.log")
-        if returncode == 0:
-            return PollResult("succeeded", log_tail=tail)
-        if sig == signal.SIGKILL:
-            return PollResult("failed", "oom", "the engine was killed (SIGKILL), most likely by the kernel's OOM killer: use a smaller model or batch", tail)
-        if any("OutOfMemoryError" in line or "CUDA out of memory" in line for line in tail[-50:]):
-            return PollResult("failed", "oom", "the engine ran out of GPU memory: lower the batch size or max_length", tail)
-        how = f"signal {sig}" if sig else f"exit code {returncode}"
-        return PollResult("failed", "training_error", f"the engine stopped with {how}", tail)
+        # The one exit → error-code table, shared with dstack and Modal (training/backends/mapping.py).
+        from training.backends.mapping import exit_result
+
+        return exit_result(result.get("returncode"), result.get("signal"), tail_lines(directory / "engine.log"))
 
     def stop(self, run_id: int, attempt: int, job_id: str) -> None:
         parsed = parse_job_id(job_id)

@@ -12,7 +12,7 @@ from training.backends.base import PollResult
 from training.models import ErrorCode
 
 LOG_TAIL_LINES = 200
-OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory", "out of memory")
+OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory")
 # Exit statuses a shell reports for a process killed by a signal: 128 + signal number.
 SIGKILL_EXIT = 128 + signal.SIGKILL
 

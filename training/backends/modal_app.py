@@ -33,11 +33,12 @@ _HERE = Path(__file__).resolve()
 # engine comes from the image (REMOTE_ROOT).
 REPO_ROOT = _HERE.parents[2] if len(_HERE.parents) > 2 else _HERE.parent
 REMOTE_ROOT = "/root/studio"
-# The trainer stack, at the Studio's pins (requirements.txt); torch's CUDA build on Modal's GPUs.
+# The trainer stack, at the Studio's pins (requirements.txt; a test keeps them equal to it and to
+# connections.ENGINE_PACKAGES — this module cannot import that one in Modal's container).
 ENGINE_PACKAGES = (
     "torch==2.13.0", "transformers==5.24.0", "trl==1.16.0", "peft==0.21.2", "datasets==5.2.0",
     "accelerate==1.15.0", "tokenizers==0.23.3", "huggingface-hub==2.4.0", "safetensors==0.8.0",
-    "bitsandbytes==0.50.2", "requests==2.34.2", "numpy",
+    "bitsandbytes==0.50.2", "requests==2.34.2",
 )
 ENV_ALLOW_LIST = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "HF_HOME",
                   "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "OMP_NUM_THREADS", "TOKENIZERS_PARALLELISM",
