@@ -478,3 +478,30 @@ def metrics_export(run) -> bytes:
 
     rows = MetricPoint.objects.filter(run=run).order_by("key", "step").values_list("key", "step", "value")
     return "".join(json.dumps({"key": k, "step": s, "value": v}) + "\n" for k, s, v in rows.iterator()).encode()
+
+
+def engine_inputs(run, ingest_token: str) -> dict[str, Any]:
+    """What the engine needs to load a run's pinned Data Hub refs (for training.services.job_spec):
+    HF repo ids and commit revisions in place of `repo@ref`, and the environment that points
+    huggingface_hub / datasets / transformers at Studio's /hub. The run's ingest token reads its
+    own project's repos while the run is provisioning or running, so no user token leaves Studio.
+    Refs that are not Data Hub refs pass through unchanged."""
+    from django.conf import settings
+
+    pinned = run.pinned or {}
+    base = pinned.get("base_model")
+    items = run.dataset if isinstance(run.dataset, list) else ([run.dataset] if run.dataset is not None else [])
+    datasets_out = []
+    for i, item in enumerate(items):
+        field = f"dataset[{i}]" if isinstance(run.dataset, list) else "dataset"
+        ref, kind = (item.get("ref"), item.get("type")) if isinstance(item, dict) else (item, None)
+        pin = pinned.get(field)
+        datasets_out.append({"path": pin["repo"], "type": kind, "revision": pin["commit"]} if pin else {"path": ref, "type": kind, "revision": None})
+    env = {"HF_ENDPOINT": f"{settings.STUDIO_PUBLIC_URL}/hub", "HF_TOKEN": ingest_token, "HF_HUB_DISABLE_XET": "1"} if pinned else {}
+    return {
+        "base_model": base["repo"] if base else run.base_model,
+        "base_model_revision": base["commit"] if base else None,
+        "dataset": datasets_out,
+        "teacher_model": pinned.get("config.distillation.teacher_model"),
+        "env": env,
+    }

@@ -132,3 +132,19 @@ def test_checkpoints_are_committed_to_the_run_branch(api, project, chat_data, ea
 
 def test_builtin_environment_refs_are_not_hub_refs(project):
     assert services.run_refs(None, None, {"environment_id": "builtin/arith@main"}) == []
+
+
+def test_engine_inputs_point_at_pinned_commits_and_ingest_token_reads_the_hub(api, client, base_repo, chat_data):
+    run_id = api.post("/api/training-runs", body(base_model="base@main", dataset=[{"ref": "chat-data@main", "type": "chat"}])).json()["id"]
+    assert api.post(f"/api/training-runs/{run_id}/start").status_code == 202
+    TrainingRun.objects.filter(pk=run_id).update(status="running", ingest_token_hash=crypto.hash_token("ing_abc"))
+    run = TrainingRun.objects.get(pk=run_id)
+    inputs = services.engine_inputs(run, "ing_abc")
+    assert inputs["base_model"] == "acme/base" and inputs["base_model_revision"] == services.resolve(base_repo, "main").pk
+    assert inputs["dataset"] == [{"path": "acme/chat-data", "type": "chat", "revision": services.resolve(chat_data, "main").pk}]
+    assert inputs["env"]["HF_ENDPOINT"].endswith("/hub") and inputs["env"]["HF_TOKEN"] == "ing_abc"
+    # the attempt's ingest token reads its project's repos through /hub while the run is active
+    r = client.get(f"/hub/acme/base/resolve/{inputs['base_model_revision']}/config.json", HTTP_AUTHORIZATION="Bearer ing_abc")
+    assert r.status_code == 200
+    TrainingRun.objects.filter(pk=run_id).update(status="completed")
+    assert client.get("/hub/api/models/acme/base", HTTP_AUTHORIZATION="Bearer ing_abc").status_code == 401
