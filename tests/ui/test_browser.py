@@ -94,7 +94,7 @@ def test_create_experiment_with_htmx(owner_page, project):
     expect(page.locator("#f-name-errors")).to_contain_text("already has an experiment")
     check_page(page)
     page.shot("experiments")
-    page.locator('tr[data-experiment="tone-sweep"] a').click()
+    page.locator('tr[data-experiment="tone-sweep"]').get_by_role("link", name="tone sweep").click()
     expect(page.get_by_role("heading", name="tone sweep")).to_be_visible()
     page.get_by_role("link", name="NEW RUN in this experiment").click()
     expect(page.get_by_label("Experiment")).to_have_value(str(project.experiments.get(slug="tone-sweep").pk))
