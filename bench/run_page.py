@@ -23,6 +23,7 @@ os.environ.setdefault("DEBUG", "0")  # production-like: DEBUG keeps every query 
 os.environ.setdefault("SECRET_KEY", "bench-" + "x" * 60)
 os.environ.setdefault("STUDIO_ENCRYPTION_KEY", "bench-encryption-key")
 os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/14")
+os.environ.setdefault("SECURE_SSL_REDIRECT", "0")  # the test client speaks plain HTTP
 
 
 def ensure_database(url: str) -> None:
@@ -45,8 +46,8 @@ def main() -> None:
     if BENCH_DB.startswith("postgres"):
         ensure_database(BENCH_DB)
     django.setup()
-    from django.core.management import call_command
     from django.contrib.auth import get_user_model
+    from django.core.management import call_command
     from django.test import Client
 
     call_command("migrate", verbosity=0)
