@@ -155,3 +155,19 @@ def pretty(value: Any) -> str:
     if isinstance(value, str):
         return value
     return json.dumps(value)
+
+
+@register.simple_tag
+def hub_url(ref: Any, project_slug: str) -> str:
+    """The Hub browser's page for a Data Hub ref `[project/]repo@ref`, or "" for anything else."""
+    from django.urls import NoReverseMatch, reverse
+
+    from training.refs import HUB_REF
+
+    match = HUB_REF.match(ref) if isinstance(ref, str) else None
+    if not match:
+        return ""
+    try:
+        return reverse("datahub:tree", args=[match["project"] or project_slug, match["repo"], match["ref"]])
+    except NoReverseMatch:
+        return ""

@@ -311,3 +311,11 @@ def test_dpo_dataset_entry_type_finding_shows_at_the_dataset(project, users):
     assert run.dataset == {"ref": "org/prefs", "type": "chat"}
     html = client.get(f"/training/runs/{run.pk}/edit/").content.decode()
     assert 'id="f-dataset-errors"' in html and "preference" in html.split('id="f-dataset-errors"')[1][:400]
+
+
+def test_hub_refs_link_to_the_hub_browser(project, users):
+    run = make_run(project, users["owner"], "sft", dataset="my-data@main")
+    client = client_for(users["owner"])
+    assert 'href="/hub/acme/my-data/tree/main"' in client.get(f"/training/runs/{run.pk}/datasets/").content.decode()
+    lineage = client.get(f"/training/runs/{run.pk}/lineage/").content.decode()
+    assert f"run-{run.pk}" in lineage and "/hub/acme/experiment-default/tree/run-" in lineage
