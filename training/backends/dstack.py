@@ -158,6 +158,26 @@ def map_run(run) -> PollResult:
     return mapping.provisioning_error(f"dstack ended the job ({reason}: {message})".replace(": )", ")"))
 
 
+def reachability_findings(conn: BackendConnection) -> list[Finding]:
+    """One request from START, with a short timeout and no retries (dstack's client retries a
+    refused connection three times a second apart): the same endpoint as the client's
+    `projects.get`, POST /api/projects/{project}/get, which checks the token and the project."""
+    try:
+        token = secret_value(conn, "token_secret", "dstack token")
+        project = conn.dstack_project or "main"
+        response = requests.post(f"{conn.server_url.rstrip('/')}/api/projects/{project}/get",
+                                 headers={"Authorization": f"Bearer {token}"}, timeout=CHECK_TIMEOUT_SECONDS)
+    except BackendError as exc:
+        return [Finding("compute.backend", str(exc))]
+    except requests.exceptions.RequestException as exc:
+        return [Finding("compute.backend", f"the dstack server at {conn.server_url} cannot be reached ({type(exc).__name__}): try again when it is up, or use another backend")]
+    if response.status_code in (401, 403):
+        return [Finding("compute.backend", f"the dstack server at {conn.server_url} refused the token: an owner checks the connection's token secret")]
+    if response.status_code != 200:
+        return [Finding("compute.backend", f"the dstack server at {conn.server_url} has no project {project!r} for this token (HTTP {response.status_code}): an owner checks the connection")]
+    return []
+
+
 class DstackBackend(Backend):
     name = "dstack"
     SECRETS = {"token_secret": "dstack token"}
@@ -168,12 +188,7 @@ class DstackBackend(Backend):
             return findings
         if not conn.server_url:
             return [Finding("compute.backend", "the dstack connection has no server URL: an owner sets it in the admin")]
-        try:
-            client_for(conn, CHECK_TIMEOUT_SECONDS).client.projects.get(conn.dstack_project or "main")
-        except Exception as exc:  # noqa: BLE001 - any failure here is "not reachable", told to the user
-            error = translate(exc, conn)
-            return [Finding("compute.backend", f"{error}: try again when it is up, or use another backend")]
-        return []
+        return reachability_findings(conn)
 
     def image_has(self, module: str) -> bool:
         from training.validation import remote_image_has
