@@ -207,6 +207,8 @@ def environment_findings(draft, image_has: Callable[[str], bool]) -> list[Findin
     from datahub.services import is_hub_ref, resolve_ref
 
     config = draft.config if isinstance(draft.config, dict) else {}
+    if draft.method == "grpo" and config.get("rl_mode") == "ruler":
+        return ruler_findings(config)
     if draft.method != "grpo" or config.get("rl_mode", "environment") != "environment":
         return []
     env_id = config.get("environment_id")
@@ -237,6 +239,18 @@ def environment_findings(draft, image_has: Callable[[str], bool]) -> list[Findin
     if not files:
         return [Finding(FIELD, f"{env_id} is empty: push a package whose __init__.py exposes load_environment(**kwargs)")]
     return static_findings(files, image_has, where=where)
+
+
+def ruler_findings(config: dict[str, Any]) -> list[Finding]:
+    """What the engine's RULER judge needs beyond the method's checks: an http(s) URL."""
+    judge = config.get("judge") if isinstance(config.get("judge"), dict) else {}
+    if judge.get("mode", "external") != "external":
+        return []
+    findings = []
+    endpoint = judge.get("endpoint")
+    if isinstance(endpoint, str) and endpoint and not endpoint.startswith(("http://", "https://")):
+        findings.append(Finding("config.judge.endpoint", "the judge endpoint is the http(s) base URL of an OpenAI-compatible API, e.g. https://api.example.com/v1"))
+    return findings  # no model: the engine uses the one the endpoint lists at /models
 
 
 def checkout(files: dict[str, bytes], dest: Path) -> Path:

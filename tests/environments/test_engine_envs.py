@@ -137,6 +137,13 @@ class JudgeServer:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                outer.requests.append({"path": self.path, "auth": self.headers.get("Authorization"), "body": None})
+                if self.path == "/v1/models":
+                    self._send(200, {"object": "list", "data": [{"id": "served-judge", "object": "model"}]})
+                else:
+                    self._send(404, {"error": {"message": "not found"}})
+
             def do_POST(self) -> None:  # noqa: N802
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 outer.requests.append({"path": self.path, "auth": self.headers.get("Authorization"), "body": body})
@@ -243,3 +250,14 @@ def test_a_catalogue_package_travels_inline_to_remote_jobs(tmp_path):
     assert (tmp_path / "environment" / "data.jsonl").is_file() and env.tool_stop == "</calc>"
     with pytest.raises(EnvironmentLoadError, match="leaves the package"):
         environment_for(spec_of({"environment_id": "x@main"}, {"files": {"../evil.py": ""}}, str(tmp_path / "2")))
+
+
+def test_an_unset_judge_model_is_the_one_the_endpoint_serves(tiny, ingest: IngestStub, judge, tmp_path, monkeypatch):  # noqa: F811
+    monkeypatch.setenv("STUDIO_JUDGE_API_KEY", KEY)
+    config = ruler_config(tmp_path, judge.url)
+    config["judge"].pop("model")
+    config["max_steps"] = 1
+    assert run_inprocess(make_spec("grpo", tiny["student"], [], tmp_path / "out", config, ingest)) == 0
+    assert judge.requests[0]["path"] == "/v1/models" and judge.requests[0]["auth"] == f"Bearer {KEY}"
+    assert judge.requests[1]["body"]["model"] == "served-judge"
+    assert any("using 'served-judge'" in line for line in ingest.collect("logs"))

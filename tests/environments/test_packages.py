@@ -171,3 +171,15 @@ def test_a_staging_failure_leaves_repo_and_commit_for_the_engine(api, project, m
     monkeypatch.setattr(services, "checkout", lambda *a: (_ for _ in ()).throw(OSError("disk full")))
     block = services.job_environment(run)
     assert "path" not in block and block["commit"] == fork["commit"]
+
+
+def test_ruler_judge_endpoint_must_be_an_http_url():
+    from training.methods.base import Draft
+    from training.validation import local_image_has
+
+    def draft(endpoint):
+        config = {"rl_mode": "ruler", "judge": {"mode": "external", "endpoint": endpoint, "api_key_secret": "k"}}
+        return Draft(method="grpo", base_model="x", dataset=None, config=config, compute={}, project=None)
+
+    assert [f.field for f in services.environment_findings(draft("judge.local:8000/v1"), local_image_has)] == ["config.judge.endpoint"]
+    assert services.environment_findings(draft("https://judge.example/v1"), local_image_has) == []

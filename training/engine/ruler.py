@@ -52,6 +52,7 @@ def chat_url(endpoint: str) -> str:
 class RulerJudge:
     def __init__(self, endpoint: str, model: str, api_key: str, log: Callable[[str], Any] = print) -> None:
         self.url = chat_url(endpoint)
+        self.base = self.url.removesuffix("/chat/completions")
         self.model = model
         self._api_key = api_key
         self.log = log
@@ -59,9 +60,9 @@ class RulerJudge:
     def _redact(self, text: str) -> str:
         return text.replace(self._api_key, "[redacted]") if self._api_key else text
 
-    def _post(self, body: dict[str, Any]) -> dict[str, Any]:
+    def _post(self, body: dict[str, Any] | None, url: str | None = None) -> dict[str, Any]:
         request = urllib.request.Request(
-            self.url, data=json.dumps(body).encode(), method="POST",
+            url or self.url, data=json.dumps(body).encode() if body is not None else None, method="POST" if body is not None else "GET",
             headers={"Content-Type": "application/json", "Authorization": f"Bearer {self._api_key}"},
         )
         try:
@@ -97,23 +98,38 @@ class RulerJudge:
             raise JudgeError(f"the judge's reply has no score for response(s) {missing}: {content[:300]!r}")
         return [min(1.0, max(0.0, by_id[i])) for i in range(1, n + 1)]
 
-    def score_group(self, criteria: str, prompt: str, responses: list[str]) -> list[float]:
-        listing = "\n".join(f'<response id="{i}">\n{r}\n</response>' for i, r in enumerate(responses, 1))
-        user = f"Criteria (the task's system prompt):\n{criteria}\n\nPrompt:\n{prompt}\n\nResponses ({len(responses)}):\n{listing}"
-        body = {"model": self.model, "temperature": 0, "messages": [{"role": "system", "content": JUDGE_SYSTEM}, {"role": "user", "content": user}]}
+    def _retrying(self, what: str, call: Callable[[], Any]) -> Any:
         last = ""
         for attempt in range(1, ATTEMPTS + 1):
             try:
-                reply = self._post(body)
-                content = reply["choices"][0]["message"]["content"] or ""
-                return self.parse_scores(content, len(responses))
+                return call()
             except (JudgeError, KeyError, IndexError, TypeError) as exc:
                 last = self._redact(str(exc) if isinstance(exc, JudgeError) else f"unexpected reply shape ({type(exc).__name__}: {exc})")
                 if attempt < ATTEMPTS:
                     delay = BACKOFF_S * 2 ** (attempt - 1)
-                    self.log(f"ruler: judge attempt {attempt}/{ATTEMPTS} failed ({last}); retrying in {delay:.1f} s")
+                    self.log(f"ruler: judge {what} attempt {attempt}/{ATTEMPTS} failed ({last}); retrying in {delay:.1f} s")
                     time.sleep(delay)
-        raise JudgeError(f"RULER judge {self.model} at {self.url} failed after {ATTEMPTS} attempts: {last}")
+        raise JudgeError(f"RULER judge {self.model or '(model unset)'} at {self.base} failed after {ATTEMPTS} attempts: {last}")
+
+    def served_model(self) -> str:
+        def ask() -> str:
+            models = self._post(None, f"{self.base}/models")["data"]
+            if not models:
+                raise JudgeError(f"{self.base}/models lists no model: set config.judge.model")
+            return str(models[0]["id"])
+
+        return self._retrying("/models", ask)
+
+    def score_group(self, criteria: str, prompt: str, responses: list[str]) -> list[float]:
+        listing = "\n".join(f'<response id="{i}">\n{r}\n</response>' for i, r in enumerate(responses, 1))
+        user = f"Criteria (the task's system prompt):\n{criteria}\n\nPrompt:\n{prompt}\n\nResponses ({len(responses)}):\n{listing}"
+        body = {"model": self.model, "temperature": 0, "messages": [{"role": "system", "content": JUDGE_SYSTEM}, {"role": "user", "content": user}]}
+
+        def ask() -> list[float]:
+            reply = self._post(body)
+            return self.parse_scores(reply["choices"][0]["message"]["content"] or "", len(responses))
+
+        return self._retrying("scoring", ask)
 
 
 class RulerEnvironment(Environment):
@@ -137,8 +153,8 @@ class RulerEnvironment(Environment):
         mode = judge.get("mode", "external")
         if mode != "external":
             raise SpecError(f'config.judge.mode: {mode!r} judges are not available in this engine; use "external"')
-        if not judge.get("endpoint") or not judge.get("model"):
-            raise SpecError("config.judge.endpoint: an external judge needs endpoint and model")
+        if not judge.get("endpoint"):
+            raise SpecError("config.judge.endpoint: an external judge needs the URL of an OpenAI-compatible endpoint")
         api_key = os.environ.get(API_KEY_ENV, "")
         if not api_key:
             raise SpecError(f"config.judge.api_key_secret: the judge's API key did not reach the engine ({API_KEY_ENV} is unset)")
@@ -150,7 +166,11 @@ class RulerEnvironment(Environment):
         rows = [{"prompt": str(r[column])} for r in data if r[column]]
         if not rows:
             raise SpecError("config.ruler_task_args.dataset: the dataset has no prompts")
-        return cls(rows, str(task["system_prompt"]), RulerJudge(str(judge["endpoint"]), str(judge["model"]), api_key, log))
+        client = RulerJudge(str(judge["endpoint"]), str(judge.get("model") or ""), api_key, log)
+        if not client.model:
+            client.model = client.served_model()  # before the policy loads: a dead judge fails the run early
+            log(f"ruler: config.judge.model is unset; using {client.model!r}, the first model {client.base}/models lists")
+        return cls(rows, str(task["system_prompt"]), client)
 
     def prompts(self, n: int, seed: int) -> list[dict[str, Any]]:
         import random
