@@ -57,6 +57,13 @@ def get_config(request: HttpRequest, name: str, ref: str = "main"):
     return services.repo_config(project, name, ref)
 
 
+@router.get("/{name}/check")
+def check_environment(request: HttpRequest, name: str, ref: str = "main", backend: str = "local"):
+    """The pre-start package checks (no import): entry point, syntax, imports vs the trainer image."""
+    project = actor(request).require_project()
+    return services.check_repo(project, name, ref, backend)
+
+
 @router.put("/{name}/config", openapi_extra=body_schema(ConfigIn))
 def put_config(request: HttpRequest, name: str):
     who = actor(request)

@@ -382,6 +382,21 @@ def repo_config(project, name: str, ref: str = "main") -> dict[str, Any]:
     return {"repo": repo.name, "environment_id": f"{repo.name}@{ref}", "commit": commit.pk, "config": read_config(files), "files": sorted(files)}
 
 
+def check_repo(project, name: str, ref: str = "main", backend_name: str = "local") -> dict[str, Any]:
+    """The static checks START runs, for an environment repo page or a push: {"commit", "findings"}."""
+    from datahub.services import resolve
+    from training.backends import get_backend
+
+    repo = environment_repo(project, name)
+    backend = get_backend(backend_name)
+    if backend is None:
+        raise BadRequest(f"Unknown backend {backend_name!r}.", [Finding("backend", "use local, dstack or modal")])
+    commit = resolve(repo, ref)
+    where = "this machine's trainer environment" if backend_name == "local" else f"the {backend_name} trainer image"
+    found = static_findings(hub_package_files(commit), backend.image_has, where=where)
+    return {"repo": repo.name, "commit": commit.pk, "backend": backend_name, "findings": [f.as_dict() for f in found]}
+
+
 def update_config(project, name: str, config: dict[str, Any], user=None) -> dict[str, Any]:
     from datahub.services import commit_files
 

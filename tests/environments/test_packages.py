@@ -183,3 +183,13 @@ def test_ruler_judge_endpoint_must_be_an_http_url():
 
     assert [f.field for f in services.environment_findings(draft("judge.local:8000/v1"), local_image_has)] == ["config.judge.endpoint"]
     assert services.environment_findings(draft("https://judge.example/v1"), local_image_has) == []
+
+
+def test_the_check_endpoint_reports_what_start_would(api, project):
+    repo = create_repo(project, "np-env2", RepoType.ENVIRONMENT)
+    commit_files(repo, "main", {"__init__.py": b"import numpy\nimport trl\n\ndef load_environment(**kwargs):\n    return None\n"})
+    assert api.get("/api/environments/np-env2/check").json()["findings"] == []  # numpy and trl are in this venv
+    remote = api.get("/api/environments/np-env2/check", backend="dstack").json()
+    assert [f["field"] for f in remote["findings"]] == ["config.environment_id"] and "'numpy'" in remote["findings"][0]["message"]
+    assert_error(api.get("/api/environments/np-env2/check", backend="mainframe"), 400, "backend")
+    assert_error(api.get("/api/environments/np-env2/check", ref="nope"), 404)
