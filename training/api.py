@@ -5,17 +5,18 @@ in ninja.pagination's globals, where `Query[RunFilters]` as a string cannot be r
 call was a 500).
 """
 from django.http import HttpRequest
-from ninja import Query, Router
+from ninja import Field, Query, Router, Schema
 from ninja.pagination import LimitOffsetPagination, paginate
 
 from experiments.services import find_experiment
 from studio.api import actor, body_schema, parse_body
-from training import metrics, services
+from training import checkpoints, metrics, services
 from training.models import Checkpoint, LogLine, Rollout
 from training.queries import get_run_for, runs_for
 from training.schemas import (
     CheckpointOut,
     LogsOut,
+    MergeOut,
     LogsQuery,
     MetricsOut,
     MetricsQuery,
@@ -29,13 +30,24 @@ from training.schemas import (
 
 router = Router(tags=["training-runs"])
 
+# PostgreSQL's LIMIT/OFFSET are bigints: ninja's own Input lets any integer through, and
+# ?limit=3e26 was a 500 (found by schemathesis). Bounded here, so it is a 400 naming the field.
+MAX_LIMIT = 1000
+MAX_OFFSET = 2**31 - 1
+
+
+class Pagination(LimitOffsetPagination):
+    class Input(Schema):
+        limit: int = Field(100, ge=1, le=MAX_LIMIT)
+        offset: int = Field(0, ge=0, le=MAX_OFFSET)
+
 
 @router.get("", response=list[RunOut])
-@paginate(LimitOffsetPagination)
+@paginate(Pagination)
 def list_runs(request: HttpRequest, filters: Query[RunFilters]):
     who = actor(request)
     project = who.require_project()
-    runs = runs_for(who).filter(project=project).select_related("project", "experiment")
+    runs = runs_for(who).filter(project=project).select_related("project", "experiment", "resume_checkpoint")
     if filters.status:
         runs = runs.filter(status=filters.status)
     if filters.method:
@@ -90,7 +102,7 @@ def run_metrics(request: HttpRequest, run_id: int, query: Query[MetricsQuery]):
 
 
 @router.get("/{int:run_id}/rollouts", response=list[RolloutOut])
-@paginate(LimitOffsetPagination)
+@paginate(Pagination)
 def run_rollouts(request: HttpRequest, run_id: int, query: Query[RolloutQuery]):
     run = get_run_for(actor(request), run_id)
     rollouts = Rollout.objects.filter(run=run).order_by("step", "id")
@@ -114,3 +126,19 @@ def run_logs(request: HttpRequest, run_id: int, query: Query[LogsQuery]):
 def run_checkpoints(request: HttpRequest, run_id: int):
     run = get_run_for(actor(request), run_id)
     return Checkpoint.objects.filter(run=run)
+
+
+@router.post("/{int:run_id}/checkpoints/{int:step}/resume", response={201: RunOut})
+def resume_from_checkpoint(request: HttpRequest, run_id: int, step: int):
+    """A new queued run that continues from this saved step (weights, optimizer, scheduler, RNG)."""
+    who = actor(request)
+    run = get_run_for(who, run_id, write=True)
+    return 201, checkpoints.resume_run(run, checkpoints.checkpoint_of(run, step), who.user)
+
+
+@router.post("/{int:run_id}/checkpoints/{int:step}/merge", response={202: MergeOut})
+def merge_checkpoint(request: HttpRequest, run_id: int, step: int):
+    """Merge a LoRA checkpoint into its base; the merged weights appear as a `merged` checkpoint."""
+    run = get_run_for(actor(request), run_id, write=True)
+    checkpoints.request_merge(run, checkpoints.checkpoint_of(run, step))
+    return 202, {"run": run.pk, "step": step, "queued": True}

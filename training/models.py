@@ -63,6 +63,9 @@ class TrainingRun(models.Model):
     backend_job_id = models.CharField(max_length=200, blank=True)
     # Refs resolved to commits at start (lineage); filled by the Data Hub resolver.
     pinned = models.JSONField(default=dict, blank=True)
+    # Lineage of a run made with "resume from here": the run and the saved step it continues from.
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children")
+    resume_checkpoint = models.ForeignKey("Checkpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
 
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)

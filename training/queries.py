@@ -14,7 +14,7 @@ def runs_for(actor: Actor) -> QuerySet[TrainingRun]:
 
 def get_run_for(actor: Actor, run_id: int, *, write: bool = False) -> TrainingRun:
     """The run, or 404 for anyone outside its project; with write, 403 for a viewer."""
-    run = runs_for(actor).select_related("project", "project__plan", "experiment").filter(pk=run_id).first()
+    run = runs_for(actor).select_related("project", "project__plan", "experiment", "resume_checkpoint").filter(pk=run_id).first()
     if run is None:
         raise NotFound(f"No training run {run_id} in your projects.")
     if write:

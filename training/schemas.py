@@ -59,10 +59,20 @@ class RunOut(Schema):
     finished_at: datetime | None
     last_heartbeat_at: datetime | None
     cost: Decimal
+    parent: int | None = Field(None, description="The run this one was resumed from")
+    resumed_from_step: int | None = None
 
     @staticmethod
     def resolve_project(obj) -> str:
         return obj.project.slug
+
+    @staticmethod
+    def resolve_parent(obj) -> int | None:
+        return obj.parent_id
+
+    @staticmethod
+    def resolve_resumed_from_step(obj) -> int | None:
+        return obj.resume_checkpoint.step if obj.resume_checkpoint_id else None
 
 
 class RunFilters(Schema):
@@ -79,6 +89,12 @@ class MetricsQuery(Schema):
 
 class MetricsOut(Schema):
     series: dict[str, list[tuple[int, float]]]
+
+
+class MergeOut(Schema):
+    run: int
+    step: int
+    queued: bool
 
 
 class LogsQuery(Schema):

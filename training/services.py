@@ -211,7 +211,8 @@ def job_spec(run: TrainingRun, token: str) -> JobSpec:
         dataset=[{"path": e.ref, "type": e.type, "revision": None} for e in dataset_entries(run.dataset)],
         config=run.config, compute=run.compute,
         ingest_url=f"{settings.STUDIO_PUBLIC_URL}/api/ingest/runs/{run.pk}", ingest_token=token,
-        resume_from=None, environment=job_environment(run), env=judge_env(run),
+        resume_from=run.resume_checkpoint.path if run.resume_checkpoint_id else None,
+        environment=job_environment(run), env=judge_env(run),
     )
 
 

@@ -45,3 +45,10 @@ def verify_backend_connection(connection_id: int) -> str:
     from training.backends.verify import verify_connection
 
     return verify_connection(connection_id)
+
+
+@shared_task(name="training.tasks.merge_checkpoint", soft_time_limit=3700)
+def merge_checkpoint(checkpoint_id: int) -> None:
+    from training.checkpoints import merge
+
+    merge(checkpoint_id)

@@ -1,0 +1,58 @@
+"""Resume from a saved step (a child run, in lineage) and merge a LoRA checkpoint, for real."""
+from __future__ import annotations
+
+import pytest
+from safetensors.torch import load_file
+
+from tests.conftest import assert_error, sft_body, wait_for
+from training.models import Checkpoint, MetricPoint, Status, TrainingRun
+
+pytestmark = pytest.mark.worker
+
+
+def train(api, body: dict) -> TrainingRun:
+    run_id = api.post("/api/training-runs", body).json()["id"]
+    assert api.post(f"/api/training-runs/{run_id}/start").status_code == 202
+    run = wait_for(lambda: TrainingRun.objects.filter(pk=run_id, status__in=(Status.COMPLETED, Status.FAILED)).first(), 300, interval=0.5, message="the run to end")
+    assert run.status == Status.COMPLETED, run.error
+    return run
+
+
+def test_resume_from_a_checkpoint_continues_in_a_child_run(api, studio_worker, tiny_models):
+    parent = train(api, sft_body(base_model=tiny_models["student"], dataset=tiny_models["data_sft"],
+                                 config={"max_steps": 6, "save_steps": 3, "learning_rate": 5e-3, "per_device_train_batch_size": 8, "max_length": 64}))
+    assert_error(api.post(f"/api/training-runs/{parent.pk}/checkpoints/4/resume"), 400, "step")
+    r = api.post(f"/api/training-runs/{parent.pk}/checkpoints/3/resume")
+    assert r.status_code == 201, r.content
+    child = r.json()
+    assert child["parent"] == parent.pk and child["resumed_from_step"] == 3 and child["status"] == "queued"
+    assert child["config"] == parent.config
+    done = train_started(api, child["id"])
+    steps = sorted(MetricPoint.objects.filter(run=done, key="loss").values_list("step", flat=True))
+    assert steps == [4, 5, 6]  # picked up after the saved step, not from scratch
+
+
+def train_started(api, run_id: int) -> TrainingRun:
+    assert api.post(f"/api/training-runs/{run_id}/start").status_code == 202
+    run = wait_for(lambda: TrainingRun.objects.filter(pk=run_id, status__in=(Status.COMPLETED, Status.FAILED)).first(), 300, interval=0.5, message="the child run to end")
+    assert run.status == Status.COMPLETED, run.error
+    return run
+
+
+def test_merge_a_lora_checkpoint_into_the_base(api, studio_worker, tiny_models):
+    run = train(api, sft_body(base_model=tiny_models["student"], dataset=tiny_models["data_sft"],
+                              config={"max_steps": 4, "save_steps": 2, "lora_rank": 4, "learning_rate": 5e-3, "per_device_train_batch_size": 8, "max_length": 64}))
+    r = api.post(f"/api/training-runs/{run.pk}/checkpoints/2/merge")
+    assert r.status_code == 202, r.content
+    merged = wait_for(lambda: Checkpoint.objects.filter(run=run, kind="merged", step=2).first(), 180, interval=0.5, message="the merged checkpoint")
+    weights = {}
+    for shard in sorted(__import__("pathlib").Path(merged.path).glob("*.safetensors")):
+        weights.update(load_file(str(shard)))
+    assert weights and not any("lora" in k for k in weights)
+    assert api.post(f"/api/training-runs/{run.pk}/checkpoints/2/merge").status_code == 409
+
+
+def test_merge_of_a_full_finetune_is_refused(api, project):
+    run_id = api.post("/api/training-runs", sft_body()).json()["id"]
+    Checkpoint.objects.create(run_id=run_id, attempt=1, step=5, path="/x/checkpoint-5")
+    assert_error(api.post(f"/api/training-runs/{run_id}/checkpoints/5/merge"), 400, "step")

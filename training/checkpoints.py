@@ -1,0 +1,73 @@
+"""Checkpoint actions: resume a child run from a saved step, merge a LoRA checkpoint into its base."""
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+from django.db import transaction
+
+from datahub.services import create_run_branch, record_checkpoint
+from studio.errors import BadRequest, Conflict, Finding
+from training.backends.local import REPO_ROOT, engine_env
+from training.methods.base import lora_enabled
+from training.models import Checkpoint, TrainingRun
+from training.services import add_log, require_training_plan
+
+log = logging.getLogger(__name__)
+RESUMABLE_KINDS = ("checkpoint",)
+MERGE_TIMEOUT_SECONDS = 3600
+
+
+def checkpoint_of(run: TrainingRun, step: int) -> Checkpoint:
+    """The newest saved step `step` of `run` that can be resumed or merged."""
+    checkpoint = Checkpoint.objects.filter(run=run, step=step, kind__in=RESUMABLE_KINDS).order_by("-attempt", "-id").first()
+    if checkpoint is None:
+        raise BadRequest(f"Run {run.pk} has no saved checkpoint at step {step}.", [Finding("step", "pick a step listed under Checkpoints (kind checkpoint)")])
+    return checkpoint
+
+
+@transaction.atomic
+def resume_run(run: TrainingRun, checkpoint: Checkpoint, user) -> TrainingRun:
+    """A new queued run with the same settings that continues from `checkpoint` (weights, optimizer,
+    scheduler and RNG state). Lineage records the parent run and the step."""
+    require_training_plan(run.project)
+    child = TrainingRun.objects.create(
+        project=run.project, experiment=run.experiment, created_by=user,
+        name=f"{run.name} (from step {checkpoint.step})"[:200], method=run.method, base_model=run.base_model,
+        dataset=run.dataset, config=run.config, compute=run.compute, parent=run, resume_checkpoint=checkpoint,
+    )
+    create_run_branch(child)
+    return child
+
+
+def request_merge(run: TrainingRun, checkpoint: Checkpoint) -> None:
+    """Queue the merge of a LoRA checkpoint into the base; the merged weights are committed to the
+    run's branch as a `merged` checkpoint."""
+    from training.tasks import merge_checkpoint
+
+    if not lora_enabled(run.config):
+        raise BadRequest("Only a LoRA run's checkpoints can be merged.", [Finding("step", "this run trains all weights: its checkpoints are already full models")])
+    if Checkpoint.objects.filter(run=run, kind="merged", step=checkpoint.step).exists():
+        raise Conflict(f"Step {checkpoint.step} of run {run.pk} is already merged.")
+    transaction.on_commit(lambda: merge_checkpoint.delay(checkpoint.pk))
+
+
+def merge(checkpoint_id: int) -> Checkpoint | None:
+    """Run the engine's merge in its own process (the worker never holds model weights)."""
+    checkpoint = Checkpoint.objects.select_related("run", "run__project").filter(pk=checkpoint_id).first()
+    if checkpoint is None:
+        return None
+    run = checkpoint.run
+    out = Path(checkpoint.path).parent / f"merged-step-{checkpoint.step}"
+    command = [sys.executable, "-m", "training.engine.merge", "--base", run.base_model, "--adapter", checkpoint.path, "--out", str(out)]
+    done = subprocess.run(command, cwd=REPO_ROOT, env=engine_env({}), capture_output=True, text=True, timeout=MERGE_TIMEOUT_SECONDS)
+    if done.returncode != 0:
+        tail = (done.stdout + done.stderr).strip().splitlines()[-5:]
+        add_log(run, f"[studio] merge of step {checkpoint.step} failed: " + " | ".join(tail))
+        return None
+    merged = Checkpoint.objects.create(run=run, attempt=checkpoint.attempt, step=checkpoint.step, kind="merged", path=str(out))
+    record_checkpoint(run, merged)
+    add_log(run, f"[studio] step {checkpoint.step} merged into the base: {out}")
+    return merged
