@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | 
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/studio
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/11
 
-.PHONY: install studio test lint services browser
+.PHONY: install studio test lint services browser bench
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -37,3 +37,12 @@ test: install services browser
 
 lint: install
 	$(VENV)/bin/ruff check .
+
+# The CPU benchmarks (bench/*.py), each printing one JSON object, on their own database, Redis db
+# and queue. The figures are recorded in bench/RESULTS.md.
+BENCH_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/studio_bench
+BENCH_REDIS_URL ?= redis://127.0.0.1:6379/14
+bench: install services
+	for b in dispatch ingest reads overhead; do \
+	  DATABASE_URL=$(BENCH_DATABASE_URL) REDIS_URL=$(BENCH_REDIS_URL) CELERY_QUEUE=studio-bench $(PY) -m bench.$$b || exit 1; \
+	done

@@ -32,6 +32,11 @@ DEFAULTS = {
     "STUDIO_VAR_DIR": str(BENCH_VAR),
     "LOG_LEVEL": "WARNING",
     "STUDIO_RATELIMIT_AUTH_FAILURES": "0",
+    # Plain HTTP on loopback: no redirect to HTTPS, no HSTS.
+    "SECURE_SSL_REDIRECT": "0",
+    "SECURE_HSTS_SECONDS": "0",
+    "SESSION_COOKIE_SECURE": "0",
+    "CSRF_COOKIE_SECURE": "0",
 }
 
 

@@ -25,11 +25,10 @@ KEYS = ("loss", "grad_norm", "learning_rate", "entropy", "mean_token_accuracy", 
 
 
 def live_run():
+    from bench.common import fresh_project
     from studio import crypto
     from training.models import Status, TrainingRun
     from training.services import create_run
-
-    from bench.common import fresh_project
 
     project, user, _ = fresh_project("ingest")
     run = create_run(project, user, name="ingest bench", method="sft", base_model="org/base", dataset="org/data")
@@ -63,7 +62,7 @@ def measure(server: Gunicorn, clients: int, seconds: float) -> dict:
     # One run per client, as each engine reports its own run.
     runs = [live_run() for _ in range(clients)]
     urls = [f"{server.url}/api/ingest/runs/{run.pk}" for run, _ in runs]
-    for url, (_, token) in zip(urls, runs):
+    for url, (_, token) in zip(urls, runs, strict=True):
         # Warm the workers (imports, connections) outside the timed window.
         for _ in range(4):
             warm = requests.post(url, json={"batch_id": uuid.uuid4().hex, "metrics": [{"step": 0, "key": "warm", "value": 0.0}]}, headers={"Authorization": f"Bearer {token}"}, timeout=30)

@@ -9,6 +9,7 @@ from ninja.utils import check_csrf
 
 from studio.errors import Forbidden, NotFound
 from studio.models import ApiToken, Membership, Project
+from studio.ratelimit import check_auth_allowed, note_auth_failure
 from studio.services import authenticate_token
 
 SESSION_PROJECT_KEY = "studio_project"
@@ -65,11 +66,14 @@ class StudioAuth:
     def __call__(self, request: HttpRequest) -> Actor | None:
         header = request.headers.get("Authorization", "")
         if header:
+            check_auth_allowed(request)  # 429 for an address that keeps sending bad tokens
             scheme, _, plaintext = header.partition(" ")
             if scheme.lower() != "bearer" or not plaintext.strip():
+                note_auth_failure(request)
                 return None
             token = authenticate_token(plaintext.strip())
             if token is None:
+                note_auth_failure(request)
                 return None
             return Actor(user=token.user, project=token.project, token=token)
         user = getattr(request, "user", None)

@@ -77,3 +77,36 @@ class ProjectSecret(models.Model):
 
     def __str__(self) -> str:
         return f"{self.project}/{self.name}"
+
+
+class AuditEvent(models.Model):
+    """Who did what to which row, and when. Written by the services (studio/audit.py), never edited.
+
+    The actor and project are kept as text too, so the trail survives the user or project."""
+
+    class Action(models.TextChoices):
+        CREATED = "created"
+        STARTED = "started"
+        STOPPED = "stopped"
+        PATCHED = "patched"
+        DELETED = "deleted"
+
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    actor_name = models.CharField(max_length=150, blank=True)
+    via = models.CharField(max_length=32, blank=True, help_text="session, token <prefix>…, or system")
+    ip = models.GenericIPAddressField(null=True, blank=True)
+    project = models.ForeignKey(Project, null=True, blank=True, on_delete=models.SET_NULL, related_name="audit_events")
+    project_slug = models.CharField(max_length=64, blank=True)
+    action = models.CharField(max_length=16, choices=Action.choices)
+    target_type = models.CharField(max_length=64)
+    target_id = models.CharField(max_length=64)
+    target_name = models.CharField(max_length=200, blank=True)
+    details = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["project", "-created_at"]), models.Index(fields=["target_type", "target_id"])]
+
+    def __str__(self) -> str:
+        return f"{self.created_at:%Y-%m-%d %H:%M:%S} {self.actor_name or 'system'} {self.action} {self.target_type} {self.target_id}"

@@ -94,11 +94,13 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "studio.middleware.ApiErrorShapeMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "studio.audit.AuditMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
@@ -179,8 +181,9 @@ CACHES = {
         "OPTIONS": {"socket_connect_timeout": 2, "socket_timeout": 2},
     }
 }
-# Bearer-token failures allowed per client address per window before 429 (0 turns the limit off).
-STUDIO_RATELIMIT_AUTH_FAILURES = envint("STUDIO_RATELIMIT_AUTH_FAILURES", 20)
+# Bearer-token failures (API and ingest) allowed per client address per window before 429; 0 turns
+# the limit off, which is the development default (a test suite sends bad tokens on purpose).
+STUDIO_RATELIMIT_AUTH_FAILURES = envint("STUDIO_RATELIMIT_AUTH_FAILURES", 0 if DEBUG else 20)
 STUDIO_RATELIMIT_WINDOW_SECONDS = envint("STUDIO_RATELIMIT_WINDOW_SECONDS", 60)
 
 CELERY_BROKER_URL = REDIS_URL
@@ -216,8 +219,27 @@ LOGGING = {
     "loggers": {"django.db.backends": {"level": "INFO"}},
 }
 
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+CSRF_COOKIE_SAMESITE = "Lax"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
+
 if not DEBUG:
+    # Production: `manage.py check --deploy` is clean with these defaults. Serve over HTTPS (a
+    # TLS-terminating proxy in front of gunicorn, which sets the scheme from X-Forwarded-Proto for
+    # FORWARDED_ALLOW_IPS). Engines of the local backend report (ingest) and download (the Data
+    # Hub's HF-compatible /hub) over loopback HTTP, so those token-authenticated paths are exempt
+    # from the redirect; remote engines should be given an https STUDIO_PUBLIC_URL.
     SESSION_COOKIE_SECURE = envbool("SESSION_COOKIE_SECURE", True)
     CSRF_COOKIE_SECURE = envbool("CSRF_COOKIE_SECURE", True)
-    SECURE_HSTS_SECONDS = envint("SECURE_HSTS_SECONDS", 0)
-    SECURE_SSL_REDIRECT = envbool("SECURE_SSL_REDIRECT", False)
+    SECURE_HSTS_SECONDS = envint("SECURE_HSTS_SECONDS", 60 * 60 * 24 * 365)
+    # HSTS is sticky in browsers: a site that must stay reachable over plain HTTP (or has such
+    # subdomains) sets SECURE_HSTS_SECONDS=0 or turns these two off.
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = envbool("SECURE_HSTS_INCLUDE_SUBDOMAINS", True)
+    SECURE_HSTS_PRELOAD = envbool("SECURE_HSTS_PRELOAD", True)
+    SECURE_SSL_REDIRECT = envbool("SECURE_SSL_REDIRECT", True)
+    SECURE_REDIRECT_EXEMPT = [r"^api/ingest/", r"^hub/"]
+    if envbool("SECURE_PROXY_SSL_HEADER", False):
+        SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")

@@ -20,6 +20,7 @@ from datahub.services import record_checkpoint
 from studio import crypto
 from studio.api import _finite_float, _no_constant, body_schema, parse_body, unstorable
 from studio.errors import Forbidden, Unauthorized
+from studio.ratelimit import check_auth_allowed, note_auth_failure
 from training import status as status_service
 from training.models import Checkpoint, ErrorCode, IngestBatch, LogLine, MetricPoint, Rollout, Status, TrainingRun
 from training.schemas import IngestBatchIn, IngestOut, Step
@@ -29,11 +30,13 @@ router = Router(tags=["ingest"], auth=None)
 
 
 def run_for_token(request: HttpRequest, run_id: int) -> TrainingRun:
+    check_auth_allowed(request)
     scheme, _, token = request.headers.get("Authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise Unauthorized("Send this attempt's ingest token as Authorization: Bearer <token>.")
     run = TrainingRun.objects.filter(pk=run_id).first()
     if run is None or not run.ingest_token_hash or not crypto.same_hash(run.ingest_token_hash, crypto.hash_token(token.strip())):
+        note_auth_failure(request)
         raise Forbidden("This token is not valid for this run's current attempt.")
     return run
 

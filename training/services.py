@@ -16,13 +16,13 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from datahub.services import create_run_branch, pin_refs
+from datahub.services import create_run_branch, engine_inputs, pin_refs
 from environments.services import job_environment, judge_env
 from experiments.models import Experiment
 from experiments.services import default_experiment, find_experiment
-from studio import crypto
+from studio import audit, crypto
 from studio.errors import BadRequest, Conflict, Finding, PaymentRequired, Unprocessable
-from studio.models import Project
+from studio.models import AuditEvent, Project
 from training import status as status_service
 from training.backends import get_backend
 from training.backends.base import BackendError, BackendUnavailable, JobSpec, PollResult
@@ -42,7 +42,6 @@ from training.models import (
     Status,
     TrainingRun,
 )
-from training.refs import dataset_entries
 from training.validation import start_findings, validate_draft
 
 log = logging.getLogger(__name__)
@@ -98,6 +97,7 @@ def create_run(project: Project, user, *, name: str, method: str, experiment: An
         method=draft.method, base_model=draft.base_model or "", dataset=draft.dataset, config=draft.config, compute=draft.compute,
     )
     create_run_branch(run)
+    audit.record(AuditEvent.Action.CREATED, run, user=user, details={"method": run.method})
     return run
 
 
@@ -141,6 +141,7 @@ def update_run(run: TrainingRun, patch: dict) -> TrainingRun:
     ))
     run.name, run.base_model, run.dataset, run.config, run.compute = name, draft.base_model or "", draft.dataset, draft.config, draft.compute
     run.save(update_fields=["name", "base_model", "dataset", "config", "compute"])
+    audit.record(AuditEvent.Action.PATCHED, run, details={"fields": sorted(patch)})
     return run
 
 
@@ -175,6 +176,7 @@ def start_run(run: TrainingRun) -> TrainingRun:
             wipe_attempt_data(run)
             status_service.transition(run.pk, Status.QUEUED, note="restarted")
         TrainingRun.objects.filter(pk=run.pk).update(start_requested_at=timezone.now(), pinned=pin_refs(run))
+        audit.record(AuditEvent.Action.STARTED, run, details={"previous_status": run.status})
         transaction.on_commit(lambda: dispatch_run.delay(run.pk))
     run.refresh_from_db()
     return run
@@ -196,6 +198,7 @@ def stop_run(run: TrainingRun) -> TrainingRun:
         if not run.is_active:
             raise Conflict(f"Only a provisioning or running run can be stopped; this one is {run.status}.")
         run = status_service.transition(run.pk, Status.CANCELLED, note="stopped by user")
+        audit.record(AuditEvent.Action.STOPPED, run, details={"attempt": run.attempt})
         TrainingRun.objects.filter(pk=run.pk).update(start_requested_at=None)
         attempt, job_id = run.attempt, run.backend_job_id
         transaction.on_commit(lambda: stop_backend_job.delay(run.pk, attempt, job_id))
@@ -206,13 +209,19 @@ def stop_run(run: TrainingRun) -> TrainingRun:
 # ---- dispatch (Celery) -------------------------------------------------------------------------
 
 def job_spec(run: TrainingRun, token: str) -> JobSpec:
+    """The engine's view of one attempt. Data Hub refs become their pinned commits, fetched by the
+    engine from Studio's HF-compatible /hub with this attempt's token."""
+    inputs = engine_inputs(run, token)
+    config = run.config
+    teacher = inputs["teacher_model"]
+    if teacher:  # the engine loads "repo@commit" through HF_ENDPOINT like any hub id with a revision
+        config = {**config, "distillation": {**config["distillation"], "teacher_model": f"{teacher['repo']}@{teacher['commit']}"}}
     return JobSpec(
-        run_id=run.pk, attempt=run.attempt, method=run.method, base_model=run.base_model,
-        dataset=[{"path": e.ref, "type": e.type, "revision": None} for e in dataset_entries(run.dataset)],
-        config=run.config, compute=run.compute,
+        run_id=run.pk, attempt=run.attempt, method=run.method, base_model=inputs["base_model"],
+        base_model_revision=inputs["base_model_revision"], dataset=inputs["dataset"], config=config, compute=run.compute,
         ingest_url=f"{settings.STUDIO_PUBLIC_URL}/api/ingest/runs/{run.pk}", ingest_token=token,
         resume_from=run.resume_checkpoint.path if run.resume_checkpoint_id else None,
-        environment=job_environment(run), env=judge_env(run),
+        environment=job_environment(run), env={**inputs["env"], **judge_env(run)},
     )
 
 
