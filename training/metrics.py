@@ -59,6 +59,35 @@ ORDER BY key, bucket
 """
 
 
+# The window functions cost ~200 ms on a 100k-point series (a sort and two window passes). Nearly
+# every series is dense — one point per step from the first to the last, so count = max - min + 1 —
+# and then rn - 1 = step - min: the same buckets come from the step alone, with one index scan and a
+# hash aggregate (~40 ms). Series that are not dense (gaps, repeated steps) take the window query.
+STATS_SQL = """
+SELECT key, count(*), min(step), max(step)
+FROM {table}
+WHERE run_id = %(run_id)s {key_filter}
+GROUP BY key
+"""
+DENSE_SQL = """
+SELECT max(step), avg(value)
+FROM (
+    SELECT step, value,
+           CASE WHEN %(n)s <= %(max_points)s THEN step - %(lo)s
+                WHEN step = %(lo)s THEN -1
+                WHEN step = %(hi)s THEN %(max_points)s + 1
+                WHEN %(max_points)s <= 2 THEN NULL
+                ELSE 1 + ((step - %(lo)s) * (%(max_points)s - 2) - 1) / (%(n)s - 2)
+           END AS bucket
+    FROM {table}
+    WHERE run_id = %(run_id)s AND key = %(key)s
+) AS bucketed
+WHERE bucket IS NOT NULL
+GROUP BY bucket
+ORDER BY bucket
+"""
+
+
 def series(run: TrainingRun, keys: list[str] | None, max_points: int) -> dict[str, list[tuple[int, float]]]:
     """A finished run's series do not change until it is restarted (which changes its status) or a
     late batch lands (which moves last_heartbeat_at), so they are cached under a key made of both."""
@@ -95,13 +124,24 @@ def series_in_python(run: TrainingRun, keys: list[str] | None, max_points: int) 
 
 
 def series_in_sql(run: TrainingRun, keys: list[str] | None, max_points: int) -> dict[str, list[tuple[int, float]]]:
+    table = MetricPoint._meta.db_table
     params: dict = {"run_id": run.pk, "max_points": max_points}
     key_filter = ""
     if keys:
         key_filter, params["keys"] = "AND key = ANY(%(keys)s)", list(keys)
-    grouped: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    grouped: dict[str, list[tuple[int, float]]] = {}
     with connection.cursor() as cursor:
-        cursor.execute(DOWNSAMPLE_SQL.format(table=MetricPoint._meta.db_table, key_filter=key_filter), params)
-        for key, step, value in cursor.fetchall():
-            grouped[key].append((step, value))
-    return dict(grouped)
+        cursor.execute(STATS_SQL.format(table=table, key_filter=key_filter), params)
+        stats = sorted(cursor.fetchall())
+        sparse = []
+        for key, n, lo, hi in stats:
+            if n == hi - lo + 1:
+                cursor.execute(DENSE_SQL.format(table=table), {**params, "key": key, "n": n, "lo": lo, "hi": hi})
+                grouped[key] = [(step, value) for step, value in cursor.fetchall()]
+            else:
+                sparse.append(key)
+        if sparse:
+            cursor.execute(DOWNSAMPLE_SQL.format(table=table, key_filter="AND key = ANY(%(sparse)s)"), {**params, "sparse": sparse})
+            for key, step, value in cursor.fetchall():
+                grouped.setdefault(key, []).append((step, value))
+    return {key: grouped[key] for key in sorted(grouped)}
