@@ -495,7 +495,7 @@ def engine_inputs(run, ingest_token: str) -> dict[str, Any]:
     for i, item in enumerate(items):
         field = f"dataset[{i}]" if isinstance(run.dataset, list) else "dataset"
         ref, kind = (item.get("ref"), item.get("type")) if isinstance(item, dict) else (item, None)
-        pin = pinned.get(field)
+        pin = pinned.get(field) or pinned.get(f"{field}.ref")
         datasets_out.append({"path": pin["repo"], "type": kind, "revision": pin["commit"]} if pin else {"path": ref, "type": kind, "revision": None})
     env = {"HF_ENDPOINT": f"{settings.STUDIO_PUBLIC_URL}/hub", "HF_TOKEN": ingest_token, "HF_HUB_DISABLE_XET": "1"} if pinned else {}
     return {

@@ -163,8 +163,8 @@ def wait_for(predicate, timeout: float = 60.0, interval: float = 0.2, message: s
 
 @pytest.fixture
 def studio_worker(transactional_db, live_server, tmp_path, settings):
-    """A real `celery worker` subprocess on the test database; engines it starts report to
-    `live_server`. Runs are kept under tmp_path/runs."""
+    """A real `celery worker` (with beat) subprocess on the test database; engines it starts
+    report to `live_server`. Runs are kept under tmp_path/runs."""
     from django.db import connection
 
     from studio.celery import app
@@ -181,13 +181,17 @@ def studio_worker(transactional_db, live_server, tmp_path, settings):
         "STUDIO_RUNS_DIR": str(runs_dir),
         "CELERY_QUEUE": app.conf.task_default_queue,
         "STUDIO_STOP_GRACE_SECONDS": "5",
+        "RECONCILE_INTERVAL_SECONDS": "3",
         "DEBUG": "1",
     }
     log_path = tmp_path / "worker.log"
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "studio", "worker", "-Q", app.conf.task_default_queue, "--pool", "threads",
-             "-c", "4", "--loglevel", "INFO", "-n", f"test-{uuid.uuid4().hex[:8]}@%h", "--without-gossip", "--without-mingle"],
+             "-c", "4", "--loglevel", "INFO", "-n", f"test-{uuid.uuid4().hex[:8]}@%h", "--without-gossip", "--without-mingle",
+             # Beat too, as in `make studio`: the reconciler settles what no report did (an engine
+             # that exited, a lost heartbeat) the same way it does in production.
+             "-B", "-s", str(tmp_path / "celerybeat-schedule")],
             cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
         )
     worker = Worker(proc, log_path, runs_dir)

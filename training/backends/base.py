@@ -21,6 +21,7 @@ class JobSpec:
     ingest_url: str
     ingest_token: str
     output_dir: str = ""
+    base_model_revision: str | None = None  # the pinned commit of a Data Hub base model
     resume_from: str | None = None
     environment: dict[str, Any] | None = None  # GRPO: the staged environment package (environments.services.job_environment)
     env: dict[str, str] = field(default_factory=dict)
@@ -29,7 +30,6 @@ class JobSpec:
         spec = asdict(self)
         spec.pop("env")
         spec["ingest"] = {"url": spec.pop("ingest_url"), "token": spec.pop("ingest_token")}
-        spec["base_model_revision"] = None
         return spec
 
 

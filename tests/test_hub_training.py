@@ -1,0 +1,42 @@
+"""Issue 5 × 3: a run whose base model and dataset are Data Hub refs trains on the local backend.
+The refs are pinned to commits at START and the engine fetches them through Studio's HF-compatible
+/hub with the attempt's own token; the checkpoints land on the run's branch."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from datahub.models import Branch, TreeEntry
+from datahub.services import commit_files, create_repo
+from tests.conftest import wait_for
+from training.models import Status, TrainingRun
+
+pytestmark = pytest.mark.worker
+
+
+def test_a_run_trains_from_data_hub_refs(api, project, studio_worker, tiny_models):
+    model = create_repo(project, "tiny-student", "model")
+    commit_files(model, "main", {p.name: p for p in Path(tiny_models["student"]).iterdir() if p.is_file()}, message="tiny student")
+    data = create_repo(project, "sft-rows", "dataset")
+    commit_files(data, "main", {"train.jsonl": Path(tiny_models["data_sft"])}, message="rows")
+
+    body = {"name": "from the hub", "method": "sft", "base_model": "tiny-student@main", "dataset": "sft-rows@main",
+            "config": {"max_steps": 4, "save_steps": 2, "learning_rate": 5e-3, "per_device_train_batch_size": 8, "max_length": 64}}
+    run_id = api.post("/api/training-runs", body).json()["id"]
+    assert api.post(f"/api/training-runs/{run_id}/start").status_code == 202
+    run = wait_for(lambda: TrainingRun.objects.filter(pk=run_id, status__in=(Status.COMPLETED, Status.FAILED)).first(), 300, interval=0.5, message="the run to end")
+    assert run.status == Status.COMPLETED, (run.error, list(run.log_lines.values_list("line", flat=True))[-30:])
+    head = Branch.objects.get(repo=model, name="main").head_id
+    assert run.pinned["base_model"]["commit"] == head
+    assert run.pinned["dataset"]["commit"] == Branch.objects.get(repo=data, name="main").head_id
+    # The engine loaded the repo id through /hub (at the pinned revision), not a local path.
+    lines = list(run.log_lines.values_list("line", flat=True))
+    assert any(f"base {project.slug}/tiny-student" in line for line in lines), lines[:20]
+    assert run.metric_points.filter(key="loss").count() == 4
+
+    def checkpoint_committed() -> bool:
+        branch = Branch.objects.filter(repo__project=project, repo__name=f"experiment-{run.experiment.slug}", name=f"run-{run.pk}").first()
+        return bool(branch) and TreeEntry.objects.filter(commit_id=branch.head_id, path__startswith="checkpoints/step-2/").exists()
+
+    wait_for(checkpoint_committed, 60, message="the step-2 checkpoint on the run's branch")
