@@ -311,6 +311,10 @@ def apply_poll(run: TrainingRun, result: PollResult) -> None:
         else:
             fail(run, ErrorCode.TRAINING_ERROR, "the engine exited before it reported any training step", result.log_tail)
         return
+    if result.log_tail and run.backend_name != "local" and run.worker_up_at is None and run.status == Status.PROVISIONING:
+        # The engine never reported (it sends its own lines through ingest): the job's own output
+        # (image pull, setup, a crash before the first report) is the only log there is.
+        LogLine.objects.bulk_create([LogLine(run=run, attempt=run.attempt, line=f"[{run.backend_name}] {line}") for line in result.log_tail])
     fail(run, result.error_code or ErrorCode.TRAINING_ERROR, result.message or "the job failed", result.log_tail)
 
 

@@ -248,3 +248,16 @@ def test_the_jobs_install_the_trainer_stack_at_the_studios_pins():
     for package in ENGINE_PACKAGES:
         assert pins[package.split("==")[0].lower()] == package, package
     assert tuple(modal_app.ENGINE_PACKAGES) == tuple(ENGINE_PACKAGES)
+
+
+def test_verifying_a_connection_records_the_answer(dstack_connection):
+    from training.backends.verify import verify_connection
+
+    assert verify_connection(dstack_connection.pk) == ""
+    dstack_connection.refresh_from_db()
+    assert dstack_connection.last_checked_at is not None and dstack_connection.last_check_error == ""
+    dstack_connection.dstack_project = "no-such-project"
+    dstack_connection.save()
+    error = verify_connection(dstack_connection.pk)
+    dstack_connection.refresh_from_db()
+    assert error and dstack_connection.last_check_error == error
