@@ -226,7 +226,11 @@ def commit_blobs(repo: Repo, branch: str, blobs: Mapping[str, Blob], message: st
     if create_branch_from is not None:
         create_branch(repo, branch, create_branch_from)
     with transaction.atomic():
-        head = Branch.objects.select_for_update().filter(repo=repo, name=branch).select_related("head").first()
+        # Lock the branch row alone. With a join (select_related("head")), PostgreSQL re-checks a row
+        # that another commit just moved against the statement's old snapshot, where the new head
+        # commit does not exist yet, and drops it: two concurrent commits to one branch (a run's
+        # checkpoints) then read "no branch".
+        head = Branch.objects.select_for_update().filter(repo=repo, name=branch).first()
         if head is None:
             raise RefNotFound(f"{repo.full_name} has no branch {branch!r}.", [Finding("branch", "commit to an existing branch, e.g. main")])
         if parent is not None and head.head_id != parent:
