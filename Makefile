@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | 
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/studio
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/11
 
-.PHONY: install studio test lint services browser bench
+.PHONY: install studio test lint services browser dstack bench
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -32,7 +32,11 @@ services:
 browser:
 	test -x /usr/bin/chromium || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
 
-test: install services browser
+# The dstack server for the backend tests, in its own virtualenv (var/dstack-venv).
+dstack:
+	bash .ci/dstack.sh
+
+test: install services browser dstack
 	DEBUG=1 DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest $(PYTEST_ARGS)
 
 lint: install
