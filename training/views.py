@@ -19,7 +19,7 @@ from environments import services as env_services
 from experiments.models import Experiment
 from studio.errors import ApiError, Conflict, Forbidden, PaymentRequired, Unprocessable
 from studio.views import errors_by_field, studio_page, web_actor
-from training import forms, services
+from training import checkpoints, forms, services
 from training.models import ACTIVE_STATUSES, Checkpoint, LogLine, Method, MetricPoint, Rollout, Status, TrainingRun
 from training.queries import get_run_for, runs_for
 from training.refs import dataset_entries, ref_kind
@@ -334,6 +334,7 @@ def tab_context(request: HttpRequest, run: TrainingRun, tab: str) -> dict[str, A
     elif tab == "checkpoints":
         context["checkpoints"] = list(Checkpoint.objects.filter(run=run))
         context["lora"] = config.get("lora_rank") is not None or bool(config.get("lora"))
+        context["writable"] = can_write(web_actor(request), run.project)
     elif tab == "lineage":
         context["lineage"] = lineage_of(run)
     elif tab == "environment":
@@ -413,6 +414,9 @@ def lineage_of(run: TrainingRun) -> list[dict[str, Any]]:
     teacher = ((run.config or {}).get("distillation") or {}).get("teacher_model")
     if teacher:
         items.append({"role": "Teacher (distilled from)", "ref": teacher, "kind": ref_kind(teacher), "pinned": pinned_of(run, "config.distillation.teacher_model")})
+    if run.parent_id:
+        step = run.resume_checkpoint.step if run.resume_checkpoint_id else "?"
+        items.append({"role": f"Resumed from (step {step})", "ref": f"run {run.parent_id}: {run.parent.name}", "kind": "", "pinned": None})
     items.append({"role": "Output branch", "ref": f"{run.experiment.hub_repo or run.experiment.slug}@run-{run.pk}", "kind": "hub", "pinned": None})
     return items
 
@@ -507,6 +511,33 @@ def start(request: HttpRequest, run_id: int) -> HttpResponse:
 @require_POST
 def stop(request: HttpRequest, run_id: int) -> HttpResponse:
     return _action(request, run_id, services.stop_run)
+
+
+@studio_page
+@require_POST
+def resume_checkpoint(request: HttpRequest, run_id: int, step: int) -> HttpResponse:
+    """"Resume from here": a child run continuing from the saved step, opened at its Configuration."""
+    actor = web_actor(request)
+    run = get_run_for(actor, run_id, write=True)
+    try:
+        child = checkpoints.resume_run(run, checkpoints.checkpoint_of(run, step), actor.user)
+    except ApiError as exc:
+        messages.error(request, exc.detail)
+        return redirect("training:run_tab", run_id=run.pk, tab="checkpoints")
+    return redirect("training:run_tab", run_id=child.pk, tab="configuration")
+
+
+@studio_page
+@require_POST
+def merge_checkpoint(request: HttpRequest, run_id: int, step: int) -> HttpResponse:
+    """"Merge": the LoRA checkpoint merged into its base by a Celery task; it appears as `merged`."""
+    run = get_run_for(web_actor(request), run_id, write=True)
+    try:
+        checkpoints.request_merge(run, checkpoints.checkpoint_of(run, step))
+        messages.info(request, f"Merging step {step} into the base: it appears here as a merged checkpoint when done.")
+    except ApiError as exc:
+        messages.error(request, exc.detail)
+    return redirect("training:run_tab", run_id=run.pk, tab="checkpoints")
 
 
 def run_url(run: TrainingRun, tab: str = "overview") -> str:

@@ -7,7 +7,7 @@ import pytest
 from django.test import Client
 
 from training import services
-from training.models import MetricPoint, Rollout, Status
+from training.models import Checkpoint, MetricPoint, Rollout, Status, TrainingRun
 
 pytestmark = pytest.mark.django_db
 
@@ -319,3 +319,29 @@ def test_hub_refs_link_to_the_hub_browser(project, users):
     assert 'href="/hub/acme/my-data/tree/main"' in client.get(f"/training/runs/{run.pk}/datasets/").content.decode()
     lineage = client.get(f"/training/runs/{run.pk}/lineage/").content.decode()
     assert f"run-{run.pk}" in lineage and "/hub/acme/experiment-default/tree/run-" in lineage
+
+
+@pytest.fixture
+def run_with_checkpoint(project, users):
+    run = make_run(project, users["owner"], "sft", dataset="org/data")
+    Checkpoint.objects.create(run=run, attempt=1, step=3, kind="checkpoint", path="/out/checkpoint-3")
+    return run
+
+
+def test_checkpoint_tab_resume_makes_a_child_run_shown_in_lineage(users, run_with_checkpoint):
+    client, run = client_for(users["owner"]), run_with_checkpoint
+    page = client.get(f"/training/runs/{run.pk}/checkpoints/")
+    assert f"/training/runs/{run.pk}/checkpoints/3/resume".encode() in page.content
+    response = client.post(f"/training/runs/{run.pk}/checkpoints/3/resume")
+    child = TrainingRun.objects.get(parent=run)
+    assert response.status_code == 302 and response["Location"].endswith(f"/training/runs/{child.pk}/configuration/")
+    assert child.resume_checkpoint.step == 3 and child.status == "queued"
+    lineage = client.get(f"/training/runs/{child.pk}/lineage/").content.decode()
+    assert f"run {run.pk}" in lineage and "step 3" in lineage
+
+
+def test_viewer_sees_no_checkpoint_actions(users, run_with_checkpoint):
+    page = client_for(users["viewer"]).get(f"/training/runs/{run_with_checkpoint.pk}/checkpoints/")
+    assert page.status_code == 200 and b"/checkpoints/3/resume" not in page.content
+    assert client_for(users["viewer"]).post(f"/training/runs/{run_with_checkpoint.pk}/checkpoints/3/resume").status_code == 403
+    assert not TrainingRun.objects.filter(parent=run_with_checkpoint).exists()
