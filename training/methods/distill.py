@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from training.methods.base import Draft, Key, TrainingMethod, is_number
 from studio.errors import Finding
+from training.methods.base import Draft, Key, TrainingMethod, is_number
 
 DISTILL_KEYS = {
     "teacher_model": Key("str"),

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from training.methods.base import BOOL, Draft, Key, TrainingMethod, lora_enabled
 from studio.errors import Finding
+from training.methods.base import BOOL, Draft, Key, TrainingMethod, lora_enabled
 from training.refs import dataset_entries
 
 LOSS_KEYS = {

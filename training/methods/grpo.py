@@ -1,8 +1,8 @@
 from __future__ import annotations
 
+from studio.errors import Finding
 from training.compute import accelerators_of
 from training.methods.base import BOOL, INT0, INT1, POSITIVE, Draft, Key, TrainingMethod
-from studio.errors import Finding
 
 JUDGE_KEYS = {
     "mode": Key("choice", choices=("external", "colocated")),
