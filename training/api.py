@@ -16,8 +16,8 @@ from training.queries import get_run_for, runs_for
 from training.schemas import (
     CheckpointOut,
     LogsOut,
-    MergeOut,
     LogsQuery,
+    MergeOut,
     MetricsOut,
     MetricsQuery,
     RolloutOut,
