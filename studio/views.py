@@ -2,9 +2,9 @@
 the session's Actor, and turning service errors into pages."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from decimal import Decimal
 from functools import wraps
-from typing import Callable
 
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
