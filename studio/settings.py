@@ -205,6 +205,15 @@ STUDIO_RUNS_DIR = Path(env("STUDIO_RUNS_DIR") or VAR_DIR / "runs")
 STUDIO_STOP_GRACE_SECONDS = envint("STUDIO_STOP_GRACE_SECONDS", 10)
 # Seconds a started run may sit queued (no worker claimed it) before the reconciler re-dispatches it.
 STUDIO_REDISPATCH_AFTER_SECONDS = envint("STUDIO_REDISPATCH_AFTER_SECONDS", 60)
+# Reconciler deadlines (seed 000): no worker running within the provisioning deadline →
+# provisioning_timeout; a worker up but no training progress within the configuring deadline →
+# configuring_timeout. A project's backend connection can override both.
+STUDIO_PROVISIONING_TIMEOUT_SECONDS = envint("STUDIO_PROVISIONING_TIMEOUT_SECONDS", 1800)
+STUDIO_CONFIGURING_TIMEOUT_SECONDS = envint("STUDIO_CONFIGURING_TIMEOUT_SECONDS", 1800)
+# How long a claimed submit may stay unfinished before the reconciler resubmits it, and how long
+# one reconciler pass holds a run.
+STUDIO_SUBMIT_LEASE_SECONDS = envint("STUDIO_SUBMIT_LEASE_SECONDS", 300)
+STUDIO_RECONCILE_LEASE_SECONDS = envint("STUDIO_RECONCILE_LEASE_SECONDS", 120)
 # Python packages the trainer image of remote backends ships (the local backend looks at its own env).
 STUDIO_IMAGE_PACKAGES = envlist(
     "STUDIO_IMAGE_PACKAGES",

@@ -6,7 +6,6 @@ START commits, then (on_commit) a Celery task claims the run with a conditional 
 from __future__ import annotations
 
 import logging
-import os
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
@@ -274,12 +273,8 @@ def fail(run: TrainingRun, code: str, message: str, log_tail: list[str] | None =
 # any transaction, and applies what it says through the status service.
 
 def reconciler_setting(name: str, default: int) -> int:
-    """Studio-wide defaults; a project's backend connection can override the deadlines."""
-    value = getattr(settings, name, None)
-    if value is None:
-        raw = os.environ.get(name, "")
-        value = int(raw) if raw.strip().isdigit() else default
-    return int(value)
+    """Studio-wide defaults (studio/settings.py); a project's backend connection can override the deadlines."""
+    return int(getattr(settings, name, default))
 
 
 def provisioning_timeout(conn: BackendConnection | None) -> int:
