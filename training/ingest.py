@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Literal
 
 from django.db import IntegrityError, connection, transaction
 from django.http import HttpRequest
 from django.utils import timezone
 from ninja import Router
-from pydantic import BaseModel, Field
 from pydantic import ValidationError as PydanticValidationError
 
 from datahub.services import record_checkpoint
@@ -23,7 +21,7 @@ from studio.errors import Forbidden, Unauthorized
 from studio.ratelimit import check_auth_allowed, note_auth_failure
 from training import status as status_service
 from training.models import Checkpoint, ErrorCode, IngestBatch, LogLine, MetricPoint, Rollout, Status, TrainingRun
-from training.schemas import IngestBatchIn, IngestOut, Step
+from training.schemas import IngestBatchIn, IngestOut
 
 log = logging.getLogger(__name__)
 router = Router(tags=["ingest"], auth=None)
@@ -54,54 +52,13 @@ def ingest(request: HttpRequest, run_id: int):
     return {"ok": True, "duplicate": False}
 
 
-# ---- the fast path -------------------------------------------------------------------------------
-# ninja's Schema validates every nested object through its attribute getter (~50 µs a point); an
-# engine sends hundreds of points a second per run. A batch is first tried against plain pydantic
-# models with exactly the same fields and constraints; anything they refuse, and any body with a
-# \u escape (the only way to spell a NUL or a lone surrogate in JSON), goes through parse_body and
-# IngestBatchIn, which answer with the error the API has always given.
+# ---- parsing -------------------------------------------------------------------------------------
+# The common batch goes straight to the pydantic models; anything they refuse, and any body with a
+# \u escape (the only way to spell a NUL or a lone surrogate in JSON), goes through parse_body,
+# which answers with the error shape of the whole API.
 
 
-class _Metric(BaseModel):
-    step: Step
-    key: str = Field(min_length=1, max_length=100)
-    value: float = Field(allow_inf_nan=False)
-
-
-class _Rollout(BaseModel):
-    step: Step
-    prompt: str
-    completion: str
-    reward: float = Field(allow_inf_nan=False)
-    advantage: float | None = Field(None, allow_inf_nan=False)
-    components: dict[str, Any] = Field(default_factory=dict)
-
-
-class _Checkpoint(BaseModel):
-    step: Step
-    path: str = Field(min_length=1, max_length=1000)
-    kind: Literal["checkpoint", "final", "adapter", "merged"] = "checkpoint"
-
-
-class _Error(BaseModel):
-    code: str
-    message: str = ""
-    log_tail: list[str] = Field(default_factory=list)
-
-
-class _Batch(BaseModel):
-    batch_id: str = Field(min_length=1, max_length=64)
-    metrics: list[_Metric] = Field(default_factory=list, max_length=100_000)
-    logs: list[str] = Field(default_factory=list, max_length=100_000)
-    rollouts: list[_Rollout] = Field(default_factory=list, max_length=10_000)
-    checkpoints: list[_Checkpoint] = Field(default_factory=list, max_length=1000)
-    stage: str | None = Field(None, max_length=32)
-    status: Literal["running", "completed", "failed"] | None = None
-    error: _Error | None = None
-    progress: dict[str, Any] | None = None
-
-
-def parse_batch(request: HttpRequest) -> IngestBatchIn | _Batch:
+def parse_batch(request: HttpRequest) -> IngestBatchIn:
     body = request.body
     if body and b"\\u" not in body:
         try:
@@ -110,7 +67,7 @@ def parse_batch(request: HttpRequest) -> IngestBatchIn | _Batch:
                 # Metrics and logs are flat; only the free-form parts can be nested too deeply.
                 free = {"progress": raw.get("progress"), "rollouts": raw.get("rollouts"), "error": raw.get("error")}
                 if unstorable(free) is None:
-                    return _Batch.model_validate(raw)
+                    return IngestBatchIn.model_validate(raw)
         except (ValueError, RecursionError, PydanticValidationError):
             pass
     return parse_body(request, IngestBatchIn)
@@ -128,7 +85,7 @@ def insert_metric_points(run_id: int, rows: list[tuple[int, str, float]]) -> Non
     MetricPoint.objects.bulk_create([MetricPoint(run_id=run_id, step=step, key=key, value=value) for step, key, value in rows], batch_size=5000)
 
 
-def apply_batch(run: TrainingRun, batch: IngestBatchIn | _Batch) -> None:
+def apply_batch(run: TrainingRun, batch: IngestBatchIn) -> None:
     """Call inside the transaction that recorded the batch id, so a batch lands whole or not at all."""
     attempt = run.attempt
     insert_metric_points(run.pk, [(m.step, m.key, m.value) for m in batch.metrics])
@@ -146,7 +103,7 @@ def apply_batch(run: TrainingRun, batch: IngestBatchIn | _Batch) -> None:
         apply_reported_status(run, batch)
 
 
-def apply_reported_status(run: TrainingRun, batch: IngestBatchIn | _Batch) -> None:
+def apply_reported_status(run: TrainingRun, batch: IngestBatchIn) -> None:
     target = {"running": Status.RUNNING, "completed": Status.COMPLETED, "failed": Status.FAILED}[batch.status]
     error = None
     if target == Status.FAILED:
