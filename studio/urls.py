@@ -10,4 +10,5 @@ urlpatterns = [
     path("api/", api.urls),
     path("hub/", include("datahub.hf_urls")),
     path("", include("studio.web_urls")),
+    path("", include("environments.web_urls")),
 ]

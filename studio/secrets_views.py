@@ -1,0 +1,62 @@
+"""Settings → Secrets: a project's secret names, add or replace a value, delete one.
+A value goes in through studio.services.set_secret and is never shown back (not even after an error)."""
+from __future__ import annotations
+
+from django.contrib import messages
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_GET, require_POST
+
+from studio import services
+from studio.errors import ApiError
+from studio.models import ProjectSecret
+from studio.views import errors_by_field, studio_page, web_actor
+
+FIELDS = {"name", "value"}
+
+
+def _context(request: HttpRequest, project, errors: dict | None = None, name: str = "") -> dict:
+    member = web_actor(request).membership(project)
+    return {
+        "section": "secrets",
+        "project": project,
+        "secrets": ProjectSecret.objects.filter(project=project).order_by("name").values("name", "updated_at"),
+        "can_write": bool(member and member.can_write),
+        "errors": errors or {},
+        "name": name,  # the name only: the value is never rendered
+    }
+
+
+@studio_page
+@require_GET
+def secrets_page(request: HttpRequest) -> HttpResponse:
+    project = web_actor(request).require_project()
+    return render(request, "studio/secrets.html", _context(request, project))
+
+
+@studio_page
+@require_POST
+def set_secret(request: HttpRequest) -> HttpResponse:
+    actor = web_actor(request)
+    project = actor.require_project()
+    actor.require_write(project)
+    name = request.POST.get("name", "").strip()
+    try:
+        services.set_secret(project, name, request.POST.get("value", ""))
+    except ApiError as exc:
+        errors = errors_by_field(exc, FIELDS)
+        return render(request, "studio/secrets.html", _context(request, project, errors, name), status=exc.status)
+    messages.success(request, f"Saved secret {name}. Its value is stored encrypted and will not be shown again.")
+    return redirect("secrets")
+
+
+@studio_page
+@require_POST
+def delete_secret(request: HttpRequest) -> HttpResponse:
+    actor = web_actor(request)
+    project = actor.require_project()
+    actor.require_write(project)
+    name = request.POST.get("name", "")
+    services.delete_secret(project, name)  # NotFound → 404
+    messages.success(request, f"Deleted secret {name}.")
+    return redirect("secrets")
