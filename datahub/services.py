@@ -471,10 +471,77 @@ def commit_checkpoint(checkpoint_id: int) -> Commit | None:
         files["metrics.jsonl"] = metrics_export(run)
     repo = run_repo(run)
     label = f"step {checkpoint.step}" if prefix.startswith("checkpoints/") else f"{checkpoint.kind} (step {checkpoint.step})"
-    return commit_files(
+    commit = commit_files(
         repo, run_branch_name(run), files, message=f"Checkpoint {label}, attempt {checkpoint.attempt}",
         author=run.created_by, create_branch_from=MAIN,
     )
+    if checkpoint.kind in MODEL_KINDS:
+        publish_model(run, checkpoint)
+    return commit
+
+
+MODEL_KINDS = ("final", "merged")  # a full fine-tune's final weights; a LoRA run's merged model
+CARD_METRICS = ("loss", "eval_loss", "reward", "kd_loss")
+MODEL_REPO_RE = re.compile(r"-run(\d+)$")
+
+
+def model_repo_name(run) -> str:
+    from django.utils.text import slugify
+
+    return f"{(slugify(run.name) or 'model')[:100].strip('-_') or 'model'}-run{run.pk}"
+
+
+def final_metrics(run) -> dict[str, float]:
+    """The last value of each headline metric the run logged (loss, reward, kd_loss...)."""
+    from training.models import MetricPoint
+
+    out = {}
+    for key in CARD_METRICS:
+        point = MetricPoint.objects.filter(run=run, key=key).order_by("-step").values_list("value", flat=True).first()
+        if point is not None:
+            out[key] = point
+    return out
+
+
+def model_card(run, checkpoint) -> str:
+    from django.conf import settings
+
+    pinned = run.pinned or {}
+    base = pinned.get("base_model")
+    base_line = f"{run.base_model} (pinned {base['repo']}@{base['commit'][:12]})" if base else (run.base_model or "unknown")
+    items = run.dataset if isinstance(run.dataset, list) else ([run.dataset] if run.dataset else [])
+    data = [(i.get("ref") if isinstance(i, dict) else str(i)) for i in items]
+    metrics = final_metrics(run)
+    run_url = f"{getattr(settings, 'STUDIO_PUBLIC_URL', '').rstrip('/')}/training/runs/{run.pk}/"
+    source = f"{run_repo(run).full_name}@{run_branch_name(run)}"
+    lines = [
+        "---", f"base_model: {run.base_model}", "library_name: transformers", "tags: [studio, " + run.method + "]", "---", "",
+        f"# {run.name}", "", f"Fine-tuned by Studio run #{run.pk}.", "",
+        f"- **Base model:** {base_line}", f"- **Method:** {run.method}",
+        f"- **Datasets:** {', '.join(data) or 'none'}",
+        f"- **Weights:** {checkpoint.kind} (step {checkpoint.step})",
+        f"- **Run:** [{run.name}]({run_url})", f"- **Source branch:** {source}", "",
+        "## Final metrics", "",
+    ]
+    lines += [f"- {k}: {v:.4g}" for k, v in metrics.items()] or ["No metrics logged."]
+    return "\n".join(lines) + "\n"
+
+
+def publish_model(run, checkpoint) -> Commit | None:
+    """Commit a run's final (or merged) weights to the project's model repo `<run-name>-run<id>`
+    on main with a README.md model card: the Models page entry. Safe to run twice."""
+    root = Path(checkpoint.path)
+    if checkpoint.kind not in MODEL_KINDS or not root.is_dir():
+        return None
+    files: dict[str, FileSource] = {
+        path.relative_to(root).as_posix(): path for path in sorted(root.rglob("*")) if path.is_file() and not path.is_symlink()
+    }
+    files["README.md"] = model_card(run, checkpoint).encode()
+    repo = get_or_create_repo(run.project, model_repo_name(run), RepoType.MODEL, run.created_by)
+    summary = f"{run.method} of {run.base_model or 'unknown'} (run #{run.pk})"
+    if repo.description != summary:
+        Repo.objects.filter(pk=repo.pk).update(description=summary)
+    return commit_files(repo, MAIN, files, message=f"Publish {checkpoint.kind} model from run #{run.pk} (step {checkpoint.step})", author=run.created_by)
 
 
 def metrics_export(run) -> bytes:

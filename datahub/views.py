@@ -99,3 +99,24 @@ def dataset_preview(request: HttpRequest, namespace: str, name: str, revision: s
         "shape_label": datasets.SHAPE_LABELS.get(preview["shape"], preview["shape"]),
         "branches": list(Branch.objects.filter(repo=repo)), "tags": list(Tag.objects.filter(repo=repo)),
     })
+
+
+@studio_page
+@require_GET
+def models_page(request: HttpRequest) -> HttpResponse:
+    """The project's model repos, newest first, each with its card summary from the run that made it."""
+    from training.models import TrainingRun
+
+    project = web_actor(request).project
+    repos = list(Repo.objects.filter(project=project, type=RepoType.MODEL).select_related("project")[:500]) if project else []
+    heads = {b.repo_id: b for b in Branch.objects.filter(repo__in=repos, name=services.MAIN)}
+    run_ids = {r.pk: int(m.group(1)) for r in repos if (m := services.MODEL_REPO_RE.search(r.name))}
+    runs = TrainingRun.objects.in_bulk(list(run_ids.values())) if run_ids else {}
+    rows = []
+    for r in repos:
+        run = runs.get(run_ids.get(r.pk))
+        run = run if run is not None and run.project_id == r.project_id else None
+        head = heads.get(r.pk)
+        rows.append({"repo": r, "run": run, "updated": head.updated_at if head else r.created_at})
+    rows.sort(key=lambda row: row["updated"], reverse=True)
+    return render(request, "datahub/models.html", {"section": "models", "project": project, "rows": rows})

@@ -3,6 +3,7 @@ from __future__ import annotations
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
+from datahub import views as datahub_views
 from studio import views
 
 urlpatterns = [
@@ -10,7 +11,7 @@ urlpatterns = [
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("projects/switch", views.switch_project, name="switch_project"),
-    path("models/", views.models_page, name="models"),
+    path("models/", datahub_views.models_page, name="models"),
     path("settings/billing/", views.billing, name="billing"),
     path("", include("training.web_urls")),
     path("experiments/", include("experiments.web_urls")),

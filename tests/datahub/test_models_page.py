@@ -1,0 +1,81 @@
+"""The Models page: a run's final weights land in a project model repo with a model card, and
+/models/ lists it for members only. Publishing twice makes no second commit."""
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+
+from datahub import services, storage
+from datahub.models import Commit, Repo, blob_path
+from training import services as training
+from training.models import Checkpoint, MetricPoint
+
+
+@pytest.fixture
+def final_checkpoint(project, users, tmp_path):
+    weights = tmp_path / "final"
+    weights.mkdir()
+    (weights / "config.json").write_text('{"model_type": "llama"}')
+    (weights / "model.safetensors").write_bytes(b"tiny weights")
+    run = training.create_run(project, users["owner"], name="My SFT Run", method="sft", base_model="org/base", dataset="org/my-data")
+    run.status = "completed"
+    run.save(update_fields=["status"])
+    MetricPoint.objects.bulk_create([MetricPoint(run=run, key="loss", step=s, value=v) for s, v in ((1, 2.5), (2, 1.25))])
+    return Checkpoint.objects.create(run=run, attempt=1, step=2, kind="final", path=str(weights))
+
+
+def browser(user) -> Client:
+    c = Client()
+    c.force_login(user)
+    return c
+
+
+def test_final_checkpoint_publishes_a_model_repo_with_a_card(project, final_checkpoint):
+    run = final_checkpoint.run
+    services.commit_checkpoint(final_checkpoint.pk)
+    repo = Repo.objects.get(project=project, name=f"my-sft-run-run{run.pk}")
+    assert repo.type == "model"
+    files = services.tree(services.resolve(repo, "main"))
+    assert {"config.json", "model.safetensors", "README.md"} <= set(files)
+    card = _read(repo, "README.md")
+    assert "org/base" in card and "sft" in card and f"/training/runs/{run.pk}/" in card
+    assert f"run-{run.pk}" in card and "loss: 1.25" in card
+    # the run's own branch still gets the checkpoint
+    assert "final/model.safetensors" in services.tree(services.resolve(services.run_repo(run), f"run-{run.pk}"))
+
+
+def _read(repo, path: str) -> str:
+    blob = services.tree(services.resolve(repo, "main"))[path]
+    with storage.open_blob(blob_path(blob.sha256)) as fh:
+        return fh.read().decode()
+
+
+def test_publishing_twice_makes_no_second_commit(project, final_checkpoint):
+    services.commit_checkpoint(final_checkpoint.pk)
+    repo = Repo.objects.get(project=project, name=f"my-sft-run-run{final_checkpoint.run.pk}")
+    head = services.resolve(repo, "main")
+    count = Commit.objects.filter(repo=repo).count()
+    services.commit_checkpoint(final_checkpoint.pk)
+    assert services.resolve(repo, "main").pk == head.pk
+    assert Commit.objects.filter(repo=repo).count() == count
+
+
+def test_step_checkpoints_do_not_publish(project, final_checkpoint):
+    Checkpoint.objects.filter(pk=final_checkpoint.pk).update(kind="checkpoint")
+    services.commit_checkpoint(final_checkpoint.pk)
+    assert not Repo.objects.filter(project=project, type="model").exists()
+
+
+def test_models_page_lists_the_model_for_members_only(project, users, final_checkpoint):
+    run = final_checkpoint.run
+    services.commit_checkpoint(final_checkpoint.pk)
+    name = f"my-sft-run-run{run.pk}"
+    page = browser(users["viewer"]).get("/models/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert f"acme/{name}" in html and f"/hub/acme/{name}" in html
+    assert "org/base" in html and f"/training/runs/{run.pk}/" in html
+    outsider = browser(users["outsider"]).get("/models/").content.decode()
+    assert name not in outsider
+    assert browser(users["outsider"]).get(f"/hub/acme/{name}").status_code == 404
+    assert Client().get("/models/").status_code == 302
