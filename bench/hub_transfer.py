@@ -1,6 +1,6 @@
 """Upload and download a large file through a real Studio server and report peak memory.
 
-    DEBUG=1 DATABASE_URL=... python -m datahub.bench --size 2G
+    DEBUG=1 DATABASE_URL=... python -m bench.hub_transfer --size 2G
 
 Starts `manage.py runserver` on a free port (blob storage and staging in a temp dir), makes a
 bench project, user and token, uploads a file of --size random-ish bytes through an upload

@@ -87,11 +87,6 @@ def switch_project(request: HttpRequest) -> HttpResponse:
 
 
 @studio_page
-def models_page(request: HttpRequest) -> HttpResponse:
-    return render(request, "studio/models.html", {"section": "models", "project": current_project_for_session(request)})
-
-
-@studio_page
 def billing(request: HttpRequest) -> HttpResponse:
     project = web_actor(request).require_project()
     runs = TrainingRun.objects.filter(project=project)
