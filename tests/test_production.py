@@ -23,7 +23,10 @@ from training.models import Status, TrainingRun
 
 
 def production_env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("DEBUG", "SECRET_KEY", "SECURE_SSL_REDIRECT", "SECURE_HSTS_SECONDS")}
+    # Not inherited: what a test process may set that a deployment must not (Playwright's tests set
+    # DJANGO_ALLOW_ASYNC_UNSAFE, which `check --deploy` rightly reports as async.E001).
+    dropped = ("DEBUG", "SECRET_KEY", "SECURE_SSL_REDIRECT", "SECURE_HSTS_SECONDS", "DJANGO_ALLOW_ASYNC_UNSAFE")
+    env = {k: v for k, v in os.environ.items() if k not in dropped}
     env.update(
         DEBUG="0", SECRET_KEY=secrets.token_urlsafe(50), STUDIO_ENCRYPTION_KEY=secrets.token_urlsafe(32),
         STUDIO_VAR_DIR=str(tmp_path / "var"), ALLOWED_HOSTS="127.0.0.1,localhost", LOG_LEVEL="WARNING", **extra,
