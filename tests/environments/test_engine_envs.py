@@ -261,3 +261,20 @@ def test_an_unset_judge_model_is_the_one_the_endpoint_serves(tiny, ingest: Inges
     assert judge.requests[0]["path"] == "/v1/models" and judge.requests[0]["auth"] == f"Bearer {KEY}"
     assert judge.requests[1]["body"]["model"] == "served-judge"
     assert any("using 'served-judge'" in line for line in ingest.collect("logs"))
+
+
+def test_scoring_works_inside_a_running_event_loop():
+    """A host that already runs an event loop in this thread (Playwright's sync API does) must not
+    break the verifiers adapter's scoring."""
+    import asyncio
+
+    from training.engine.packages import run_coroutine
+
+    async def answer() -> int:
+        return 42
+
+    async def host() -> int:
+        return run_coroutine(answer())
+
+    assert asyncio.run(host()) == 42
+    assert run_coroutine(answer()) == 42

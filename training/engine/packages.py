@@ -23,6 +23,7 @@ import json
 import random
 import sys
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -235,7 +236,19 @@ class TasksetEnvironment(Environment):
         for i, message in enumerate(messages):
             trace.nodes.append(MessageNode(parent=i - 1 if i else None, message=message))
         trace.nodes.append(MessageNode(parent=len(messages) - 1, message=AssistantMessage(content=completion), sampled=True))
-        asyncio.run(task.score(trace))
+        run_coroutine(task.score(trace))
         parts = {name: float(r.score) for name, r in trace.rewards.items() if r is not None}
         parts["total"] = float(trace.reward)
         return parts
+
+
+def run_coroutine(coro: Any) -> Any:
+    """Run `coro` to completion from synchronous code. When this thread already runs an event loop
+    (a host process that embeds the engine, a notebook), asyncio.run refuses, so the coroutine gets
+    a loop of its own on a helper thread."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coro).result()
