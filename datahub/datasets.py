@@ -20,6 +20,7 @@ from django.core.cache import cache
 from datahub import storage
 from datahub.models import Commit, TreeEntry
 from studio.errors import BadRequest, Finding
+from training.engine.data import detect_shape  # the trainer's own rule, so validation and training agree
 
 FORMATS = {".jsonl": "jsonl", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 SHAPES = ("chat", "prompt_completion", "preference", "prompts", "text")
@@ -145,21 +146,6 @@ def _parquet_rows(fh) -> Iterator[tuple[int, Any]]:
 
 
 # ---- shapes ------------------------------------------------------------------------------------
-
-def detect_shape(columns: set[str] | list[str]) -> str:
-    cols = set(columns)
-    if {"prompt", "chosen", "rejected"} <= cols:
-        return "preference"
-    if "messages" in cols:
-        return "chat"
-    if {"prompt", "completion"} <= cols:
-        return "prompt_completion"
-    if "prompt" in cols:
-        return "prompts"
-    if "text" in cols:
-        return "text"
-    return "unknown"
-
 
 def _empty(value: Any) -> bool:
     return value is None or (isinstance(value, str) and not value.strip()) or (isinstance(value, (list, dict)) and not value)

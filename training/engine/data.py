@@ -39,17 +39,31 @@ def load_rows(refs: list[DatasetRef]) -> Any:
     return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
 
 
-def row_format(dataset: Any) -> str:
-    """'chat' (messages), 'text', 'prompt_completion' or 'preference' from the column names."""
-    cols = set(dataset.column_names)
+def detect_shape(columns: Any) -> str:
+    """The row shape from the column names: 'preference', 'chat', 'prompt_completion', 'prompts'
+    (prompts only, for GRPO), 'text' or 'unknown'. Studio's dataset validation uses the same rule."""
+    cols = set(columns)
     if {"prompt", "chosen", "rejected"} <= cols:
         return "preference"
     if "messages" in cols:
         return "chat"
     if {"prompt", "completion"} <= cols:
         return "prompt_completion"
+    if "prompt" in cols:
+        return "prompts"
     if "text" in cols:
         return "text"
+    return "unknown"
+
+
+def row_format(dataset: Any) -> str:
+    """'chat' (messages), 'text', 'prompt_completion' or 'preference': the shapes the trainers read."""
+    cols = set(dataset.column_names)
+    shape = detect_shape(cols)
+    if shape == "prompts" and "text" in cols:
+        return "text"
+    if shape not in ("prompts", "unknown"):
+        return shape
     raise SpecError(f"dataset: rows need messages, text, prompt/completion or prompt/chosen/rejected columns; got {sorted(cols)}")
 
 
