@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from studio.models import ApiToken, Membership, Plan, Project, ProjectSecret
+from studio.models import ApiToken, AuditEvent, Membership, Plan, Project, ProjectSecret
 
 
 @admin.register(Plan)
@@ -40,3 +40,21 @@ class ProjectSecretAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request) -> bool:
         return False  # values are written through the API; the admin never shows them
+
+
+@admin.register(AuditEvent)
+class AuditEventAdmin(admin.ModelAdmin):
+    """Read-only: the trail is written by the services and never edited."""
+
+    list_display = ("created_at", "actor_name", "via", "project_slug", "action", "target_type", "target_id", "target_name")
+    list_filter = ("action", "target_type")
+    search_fields = ("actor_name", "project_slug", "target_name", "target_id")
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False

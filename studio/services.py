@@ -7,9 +7,9 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
 
-from studio import crypto
+from studio import audit, crypto
 from studio.errors import BadRequest, Finding, NotFound
-from studio.models import ApiToken, Membership, Plan, Project, ProjectSecret, Role
+from studio.models import ApiToken, AuditEvent, Membership, Plan, Project, ProjectSecret, Role
 
 TOKEN_PREFIX = "stu"
 SECRET_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,99}$")
@@ -96,9 +96,11 @@ def set_secret(project: Project, name: str, value: str) -> ProjectSecret:
 
 def delete_secret(project: Project, name: str) -> None:
     # A name set_secret would refuse cannot exist; PostgreSQL would refuse to compare one with a NUL.
-    deleted = ProjectSecret.objects.filter(project=project, name=name).delete()[0] if SECRET_NAME.match(name or "") else 0
-    if not deleted:
+    secret = ProjectSecret.objects.filter(project=project, name=name).first() if SECRET_NAME.match(name or "") else None
+    if secret is None:
         raise NotFound(f"No secret named {name!r} in this project.")
+    audit.record(AuditEvent.Action.DELETED, secret, project=project)
+    secret.delete()
 
 
 def secret_exists(project: Project, name: str) -> bool:

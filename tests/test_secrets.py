@@ -170,3 +170,13 @@ def test_changed_encryption_key_makes_decrypt_raise_a_clear_error(project, setti
     # Putting the old key back makes it readable again: nothing was lost.
     settings.STUDIO_ENCRYPTION_KEY = original
     assert reveal_secret(project, "judge_key") == VALUE
+
+
+def test_deleting_a_secret_is_audited_without_its_value(api, project):
+    from studio.models import AuditEvent
+
+    assert api.put("/api/secrets/judge-key", {"value": "sk-audit-value"}).status_code == 204
+    assert api.delete("/api/secrets/judge-key").status_code == 204
+    event = AuditEvent.objects.get(action="deleted", target_type="projectsecret")
+    assert event.target_name == "judge-key" and event.project_slug == project.slug and event.actor_name == "owner"
+    assert "sk-audit-value" not in str(event.details)
