@@ -58,7 +58,7 @@ class TrainingRun(models.Model):
 
     # Each START is an attempt; the engine's ingest token is valid for one attempt only.
     attempt = models.PositiveIntegerField(default=0)
-    ingest_token_hash = models.CharField(max_length=64, blank=True)
+    ingest_token_hash = models.CharField(max_length=64, blank=True, db_index=True)  # /hub reads by ingest token
     start_requested_at = models.DateTimeField(null=True, blank=True)
     backend_job_id = models.CharField(max_length=200, blank=True)
     # Refs resolved to commits at start (lineage); filled by the Data Hub resolver.
