@@ -11,6 +11,7 @@ entry names it, and a commit becomes visible only when its branch head moves (un
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -471,12 +472,18 @@ def commit_checkpoint(checkpoint_id: int) -> Commit | None:
         files["metrics.jsonl"] = metrics_export(run)
     repo = run_repo(run)
     label = f"step {checkpoint.step}" if prefix.startswith("checkpoints/") else f"{checkpoint.kind} (step {checkpoint.step})"
-    commit = commit_files(
-        repo, run_branch_name(run), files, message=f"Checkpoint {label}, attempt {checkpoint.attempt}",
-        author=run.created_by, create_branch_from=MAIN,
-    )
-    if checkpoint.kind in MODEL_KINDS:
-        publish_model(run, checkpoint)
+    try:
+        commit = commit_files(
+            repo, run_branch_name(run), files, message=f"Checkpoint {label}, attempt {checkpoint.attempt}",
+            author=run.created_by, create_branch_from=MAIN,
+        )
+        if checkpoint.kind in MODEL_KINDS:
+            publish_model(run, checkpoint)
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise  # transient I/O: the task retries
+        storage_full(run, checkpoint, exc)
+        return None
     return commit
 
 
@@ -542,6 +549,22 @@ def publish_model(run, checkpoint) -> Commit | None:
     if repo.description != summary:
         Repo.objects.filter(pk=repo.pk).update(description=summary)
     return commit_files(repo, MAIN, files, message=f"Publish {checkpoint.kind} model from run #{run.pk} (step {checkpoint.step})", author=run.created_by)
+
+
+def storage_full(run, checkpoint, exc: OSError) -> None:
+    """The blob storage is full. Nothing of the checkpoint was committed (blobs are written before
+    the commit, and a short blob is removed), so fail the run now with what to do rather than let
+    it train on and lose every later checkpoint too."""
+    from training.backends import get_backend
+    from training.models import ACTIVE_STATUSES, ErrorCode, TrainingRun
+    from training.services import end_failed
+
+    log.error("run %s: blob storage full while committing checkpoint %s: %s", run.pk, checkpoint.pk, exc)
+    run = TrainingRun.objects.get(pk=run.pk)
+    if run.status in ACTIVE_STATUSES:
+        end_failed(run, get_backend(run.backend_name), ErrorCode.TRAINING_ERROR,
+                   f"the Data Hub's blob storage is full, so the checkpoint of step {checkpoint.step} could not be stored "
+                   f"({exc.strerror}): free space under the Data Hub's storage (DATAHUB_ROOT) and start the run again")
 
 
 def metrics_export(run) -> bytes:

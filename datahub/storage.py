@@ -90,8 +90,15 @@ def put_staged(staged_path: Path, name: str) -> None:
     try:
         if storage.exists(name):
             return
-        with open(staged_path, "rb") as fh:
-            saved = storage.save(name, _StagedFile(fh, name=str(staged_path)))
+        try:
+            with open(staged_path, "rb") as fh:
+                saved = storage.save(name, _StagedFile(fh, name=str(staged_path)))
+        except BaseException:
+            # A save that failed part-way (a full disk) can leave a short file under the
+            # content-addressed name, which would then pass exists() for bytes it does not hold.
+            if storage.exists(name) and storage.size(name) != staged_path.stat().st_size:
+                storage.delete(name)
+            raise
         if saved != name:  # lost a race to another writer of the same bytes
             storage.delete(saved)
     finally:

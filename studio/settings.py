@@ -199,6 +199,8 @@ CELERY_BEAT_SCHEDULE = {
 
 # Where the engine reports back (the ingest API); the local backend passes it to the engine.
 STUDIO_PUBLIC_URL = (env("STUDIO_PUBLIC_URL") or "http://127.0.0.1:8000").rstrip("/")
+# The Data Hub's blob storage on the local filesystem (STORAGES["datahub"] overrides it, e.g. S3).
+DATAHUB_ROOT = Path(env("DATAHUB_ROOT") or VAR_DIR / "hub")
 # Where the local backend keeps each run's spec, output and engine log.
 STUDIO_RUNS_DIR = Path(env("STUDIO_RUNS_DIR") or VAR_DIR / "runs")
 # Seconds between SIGTERM and SIGKILL when a local run is stopped.

@@ -386,22 +386,23 @@ def check_deadlines(run: TrainingRun, backend, conn: BackendConnection | None, n
             # With a retry window dstack keeps looking for capacity that long: do not cut it short.
             limit = provisioning_timeout(conn) + (conn.retry_window_seconds if conn else 0)
             if (now - run.provisioning_since).total_seconds() > limit:
-                end_with_deadline(run, backend, ErrorCode.PROVISIONING_TIMEOUT,
+                end_failed(run, backend, ErrorCode.PROVISIONING_TIMEOUT,
                                   f"no worker was running within the provisioning deadline ({limit} s): capacity or boot was too slow; start it again, or pick another GPU type or region")
             return
         limit = configuring_timeout(conn)
         if (now - run.worker_up_at).total_seconds() > limit:
-            end_with_deadline(run, backend, ErrorCode.CONFIGURING_TIMEOUT,
+            end_failed(run, backend, ErrorCode.CONFIGURING_TIMEOUT,
                               f"the worker came up but made no training step within the configuring deadline ({limit} s): read the log tail below")
             return
     timeout = int(run.config.get("heartbeat_timeout_seconds") or 300)
     heard_from = run.status == Status.RUNNING or run.worker_up_at is not None
     if heard_from and run.last_heartbeat_at and (now - run.last_heartbeat_at).total_seconds() > timeout:
-        end_with_deadline(run, backend, ErrorCode.HEARTBEAT_TIMEOUT,
+        end_failed(run, backend, ErrorCode.HEARTBEAT_TIMEOUT,
                           f"the engine sent no heartbeat for {timeout} s (heartbeat_timeout_seconds): it may have been frozen, OOM-killed or cut off")
 
 
-def end_with_deadline(run: TrainingRun, backend, code: str, message: str) -> None:
+def end_failed(run: TrainingRun, backend, code: str, message: str) -> None:
+    """Fail the run with the job's log tail and stop its job (a missed deadline, a full disk)."""
     tail = []
     if backend is not None and run.backend_job_id:
         try:
