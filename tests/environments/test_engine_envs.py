@@ -266,8 +266,6 @@ def test_an_unset_judge_model_is_the_one_the_endpoint_serves(tiny, ingest: Inges
 def test_scoring_works_inside_a_running_event_loop():
     """A host that already runs an event loop in this thread (Playwright's sync API does) must not
     break the verifiers adapter's scoring."""
-    import asyncio
-
     from training.engine.packages import run_coroutine
 
     async def answer() -> int:
@@ -276,5 +274,7 @@ def test_scoring_works_inside_a_running_event_loop():
     async def host() -> int:
         return run_coroutine(answer())
 
-    assert asyncio.run(host()) == 42
+    # host() calls run_coroutine while its own loop runs: the helper-thread path, whether or not
+    # this thread already had a loop of its own (it has one after the Playwright tests).
+    assert run_coroutine(host()) == 42
     assert run_coroutine(answer()) == 42
