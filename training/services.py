@@ -361,6 +361,7 @@ def _reconcile(run_id: int, now) -> bool:
         if run.poll_failures:
             TrainingRun.objects.filter(pk=run.pk).update(poll_failures=0)
         leased = result.leased if result.leased is not None else result.state == "running"
+        leased = leased and not accelerators_of(run.compute).is_cpu  # a CPU run rents no GPU
         track_lease(run, leased, result.gpu_type, now)
         if result.state == "running" and run.worker_up_at is None:
             TrainingRun.objects.filter(pk=run.pk, attempt=run.attempt, worker_up_at__isnull=True).update(worker_up_at=now)
