@@ -181,8 +181,13 @@ def test_web_process_restarted_mid_run_the_run_completes_with_every_metric(web_a
 
 # ---- STOP during DISTILL capture -----------------------------------------------------------------
 
-def test_stop_during_distill_capture_cancels_and_kills_the_engine(studio_worker, api: Api, tiny_models):
-    body = {"name": "stop in capture", "method": "distill", "base_model": tiny_models["student"], "dataset": tiny_models["data_sft"],
+def test_stop_during_distill_capture_cancels_and_kills_the_engine(studio_worker, api: Api, tiny_models, tmp_path):
+    # The demo set captures in well under a second, so STOP could land after it: give the teacher
+    # 300× the rows, so the capture stage lasts long enough to be stopped in.
+    rows = open(tiny_models["data_sft"]).read().strip().splitlines()
+    big = tmp_path / "capture-rows.jsonl"
+    big.write_text("\n".join(rows * 300) + "\n")
+    body = {"name": "stop in capture", "method": "distill", "base_model": tiny_models["student"], "dataset": str(big),
             "config": {**FAST, "max_steps": 200, "distillation": {"teacher_model": tiny_models["teacher"], "top_k": 16}}}
     response = api.post("/api/training-runs", body)
     assert response.status_code == 201, response.content
