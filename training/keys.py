@@ -16,7 +16,7 @@ def is_number(value: Any) -> bool:
 class Key:
     """The type of one config value. Ranges that the seeds tie to START are checked there instead."""
 
-    kind: str  # int | number | bool | str | choice | block | ref | any
+    kind: str  # int | number | bool | auto_bool | str | choice | block | ref | any
     minimum: float | None = None
     choices: tuple[str, ...] = ()
     block: dict[str, Key] | None = None
@@ -30,6 +30,7 @@ class Key:
             "int": isinstance(value, int) and not isinstance(value, bool),
             "number": is_number(value),
             "bool": isinstance(value, bool),
+            "auto_bool": isinstance(value, bool) or value == "auto",
             "str": isinstance(value, str) and value.strip() != "",
             "choice": isinstance(value, str) and value.lower() in self.choices,
             "block": isinstance(value, dict),
@@ -51,6 +52,7 @@ class Key:
             "int": "an integer" + (f" ≥ {self.minimum:g}" if self.minimum is not None else ""),
             "number": "a number" + (f" ≥ {self.minimum:g}" if self.minimum is not None else ""),
             "bool": "true or false",
+            "auto_bool": 'true, false or "auto"',
             "str": "a non-empty string",
             "choice": "one of " + ", ".join(self.choices),
             "block": "an object",

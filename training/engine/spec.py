@@ -45,6 +45,9 @@ ENGINE_KEYS = {
     "rollout_log_steps",
     "heartbeat_interval_seconds",
     "use_liger",
+    "packing",
+    "rollout_engine",
+    "gradient_checkpointing",
 }
 
 

@@ -42,6 +42,9 @@ COMMON_KEYS: dict[str, Key] = {
     "heartbeat_interval_seconds": INT1,
     "save_steps": INT1,
     "logging_steps": INT1,
+    # GPU throughput levers (issue 8). "auto" checkpoints activations only when the fit check says memory needs it.
+    "use_liger": BOOL,
+    "gradient_checkpointing": Key("auto_bool"),
 }
 
 DEFAULT_LORA_RANK = 16

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from studio.errors import Finding
-from training.methods.base import Draft, Key, TrainingMethod, is_number
+from training.methods.base import BOOL, Draft, Key, TrainingMethod, is_number
 
 DISTILL_KEYS = {
     "teacher_model": Key("str"),
@@ -20,7 +20,7 @@ class Distill(TrainingMethod):
     name = "distill"
     label = "DISTILL"
     trl_config = "SFTConfig"
-    keys = {"distillation": Key("block", block=DISTILL_KEYS)}
+    keys = {"distillation": Key("block", block=DISTILL_KEYS), "packing": BOOL}
 
     def create_findings(self, draft: Draft) -> list[Finding]:
         block = draft.config.get("distillation")

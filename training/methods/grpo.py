@@ -44,7 +44,8 @@ class GRPO(TrainingMethod):
         "kl_coef": POSITIVE,
         "max_response_length": INT1,
         "max_prompt_length": INT1,
-        "use_liger": BOOL,
+        # "auto": the engine's own static-KV decode loop on a GPU, plain generate on the CPU.
+        "rollout_engine": Key("choice", choices=("auto", "static", "generate")),
         "use_unsloth": BOOL,
         "global_batch_size": Key("any"),
         "rollout_log_steps": INT1,

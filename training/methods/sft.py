@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from training.methods.base import TrainingMethod
+from training.methods.base import BOOL, TrainingMethod
 
 
 class SFT(TrainingMethod):
@@ -9,3 +9,4 @@ class SFT(TrainingMethod):
     name = "sft"
     label = "SFT"
     trl_config = "SFTConfig"
+    keys = {"packing": BOOL}  # padding-free packing of rows into full sequences (default on)
