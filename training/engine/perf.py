@@ -56,15 +56,16 @@ class Peak:
 def device_peak(device_name: str | None = None) -> Peak | None:
     """The current CUDA device's peak, or None on the CPU and for cards not in the table.
 
-    STUDIO_PEAK_TFLOPS (and STUDIO_PEAK_TBPS) override the table for a card it does not know.
+    STUDIO_PEAK_TFLOPS (and STUDIO_PEAK_TBPS) override the table, for a card it does not know (or the CPU).
     """
     import torch
 
+    override = os.environ.get("STUDIO_PEAK_TFLOPS")
     if device_name is None:
         if not torch.cuda.is_available():
-            return None
+            # The CPU has no table entry; an explicit override still gives it a figure (and tests a path).
+            return Peak("cpu", float(override), float(os.environ.get("STUDIO_PEAK_TBPS") or 0.0)) if override else None
         device_name = torch.cuda.get_device_name()
-    override = os.environ.get("STUDIO_PEAK_TFLOPS")
     if override:
         return Peak(device_name, float(override), float(os.environ.get("STUDIO_PEAK_TBPS") or 0.0))
     upper = device_name.upper()
