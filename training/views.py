@@ -45,6 +45,9 @@ CHARTS = {
     "distill": [("KD Loss", ["kd_loss"]), ("Training Loss (CE)", ["loss"])],
     "grpo": [("Reward", ["reward", "reward_std"]), ("KL", ["kl"]), ("Completion length", ["completions/mean_length"]), ("Entropy", ["entropy"])],
 }
+# Speed-of-light charts for every method, drawn only once the run reports them: a CPU run has no
+# peak and no GPU memory, and an empty "MFU" chart there would read as a failure.
+GPU_CHARTS = [("Speed of light (MFU %)", ["mfu"]), ("GPU memory (GB)", ["gpu_memory_gb", "gpu_reserved_gb"])]
 
 
 # ---- helpers -----------------------------------------------------------------------------------
@@ -87,8 +90,9 @@ def chart_series(run_id: int, keys: list[str], max_points: int = MAX_POINTS) -> 
 
 def run_charts(run: TrainingRun) -> list[dict[str, Any]]:
     spec = CHARTS.get(run.method, CHARTS["sft"])
-    keys = sorted({k for _, ks in spec for k in ks})
+    keys = sorted({k for _, ks in spec + GPU_CHARTS for k in ks})
     data = chart_series(run.pk, keys)
+    spec = spec + [(title, ks) for title, ks in GPU_CHARTS if any(data.get(k) for k in ks)]
     charts = []
     for i, (title, ks) in enumerate(spec):
         chart = align(OrderedDict((k, data.get(k, [])) for k in ks))

@@ -8,8 +8,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from transformers import TrainerCallback
 
+from . import perf
 from .modeling import Device
 from .reporter import Reporter, Superseded
 from .spec import ENGINE_KEYS, Spec
@@ -66,29 +68,98 @@ def build_config(config_cls: type, ctx: Context, **method_kwargs: Any) -> Any:
     return config_cls(**kwargs)
 
 
+def sequence_lengths(inputs: dict[str, Any]) -> torch.Tensor | None:
+    """The real (unpadded) length of every sequence in a training micro-batch, as a 1-D tensor.
+
+    Computed without a host sync (static shapes only), so counting does not stall the GPU queue mid-step.
+    Packed, padding-free batches have no attention mask: their sequences are the runs between position
+    resets (position_ids back at 0), counted with a scatter into a buffer of the largest possible size.
+    """
+    mask = inputs.get("attention_mask")
+    positions = inputs.get("position_ids")
+    if mask is None and "prompt_mask" in inputs and "completion_mask" in inputs:
+        # GRPO: one sequence per row, prompt then completion.
+        return inputs["prompt_mask"].sum(-1) + inputs["completion_mask"].sum(-1)
+    if isinstance(positions, torch.Tensor) and positions.dim() == 2 and (mask is None or mask.shape == positions.shape):
+        # Boolean indexing would sync (its size depends on the data): weight padding 0 instead of dropping it.
+        weights = (mask if mask is not None else torch.ones_like(positions)).long().reshape(-1)
+        starts = positions == 0
+        starts[:, 0] = True  # every row begins a sequence, whatever position it starts at
+        segment = (torch.cumsum(starts.reshape(-1).long(), 0) - 1).clamp(min=0)
+        return torch.zeros_like(segment).scatter_add_(0, segment, weights)
+    if mask is not None:
+        return mask.sum(-1)
+    ids = inputs.get("input_ids")
+    if isinstance(ids, torch.Tensor) and ids.dim() >= 1:
+        rows = ids.shape[0] if ids.dim() == 2 else 1
+        return torch.full((rows,), ids.shape[-1], dtype=torch.long, device=ids.device)
+    return None
+
+
+def batch_counts(inputs: dict[str, Any]) -> torch.Tensor | None:
+    """[tokens, sequences, Σ length²] of a micro-batch (int64, on the batch's device); None if unknown."""
+    lengths = sequence_lengths(inputs)
+    if lengths is None:
+        return None
+    lengths = lengths.long()
+    return torch.stack([lengths.sum(), (lengths > 0).sum(), (lengths * lengths).sum()])
+
+
 def count_tokens(inputs: dict[str, Any]) -> int:
-    if "attention_mask" in inputs:
-        return int(inputs["attention_mask"].sum())
-    if "completion_mask" in inputs and "prompt_mask" in inputs:
-        return int(inputs["prompt_mask"].sum() + inputs["completion_mask"].sum())
-    if "input_ids" in inputs:
-        return int(inputs["input_ids"].numel())
-    return 0
+    counts = batch_counts(inputs)
+    return int(counts[0]) if counts is not None else 0
+
+
+@dataclass
+class StepCounts:
+    tokens: int = 0
+    sequences: int = 0
+    sum_sq_len: int = 0
+
+    @property
+    def attention_len(self) -> float:
+        """Token-weighted mean sequence length Σs²/Σs: the s that prices a token's attention in a mixed batch."""
+        return self.sum_sq_len / self.tokens if self.tokens else 0.0
 
 
 class TokenCountingMixin:
-    """Counts the tokens each training forward sees, for the tokens_per_s metric."""
+    """Counts the tokens and sequences each training forward sees, for tokens_per_s and MFU.
+
+    Counts pile up on the device during a step; take_step_counts() reads them once, at the step's end.
+    """
 
     tokens_seen: int = 0
+    _pending_counts: list[torch.Tensor] | None = None
+
+    def count_batch(self, inputs: dict[str, Any]) -> None:
+        counts = batch_counts(inputs)
+        if counts is None:
+            return
+        if self._pending_counts is None:
+            self._pending_counts = []
+        self._pending_counts.append(counts)
+
+    def take_step_counts(self) -> StepCounts:
+        """This step's counts (one host sync), added to tokens_seen."""
+        pending, self._pending_counts = self._pending_counts or [], []
+        if not pending:
+            return StepCounts()
+        tokens, sequences, sum_sq = (int(v) for v in torch.stack([c.to(pending[0].device) for c in pending]).sum(0).tolist())
+        self.tokens_seen += tokens
+        return StepCounts(tokens, sequences, sum_sq)
 
     def compute_loss(self, model: Any, inputs: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
         if model.training:
-            self.tokens_seen += count_tokens(inputs)
+            self.count_batch(inputs)
         return super().compute_loss(model, inputs, *args, **kwargs)  # type: ignore[misc]
 
 
 class StudioCallback(TrainerCallback):
-    """Streams TRL's logs, per-step speed/progress and checkpoints to the reporter."""
+    """Streams TRL's logs, per-step speed/progress and checkpoints to the reporter.
+
+    Per step: tokens_per_s, step_time_s, eta_s; mfu (percent of the card's dense bf16 peak) where the peak
+    is known; gpu_memory_gb (peak allocated during the step) on CUDA. Absent, never zero, where unknown.
+    """
 
     def __init__(self, ctx: Context, trainer_ref: list[Any]) -> None:
         self.ctx = ctx
@@ -97,12 +168,42 @@ class StudioCallback(TrainerCallback):
         self.avg_step_s: float | None = None
         self.tokens_at_step_start = 0
         self.announced_running = False
+        self.shape: perf.Shape | None = None
+        self.peak: perf.Peak | None = None
+        self.on_cuda = False
+
+    def _trainer(self) -> Any:
+        return self.trainer_ref[0] if self.trainer_ref else None
 
     def _tokens(self) -> int:
-        return getattr(self.trainer_ref[0], "tokens_seen", 0) if self.trainer_ref else 0
+        return getattr(self._trainer(), "tokens_seen", 0)
+
+    def _take_counts(self) -> StepCounts:
+        take = getattr(self._trainer(), "take_step_counts", None)
+        return take() if take is not None else StepCounts()
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.ctx.reporter.log(f"training: max_steps={state.max_steps} starting at step {state.global_step}")
+        rep = self.ctx.reporter
+        rep.log(f"training: max_steps={state.max_steps} starting at step {state.global_step}")
+        self.on_cuda = self.ctx.device.kind == "cuda" and torch.cuda.is_available()
+        # A CPU run on a machine with a GPU must not borrow the GPU's peak: ask for "cpu", which only
+        # the STUDIO_PEAK_TFLOPS override answers.
+        self.peak = perf.device_peak(None if self.on_cuda else "cpu")
+        model = kwargs.get("model") or getattr(self._trainer(), "model", None)
+        if self.peak is not None and model is not None:
+            try:
+                self.shape = perf.shape_of(model)
+            except Exception as exc:  # noqa: BLE001 - a figure is not worth failing a run over
+                rep.log(f"perf: cannot count this model's FLOPs ({exc}); no MFU will be reported")
+        if self.shape is not None and self.peak is not None:
+            rep.log(
+                f"perf: {self.shape.matmul_params / 1e6:.1f}M matmul weights ({self.shape.trainable_matmul_params / 1e6:.1f}M trainable), "
+                f"MFU against {self.peak.tflops:g} TFLOP/s dense bf16 ({self.peak.name})"
+            )
+        # Drop whatever earlier counting left (a resumed trainer, a capture stage) so step 1 is clean.
+        self._take_counts()
+        if self.on_cuda:
+            torch.cuda.reset_peak_memory_stats()
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._check_superseded()
@@ -111,17 +212,39 @@ class StudioCallback(TrainerCallback):
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         rep, step = self.ctx.reporter, state.global_step
+        # Reading the counts syncs with the device, so the clock below covers the step's GPU work, not
+        # only the CPU's kernel launches.
+        counts = self._take_counts()
         step_time = max(time.perf_counter() - self.step_started, 1e-9)
         # EMA so the ETA neither jumps on one slow step nor ignores a trend.
         self.avg_step_s = step_time if self.avg_step_s is None else 0.8 * self.avg_step_s + 0.2 * step_time
+        # tokens_seen also moves for trainers that count on their own (without count_batch).
         tokens_per_s = (self._tokens() - self.tokens_at_step_start) / step_time
         eta = max(state.max_steps - step, 0) * self.avg_step_s
         rep.metric(step, "tokens_per_s", tokens_per_s)
         rep.metric(step, "step_time_s", step_time)
         rep.metric(step, "eta_s", eta)
-        rep.progress(
-            {"step": step, "max_steps": state.max_steps, "tokens_per_s": round(tokens_per_s, 3), "step_time_s": round(step_time, 4), "eta_s": round(eta, 2)}
-        )
+        progress: dict[str, Any] = {
+            "step": step, "max_steps": state.max_steps, "tokens_per_s": round(tokens_per_s, 3), "step_time_s": round(step_time, 4), "eta_s": round(eta, 2),
+        }
+        if self.shape is not None and counts.sequences:
+            # Only the training forward/backward is priced. A GRPO step also generates its rollouts inside
+            # the same clock, so its MFU is lower than the trainer alone achieves (rollout/tokens_per_s tells
+            # that part); reference-model and old-logprob forwards (DPO, GRPO) are not counted either.
+            flops_per_token = self.shape.train_flops_per_token(counts.attention_len)
+            value = perf.mfu(flops_per_token, tokens_per_s, self.peak)
+            if value is not None:
+                rep.metric(step, "mfu", value)
+                progress["mfu"] = round(value, 2)
+        if self.on_cuda:
+            memory = perf.gpu_memory_gb()
+            for key, gb in memory.items():
+                rep.metric(step, key, gb)
+            if "gpu_memory_gb" in memory:
+                progress["gpu_memory_gb"] = memory["gpu_memory_gb"]
+            # The next reading is the peak of the next step alone.
+            torch.cuda.reset_peak_memory_stats()
+        rep.progress(progress)
         if not self.announced_running:
             self.announced_running = True
             rep.status("running")

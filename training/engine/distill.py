@@ -174,7 +174,7 @@ class KDTrainer(TokenCountingMixin, Trainer):
 
     def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch: Any = None) -> Any:
         if model.training:
-            self.tokens_seen += int(inputs["attention_mask"].sum())
+            self.count_batch(inputs)
         outputs = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])
         ce, kd = kd_losses(outputs.logits, inputs, self.temperature)
         self._kd_metrics["ce"].append(ce.item())

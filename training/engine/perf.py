@@ -24,8 +24,8 @@ _PEAKS: list[tuple[str, float, float]] = [
     ("GB200", 2500.0, 8.0),
     ("B200", 2250.0, 8.0),
     ("B100", 1750.0, 8.0),
+    ("GH200", 989.0, 4.0),  # before "H200": "NVIDIA GH200 480GB" contains it
     ("H200", 989.0, 4.8),
-    ("GH200", 989.0, 4.0),
     ("H100 NVL", 835.0, 3.9),
     ("H100 PCIe", 756.0, 2.0),
     ("H100", 989.0, 3.35),
@@ -84,11 +84,12 @@ class Shape:
     layers: int
     attn_dim: int  # heads × head_dim
 
-    def train_flops_per_token(self, seq_len: int) -> float:
+    # seq_len is a float: a batch of mixed lengths costs, per token, the token-weighted mean length Σs²/Σs.
+    def train_flops_per_token(self, seq_len: float) -> float:
         n, t = self.matmul_params, self.trainable_matmul_params
         return 4.0 * n + 2.0 * t + 12.0 * self.layers * self.attn_dim * seq_len
 
-    def forward_flops_per_token(self, seq_len: int) -> float:
+    def forward_flops_per_token(self, seq_len: float) -> float:
         return 2.0 * self.matmul_params + 4.0 * self.layers * self.attn_dim * seq_len
 
 

@@ -1,0 +1,71 @@
+"""Per-step speed figures (tokens/s, ETA, MFU, GPU memory) travel through ingest onto the run's Overview.
+Server-side (Django's test client): the figures are plain text in the status card."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from django.test import Client
+
+from studio import crypto
+from training import services
+from training.models import MetricPoint, Status, TrainingRun
+
+pytestmark = pytest.mark.django_db
+
+
+def started_run(project, user) -> tuple[TrainingRun, str]:
+    run = services.create_run(project, user, name="speedy", method="sft", base_model="org/base", dataset="my-data@main", config={"lora_rank": 16})
+    token = crypto.new_token("ing")
+    TrainingRun.objects.filter(pk=run.pk).update(status=Status.PROVISIONING, attempt=1, ingest_token_hash=crypto.hash_token(token))
+    return run, token
+
+
+def ingest(run: TrainingRun, token: str, progress: dict, metrics: list[dict]) -> None:
+    body = {"batch_id": f"b{len(metrics)}-{len(progress)}", "status": "running", "stage": "train", "progress": progress, "metrics": metrics}
+    r = Client().post(f"/api/ingest/runs/{run.pk}", data=json.dumps(body), content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert r.status_code == 200, r.content
+
+
+def overview(run: TrainingRun, user) -> str:
+    client = Client()
+    client.force_login(user)
+    response = client.get(f"/training/runs/{run.pk}/")
+    assert response.status_code == 200
+    return response.content.decode()
+
+
+def status_card(html: str) -> str:
+    return html[html.index('id="run-status"'):html.index("</section>", html.index('id="run-status"'))]
+
+
+def test_gpu_speed_figures_reach_the_overview(project, users):
+    run, token = started_run(project, users["owner"])
+    progress = {"step": 30, "max_steps": 100, "tokens_per_s": 87123.4, "step_time_s": 0.75, "eta_s": 52.5, "mfu": 31.24, "gpu_memory_gb": 12.34}
+    metrics = [{"step": s, "key": k, "value": v} for s in range(1, 31) for k, v in (("tokens_per_s", 87000.0), ("mfu", 31.0 + s / 100), ("gpu_memory_gb", 12.3))]
+    ingest(run, token, progress, metrics)
+
+    run.refresh_from_db()
+    assert run.status == Status.RUNNING and run.progress == progress  # ingest keeps every progress key
+    assert MetricPoint.objects.filter(run=run, key="mfu").count() == 30
+
+    html = overview(run, users["viewer"])
+    card = status_card(html)
+    assert "87123 tokens/s" in card and "ETA" in card
+    assert "MFU 31.2 %" in card and "GPU memory 12.3 GB" in card
+    mfu = re.search(r'<span data-testid="run-mfu" title="([^"]*)"', card)
+    assert mfu and "share of the GPU's dense bf16 peak" in mfu.group(1) and "speed of light" in mfu.group(1)
+    captions = re.findall(r"<figcaption>([^<]*)</figcaption>", html)
+    assert captions == ["Training loss", "Throughput (tokens/s)", "Speed of light (MFU %)", "GPU memory (GB)"]
+
+
+def test_a_run_without_gpu_figures_shows_neither(project, users):
+    run, token = started_run(project, users["owner"])
+    ingest(run, token, {"step": 3, "max_steps": 10, "tokens_per_s": 950.0, "step_time_s": 0.2, "eta_s": 1.4}, [{"step": 3, "key": "tokens_per_s", "value": 950.0}])
+
+    html = overview(run, users["owner"])
+    card = status_card(html)
+    assert "950 tokens/s" in card and "ETA" in card
+    assert "MFU" not in html and "GPU memory" not in html and 'data-testid="run-mfu"' not in html
+    assert re.findall(r"<figcaption>([^<]*)</figcaption>", html) == ["Training loss", "Throughput (tokens/s)"]
