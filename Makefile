@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | 
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/studio
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/11
 
-.PHONY: install studio test lint services browser dstack bench
+.PHONY: install studio test lint services browser dstack bench bench-gpu bench-gpu-wheels
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -50,3 +50,16 @@ bench: install services
 	for b in dispatch ingest reads overhead; do \
 	  DATABASE_URL=$(BENCH_DATABASE_URL) REDIS_URL=$(BENCH_REDIS_URL) CELERY_QUEUE=studio-bench $(PY) -m bench.$$b || exit 1; \
 	done
+
+# The GPU benchmark (bench/engine_gpu.py, under 8 minutes on an H200; tiny shapes on a CPU-only
+# machine). On the device machine, where there is no .venv: `make bench-gpu PY=python3`.
+bench-gpu:
+	$(PY) -m bench.engine_gpu $(BENCH_GPU_ARGS)
+
+# The trainer wheels the device machine's image lacks or holds at other versions (its python is 3.12),
+# into var/gpu-wheels for the device tool's `carry`; bench/RESULTS.md "GPU (issue 8)" has the command.
+GPU_WHEELS := transformers==5.24.0 trl==1.16.0 datasets==5.2.0 peft==0.21.2 tokenizers==0.23.3 dill==0.4.1 multiprocess==0.70.19
+bench-gpu-wheels:
+	python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+	  -d var/gpu-wheels $(GPU_WHEELS)
