@@ -557,7 +557,7 @@ def storage_full(run, checkpoint, exc: OSError) -> None:
     it train on and lose every later checkpoint too."""
     from training.backends import get_backend
     from training.models import ACTIVE_STATUSES, ErrorCode, TrainingRun
-    from training.services import end_failed
+    from training.reconciler import end_failed
 
     log.error("run %s: blob storage full while committing checkpoint %s: %s", run.pk, checkpoint.pk, exc)
     run = TrainingRun.objects.get(pk=run.pk)

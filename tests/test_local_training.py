@@ -11,7 +11,7 @@ from statistics import mean
 import pytest
 
 from tests.conftest import wait_for
-from training import services
+from training import reconciler
 from training.backends.local import group_alive, parse_job_id
 from training.models import LogLine, MetricPoint, Status, TrainingRun
 
@@ -97,7 +97,7 @@ def engine_pid(worker, run: TrainingRun) -> int:
 
 def reconcile_until(run: TrainingRun, status: str, timeout: float = 60) -> TrainingRun:
     def check():
-        services.reconcile_run(run.pk)  # what the beat-driven reconcile_runs task does for each active run
+        reconciler.reconcile_run(run.pk)  # what the beat-driven reconcile_runs task does for each active run
         return TrainingRun.objects.filter(pk=run.pk, status=status).first()
 
     return wait_for(check, timeout, interval=1, message=f"run {run.pk} to become {status}")

@@ -1,4 +1,5 @@
-"""Celery tasks: thin wrappers over training.services. Each takes ids and is safe to run twice.
+"""Celery tasks: thin wrappers over training.services and training.reconciler. Each takes ids and
+is safe to run twice.
 
 Every call to a remote backend (dstack, Modal) happens in one of these tasks, never in a web request,
 and has a time limit: a wrong Modal token can hang a call for about a minute.
@@ -9,7 +10,7 @@ import logging
 
 from celery import shared_task
 
-from training import services
+from training import reconciler, services
 from training.backends.base import BackendUnavailable
 
 log = logging.getLogger(__name__)
@@ -29,9 +30,9 @@ def stop_backend_job(self, run_id: int, attempt: int, job_id: str) -> None:
 
 @shared_task(name="training.tasks.reconcile_runs", soft_time_limit=240, time_limit=300)
 def reconcile_runs() -> None:
-    for step, run_ids in ((services.reconcile_run, services.runs_to_reconcile()),
-                          (services.resubmit, services.runs_to_resubmit()),
-                          (services.dispatch, services.runs_to_redispatch())):
+    for step, run_ids in ((reconciler.reconcile_run, reconciler.runs_to_reconcile()),
+                          (reconciler.resubmit, reconciler.runs_to_resubmit()),
+                          (services.dispatch, reconciler.runs_to_redispatch())):
         for run_id in run_ids:
             try:
                 step(run_id)

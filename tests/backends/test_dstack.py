@@ -10,7 +10,7 @@ import pytest
 from studio import crypto
 from studio.services import delete_secret
 from tests.conftest import assert_error, sft_body, wait_for
-from training import services
+from training import reconciler, services
 from training.backends import get_backend
 from training.backends.base import PollResult
 from training.backends.connections import ENGINE_PACKAGES, job_name
@@ -34,7 +34,7 @@ def start(api, **compute) -> TrainingRun:
 
 def reconcile_until(run: TrainingRun, predicate, timeout: float = 60, message: str = "the run's state") -> TrainingRun:
     def check():
-        services.reconcile_run(run.pk)
+        reconciler.reconcile_run(run.pk)
         current = TrainingRun.objects.get(pk=run.pk)
         return current if predicate(current) else None
 
@@ -93,7 +93,7 @@ def test_with_a_retry_window_the_run_stays_provisioning_and_stop_cancels_and_ter
     run = start(api, accelerators="H100:8")
     deadline = time.monotonic() + 6
     while time.monotonic() < deadline:  # dstack finds no capacity within a second; it must not fail the run
-        services.reconcile_run(run.pk)
+        reconciler.reconcile_run(run.pk)
         time.sleep(0.5)
     run.refresh_from_db()
     assert run.status == Status.PROVISIONING and run.error is None
@@ -116,12 +116,12 @@ def test_a_lost_submit_is_adopted_not_duplicated(api, dstack_connection, dstack_
     run = start(api)
     name = run.backend_job_id
     TrainingRun.objects.filter(pk=run.pk).update(backend_job_id="", submit_started_at=run.submit_started_at.replace(year=2000))
-    assert run.pk in services.runs_to_resubmit()
-    assert services.resubmit(run.pk)
+    assert run.pk in reconciler.runs_to_resubmit()
+    assert reconciler.resubmit(run.pk)
     run.refresh_from_db()
     assert run.backend_job_id == name and run.status == Status.PROVISIONING
     assert studio_runs_on_server(dstack_api, run.pk) == [name]
-    assert not services.resubmit(run.pk)  # nothing left to resubmit
+    assert not reconciler.resubmit(run.pk)  # nothing left to resubmit
     get_backend("dstack").stop(run.pk, run.attempt, name)
 
 
@@ -133,8 +133,8 @@ def test_a_submit_that_never_happened_is_submitted_once(api, dstack_connection, 
     # The claim happened (queued → provisioning, attempt 1), then the worker died before submitting.
     TrainingRun.objects.filter(pk=run_id).update(status=Status.PROVISIONING, attempt=1, start_requested_at=None,
                                                  provisioning_since="2000-01-01T00:00:00Z", submit_started_at="2000-01-01T00:00:00Z")
-    assert services.resubmit(run_id)
-    assert not services.resubmit(run_id)
+    assert reconciler.resubmit(run_id)
+    assert not reconciler.resubmit(run_id)
     run = TrainingRun.objects.get(pk=run_id)
     assert run.backend_job_id == job_name(run_id, 1)
     assert studio_runs_on_server(dstack_api, run_id) == [run.backend_job_id]
@@ -151,7 +151,7 @@ def test_a_spot_interruption_retries_from_the_last_checkpoint_within_the_budget(
     run.refresh_from_db()
     first_job = run.backend_job_id
 
-    services.apply_poll(run, PollResult("interrupted", ErrorCode.CAPACITY_UNAVAILABLE, "dstack lost the machine (interrupted_by_no_capacity)"))
+    reconciler.apply_poll(run, PollResult("interrupted", ErrorCode.CAPACITY_UNAVAILABLE, "dstack lost the machine (interrupted_by_no_capacity)"))
     run.refresh_from_db()
     assert run.status == Status.PROVISIONING and run.attempt == 2 and run.interruptions == 1
     assert run.backend_job_id == job_name(run.pk, 2)
@@ -163,7 +163,7 @@ def test_a_spot_interruption_retries_from_the_last_checkpoint_within_the_budget(
     # The budget (1) is spent: the next interruption fails the run.
     TrainingRun.objects.filter(pk=run.pk).update(status=Status.RUNNING)
     run.refresh_from_db()
-    services.apply_poll(run, PollResult("interrupted", ErrorCode.CAPACITY_UNAVAILABLE, "dstack lost the machine (interrupted_by_no_capacity)"))
+    reconciler.apply_poll(run, PollResult("interrupted", ErrorCode.CAPACITY_UNAVAILABLE, "dstack lost the machine (interrupted_by_no_capacity)"))
     run.refresh_from_db()
     assert run.status == Status.FAILED and run.error["code"] == "CAPACITY_UNAVAILABLE" and "budget of 1" in run.error["message"]
     get_backend("dstack").stop(run.pk, run.attempt, run.backend_job_id)

@@ -10,7 +10,7 @@ from studio.celery import app
 from tests.backends.conftest import DstackServer, make_dstack_connection, spare_port
 from tests.backends.test_dstack import dstack_body, server_run, studio_runs_on_server
 from tests.conftest import wait_for
-from training import services
+from training import reconciler, services
 from training.backends.connections import job_name
 from training.models import Status, TrainingRun
 from training.tasks import reconcile_runs
@@ -120,7 +120,7 @@ def test_with_the_dstack_server_down_runs_keep_their_state_and_recover(api, proj
     assert run.backend_job_id
 
     server.stop()
-    services.reconcile_run(run_id)
+    reconciler.reconcile_run(run_id)
     run.refresh_from_db()
     assert run.status == Status.PROVISIONING and run.poll_failures == 1 and run.error is None
     # A run started while it is down is submitted when it returns, not failed.
@@ -132,10 +132,10 @@ def test_with_the_dstack_server_down_runs_keep_their_state_and_recover(api, proj
 
     server.start()  # same home, same database: the server still knows the first task
     TrainingRun.objects.filter(pk__in=(run_id, other_id)).update(next_poll_at=None)
-    services.reconcile_run(run_id)
+    reconciler.reconcile_run(run_id)
     run.refresh_from_db()
     assert run.status == Status.PROVISIONING and run.poll_failures == 0
-    assert services.resubmit(other_id)
+    assert reconciler.resubmit(other_id)
     other.refresh_from_db()
     assert other.backend_job_id == job_name(other_id, 1)
 

@@ -21,7 +21,7 @@ from modal_proto import api_pb2
 
 from studio.services import delete_secret, set_secret
 from tests.conftest import assert_error, sft_body
-from training import services
+from training import reconciler, services
 from training.backends import get_backend, modal_app
 from training.backends.modal import ModalBackend, modal_gpu, translate
 from training.models import BackendConnection, ErrorCode, Status, TrainingRun
@@ -172,7 +172,7 @@ def test_poll_maps_the_function_calls_answer(fake_modal, modal_run, answer, stat
 @pytest.mark.django_db
 def test_a_completed_call_completes_the_run_through_the_reconciler(fake_modal, modal_run):
     fake_modal.outputs = outputs(status=G.GENERIC_STATUS_SUCCESS, data=serialize({"returncode": 0, "signal": None, "log_tail": ["done"]}))
-    services.reconcile_run(modal_run.pk)
+    reconciler.reconcile_run(modal_run.pk)
     assert TrainingRun.objects.get(pk=modal_run.pk).status == Status.COMPLETED
 
 
@@ -193,10 +193,10 @@ def test_a_modal_that_does_not_answer_backs_off_and_keeps_the_run(modal_run, mon
 
     monkeypatch.setattr(ModalBackend, "make_client", hangs)
     BackendConnection.objects.filter(backend="modal").update(request_timeout_seconds=1)
-    services.reconcile_run(modal_run.pk)
+    reconciler.reconcile_run(modal_run.pk)
     run = TrainingRun.objects.get(pk=modal_run.pk)
     assert run.status == Status.RUNNING and run.poll_failures == 1 and run.next_poll_at is not None
-    assert modal_run.pk not in services.runs_to_reconcile()  # backed off
+    assert modal_run.pk not in reconciler.runs_to_reconcile()  # backed off
 
 
 # ---- the job body ------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from django.utils import timezone
 from tests.backends.conftest import spare_port
 from tests.backends.test_dstack import server_run, start
 from tests.conftest import sft_body, wait_for
-from training import services
+from training import reconciler, services
 from training.backends import BACKENDS
 from training.backends.base import Backend, PollResult
 from training.models import GpuPrice, LogLine, Status, TrainingRun
@@ -25,11 +25,11 @@ def test_no_worker_within_the_provisioning_deadline_is_provisioning_timeout(api,
     dstack_connection.provisioning_timeout_seconds = 60
     dstack_connection.save()
     run = start(api)
-    services.reconcile_run(run.pk)
+    reconciler.reconcile_run(run.pk)
     assert TrainingRun.objects.get(pk=run.pk).status == Status.PROVISIONING  # within 60 s + the retry window
     claimed_long_ago = timezone.now() - LONG_AGO  # the claim sets both; no heartbeat since
     TrainingRun.objects.filter(pk=run.pk).update(provisioning_since=claimed_long_ago, last_heartbeat_at=claimed_long_ago)
-    services.reconcile_run(run.pk)
+    reconciler.reconcile_run(run.pk)
     run.refresh_from_db()
     assert run.status == Status.FAILED and run.error["code"] == "provisioning_timeout"
     assert "provisioning deadline (660 s)" in run.error["message"]
@@ -45,7 +45,7 @@ def test_a_worker_that_makes_no_step_within_the_configuring_deadline_is_configur
     now = timezone.now()
     # The engine called home an hour ago (the worker is up), and reported no training step since.
     TrainingRun.objects.filter(pk=run.pk).update(provisioning_since=now - LONG_AGO, last_heartbeat_at=now - timedelta(hours=1))
-    services.reconcile_run(run.pk)
+    reconciler.reconcile_run(run.pk)
     run.refresh_from_db()
     assert run.status == Status.FAILED and run.error["code"] == "configuring_timeout", run.error
     assert run.worker_up_at is not None
@@ -56,7 +56,7 @@ def test_waiting_for_capacity_is_not_a_lost_heartbeat(api, dstack_connection):
     dstack_connection.save()
     run = start(api)
     TrainingRun.objects.filter(pk=run.pk).update(last_heartbeat_at=timezone.now() - timedelta(hours=1))
-    services.reconcile_run(run.pk)
+    reconciler.reconcile_run(run.pk)
     assert TrainingRun.objects.get(pk=run.pk).status == Status.PROVISIONING
     services.stop_run(run)
 
@@ -66,11 +66,11 @@ def test_one_pass_at_a_time_holds_a_run(api, dstack_connection):
     dstack_connection.save()
     run = start(api)
     now = timezone.now()
-    assert services.claim_for_reconcile(run.pk, now)
-    assert not services.claim_for_reconcile(run.pk, now)  # a second pass skips it
-    assert run.pk not in services.runs_to_reconcile()
+    assert reconciler.claim_for_reconcile(run.pk, now)
+    assert not reconciler.claim_for_reconcile(run.pk, now)  # a second pass skips it
+    assert run.pk not in reconciler.runs_to_reconcile()
     TrainingRun.objects.filter(pk=run.pk).update(next_poll_at=None)
-    services.reconcile_run(run.pk)
+    reconciler.reconcile_run(run.pk)
     assert TrainingRun.objects.get(pk=run.pk).next_poll_at is None  # released after the pass
     services.stop_run(run)
 
@@ -81,14 +81,14 @@ def test_an_unreachable_backend_is_backed_off_and_the_run_keeps_its_state(api, d
     run = start(api)
     dstack_connection.server_url = f"http://127.0.0.1:{spare_port()}"
     dstack_connection.save()
-    services.reconcile_run(run.pk)
+    reconciler.reconcile_run(run.pk)
     run.refresh_from_db()
     assert run.status == Status.PROVISIONING and run.poll_failures == 1
     assert run.next_poll_at > timezone.now() + timedelta(seconds=10)
-    assert run.pk not in services.runs_to_reconcile()
+    assert run.pk not in reconciler.runs_to_reconcile()
     assert LogLine.objects.filter(run=run, line__contains="did not answer").exists()
     TrainingRun.objects.filter(pk=run.pk).update(next_poll_at=None)
-    services.reconcile_run(run.pk)
+    reconciler.reconcile_run(run.pk)
     run.refresh_from_db()
     assert run.poll_failures == 2 and run.next_poll_at > timezone.now() + timedelta(seconds=25)  # doubling
 
@@ -133,40 +133,40 @@ def fake_run(api, monkeypatch, **compute) -> tuple[TrainingRun, LeasingBackend]:
 
 def test_the_price_table_lookup(prices, api, monkeypatch):
     run, _ = fake_run(api, monkeypatch, accelerators="H100:8")
-    assert services.hourly_price_for(run, None) == Decimal("24.00")  # the dstack row wins, × 8 GPUs
+    assert reconciler.hourly_price_for(run, None) == Decimal("24.00")  # the dstack row wins, × 8 GPUs
     run.compute["spot"] = True
-    assert services.hourly_price_for(run, None) == Decimal("12.00")  # spot, any backend
+    assert reconciler.hourly_price_for(run, None) == Decimal("12.00")  # spot, any backend
     run.compute = {"backend": "modal", "accelerators": "GPU:2", "spot": False}
-    assert services.hourly_price_for(run, None) == Decimal("4.00")  # generic GPU row
-    assert services.hourly_price_for(run, "H100") == Decimal("8.00")  # the GPU the backend gave
+    assert reconciler.hourly_price_for(run, None) == Decimal("4.00")  # generic GPU row
+    assert reconciler.hourly_price_for(run, "H100") == Decimal("8.00")  # the GPU the backend gave
     run.compute = {"backend": "local", "accelerators": "CPU"}
-    assert services.hourly_price_for(run, None) == 0
+    assert reconciler.hourly_price_for(run, None) == 0
 
 
 def test_cost_accrues_from_gpu_leased_to_the_runs_end(prices, api, monkeypatch):
     run, backend = fake_run(api, monkeypatch, accelerators="H100:2")
-    services.reconcile_run(run.pk)  # queued for a machine: no lease, no cost
+    reconciler.reconcile_run(run.pk)  # queued for a machine: no lease, no cost
     run.refresh_from_db()
     assert run.gpu_leased_at is None and run.cost == 0
 
     backend.answer = PollResult("pending", leased=True, gpu_type="H100")  # the machine is booting: rented
-    services.reconcile_run(run.pk)
+    reconciler.reconcile_run(run.pk)
     run.refresh_from_db()
     assert run.gpu_leased_at is not None and run.hourly_price == Decimal("6.00")
     # Pretend the lease began half an hour ago.
     TrainingRun.objects.filter(pk=run.pk).update(gpu_leased_at=timezone.now() - timedelta(minutes=30))
     backend.answer = PollResult("running", leased=True)
-    services.reconcile_run(run.pk)
+    reconciler.reconcile_run(run.pk)
     run.refresh_from_db()
     assert Decimal("2.99") < run.cost < Decimal("3.02"), run.cost
 
     services.stop_run(run)  # the run ends: the lease closes at finished_at
     TrainingRun.objects.filter(pk=run.pk).update(gpu_leased_at=F_minus(run, minutes=6))
-    services.reconcile_run(run.pk)
+    reconciler.reconcile_run(run.pk)
     run.refresh_from_db()
     assert run.gpu_leased_at is None and Decimal("3.59") < run.cost < Decimal("3.62"), run.cost
     final = run.cost
-    services.reconcile_run(run.pk)
+    reconciler.reconcile_run(run.pk)
     assert TrainingRun.objects.get(pk=run.pk).cost == final  # nothing after the end
     assert api.get(f"/api/training-runs/{run.pk}").json()["cost"] in (str(final), float(final), f"{final:.4f}")
 
@@ -179,6 +179,6 @@ def F_minus(run: TrainingRun, minutes: int):
 def test_a_run_that_never_got_a_gpu_costs_nothing(prices, api, monkeypatch):
     run, backend = fake_run(api, monkeypatch, accelerators="H100:8")
     backend.answer = PollResult("failed", "CAPACITY_UNAVAILABLE", "no capacity", leased=False)
-    services.reconcile_run(run.pk)
+    reconciler.reconcile_run(run.pk)
     run.refresh_from_db()
     assert run.status == Status.FAILED and run.cost == 0 and run.gpu_seconds == 0
