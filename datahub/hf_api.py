@@ -10,10 +10,14 @@ Content-Length on a HEAD of /resolve/, X-Error-Code on 404s, and Range on GETs (
 """
 from __future__ import annotations
 
+import base64
+import bisect
+import json
 import re
 from dataclasses import dataclass
 from datetime import UTC
 
+from django.conf import settings
 from django.http import FileResponse, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods
@@ -22,9 +26,11 @@ from datahub import services, storage
 from datahub.models import Commit, Repo, TreeEntry
 from studio import crypto
 from studio.auth import StudioAuth
-from studio.errors import ApiError, BadRequest, NotFound
+from studio.errors import ApiError, BadRequest, Finding, NotFound
 
 LFS_POINTER_SIZE = 134
+# Entries per tree page unless settings.DATAHUB_TREE_PAGE_SIZE says otherwise: what the Hub serves.
+TREE_PAGE_SIZE = 1000
 RANGE_RE = re.compile(r"^bytes=(\d*)-(\d*)$")
 
 
@@ -159,32 +165,73 @@ def repo_info(request: HttpRequest, kind: str, namespace: str, name: str, revisi
 
 @hub_view(["GET"])
 def repo_tree(request: HttpRequest, kind: str, namespace: str, name: str, rest: str):
-    """GET /api/{kind}/{ns}/{name}/tree/{rev}[/{path}]?recursive=1 → files and folders."""
+    """GET /api/{kind}/{ns}/{name}/tree/{rev}[/{path}]?recursive=1[&cursor=...] → one page of files
+    and folders, sorted by path, and a `Link: <...>; rel="next"` header while more remain (the Hub's
+    cursor pagination, which huggingface_hub's list_repo_tree and HfFileSystem follow)."""
     repo = repo_for(request, namespace, name)
     revision, _, path = rest.partition("/")
-    commit = commit_for(repo, revision)
+    cursor = request.GET.get("cursor")
+    # A cursor pins the commit the first page listed, so a branch that moves between two pages
+    # cannot mix two trees into one listing.
+    commit, after = decode_cursor(repo, cursor) if cursor is not None else (commit_for(repo, revision), None)
     prefix = services.clean_path(path.rstrip("/")) + "/" if path.strip("/") else ""
     recursive = request.GET.get("recursive", "").lower() in ("1", "true")
-    files = [e for e in TreeEntry.objects.filter(commit=commit, path__startswith=prefix).select_related("blob").order_by("path")]
-    if prefix and not files:
+    # Paths only for the whole listing (folders are derived from them); blobs only for the page.
+    paths = list(TreeEntry.objects.filter(commit=commit, path__startswith=prefix).values_list("path", flat=True))
+    if prefix and not paths:
         raise HubError(404, "EntryNotFound", f"{path} does not exist at {commit.pk}", commit=commit.pk)
-    out, folders = [], set()
-    for e in files:
-        rel = e.path[len(prefix):]
-        parts = rel.split("/")
-        if recursive:
-            for depth in range(1, len(parts)):
-                folders.add(prefix + "/".join(parts[:depth]))
-            out.append(file_json(e))
-        elif len(parts) == 1:
-            out.append(file_json(e))
-        else:
-            folders.add(prefix + parts[0])
-    out += [folder_json(f) for f in sorted(folders)]
-    out.sort(key=lambda item: item["path"])
-    resp = JsonResponse(out, safe=False)
+    items = sorted(tree_items(paths, prefix, recursive))  # Python's order, not the database collation's
+    start = bisect.bisect_right(items, after) if after else 0
+    page = items[start:start + tree_page_size()]
+    entries = {e.path: e for e in TreeEntry.objects.filter(commit=commit, path__in=[p for p, kind in page if kind == "file"]).select_related("blob")}
+    resp = JsonResponse([file_json(entries[p]) if kind == "file" else folder_json(p) for p, kind in page], safe=False)
     resp["X-Repo-Commit"] = commit.pk
+    if start + len(page) < len(items):
+        query = request.GET.copy()
+        query["cursor"] = encode_cursor(commit.pk, page[-1])
+        # Absolute: huggingface_hub requests the next link as it is, with no base URL to resolve it.
+        resp["Link"] = f'<{request.build_absolute_uri(f"{request.path}?{query.urlencode()}")}>; rel="next"'
     return resp
+
+
+def tree_items(paths: list[str], prefix: str, recursive: bool) -> set[tuple[str, str]]:
+    """(path, "file" | "directory") for what a tree listing under `prefix` shows."""
+    items: set[tuple[str, str]] = set()
+    for full in paths:
+        parts = full[len(prefix):].split("/")
+        if recursive:
+            items.update((prefix + "/".join(parts[:depth]), "directory") for depth in range(1, len(parts)))
+            items.add((full, "file"))
+        elif len(parts) == 1:
+            items.add((full, "file"))
+        else:
+            items.add((prefix + parts[0], "directory"))
+    return items
+
+
+def tree_page_size() -> int:
+    return max(1, int(getattr(settings, "DATAHUB_TREE_PAGE_SIZE", TREE_PAGE_SIZE)))
+
+
+def encode_cursor(commit_id: str, after: tuple[str, str]) -> str:
+    """Opaque to clients: the listed commit and the last (path, kind) served."""
+    raw = json.dumps([commit_id, *after], separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(repo: Repo, value: str) -> tuple[Commit, tuple[str, str]]:
+    bad = BadRequest(f"The tree listing's cursor {value[:80]!r} is not valid.", [Finding(
+        "cursor", 'pass the cursor from the previous page\'s Link: <...>; rel="next" header unchanged, or leave it out to list from the start')])
+    try:
+        data = json.loads(base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)))
+    except ValueError:  # bad base64 (binascii.Error), bad UTF-8, bad JSON
+        raise bad from None
+    if not (isinstance(data, list) and len(data) == 3 and all(isinstance(x, str) for x in data) and data[2] in ("file", "directory")):
+        raise bad
+    commit = Commit.objects.filter(repo=repo, pk=data[0]).first()
+    if commit is None:  # another repo's cursor, or a made-up commit
+        raise bad
+    return commit, (data[1], data[2])
 
 
 @hub_view(["POST"])
@@ -194,8 +241,6 @@ def paths_info(request: HttpRequest, kind: str, namespace: str, name: str, revis
     commit = commit_for(repo, revision)
     paths = request.POST.getlist("paths")
     if not paths and request.content_type == "application/json":
-        import json
-
         try:
             paths = list(json.loads(request.body or b"{}").get("paths") or [])
         except (ValueError, AttributeError):

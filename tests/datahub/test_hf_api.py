@@ -116,3 +116,78 @@ def test_load_dataset_from_the_live_server(transactional_db, live_server, projec
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"n": 5, "cols": ["messages"]}
+
+
+# ---- tree listing: the Hub's cursor pagination -------------------------------------------------
+
+@pytest.fixture
+def wide_repo(project, settings):
+    """More files than one page: pages of 10 entries (the Hub's, and our default, is 1000; a commit of
+    1000+ files takes ~20 s here) over 23 files, at the top and in nested folders."""
+    settings.DATAHUB_TREE_PAGE_SIZE = 10
+    repo = services.create_repo(project, "wide", "dataset")
+    files = {f"shards/part-{i:04d}.jsonl": f"{i}\n".encode() for i in range(20)}
+    files.update({"README.md": b"# wide", "nested/a/b.txt": b"b", "nested/c.txt": b"c"})
+    return repo, services.commit_files(repo, "main", files, "wide"), files
+
+
+def test_list_repo_tree_follows_every_page_with_huggingface_hub(transactional_db, live_server, wide_repo, tokens, settings):
+    from huggingface_hub import HfApi
+    from huggingface_hub.hf_api import RepoFile, RepoFolder
+
+    repo, commit, files = wide_repo
+    api = HfApi(endpoint=f"{live_server.url}/hub", token=tokens["viewer"])
+    listed = list(api.list_repo_tree("acme/wide", repo_type="dataset", revision="main", recursive=True))
+    assert sorted(f.path for f in listed if isinstance(f, RepoFile)) == sorted(files)  # 23 files + 3 folders: 3 pages
+    assert sorted(f.path for f in listed if isinstance(f, RepoFolder)) == ["nested", "nested/a", "shards"]
+    assert len(listed) == len({f.path for f in listed})  # no entry served twice across a page boundary
+    pages = list(api._iter_repo_tree_pages("acme/wide", repo_type="dataset", revision="main", recursive=True))
+    assert [len(page) for page, _ in pages] == [10, 10, 6] and [finished for _, finished in pages] == [False, False, True]
+
+    # A folder listed without recursion, in pages of 7: every shard once, in path order.
+    settings.DATAHUB_TREE_PAGE_SIZE = 7
+    shards = [f.path for f in api.list_repo_tree("acme/wide", "shards", repo_type="dataset", revision=commit.pk)]
+    assert shards == sorted(p for p in files if p.startswith("shards/"))
+    top = [f.path for f in api.list_repo_tree("acme/wide", repo_type="dataset")]
+    assert top == ["README.md", "nested", "shards"]
+
+
+def test_tree_link_header_pins_the_commit_and_keeps_the_query(client, wide_repo, tokens, settings):
+    repo, commit, files = wide_repo
+    settings.DATAHUB_TREE_PAGE_SIZE = 8
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {tokens['owner']}"}
+    first = client.get("/hub/api/datasets/acme/wide/tree/main?recursive=true&expand=false", **auth)
+    assert first.status_code == 200 and len(first.json()) == 8 and first["X-Repo-Commit"] == commit.pk
+    link = first["Link"]
+    assert link.startswith("<http://testserver/hub/api/datasets/acme/wide/tree/main?") and link.endswith('>; rel="next"')
+    assert "recursive=true" in link and "expand=false" in link and "cursor=" in link
+    # A commit lands on main between two pages: the listing goes on from the commit it began with.
+    services.commit_files(repo, "main", {"AAA-new.txt": b"new"}, "between pages")
+    seen, url = [e["path"] for e in first.json()], link[1:link.index(">")]
+    while url:
+        page = client.get(url.removeprefix("http://testserver"), **auth)
+        assert page.status_code == 200 and page["X-Repo-Commit"] == commit.pk
+        seen += [e["path"] for e in page.json()]
+        url = page["Link"][1:page["Link"].index(">")] if page.has_header("Link") else None
+    assert seen == sorted(set(files) | {"nested", "nested/a", "shards"})
+    assert "AAA-new.txt" not in seen
+    last = client.get("/hub/api/datasets/acme/wide/tree/main/nested?recursive=1", **auth)
+    assert not last.has_header("Link") and [e["path"] for e in last.json()] == ["nested/a", "nested/a/b.txt", "nested/c.txt"]
+
+
+def test_bad_tree_cursor_is_400_naming_cursor(client, wide_repo, model_repo, tokens):
+    import base64
+
+    def b64(raw: bytes) -> str:
+        return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+    other_commit = model_repo[1]  # a real commit, of another repo
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {tokens['owner']}"}
+    for cursor in ("", "not base64!", b64(b"\xff\xfe"), b64(b"{}"), b64(b'["x", "a", "file"]'), b64(b'[1, 2, 3]'),
+                   b64(json.dumps([wide_repo[1].pk, "a", "symlink"]).encode()), b64(json.dumps([other_commit.pk, "a", "file"]).encode())):
+        r = client.get(f"/hub/api/datasets/acme/wide/tree/main?cursor={cursor}", **auth)
+        assert r.status_code == 400, (cursor, r.status_code, r.content)
+        assert [e["field"] for e in r.json()["errors"]] == ["cursor"]
+    # an outsider learns nothing from a cursor: the repo is not found first
+    r = client.get(f"/hub/api/datasets/acme/wide/tree/main?cursor={b64(b'{}')}", HTTP_AUTHORIZATION=f"Bearer {tokens['outsider']}")
+    assert r.status_code == 404 and r["X-Error-Code"] == "RepoNotFound"
