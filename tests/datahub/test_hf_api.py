@@ -191,3 +191,35 @@ def test_bad_tree_cursor_is_400_naming_cursor(client, wide_repo, model_repo, tok
     # an outsider learns nothing from a cursor: the repo is not found first
     r = client.get(f"/hub/api/datasets/acme/wide/tree/main?cursor={b64(b'{}')}", HTTP_AUTHORIZATION=f"Bearer {tokens['outsider']}")
     assert r.status_code == 404 and r["X-Error-Code"] == "RepoNotFound"
+
+
+def test_ingest_token_lookup_uses_the_ingest_token_index(project, users):
+    """A remote engine reads /hub with its attempt's ingest token; reader_for finds the run by the
+    token's hash. With 20,000 runs PostgreSQL's own planner must pick the ingest_token_hash index."""
+    from django.db import connection
+    from django.test import RequestFactory
+    from django.test.utils import CaptureQueriesContext
+
+    from datahub.hf_api import reader_for
+    from studio import crypto
+    from training import services as training
+    from training.models import TrainingRun
+
+    run = training.create_run(project, users["owner"], name="remote", method="sft", base_model="org/base", dataset="d@main")
+    TrainingRun.objects.filter(pk=run.pk).update(status="running", attempt=1, ingest_token_hash=crypto.hash_token("ing_remote"))
+    table = TrainingRun._meta.db_table
+    columns = [f.column for f in TrainingRun._meta.concrete_fields if f.column not in ("id", "ingest_token_hash")]
+    with connection.cursor() as cursor:
+        # Copies of the run, each with its own token hash, then fresh statistics for the planner.
+        cursor.execute(f"INSERT INTO {table} ({', '.join(columns)}, ingest_token_hash) "
+                       f"SELECT {', '.join(columns)}, md5(n::text) || md5(n::text) FROM {table}, generate_series(1, 20000) AS n WHERE id = %s", [run.pk])
+        cursor.execute(f"ANALYZE {table}")
+    with CaptureQueriesContext(connection) as queries:
+        reader = reader_for(RequestFactory().get("/hub/api/models/acme/base", HTTP_AUTHORIZATION="Bearer ing_remote"))
+    assert reader.project_ids == {project.pk}
+    lookup = [q["sql"] for q in queries if "ingest_token_hash" in q["sql"]]
+    assert len(lookup) == 1
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN " + lookup[0])
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "Seq Scan" not in plan and "ingest_token_hash" in plan, plan
