@@ -10,7 +10,6 @@ and `kd_loss` the τ²-scaled KL, so the two curves can be read separately.
 
 from __future__ import annotations
 
-import gc
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,9 +22,10 @@ from transformers import Trainer
 from trl import SFTConfig
 
 from . import kd_format
+from .capture import capture_shards
 from .common import Context, StudioCallback, TokenCountingMixin, build_config, train_and_finish
 from .data import load_rows, row_format, with_system_prompt
-from .modeling import load_model, load_policy, load_tokenizer
+from .modeling import load_policy, load_tokenizer
 from .spec import SpecError
 
 ROWS_PER_SHARD = 256
@@ -77,40 +77,6 @@ def tokenise_shards(dataset: Any, fmt: str, tokenizer: Any, max_length: int, kd_
         np.savez(tokens_path, input_ids=input_ids, loss_mask=np.asarray(mask_all, dtype=np.uint8), offsets=offs)
         shards.append(Shard(tokens_path, kd_dir / f"shard-{n:05d}.kd", input_ids, np.asarray(mask_all, dtype=np.uint8), offs, token_hash))
     return shards
-
-
-@torch.no_grad()
-def capture(ctx: Context, shards: list[Shard], teacher_ref: str, k: int, vocab_size: int) -> None:
-    rep = ctx.reporter
-    todo = [s for s in shards if not kd_format.is_valid(s.kd_path, s.token_hash, k)]
-    for s in shards:
-        if s not in todo:
-            rep.log(f"capture: {s.kd_path.name} already valid; skipped")
-    if not todo:
-        return
-    device = torch.device(ctx.device.kind)
-    teacher = load_model(teacher_ref, None, ctx.device).to(device).eval()
-    if teacher.config.vocab_size < vocab_size:
-        raise SpecError("config.distillation.teacher_model: the teacher's vocabulary is smaller than the student's tokenizer")
-    try:
-        for s in todo:
-            n_tokens = int(s.offsets[-1])
-            ids_out = np.zeros((n_tokens, k), dtype=np.uint32)
-            lp_out = np.zeros((n_tokens, k), dtype=np.float16)
-            for a, b in zip(s.offsets[:-1], s.offsets[1:], strict=True):
-                seq = torch.from_numpy(s.input_ids[a:b].astype(np.int64)).unsqueeze(0).to(device)
-                logits = teacher(input_ids=seq).logits[0, :, :vocab_size].float()
-                top = torch.log_softmax(logits, dim=-1).topk(k, dim=-1)
-                ids_out[a:b] = top.indices.cpu().numpy().astype(np.uint32)
-                lp_out[a:b] = top.values.cpu().numpy().astype(np.float16)
-            kd_format.write_sidecar(s.kd_path, ids_out, lp_out, vocab_size, s.token_hash)
-            rep.log(f"capture: wrote {s.kd_path.name} ({n_tokens} tokens, k={k})")
-    finally:
-        # The teacher must not share memory with the student's training.
-        del teacher
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
 
 
 class KDDataset(torch.utils.data.Dataset):
@@ -212,7 +178,7 @@ def run(ctx: Context) -> None:
     shards = tokenise_shards(dataset, fmt, tokenizer, int(spec.cfg("max_length", 1024)), spec.output_dir / "kd")
     n_tokens = sum(int(s.offsets[-1]) for s in shards)
     ctx.reporter.log(f"capture: {len(shards)} shard(s), {n_tokens} tokens, top_k={k}, sidecars ~{kd_format.expected_size(k, n_tokens) / 1e6:.1f} MB")
-    capture(ctx, shards, str(dist["teacher_model"]), k, vocab_size)
+    capture_shards(ctx, shards, str(dist["teacher_model"]), k, vocab_size)
 
     ctx.reporter.stage("train")
     ctx.reporter.log(f"distill: tau={temperature} kd_weight={kd_weight} ce_weight={ce_weight}")
