@@ -14,7 +14,9 @@ from datahub.services import dataset_findings, ref_findings
 from environments.services import environment_findings
 from studio.errors import BadRequest, Finding
 from training.backends import get_backend
-from training.compute import accelerators_of, check_compute, normalise_compute, precision_findings
+from training.compute import GPU_MEMORY_GIB, accelerators_of, check_compute, normalise_compute, precision_findings
+from training.engine import fit
+from training.forms import hub_model_files
 from training.methods import NOT_YET_SUPPORTED, get_method
 from training.methods.base import Draft, TrainingMethod
 from training.refs import check_dataset, check_ref, dataset_entries, local_model_dir, ref_kind
@@ -64,6 +66,7 @@ def start_findings(draft: Draft) -> list[Finding]:
     findings += method.start_findings(draft)
     accel = accelerators_of(draft.compute)
     findings += precision_findings(draft.config.get("precision"), accel)
+    findings += fit_findings(draft)
     backend = get_backend(draft.compute.get("backend", "local"))
     if backend is None:
         findings.append(Finding("compute.backend", "unknown backend: use local, dstack or modal"))
@@ -94,6 +97,44 @@ def image_findings(draft: Draft, image_has) -> list[Finding]:
     if config.get("use_liger") and accelerators_of(draft.compute).is_cpu:
         findings.append(Finding("config.use_liger", "liger kernels need a GPU and this run asks for the CPU: remove use_liger"))
     return findings
+
+
+def model_config(ref: str | None, project=None) -> dict | None:
+    """A model's config.json as far as the Studio can read it without downloading: a Data Hub
+    repo@ref of `project`, a local path or the HF cache, else the table of well-known HF ids."""
+    if not isinstance(ref, str) or not ref:
+        return None
+    if "@" in ref:
+        found = hub_model_files(project, ref) if project is not None else None
+        return found[0] if found and found[0] else None
+    directory = local_model_dir(ref)
+    if directory is not None:
+        try:
+            return json.loads((directory / "config.json").read_text())
+        except (OSError, ValueError):
+            pass
+    return fit.known_config(ref)
+
+
+def fit_findings(draft: Draft) -> list[Finding]:
+    """Issue 8: a GPU run that cannot fit on one card even with activation checkpointing is refused
+    before it starts, on the field of the best lever, with the estimate (training/engine/fit.py).
+    What cannot be estimated is never refused: the CPU, a generic GPU:n, an unknown model."""
+    accel = accelerators_of(draft.compute)
+    card_gib = GPU_MEMORY_GIB.get(accel.gpu_type or "")
+    if accel.is_cpu or card_gib is None:
+        return []
+    shape = fit.ModelShape.from_config(model_config(draft.base_model, draft.project))
+    if shape is None:
+        return []
+    teacher = None
+    if draft.method == "distill" and isinstance(draft.config.get("distillation"), dict):
+        teacher = fit.ModelShape.from_config(model_config(draft.config["distillation"].get("teacher_model"), draft.project))
+    verdict = fit.check(shape, draft.method, draft.config, card_gib=card_gib, gpu_label=accel.gpu_type or "GPU",
+                        teacher_shape=teacher, cards=GPU_MEMORY_GIB)
+    if verdict.status != "too_big" or verdict.field is None or verdict.message is None:
+        return []
+    return [Finding(verdict.field, verdict.message)]
 
 
 def tokenizer_fingerprint(model_dir: Path) -> str | None:

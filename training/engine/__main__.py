@@ -44,6 +44,26 @@ def _is_oom(exc: BaseException) -> bool:
     return "CUDA out of memory" in str(exc) or isinstance(exc, MemoryError)
 
 
+def oom_message(spec: Spec, exc: BaseException, reporter: Reporter) -> str:
+    """Seed 000's `oom` row points at the lever: the estimate and what to change, in the same words
+    as the fit check before START (fit.py), computed from this run's spec."""
+    # torch's message goes on about allocator settings; what was asked for is in its first two sentences.
+    head = ". ".join(str(exc).split(". ")[:2]).strip().rstrip(".")
+    try:
+        from . import fit
+
+        gpu = fit.visible_gpu()
+        shape = fit.shape_of_model(spec.base_model, spec.base_model_revision)
+        # The same decision build_config made, so the estimate describes the run that ran out.
+        checkpointing, _ = fit.decide_checkpointing(spec.method, spec.config, spec.base_model, spec.base_model_revision, "cuda" if gpu else "cpu")
+        advice = fit.oom_advice(spec.method, spec.config, shape, card_bytes=gpu[1] if gpu else None, gpu_name=gpu[0] if gpu else None,
+                                checkpointing=checkpointing or gpu is None)
+    except Exception as advice_error:  # noqa: BLE001 - the failure must be reported even if the advice fails
+        reporter.log(f"oom: no estimate ({advice_error})")
+        advice = "drop to a smaller base, pick a GPU with more memory, or shrink max_length / max_response_length"
+    return f"{type(exc).__name__}: {head}. Out of memory: {advice}"
+
+
 def _install_sigterm(reporter: Reporter) -> None:
     def on_term(signum: int, frame: Any) -> None:
         try:
@@ -107,8 +127,10 @@ def _execute(spec: Spec, reporter: Reporter) -> int:
             raise
         for line in traceback.format_exc().splitlines():
             reporter.log(line)
-        code = "oom" if _is_oom(exc) else "training_error"
-        message = f"{type(exc).__name__}: {exc}"
+        if _is_oom(exc):
+            code, message = "oom", oom_message(spec, exc, reporter)
+        else:
+            code, message = "training_error", f"{type(exc).__name__}: {exc}"
         reporter.status("failed", {"code": code, "message": message, "log_tail": list(reporter.log_tail)})
         reporter.close(timeout=30.0)
         return 1

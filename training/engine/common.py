@@ -53,10 +53,13 @@ def build_config(config_cls: type, ctx: Context, **method_kwargs: Any) -> Any:
     if c.get("use_liger") and device.kind == "cuda":
         kwargs["use_liger_kernel"] = True
     fields = {f.name for f in dataclasses.fields(config_cls)}
-    # Checkpointing trades compute for memory: worth it on GPU-sized models, pure cost on tiny CPU runs.
+    # Checkpointing trades compute (≈ one more forward) for memory: on only when memory needs it (fit.py).
     # transformers 5 renamed the knob; use whichever this version has so no deprecation path is taken.
+    from .fit import decide_checkpointing
+
     ckpt_key = "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
-    kwargs[ckpt_key] = device.kind == "cuda"
+    kwargs[ckpt_key], why = decide_checkpointing(spec.method, c, spec.base_model, spec.base_model_revision, device.kind)
+    ctx.reporter.log(why)
     kwargs.update(method_kwargs)
     for key, value in c.items():
         if key in ENGINE_KEYS:
