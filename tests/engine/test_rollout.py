@@ -207,3 +207,86 @@ def test_grpo_with_the_generate_rollout_engine_reports_no_static_figures(tiny: d
     assert run_inprocess(spec) == 0
     assert any("rollout engine generate" in line for line in ingest.collect("logs"))
     assert "rollout/tokens_per_s" not in ingest.metrics()
+
+
+class _FakeGraph:
+    """Stands in for torch.cuda.CUDAGraph, which cannot run without a GPU: replay runs the recorded step eagerly."""
+
+    captures = 0
+
+    def __init__(self) -> None:
+        _FakeGraph.captures += 1
+        self.step: Any = None
+
+    def replay(self) -> None:
+        self.step()
+
+
+class _NoStream:
+    def wait_stream(self, other: Any) -> None:
+        pass
+
+
+def _fake_cuda(monkeypatch: pytest.MonkeyPatch, *, fail: bool = False) -> None:
+    """Replace the torch.cuda graph/stream calls the decoder makes; only the capture bookkeeping is under test."""
+    import contextlib
+
+    def graph(g: Any, **kw: Any) -> Any:
+        if fail:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return contextlib.nullcontext()
+
+    monkeypatch.setattr(torch.cuda, "Stream", lambda **kw: _NoStream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: _NoStream())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", graph)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+
+
+def _graphed(decoder: StaticDecoder) -> StaticDecoder:
+    decoder.use_cuda_graph = True  # the constructor refuses graphs off CUDA; the fakes above stand in
+    real = decoder._capture
+
+    def capture() -> Any:
+        graph = real()
+        graph.step = decoder._step
+        return graph
+
+    decoder._capture = capture  # type: ignore[method-assign]
+    return decoder
+
+
+def test_graph_bookkeeping_warm_up_and_capture_leave_no_trace_and_capture_once(
+    tiny: dict[str, str], tok: Any, prompts: list[list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = _model(tiny["student"])
+    eager = _decoder(model, tok).generate(prompts, 12, temperature=1.0, seed=4)
+    _fake_cuda(monkeypatch)
+    _FakeGraph.captures = 0
+    decoder = _graphed(_decoder(model, tok))
+    first = decoder.generate(prompts, 12, temperature=1.0, seed=4)
+    second = decoder.generate(prompts[:2], 12, temperature=1.0, seed=4)
+    assert first.completion_ids == eager.completion_ids and first.logprobs == eager.logprobs
+    assert second.completion_ids == eager.completion_ids[:2]
+    assert _FakeGraph.captures == 1  # same sampling settings, same weights: the graph is reused
+    decoder.generate(prompts, 4, temperature=0)
+    assert _FakeGraph.captures == 2  # new sampling settings bake into a new graph
+    with torch.no_grad():
+        for p in model.parameters():
+            p.data = p.data.clone()  # storage moved (as a .to() would): the old graph reads stale addresses
+    decoder.generate(prompts, 4, temperature=0)
+    assert _FakeGraph.captures == 3
+
+
+def test_failed_capture_is_logged_and_decoding_goes_on_eagerly(
+    tiny: dict[str, str], tok: Any, prompts: list[list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = _model(tiny["teacher"])
+    expected = _decoder(model, tok).generate(prompts, 8, temperature=0).completion_ids
+    _fake_cuda(monkeypatch, fail=True)
+    lines: list[str] = []
+    decoder = _graphed(_decoder(model, tok, log=lines.append))
+    assert decoder.generate(prompts, 8, temperature=0).completion_ids == expected
+    assert decoder.generate(prompts, 8, temperature=0).completion_ids == expected
+    assert len(lines) == 1 and "capture" in lines[0] and "eagerly" in lines[0]

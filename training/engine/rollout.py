@@ -305,7 +305,7 @@ class StaticDecoder:
         if greedy:
             nxt = logits.argmax(dim=-1)
             return nxt, torch.log_softmax(logits, dim=-1).gather(-1, nxt[:, None]).squeeze(-1)
-        scores = logits / temperature
+        scores = logits / temperature if temperature != 1.0 else logits
         vocab = scores.shape[-1]
         if 0 < top_k < vocab:
             kth = torch.topk(scores, top_k, dim=-1).values[:, -1:]
@@ -386,7 +386,8 @@ class StaticDecoder:
         self._slot.zero_()
         self._col.zero_()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        # thread_local: the reporter thread (or a GC'd tensor in another thread) must not invalidate the capture.
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             self._step()
         return graph
 
