@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from training.engine import kd_format
-from training.engine.capture import CaptureStats, OutputHead, capture_shards, capture_topk, output_head
+from training.engine.capture import CaptureStats, OutputHead, _Sink, capture_shards, capture_topk, output_head
 from training.engine.distill import Shard
 from training.engine.modeling import Device
 from training.engine.reporter import Reporter
@@ -87,6 +87,24 @@ def test_batched_chunked_capture_equals_the_naive_path(teacher: Any, batch_token
     ids, offsets = stream(vocab)
     got = capture_topk(teacher, ids, offsets, 16, vocab, batch_tokens=batch_tokens, chunk_tokens=chunk_tokens)
     assert_same_capture(got, naive_capture(teacher, ids, offsets, 16, vocab))
+
+
+def test_the_writer_thread_path_gives_the_same_arrays(teacher: Any) -> None:
+    # On CUDA results reach the arrays through a writer thread; the same thread runs here without pinning.
+    vocab = teacher.config.vocab_size
+    ids, offsets = stream(vocab)
+    threaded = capture_topk(teacher, ids, offsets, 16, vocab, batch_tokens=128, chunk_tokens=13, threaded_writes=True)
+    inline = capture_topk(teacher, ids, offsets, 16, vocab, batch_tokens=128, chunk_tokens=13, threaded_writes=False)
+    assert np.array_equal(threaded[0], inline[0]) and np.array_equal(threaded[1], inline[1])
+
+
+def test_a_writer_thread_failure_is_raised_in_the_capturing_thread() -> None:
+    sink = _Sink(np.zeros((4, 2), np.uint32), np.zeros((4, 2), np.float16), torch.device("cpu"), threaded=True)
+    sink.put(torch.ones(2, 2, dtype=torch.int32), torch.zeros(2, 2, dtype=torch.float16), np.array([0, 1]))
+    sink.put(torch.ones(2, 2, dtype=torch.int32), torch.zeros(2, 2, dtype=torch.float16), np.array([2, 9]))  # row 9 does not exist
+    with pytest.raises(RuntimeError, match="writer thread failed"):
+        sink.close()
+    assert (sink.ids_out[:2] == 1).all()
 
 
 def test_k_equal_to_the_vocabulary_and_a_smaller_student_vocabulary(teacher: Any) -> None:

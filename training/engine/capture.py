@@ -168,32 +168,38 @@ def _batches(offsets: np.ndarray, batch_tokens: int) -> list[list[int]]:
 class _Sink:
     """Moves (ids, logprobs) chunks from the device into the output arrays.
 
-    On CUDA: a non-blocking copy into pinned host memory and an event per chunk; a writer thread waits
-    on the event and scatters, so the device never waits for the host. Elsewhere: synchronous.
+    Threaded (the default on CUDA): a non-blocking copy into pinned host memory and an event per chunk;
+    a writer thread waits on the event and scatters, so the device never waits for the host. Otherwise
+    synchronous: on the CPU there is nothing to overlap.
     """
 
-    def __init__(self, ids_out: np.ndarray, lp_out: np.ndarray, device: torch.device) -> None:
+    def __init__(self, ids_out: np.ndarray, lp_out: np.ndarray, device: torch.device, threaded: bool | None = None) -> None:
         self.ids_out, self.lp_out = ids_out, lp_out
-        self.async_ = device.type == "cuda"
+        self.cuda = device.type == "cuda"
+        self.threaded = self.cuda if threaded is None else threaded
         self.error: BaseException | None = None
-        if self.async_:
+        if self.threaded:
             # Bounded, so the host does not queue unbounded pinned memory ahead of the writer.
             self.queue: queue.Queue[Any] = queue.Queue(maxsize=16)
             self.thread = threading.Thread(target=self._drain, name="capture-writer", daemon=True)
             self.thread.start()
 
     def put(self, ids: torch.Tensor, logprobs: torch.Tensor, rows: np.ndarray) -> None:
-        if not self.async_:
-            self._store(ids.numpy(), logprobs.numpy(), rows)
+        if not self.threaded:
+            self._store(ids.cpu().numpy(), logprobs.cpu().numpy(), rows)
             return
         if self.error is not None:
             raise RuntimeError("capture: the writer thread failed") from self.error
-        ids_h = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
-        lp_h = torch.empty(logprobs.shape, dtype=logprobs.dtype, pin_memory=True)
-        ids_h.copy_(ids, non_blocking=True)
-        lp_h.copy_(logprobs, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record()
+        event = None
+        if self.cuda:
+            ids_h = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
+            lp_h = torch.empty(logprobs.shape, dtype=logprobs.dtype, pin_memory=True)
+            ids_h.copy_(ids, non_blocking=True)
+            lp_h.copy_(logprobs, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+        else:
+            ids_h, lp_h = ids.clone(), logprobs.clone()
         self.queue.put((event, ids_h, lp_h, rows))
 
     def _store(self, ids: np.ndarray, logprobs: np.ndarray, rows: np.ndarray) -> None:
@@ -210,13 +216,15 @@ class _Sink:
                 continue  # keep draining so the producer never blocks on a full queue
             event, ids_h, lp_h, rows = item
             try:
-                event.synchronize()
+                if event is not None:
+                    event.synchronize()
                 self._store(ids_h.numpy(), lp_h.numpy(), rows)
             except BaseException as exc:  # noqa: BLE001 - re-raised in the capturing thread
                 self.error = exc
 
     def close(self) -> None:
-        if self.async_:
+        """Wait for every chunk to land; raise if the writer failed."""
+        if self.threaded:
             self.queue.put(None)
             self.thread.join()
             if self.error is not None:
@@ -252,13 +260,14 @@ def capture_topk(
     chunk_tokens: int = CHUNK_TOKENS,
     device: torch.device | str | None = None,
     head: OutputHead | Literal["auto", "naive"] = "auto",
+    threaded_writes: bool | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(n_tokens, k) uint32 ids and fp16 logprobs for a shard's token stream; identical (to fp16 rounding) to the naive per-sequence path.
 
     Row i is the teacher's top-K over the first `vocab_size` ids predicting token i+1 of its sequence,
     best first. `head`: "auto" probes the teacher for a separable output head (`output_head`) and falls
     back to the full-logits path without one; an `OutputHead` skips the probe; "naive" forces the
-    full-logits path.
+    full-logits path. `threaded_writes`: hand results to a writer thread (default: on CUDA only).
     """
     if not 0 < k <= vocab_size:
         raise ValueError(f"k must be in 1..vocab_size ({vocab_size}), got {k}")
@@ -277,20 +286,20 @@ def capture_topk(
     ids_out = np.zeros((n_tokens, k), dtype=np.uint32)
     lp_out = np.zeros((n_tokens, k), dtype=np.float16)
     lengths = np.diff(offsets)
-    sink = _Sink(ids_out, lp_out, device)
+    sink = _Sink(ids_out, lp_out, device, threaded_writes)
     try:
         for batch in _batches(offsets, batch_tokens):
             longest = int(lengths[batch[0]])
             rows = np.zeros((len(batch), longest), dtype=np.int64)  # pad id 0: padded positions are discarded
             for r, i in enumerate(batch):
                 rows[r, : lengths[i]] = input_ids[offsets[i] : offsets[i + 1]]
-            hidden = head.hidden(torch.from_numpy(rows).to(device, non_blocking=True))
+            hidden = head.hidden(_to_device(rows, device))
             hidden = hidden.reshape(len(batch) * longest, hidden.shape[-1])
             # Flat positions of the real tokens in the padded batch, and the stream rows they fill.
             flat = np.concatenate([r * longest + np.arange(lengths[i]) for r, i in enumerate(batch)])
             dest = np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in batch])
             if len(flat) < hidden.shape[0]:
-                hidden = hidden.index_select(0, torch.from_numpy(flat).to(device))
+                hidden = hidden.index_select(0, _to_device(flat, device))
             for c0 in range(0, len(dest), chunk_tokens):
                 logits = _logits(head, hidden[c0 : c0 + chunk_tokens], vocab_size)
                 # Top-K on the logits in their own dtype: the cast to float32 is exact and monotonic, so
@@ -308,6 +317,15 @@ def capture_topk(
     finally:
         sink.close()
     return ids_out, lp_out
+
+
+def _to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    tensor = torch.from_numpy(array)
+    if device.type != "cuda":
+        return tensor
+    # From pageable memory a host-to-device copy first waits for the stream to drain, which would stall
+    # the host until the previous batch finished; from pinned memory it is queued like any kernel.
+    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 def _first_nonempty(offsets: np.ndarray) -> tuple[int, int]:
