@@ -145,7 +145,8 @@ class StaticDecoder:
         self._out_tok = torch.full((bm, length), self.pad_token_id, dtype=torch.long, device=dev)
         self._out_lp = torch.zeros((bm, length), dtype=torch.float32, device=dev)
         self._eos = torch.tensor(self.eos_token_ids, dtype=torch.long, device=dev)
-        self._noise: torch.Tensor | None = None  # (max_batch, vocab), allocated when the vocabulary is known
+        # Exponential noise for sampling, one row per batch row; allocated here so a captured graph's address holds.
+        self._noise = torch.ones((bm, self._vocab_size()), dtype=torch.float32, device=dev)
         self._generator = torch.Generator(device=dev)
         self._sampling: tuple[bool, float, int, float] = (True, 1.0, 0, 1.0)  # greedy, temperature, top_k, top_p
         self._graph: Any = None
@@ -238,7 +239,11 @@ class StaticDecoder:
             logits_to_keep=1,
             **{self._cache_kw: self.cache},
         )
-        self._ensure_noise(out.logits.shape[-1])
+        if out.logits.shape[-1] != self._noise.shape[-1]:
+            raise ValueError(
+                f"StaticDecoder sized its sampling buffers for {self._noise.shape[-1]} logits but the model returned {out.logits.shape[-1]}; "
+                "use plain generate for this model"
+            )
         self._fill_noise()
         self._emit(out.logits[:, -1, :])
         self._pos.copy_(lens[:, None])  # the first generated token sits right after each row's prompt
@@ -318,7 +323,6 @@ class StaticDecoder:
             drop[:, -1] = False
             scores = scores.scatter(-1, order, sorted_scores.masked_fill(drop, float("-inf")))
         logp = torch.log_softmax(scores, dim=-1)
-        assert self._noise is not None
         # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p. Filtered tokens have logp = -inf.
         nxt = (logp - self._noise.log()).argmax(dim=-1)
         return nxt, logp.gather(-1, nxt[:, None]).squeeze(-1)
@@ -329,14 +333,10 @@ class StaticDecoder:
             return allowed
         return torch.zeros(allowed.shape, dtype=torch.float32, device=allowed.device).masked_fill(~allowed, torch.finfo(torch.float32).min)
 
-    def _ensure_noise(self, vocab: int) -> None:
-        if self._noise is None or self._noise.shape[-1] != vocab:
-            self._noise = torch.ones((self.max_batch, vocab), dtype=torch.float32, device=self.device)
-
     def _fill_noise(self) -> None:
         # Outside the graph on purpose: a seeded private generator inside a CUDA graph would need its state
         # registered with the graph; one eager kernel per step is cheap by comparison.
-        if not self._sampling[0] and self._noise is not None:
+        if not self._sampling[0]:
             self._noise.exponential_(generator=self._generator).clamp_(min=torch.finfo(torch.float32).tiny)
 
     # ---- CUDA graph ---------------------------------------------------------------------------------
@@ -372,9 +372,6 @@ class StaticDecoder:
         self._pos.zero_()
         self._tok.fill_(self.pad_token_id)
         self._finished.fill_(True)
-        if self._noise is None:
-            vocab = self._inner_vocab()
-            self._ensure_noise(vocab)
         stream = torch.cuda.Stream(device=self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
@@ -391,7 +388,8 @@ class StaticDecoder:
             self._step()
         return graph
 
-    def _inner_vocab(self) -> int:
+    def _vocab_size(self) -> int:
+        """Width of the logits: the output projection's, which can exceed config.vocab_size (padded vocabularies)."""
         head = self.model.get_output_embeddings()
         if head is not None and hasattr(head, "out_features"):
             return int(head.out_features)
