@@ -305,3 +305,43 @@ def test_on_cuda_the_captured_graph_decodes_exactly_like_eager_decoding(tiny: di
         torch.testing.assert_close(torch.tensor(sum(a.logprobs, [])), torch.tensor(sum(b.logprobs, [])))
     assert graphed._graph is not None and not lines, lines  # captured, and no fallback was logged
     assert graphed.generate(prompts, 16, temperature=0).completion_ids == _reference_greedy(model, tok, prompts, 16, [tok.eos_token_id])
+
+
+def test_grpo_rollout_func_reuses_one_decoder_and_grows_it_only_when_a_step_needs_more(tiny: dict[str, str], tok: Any) -> None:
+    from types import SimpleNamespace
+
+    from accelerate import Accelerator
+
+    from training.engine.grpo import make_static_rollout_func
+
+    class Reporter:
+        def __init__(self) -> None:
+            self.lines: list[str] = []
+            self.metrics: list[tuple[int, str, float]] = []
+
+        def log(self, line: str) -> None:
+            self.lines.append(line)
+
+        def metric(self, step: int, key: str, value: float) -> None:
+            self.metrics.append((step, key, value))
+
+    model = _model(tiny["student"]).train()
+    reporter = Reporter()
+    trainer = SimpleNamespace(
+        model=model, model_wrapped=model, accelerator=Accelerator(cpu=True), args=SimpleNamespace(gradient_checkpointing_kwargs=None),
+        _tokenize_prompts=lambda texts: ([tok(t)["input_ids"] for t in texts], None, {}),
+        eos_token_ids=[tok.eos_token_id], temperature=1.0, top_p=1.0, top_k=0, state=SimpleNamespace(global_step=0),
+    )  # fmt: skip
+    rollout = make_static_rollout_func(SimpleNamespace(reporter=reporter), tok, 5)  # type: ignore[arg-type]
+    out = rollout(["What is 3+4?"] * 4, trainer)
+    assert set(out) == {"prompt_ids", "completion_ids", "logprobs"}
+    assert len(out["completion_ids"]) == len(out["logprobs"]) == len(out["prompt_ids"]) == 4
+    assert all(1 <= len(c) <= 5 and len(c) == len(lp) for c, lp in zip(out["completion_ids"], out["logprobs"], strict=True))
+    assert model.training  # handed back to training mode
+    trainer.state.global_step = 1
+    rollout(["7+5="] * 2, trainer)  # smaller and shorter: the same decoder
+    assert not reporter.lines
+    rollout(["You are a helpful assistant. " * 12] * 4, trainer)  # a much longer prompt: one resize
+    rollout(["What is 3+4?"] * 6, trainer)  # more rows: another
+    assert len(reporter.lines) == 2 and all("resizing" in line for line in reporter.lines)
+    assert [(s, k) for s, k, _ in reporter.metrics] == [(1, "rollout/tokens_per_s")] + [(2, "rollout/tokens_per_s")] * 3
