@@ -15,7 +15,7 @@ from environments.services import environment_findings
 from studio.errors import BadRequest, Finding
 from training.backends import get_backend
 from training.compute import GPU_MEMORY_GIB, accelerators_of, check_compute, normalise_compute, precision_findings
-from training.engine import fit
+from training.engine import fit, liger
 from training.forms import hub_model_files
 from training.methods import NOT_YET_SUPPORTED, get_method
 from training.methods.base import Draft, TrainingMethod
@@ -48,6 +48,7 @@ def validate_draft(draft: Draft) -> Draft:
     findings += method.check_types(draft.config)
     if not findings:
         findings += method.create_findings(draft)
+        findings += liger_findings(draft)
     if findings:
         raise BadRequest("The run has invalid fields.", findings)
     draft.config = method.apply_defaults(draft.config)
@@ -91,11 +92,32 @@ def image_findings(draft: Draft, image_has) -> list[Finding]:
         ("config.judge.mode", (config.get("judge") or {}).get("mode") == "colocated" and config.get("rl_mode") == "ruler", "vllm", "a colocated judge (vLLM)"),
         ("config.precision", config.get("precision") == "nvfp4", "transformer_engine", "NVFP4 (Transformer Engine)"),
     ]
+    if config.get("use_liger") and accelerators_of(draft.compute).is_cpu:
+        findings.append(Finding("config.use_liger", "liger kernels need a GPU and this run asks for the CPU: remove use_liger"))
+    else:
+        wants.append(("config.use_liger", config.get("use_liger"), "liger_kernel", "use_liger (liger kernels)"))
     for field, wanted, module, label in wants:
         if wanted and not image_has(module):
             findings.append(Finding(field, f"{label} is not available in this image (no {module} package): turn it off"))
-    if config.get("use_liger") and accelerators_of(draft.compute).is_cpu:
-        findings.append(Finding("config.use_liger", "liger kernels need a GPU and this run asks for the CPU: remove use_liger"))
+    return findings
+
+
+def liger_findings(draft: Draft) -> list[Finding]:
+    """Seed 002's liger restrictions, for every method (400 at create and PATCH). The model rule is the
+    engine's own (training/engine/liger.py), so what Studio refuses and what the engine turns off agree."""
+    config = draft.config
+    if not config.get("use_liger"):
+        return []
+    findings = []
+    accel = accelerators_of(draft.compute)
+    if accel.count > 1:
+        findings.append(Finding("config.use_liger", f"liger kernels are single-GPU: remove use_liger or ask for one GPU (asked for {accel.count})"))
+    if config.get("use_unsloth"):
+        findings.append(Finding("config.use_liger", "use_liger cannot be combined with use_unsloth: pick one"))
+    model_type = (model_config(draft.base_model, draft.project) or {}).get("model_type")
+    why = liger.refusal(model_type if isinstance(model_type, str) else None, draft.base_model)
+    if why:
+        findings.append(Finding("config.use_liger", f"{why}: remove use_liger"))
     return findings
 
 

@@ -50,8 +50,12 @@ def build_config(config_cls: type, ctx: Context, **method_kwargs: Any) -> Any:
     }
     if c.get("learning_rate") is not None:
         kwargs["learning_rate"] = float(c["learning_rate"])
-    if c.get("use_liger") and device.kind == "cuda":
-        kwargs["use_liger_kernel"] = True
+    if c.get("use_liger"):
+        # Capability decides (CUDA, the package, the model type); a liger that cannot run is off, with a reason.
+        from .liger import engine_choice
+
+        kwargs["use_liger_kernel"], why = engine_choice(spec, device.kind)
+        ctx.reporter.log(why)
     fields = {f.name for f in dataclasses.fields(config_cls)}
     # Checkpointing trades compute (≈ one more forward) for memory: on only when memory needs it (fit.py).
     # transformers 5 renamed the knob; use whichever this version has so no deprecation path is taken.

@@ -118,11 +118,72 @@ def collate(batch: list[dict[str, torch.Tensor]], pad_id: int) -> dict[str, torc
     }
 
 
+def collate_packed(batch: list[dict[str, torch.Tensor]], *, flash: bool = False, row_length: int | None = None, pad_id: int = 0) -> dict[str, torch.Tensor]:
+    """A batch packed padding-free: sequences end to end, position_ids restarting at 0 for each.
+
+    There is no attention mask: the attention kernel keeps the sequences apart and kd_losses drops the
+    target at every sequence start, so nothing is predicted across a boundary.
+    - flash: one row for the whole batch plus cu_seq_lens for the varlen kernels (cost Σ length²).
+    - otherwise (SDPA, eager): transformers builds a block-diagonal mask from the position_ids, over the
+      whole row; one long row would cost (Σ length)², so sequences are first-fit into rows of at most
+      `row_length` tokens (the run's max_length) and a short row's padding tail is a sequence of its own
+      (positions from 0, no loss), nothing attends to it.
+    """
+    lengths = [x["input_ids"].size(0) for x in batch]
+    keys = ("input_ids", "loss_mask", "kd_ids", "kd_logprobs")
+    if flash or row_length is None:
+        rows = [list(range(len(batch)))]
+    else:
+        rows, room = [], []
+        for i, n in enumerate(lengths):
+            slot = next((r for r, left in enumerate(room) if left >= n), None)
+            if slot is None:
+                rows.append([i])
+                room.append(max(row_length, n) - n)
+            else:
+                rows[slot].append(i)
+                room[slot] -= n
+    longest = max(sum(lengths[i] for i in row) for row in rows)
+    pad_value = {"input_ids": pad_id, "loss_mask": 0, "kd_ids": 0, "kd_logprobs": 0.0}
+    out: dict[str, Any] = {}
+    for key in keys:
+        parts = []
+        for row in rows:
+            t = torch.cat([batch[i][key] for i in row])
+            extra = longest - t.size(0)
+            parts.append(F.pad(t, (0, 0, 0, extra) if t.dim() == 2 else (0, extra), value=pad_value[key]))
+        out[key] = torch.stack(parts)
+    positions = []
+    for row in rows:
+        used = sum(lengths[i] for i in row)
+        tail = [longest - used] if longest > used else []
+        positions.append(torch.cat([torch.arange(n) for n in [lengths[i] for i in row] + tail]))
+    out["position_ids"] = torch.stack(positions)
+    if flash:
+        # Sequence boundaries for the varlen kernels, computed here on the CPU: derived from position_ids inside
+        # the model they would cost a device-to-host sync in every layer.
+        cu = torch.cat([torch.zeros(1, dtype=torch.int64), torch.tensor(lengths).cumsum(0)]).to(torch.int32)
+        out["cu_seq_lens_q"] = out["cu_seq_lens_k"] = cu
+        out["max_length_q"] = out["max_length_k"] = max(lengths)
+    return out
+
+
+# The model inputs of a KD batch; the rest (loss_mask, kd_*) feed the loss only.
+MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+
+
 def kd_losses(logits: torch.Tensor, batch: dict[str, torch.Tensor], temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(CE, τ²·KL(q‖p_τ)) averaged over target positions. Position t predicts token t+1."""
+    """(CE, τ²·KL(q‖p_τ)) averaged over target positions. Position t predicts token t+1.
+
+    Padded batches mask their padding with attention_mask; packed batches (position_ids, no attention mask)
+    mask each target that starts a new sequence: the previous sequence's last token must not predict it."""
     logits = logits[:, :-1].float()
     targets = batch["input_ids"][:, 1:]
-    mask = batch["loss_mask"][:, 1:].float() * batch["attention_mask"][:, 1:].float()
+    mask = batch["loss_mask"][:, 1:].float()
+    if "attention_mask" in batch:
+        mask = mask * batch["attention_mask"][:, 1:].float()
+    if "position_ids" in batch:
+        mask = mask * (batch["position_ids"][:, 1:] != 0).float()
     denom = mask.sum().clamp(min=1.0)
     ce = (F.cross_entropy(logits.transpose(1, 2), targets, reduction="none") * mask).sum() / denom
     q = torch.softmax(batch["kd_logprobs"][:, :-1] / temperature, dim=-1)  # renormalised top-K at τ
@@ -141,7 +202,8 @@ class KDTrainer(TokenCountingMixin, Trainer):
     def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch: Any = None) -> Any:
         if model.training:
             self.count_batch(inputs)
-        outputs = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])
+        # No KV cache in training: with one, transformers would not derive the packed block-diagonal mask.
+        outputs = model(**{key: inputs[key] for key in MODEL_INPUTS if key in inputs}, use_cache=False)
         ce, kd = kd_losses(outputs.logits, inputs, self.temperature)
         self._kd_metrics["ce"].append(ce.item())
         self._kd_metrics["kd"].append(kd.item())
@@ -182,15 +244,27 @@ def run(ctx: Context) -> None:
 
     ctx.reporter.stage("train")
     ctx.reporter.log(f"distill: tau={temperature} kd_weight={kd_weight} ce_weight={ce_weight}")
-    args = build_config(SFTConfig, ctx, max_length=int(spec.cfg("max_length", 1024)), remove_unused_columns=False)
-    model = load_policy(spec, ctx.device)
+    packing = bool(spec.cfg("packing", True))
+    max_length = int(spec.cfg("max_length", 1024))
+    # The KD loss needs the student's logits, so liger (when on) must not swap in its fused linear cross-entropy.
+    args = build_config(
+        SFTConfig,
+        ctx,
+        max_length=max_length,
+        remove_unused_columns=False,
+        liger_kernel_config={"fused_linear_cross_entropy": False},
+    )
+    model = load_policy(spec, ctx.device, log=ctx.reporter.log)
     pad_id = tokenizer.pad_token_id
+    flash = str(getattr(model.config, "_attn_implementation", "")).startswith("flash")
+    layout = "one padding-free row per batch" if flash else f"padding-free rows of up to {max_length} tokens"
+    ctx.reporter.log(f"distill: packing={f'on ({layout})' if packing else 'off (padded batches)'}")
     ref: list[Any] = []
     trainer = KDTrainer(
         model=model,
         args=args,
         train_dataset=KDDataset(shards),
-        data_collator=lambda b: collate(b, pad_id),
+        data_collator=(lambda b: collate_packed(b, flash=flash, row_length=max_length, pad_id=pad_id)) if packing else (lambda b: collate(b, pad_id)),
         callbacks=[StudioCallback(ctx, ref)],
         temperature=temperature,
         kd_weight=kd_weight,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,11 +64,35 @@ def load_tokenizer(ref: str, revision: str | None = None) -> Any:
     return tok
 
 
-def load_model(ref: str, revision: str | None, device: Device, *, four_bit: bool = False) -> Any:
+def attention_implementation(device: Device) -> tuple[str, str]:
+    """(implementation, why) for this device.
+
+    flash_attention_2 on a CUDA device that can run it (Ampere or newer, bf16, the flash_attn package
+    importable): its varlen kernels take packed sequences as they are. Everywhere else SDPA, which
+    transformers 5 turns into a block-diagonal mask when packed sequences arrive with position_ids and no
+    attention mask (masking_utils.find_packed_sequence_indices), so packing stays correct on the CPU too.
+    """
+    if device.kind != "cuda":
+        return "sdpa", "CPU"
+    import torch
+
+    if not device.bf16:
+        return "sdpa", "fp32 run (flash attention needs bf16/fp16)"
+    major, minor = torch.cuda.get_device_capability()
+    if major < 8:
+        return "sdpa", f"GPU capability {major}.{minor} (flash attention 2 needs 8.0+)"
+    if importlib.util.find_spec("flash_attn") is None:
+        return "sdpa", "the flash_attn package is not installed (optional, see requirements-gpu.txt)"
+    return "flash_attention_2", f"flash_attn installed, GPU capability {major}.{minor}"
+
+
+def load_model(ref: str, revision: str | None, device: Device, *, four_bit: bool = False, log: Callable[[str], None] | None = None) -> Any:
     from transformers import AutoModelForCausalLM
 
+    say = log or (lambda line: print(line, flush=True))
     name, rev = _split_ref(ref, revision)
-    kwargs: dict[str, Any] = {"revision": rev, "dtype": device.torch_dtype}
+    attn, why = attention_implementation(device)
+    kwargs: dict[str, Any] = {"revision": rev, "dtype": device.torch_dtype, "attn_implementation": attn}
     if four_bit:
         from transformers import BitsAndBytesConfig
 
@@ -77,7 +103,17 @@ def load_model(ref: str, revision: str | None, device: Device, *, four_bit: bool
             bnb_4bit_use_double_quant=True,
         )
         kwargs["device_map"] = {"": 0} if device.kind == "cuda" else {"": "cpu"}
-    model = AutoModelForCausalLM.from_pretrained(name, **kwargs)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(name, **kwargs)
+    except (ImportError, ValueError) as exc:
+        if attn == "sdpa":
+            raise
+        # A flash_attn build that does not match this torch/GPU, or an architecture without FA2 support:
+        # SDPA is slower, not wrong, so fall back rather than fail the run.
+        say(f"attention: flash_attention_2 failed to load ({type(exc).__name__}: {exc}); falling back to sdpa")
+        attn, why = "sdpa", "fallback"
+        model = AutoModelForCausalLM.from_pretrained(name, **{**kwargs, "attn_implementation": attn})
+    say(f"attention: {attn} ({why}) for {name}")
     return model
 
 
@@ -101,10 +137,10 @@ def wrap_lora(model: Any, spec: Spec, device: Device, *, four_bit: bool) -> Any:
     return get_peft_model(model, config)
 
 
-def load_policy(spec: Spec, device: Device) -> Any:
+def load_policy(spec: Spec, device: Device, log: Callable[[str], None] | None = None) -> Any:
     """The model to train: full weights, LoRA over a full-precision base, or LoRA over a 4-bit base."""
     four_bit = bool(spec.cfg("load_in_4bit", False))
-    model = load_model(spec.base_model, spec.base_model_revision, device, four_bit=four_bit)
+    model = load_model(spec.base_model, spec.base_model_revision, device, four_bit=four_bit, log=log)
     if spec.use_lora:
         model = wrap_lora(model, spec, device, four_bit=four_bit)
     return model
@@ -126,7 +162,7 @@ def save_final(model: Any, tokenizer: Any, spec: Spec, device: Device, step: int
     # Merge into a freshly loaded, unquantised base: merging into NF4 weights would round the result.
     from peft import PeftModel
 
-    base = load_model(spec.base_model, spec.base_model_revision, device, four_bit=False)
+    base = load_model(spec.base_model, spec.base_model_revision, device, four_bit=False, log=reporter.log)
     merged = PeftModel.from_pretrained(base, str(adapter)).merge_and_unload()
     path = out / "merged"
     merged.save_pretrained(str(path))

@@ -1,9 +1,21 @@
-"""SFT: chat, plain-text and prompt/completion rows through TRL's SFTTrainer; full, LoRA or QLoRA."""
+"""SFT: chat, plain-text and prompt/completion rows through TRL's SFTTrainer; full, LoRA or QLoRA.
+
+Packing (config `packing`, on by default): TRL's best-fit-decreasing packing fills rows of `max_length`
+tokens with whole sequences, and its padding-free collator concatenates a batch into one row with
+position_ids restarting at 0 per sequence and no attention mask. The attention kernel keeps sequences
+apart (flash-attention varlen on a GPU, a block-diagonal SDPA mask that transformers derives from the
+position_ids elsewhere), and the collator masks the label at each sequence start so no token is
+predicted across a boundary. Loss masks (assistant-only, completion-only) are built into the labels
+before packing, so they survive it. With packing, `per_device_train_batch_size` counts packed rows of
+up to `max_length` tokens, so an epoch has fewer, fuller steps.
+"""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
+import torch
 from trl import SFTConfig, SFTTrainer
 
 from .common import Context, StudioCallback, TokenCountingMixin, build_config, train_and_finish
@@ -16,7 +28,33 @@ class StudioSFTTrainer(TokenCountingMixin, SFTTrainer):
     pass
 
 
-def run(ctx: Context) -> None:
+def collate_packed_rows(examples: list[dict[str, Any]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Packed rows kept as rows, for attention without varlen kernels (SDPA, eager).
+
+    TRL's padding-free collator joins a whole batch into one row. Flash-attention's varlen kernels cost
+    Σ length² over the sequences in it, but SDPA materialises a mask over the joined row and pays
+    (batch·max_length)², which made packing slower than padding on the CPU. Here each packed row stays
+    a row ([batch, longest row]) with its own position_ids and no attention mask: transformers still
+    builds the block-diagonal mask per row, and the cost per row is bounded by max_length². A row's
+    padding tail is a sequence of its own (positions from 0) with no labels, so nothing attends to it.
+    """
+    longest = max(len(e["input_ids"]) for e in examples)
+    ids = torch.full((len(examples), longest), pad_id, dtype=torch.long)
+    labels = torch.full((len(examples), longest), -100, dtype=torch.long)
+    positions = torch.zeros((len(examples), longest), dtype=torch.long)
+    for row, e in enumerate(examples):
+        n = len(e["input_ids"])
+        ids[row, :n] = torch.tensor(e["input_ids"])
+        labels[row, :n] = torch.tensor(e.get("labels", e["input_ids"]))
+        lengths = list(e.get("seq_lengths") or [n]) + ([longest - n] if longest > n else [])
+        positions[row] = torch.cat([torch.arange(length) for length in lengths])
+    # The first token of each sequence is not a target of the token before it (another sequence).
+    labels[positions == 0] = -100
+    return {"input_ids": ids, "labels": labels, "position_ids": positions}
+
+
+def build_trainer(ctx: Context) -> tuple[StudioSFTTrainer, Any]:
+    """The configured trainer and its tokenizer, ready to train (tests build it to inspect batches)."""
     spec = ctx.spec
     tokenizer = load_tokenizer(spec.base_model, spec.base_model_revision)
     dataset = load_rows(spec.datasets)
@@ -24,15 +62,21 @@ def run(ctx: Context) -> None:
     if fmt == "preference":
         raise SpecError("dataset: preference rows (prompt/chosen/rejected) belong to a DPO run, not SFT")
     dataset = with_system_prompt(dataset, spec.cfg("system_prompt"))
-    ctx.reporter.log(f"sft: {len(dataset)} {fmt} rows, adapter={'qlora' if spec.cfg('load_in_4bit') else 'lora' if spec.use_lora else 'full'}")
+    packing = bool(spec.cfg("packing", True))
+    adapter = "qlora" if spec.cfg("load_in_4bit") else "lora" if spec.use_lora else "full"
+    ctx.reporter.log(f"sft: {len(dataset)} {fmt} rows, adapter={adapter}, packing={'on' if packing else 'off'}")
     method_kwargs: dict[str, Any] = {
         "max_length": int(spec.cfg("max_length", 1024)),
         # Loss on the assistant turns only: the prompt is given, not something to imitate.
         "assistant_only_loss": fmt == "chat",
         "dataset_text_field": "text",
+        # "bfd" keeps every sequence whole (overflow is truncated, as without packing) and implies padding-free.
+        "packing": packing,
+        "packing_strategy": "bfd",
+        "padding_free": packing,
     }
     args = build_config(SFTConfig, ctx, **method_kwargs)
-    model = load_policy(spec, ctx.device)
+    model = load_policy(spec, ctx.device, log=ctx.reporter.log)
     ref: list[Any] = []
     trainer = StudioSFTTrainer(
         model=model,
@@ -42,5 +86,18 @@ def run(ctx: Context) -> None:
         callbacks=[StudioCallback(ctx, ref)],
     )
     ref.append(trainer)
+    if packing:
+        rows = len(trainer.train_dataset)
+        layout = "one padding-free row per batch (varlen flash attention)"
+        if not str(getattr(model.config, "_attn_implementation", "")).startswith("flash"):
+            # Swapped after construction: TRL refuses a custom collator with padding-free, which bfd implies.
+            trainer.data_collator = partial(collate_packed_rows, pad_id=tokenizer.pad_token_id)
+            layout = "batches of packed rows (block-diagonal attention per row)"
+        ctx.reporter.log(f"sft: packed {len(dataset)} rows into {rows} rows of up to {args.max_length} tokens; {layout}")
+    return trainer, tokenizer
+
+
+def run(ctx: Context) -> None:
+    trainer, tokenizer = build_trainer(ctx)
     ctx.reporter.stage("train")
     train_and_finish(trainer, ctx, tokenizer)

@@ -22,7 +22,6 @@ DEFAULTS = {
     "max_response_length": 2048,
     "seed": 42,
 }
-LIGER_UNSUPPORTED_BASES = ("pythia", "gpt-neox", "gpt_neox", "neox")
 
 
 class GRPO(TrainingMethod):
@@ -59,15 +58,7 @@ class GRPO(TrainingMethod):
             findings.append(Finding("config.max_prompt_length", "max_prompt_length only applies with use_unsloth: the default trainer does not truncate prompts; remove it or set use_unsloth: true"))
         if config.get("load_in_4bit") and config.get("lora_rank") is None:
             findings.append(Finding("config.lora_rank", "load_in_4bit (QLoRA) trains adapters on a frozen 4-bit base: set lora_rank (e.g. 16)"))
-        if config.get("use_liger"):
-            accel = accelerators_of(draft.compute)
-            if accel.count > 1:
-                findings.append(Finding("config.use_liger", f"liger kernels are single-GPU: remove use_liger or ask for one GPU (asked for {accel.count})"))
-            if config.get("use_unsloth"):
-                findings.append(Finding("config.use_liger", "use_liger cannot be combined with use_unsloth: pick one"))
-            base = (draft.base_model or "").lower()
-            if any(marker in base for marker in LIGER_UNSUPPORTED_BASES):
-                findings.append(Finding("config.use_liger", "liger kernels do not support GPT-NeoX/Pythia models: remove use_liger"))
+        # use_liger's restrictions apply to every method: training/validation.py liger_findings.
         return findings
 
     def apply_defaults(self, config: dict) -> dict:
