@@ -29,9 +29,10 @@ from .spec import SpecError
 
 ADVANTAGE_EPS = 1e-4  # same ε as TRL, so the advantages we report are the ones it trains on
 ROLLOUT_ENGINES = ("auto", "static", "generate")
-# On the CPU, auto = static as well: on the tiny student, 8 rollouts, one thread, 15 interleaved runs each,
-# the paired median ratio static/generate was 1.09 (6 new tokens), 1.10 (64) and 1.19 (256) — measured on a
-# loaded 2-core machine, so read it as "at least as fast" — and tests/engine/test_grpo.py passes with it.
+# On the CPU, auto = static as well: on the tiny student, 8 rollouts, 15 interleaved runs each, the paired
+# median ratio static/generate was 1.11 / 1.07 / 1.04 at 6 / 64 / 256 new tokens with 2 threads (1.11 / 1.11 /
+# 0.99 with one), and tests/engine/test_grpo.py passes with it. The machine was shared and loaded: one burst of
+# contention gave 0.81-0.88, so read the figures as "at least as fast", not as a speed-up worth quoting.
 CPU_AUTO_ENGINE = "static"
 
 
