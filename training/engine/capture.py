@@ -43,14 +43,15 @@ import numpy as np
 import torch
 
 from . import kd_format, perf
+from .fit import CAPTURE_BATCH_TOKENS, CAPTURE_CHUNK_TOKENS
 from .spec import SpecError
 
 if TYPE_CHECKING:
     from .common import Context
     from .distill import Shard
 
-BATCH_TOKENS = 16384
-CHUNK_TOKENS = 4096
+BATCH_TOKENS = CAPTURE_BATCH_TOKENS  # shared with fit.py, whose memory estimate assumes them
+CHUNK_TOKENS = CAPTURE_CHUNK_TOKENS
 PROBE_TOKENS = 32
 
 
@@ -357,7 +358,7 @@ def capture_shards(ctx: Context, shards: list[Shard], teacher_ref: str, k: int, 
     if not todo:
         return CaptureStats(tokens=0, seconds=0.0, tokens_per_s=0.0, mfu=None)
     device = torch.device(ctx.device.kind)
-    teacher = load_model(teacher_ref, None, ctx.device).to(device).eval()
+    teacher = load_model(teacher_ref, None, ctx.device, log=ctx.reporter.log).to(device).eval()
     teacher_vocab = int(getattr(_text_config(teacher.config), "vocab_size", 0) or teacher.config.vocab_size)
     writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kd-sidecar")
     head: OutputHead | None = None

@@ -130,7 +130,7 @@ def run(ctx: Context) -> None:
         beta=float(loss_options.get("dpo_beta") or 0.1),
         max_length=int(spec.cfg("max_length", 1024)),
     )
-    model = load_policy(spec, ctx.device)
+    model = load_policy(spec, ctx.device, log=ctx.reporter.log)
     ref: list[Any] = []
     trainer = StudioDPOTrainer(
         model=model,

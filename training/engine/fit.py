@@ -55,6 +55,9 @@ log = logging.getLogger(__name__)
 
 GIB = 2**30
 OVERHEAD_BYTES = int(1.5 * GIB)
+# DISTILL capture's working set (capture.py uses these): a batch of tokens through the teacher, the head in chunks.
+CAPTURE_BATCH_TOKENS = 16384
+CAPTURE_CHUNK_TOKENS = 4096
 # A run "fits" under this share of the card: the allocator fragments, and the estimate is an estimate.
 FIT_SHARE = 0.90
 # The engine's "auto" checkpointing turns on a little earlier than the refusal line: cheaper than an OOM.
@@ -346,11 +349,15 @@ def estimate(
         step_logits = group * shape.vocab * 4  # one decode step's logits, upcast for sampling
         phases.append(Estimate({**resident, "kv_cache": kv, "logits": step_logits}, "rollouts", checkpointing))
     if method == "distill" and teacher_shape is not None:
+        # capture.py batches sequences up to CAPTURE_BATCH_TOKENS (one longer sequence goes alone) and runs
+        # the output head over CAPTURE_CHUNK_TOKENS positions at a time, so the full logits never exist.
+        batch_tokens = max(seq_len, CAPTURE_BATCH_TOKENS)
         capture_parts = {
             "weights": teacher_shape.params * param_bytes,
-            # no_grad: one layer's activations at a time, and the sequence's logits (bf16 + fp32 log-softmax).
-            "activations": seq_len * teacher_shape.activation_elements_per_token_layer() * act_bytes,
-            "logits": seq_len * teacher_shape.vocab * (act_bytes + 4),
+            # no_grad: one layer's activations at a time, plus the final hidden states the head reads.
+            "activations": batch_tokens * (teacher_shape.activation_elements_per_token_layer() + teacher_shape.hidden) * act_bytes,
+            # one chunk of logits (model dtype) and its fp32 log-softmax
+            "logits": min(batch_tokens, CAPTURE_CHUNK_TOKENS) * teacher_shape.vocab * (act_bytes + 4),
             "overhead": OVERHEAD_BYTES,
         }
         phases.append(Estimate(capture_parts, "capture", False))

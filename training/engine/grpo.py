@@ -229,7 +229,7 @@ def run(ctx: Context) -> None:
         "seed": int(spec.cfg("seed", 42)),
     }
     args = build_config(GRPOConfig, ctx, **method_kwargs)
-    model = load_policy(spec, ctx.device)
+    model = load_policy(spec, ctx.device, log=ctx.reporter.log)
     engine, why = resolve_rollout_engine(spec, env, args, model, ctx.device)
     ctx.reporter.log(f"grpo: rollout engine {engine}: {why}")
     if engine == "tools":
