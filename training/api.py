@@ -11,10 +11,12 @@ from ninja.pagination import LimitOffsetPagination, paginate
 from experiments.services import find_experiment
 from studio.api import actor, body_schema, parse_body
 from training import checkpoints, metrics, services
+from training.fit_report import fit_report
 from training.models import Checkpoint, LogLine, Rollout
 from training.queries import get_run_for, runs_for
 from training.schemas import (
     CheckpointOut,
+    FitOut,
     LogsOut,
     LogsQuery,
     MergeOut,
@@ -92,6 +94,13 @@ def start_run(request: HttpRequest, run_id: int):
 def stop_run(request: HttpRequest, run_id: int):
     run = get_run_for(actor(request), run_id, write=True)
     return services.stop_run(run)
+
+
+@router.get("/{int:run_id}/fit", response=FitOut)
+def run_fit(request: HttpRequest, run_id: int):
+    """The GPU memory estimate for the run as it stands: the figures START's fit check refuses on."""
+    run = get_run_for(actor(request), run_id)
+    return fit_report(services.draft_of(run)).as_dict()
 
 
 @router.get("/{int:run_id}/metrics", response=MetricsOut)

@@ -13,6 +13,7 @@ from django.http import QueryDict
 
 from studio.errors import ApiError, Finding
 from training.compute import GPU_MEMORY_GIB, parse_accelerators
+from training.methods.base import Draft
 from training.refs import DATASET_TYPES, local_model_dir
 
 METHOD_CHOICES = [("sft", "SFT"), ("dpo", "DPO"), ("grpo", "GRPO"), ("distill", "DISTILL")]
@@ -172,6 +173,15 @@ def parse_run_form(data: QueryDict) -> ParsedRun:
     if not parsed.kwargs["name"]:
         parsed.findings.append(Finding("name", "give the run a name"))
     return parsed
+
+
+def draft_of_values(values: dict[str, Any], project=None) -> Draft:
+    """The form's values as the validator sees a run, for the live GPU memory estimate. Fields that do
+    not parse are left out (the engine's defaults stand in), as create_run would never see them."""
+    kwargs = parse_run_form(values).kwargs  # type: ignore[arg-type]  # a dict answers keys() and get() like a QueryDict
+    method = kwargs["method"] if kwargs["method"] in dict(METHOD_CHOICES) else "sft"
+    return Draft(method=method, base_model=kwargs["base_model"], dataset=kwargs["dataset"], config=kwargs["config"],
+                 compute=kwargs["compute"], project=project)
 
 
 def values_from_run(run) -> dict[str, Any]:

@@ -179,3 +179,19 @@ class IngestBatchIn(BaseModel):
 class IngestOut(Schema):
     ok: bool
     duplicate: bool
+
+
+class FitOut(Schema):
+    """GET /api/training-runs/{id}/fit: the GPU memory estimate START's fit check works from."""
+
+    status: Literal["fits", "tight", "too_big", "unknown"] = Field(
+        description="fits; tight (fits only with activation checkpointing, or over 80% of the card); too_big (START answers 422); unknown (CPU, GPU:n, or a model/GPU the Studio cannot size)")
+    total_gib: float | None = Field(None, description="Peak GiB per GPU, for the phase that sets the peak")
+    gpu: str | None = Field(None, description="The GPU type of compute.accelerators")
+    gpu_count: int = 0
+    gpu_gib: float | None = Field(None, description="GiB of memory on one such card")
+    checkpointing: bool | None = Field(None, description="Whether activation checkpointing will be on (the engine's auto rule, or the config's forced value)")
+    phase: str | None = Field(None, description="train, rollouts (GRPO generation) or capture (DISTILL's teacher)")
+    breakdown: dict[str, float] = Field(default_factory=dict, description="GiB per part: weights, gradients, optimizer, activations, logits, reference, kv_cache, overhead")
+    field: str | None = Field(None, description="When too_big: the config field of the best lever (the 422's field)")
+    message: str

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -138,23 +139,46 @@ def model_config(ref: str | None, project=None) -> dict | None:
     return fit.known_config(ref)
 
 
+@dataclass(frozen=True)
+class FitCheck:
+    """fit.check's verdict for a draft, or `why` there is none: "cpu", "generic_gpu" (GPU:n),
+    "unknown_gpu" (a type without a memory size here) or "unknown_model"."""
+
+    verdict: fit.Verdict | None
+    gpu: str | None = None
+    count: int = 0
+    card_gib: float | None = None
+    why: str | None = None
+
+
+def fit_check(draft: Draft) -> FitCheck:
+    """The fit check of a draft, shared by the START refusal (fit_findings) and the estimate the
+    pages and GET /fit show (training/fit_report.py)."""
+    accel = accelerators_of(draft.compute)
+    if accel.is_cpu:
+        return FitCheck(None, why="cpu")
+    if accel.gpu_type is None:
+        return FitCheck(None, count=accel.count, why="generic_gpu")
+    card_gib = GPU_MEMORY_GIB.get(accel.gpu_type)
+    if card_gib is None:
+        return FitCheck(None, accel.gpu_type, accel.count, why="unknown_gpu")
+    shape = fit.ModelShape.from_config(model_config(draft.base_model, draft.project))
+    if shape is None:
+        return FitCheck(None, accel.gpu_type, accel.count, card_gib, why="unknown_model")
+    teacher = None
+    if draft.method == "distill" and isinstance(draft.config.get("distillation"), dict):
+        teacher = fit.ModelShape.from_config(model_config(draft.config["distillation"].get("teacher_model"), draft.project))
+    verdict = fit.check(shape, draft.method, draft.config, card_gib=card_gib, gpu_label=accel.gpu_type,
+                        teacher_shape=teacher, cards=GPU_MEMORY_GIB)
+    return FitCheck(verdict, accel.gpu_type, accel.count, card_gib)
+
+
 def fit_findings(draft: Draft) -> list[Finding]:
     """Issue 8: a GPU run that cannot fit on one card even with activation checkpointing is refused
     before it starts, on the field of the best lever, with the estimate (training/engine/fit.py).
     What cannot be estimated is never refused: the CPU, a generic GPU:n, an unknown model."""
-    accel = accelerators_of(draft.compute)
-    card_gib = GPU_MEMORY_GIB.get(accel.gpu_type or "")
-    if accel.is_cpu or card_gib is None:
-        return []
-    shape = fit.ModelShape.from_config(model_config(draft.base_model, draft.project))
-    if shape is None:
-        return []
-    teacher = None
-    if draft.method == "distill" and isinstance(draft.config.get("distillation"), dict):
-        teacher = fit.ModelShape.from_config(model_config(draft.config["distillation"].get("teacher_model"), draft.project))
-    verdict = fit.check(shape, draft.method, draft.config, card_gib=card_gib, gpu_label=accel.gpu_type or "GPU",
-                        teacher_shape=teacher, cards=GPU_MEMORY_GIB)
-    if verdict.status != "too_big" or verdict.field is None or verdict.message is None:
+    verdict = fit_check(draft).verdict
+    if verdict is None or verdict.status != "too_big" or verdict.field is None or verdict.message is None:
         return []
     return [Finding(verdict.field, verdict.message)]
 

@@ -20,6 +20,7 @@ from experiments.models import Experiment
 from studio.errors import ApiError, Conflict, Forbidden, PaymentRequired, Unprocessable
 from studio.views import errors_by_field, studio_page, web_actor
 from training import checkpoints, forms, services
+from training.fit_report import fit_report, form_fit_report
 from training.models import ACTIVE_STATUSES, Checkpoint, LogLine, Method, MetricPoint, Rollout, Status, TrainingRun
 from training.queries import get_run_for, runs_for
 from training.refs import dataset_entries, ref_kind
@@ -125,7 +126,8 @@ def can_write(actor, project) -> bool:
 
 def status_context(request: HttpRequest, run: TrainingRun, actor=None, error: ApiError | None = None) -> dict[str, Any]:
     actor = actor or web_actor(request)
-    blockers = services.start_blockers(run) if run.status in (Status.QUEUED, Status.FAILED, Status.CANCELLED) and not is_live(run) else []
+    startable = run.status in (Status.QUEUED, Status.FAILED, Status.CANCELLED) and not is_live(run)
+    blockers = services.start_blockers(run) if startable else []
     if isinstance(error, Unprocessable):
         blockers = error.errors
     error_obj = run.error or {}
@@ -138,6 +140,8 @@ def status_context(request: HttpRequest, run: TrainingRun, actor=None, error: Ap
         "failure_help": FAILURE_HELP.get(error_obj.get("code") or "", FAILURE_HELP["training_error"]) if run.status == Status.FAILED else "",
         "error_log_tail": failure_log_tail(run) if run.status == Status.FAILED else [],
         "progress": run.progress or {},
+        # The GPU memory estimate beside START; a CPU run or an unknown model shows nothing.
+        "fit": fit_report(services.draft_of(run)) if startable else None,
     }
 
 
@@ -220,6 +224,7 @@ def form_context(request: HttpRequest, project, values: dict[str, Any], errors: 
         "estimate": forms.storage_estimate(values.get("config.distillation.top_k"), values.get("distill_tokens")) if distill else None,
         "environment_choices": environment_choices(project) if method == "grpo" else [],
         "teacher": forms.teacher_fit(values.get("config.distillation.teacher_model"), values.get("compute.accelerators"), project) if distill else None,
+        "fit": form_fit_report(forms.draft_of_values({**values, "method": method}, project)),
     }
 
 
@@ -308,7 +313,7 @@ def new_run_part(request: HttpRequest, part: str) -> HttpResponse:
         values["config.distillation.ce_weight"] = "0"  # seed 001's preset: take cross-entropy out entirely
     elif part == "mode":
         values.update({k: v for k, v in forms.METHOD_DEFAULTS["grpo"].items() if not values.get(k)})
-    names = {"method": "method_fields", "mode": "grpo_mode", "preset": "distill_weights", "estimate": "distill_estimate"}
+    names = {"method": "method_fields", "mode": "grpo_mode", "preset": "distill_weights", "estimate": "distill_estimate", "fit": "fit_estimate"}
     if part not in names:
         return HttpResponse(status=404)
     values["method"] = method

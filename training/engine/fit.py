@@ -586,6 +586,12 @@ def visible_gpu() -> tuple[str, int] | None:
     return props.name, int(props.total_memory)
 
 
+def auto_checkpointing(without: Estimate, card_bytes: int) -> bool:
+    """The "auto" rule, one copy for the engine and the Studio's estimate: checkpointing goes on when
+    the estimate without it is over CHECKPOINT_SHARE of the card."""
+    return without.total > CHECKPOINT_SHARE * card_bytes
+
+
 def decide_checkpointing(method: str, config: Mapping[str, Any], base_model: str, revision: str | None, device_kind: str) -> tuple[bool, str]:
     """config.gradient_checkpointing: true / false force it; "auto" (the default) turns it on only when
     the estimate without it is over CHECKPOINT_SHARE of the visible GPU. Always off on the CPU, where
@@ -602,7 +608,7 @@ def decide_checkpointing(method: str, config: Mapping[str, Any], base_model: str
         return True, "gradient checkpointing: on (auto; the model's memory could not be estimated)"
     name, total = gpu
     without = estimate_run(shape, method, config, checkpointing=False)
-    on = without.total > CHECKPOINT_SHARE * total
+    on = auto_checkpointing(without, total)
     relation = "over" if on else "under"
     return on, (f"gradient checkpointing: {'on' if on else 'off'} (auto): without it this run needs {without.describe()}, "
                 f"{relation} {CHECKPOINT_SHARE:.0%} of the {name}'s {total / GIB:.1f} GiB")
