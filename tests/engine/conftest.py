@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections import defaultdict
 from collections.abc import Iterator
@@ -111,8 +112,9 @@ def make_spec(
         "base_model": base_model,
         "base_model_revision": None,
         "dataset": [{"path": p, "type": None, "revision": None} for p in datasets],
-        "config": {"precision": "fp32", "seed": 1, **config},
-        "compute": {"backend": "local", "accelerators": "CPU"},
+        # The device check (bench/device_check.sh) reruns these tests on a GPU by setting these two.
+        "config": {"precision": os.environ.get("ENGINE_TEST_PRECISION", "fp32"), "seed": 1, **config},
+        "compute": {"backend": "local", "accelerators": os.environ.get("ENGINE_TEST_ACCELERATORS", "CPU")},
         "ingest": {"url": ingest.url, "token": TOKEN} if ingest else None,
         "output_dir": str(out),
         "resume_from": None,
