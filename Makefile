@@ -58,7 +58,7 @@ bench-gpu:
 
 # The trainer wheels the device machine's image lacks or holds at other versions (its python is 3.12),
 # into var/gpu-wheels for the device tool's `carry`; bench/RESULTS.md "GPU (issue 8)" has the command.
-GPU_WHEELS := transformers==5.24.0 trl==1.16.0 datasets==5.2.0 peft==0.21.2 tokenizers==0.23.3 dill==0.4.1 multiprocess==0.70.19
+GPU_WHEELS := transformers==5.24.0 trl==1.16.0 datasets==5.2.0 peft==0.21.2 tokenizers==0.23.3 dill==0.4.1 multiprocess==0.70.19 liger-kernel==0.8.5
 bench-gpu-wheels:
 	python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \

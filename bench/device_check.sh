@@ -22,4 +22,4 @@ ENGINE_TEST_ACCELERATORS=GPU:1 ENGINE_TEST_PRECISION=bf16 timeout 150 python3 -m
   tests/engine/test_sft.py tests/engine/test_grpo.py tests/engine/test_distill.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
 left=$(( 540 - ($(date +%s) - started) ))
 echo "bench budget: ${left}s"
-python3 -m bench.engine_gpu --budget-s $(( left > 60 ? left - 30 : 30 ))
+python3 -m bench.engine_gpu --budget-s $(( left > 60 ? left - 30 : 30 )) ${BENCH_GPU_ARGS:-}  # e.g. BENCH_GPU_ARGS='--engine-config {"use_liger":true}'
