@@ -80,7 +80,7 @@ def setup_django(tmp: Path) -> str:
 
     user, _ = get_user_model().objects.get_or_create(username="hub-bench")
     project = Project.objects.filter(slug="hub-bench").first() or create_project("hub-bench", owner=user)
-    from datahub.services import get_or_create_repo
+    from datahub.repos import get_or_create_repo
 
     get_or_create_repo(project, "bench", "model", user)
     return create_api_token(user, project)[1]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from django.http import FileResponse, HttpRequest
 from ninja import Router
 
-from datahub import datasets, services, storage, uploads
+from datahub import datasets, repos, storage, uploads
 from datahub.models import Blob, Branch, Commit, Repo, RepoType, Tag, TreeEntry, UploadSession
 from datahub.schemas import (
     BranchIn,
@@ -35,7 +35,7 @@ router = Router(tags=["hub"])
 def repo_or_404(request: HttpRequest, name: str, write: bool = False) -> Repo:
     who = actor(request)
     project = who.require_project()
-    repo = services.find_repo(project, name)
+    repo = repos.find_repo(project, name)
     if repo is None or who.membership(project) is None:
         raise NotFound(f"Project {project.slug} has no repo {name!r}.")
     if write:
@@ -58,7 +58,7 @@ def query_int(request: HttpRequest, key: str, default: int | None, minimum: int 
 
 def query_ref(request: HttpRequest, key: str = "ref") -> str | None:
     value = request.GET.get(key) or None
-    if value is not None and (len(value) > 200 or not services.NAME_RE.match(value)):
+    if value is not None and (len(value) > 200 or not repos.NAME_RE.match(value)):
         raise BadRequest(f"{key} is not a branch, tag or commit id.", [Finding(key, "give a branch name, a tag or a commit id")])
     return value
 
@@ -96,7 +96,7 @@ def create_repo(request: HttpRequest):
     project = who.require_project()
     who.require_write(project)
     payload = parse_body(request, RepoIn)
-    return 201, repo_out(services.create_repo(project, payload.name, payload.type, who.user, payload.description))
+    return 201, repo_out(repos.create_repo(project, payload.name, payload.type, who.user, payload.description))
 
 
 @router.get("/repos/{name}", response=RepoOut)
@@ -116,7 +116,7 @@ def create_branch(request: HttpRequest, name: str):
     payload = parse_body(request, BranchIn)
     if Branch.objects.filter(repo=repo, name=payload.name).exists():
         raise Conflict(f"Branch {payload.name!r} already exists.", [Finding("name", "choose another branch name")])
-    branch = services.create_branch(repo, payload.name, payload.from_ref)
+    branch = repos.create_branch(repo, payload.name, payload.from_ref)
     return 201, {"name": branch.name, "commit": branch.head_id}
 
 
@@ -130,7 +130,7 @@ def list_tags(request: HttpRequest, name: str):
 def create_tag(request: HttpRequest, name: str):
     repo = repo_or_404(request, name, write=True)
     payload = parse_body(request, TagIn)
-    tag = services.create_tag(repo, payload.name, payload.ref)
+    tag = repos.create_tag(repo, payload.name, payload.ref)
     return 201, {"name": tag.name, "commit": tag.commit_id}
 
 
@@ -138,18 +138,18 @@ def create_tag(request: HttpRequest, name: str):
 def list_commits(request: HttpRequest, name: str):
     repo = repo_or_404(request, name)
     limit = query_int(request, "limit", 50, 1, 500)
-    return [commit_out(c) for c in services.history(repo, query_ref(request), limit or 50)]
+    return [commit_out(c) for c in repos.history(repo, query_ref(request), limit or 50)]
 
 
 @router.get("/repos/{name}/files", response=TreeOut)
 def list_files(request: HttpRequest, name: str):
     repo = repo_or_404(request, name)
     ref = query_ref(request) or repo.default_branch
-    commit = services.resolve(repo, ref)
+    commit = repos.resolve(repo, ref)
     qs = TreeEntry.objects.filter(commit=commit).select_related("blob")
     prefix = request.GET.get("path")
     if prefix:
-        qs = qs.filter(path__startswith=services.clean_path(prefix.rstrip("/")) + "/")
+        qs = qs.filter(path__startswith=repos.clean_path(prefix.rstrip("/")) + "/")
     return {"repo": repo.full_name, "ref": ref, "commit": commit.pk, "files": files_of(qs)}
 
 
@@ -157,9 +157,9 @@ def list_files(request: HttpRequest, name: str):
 def download(request: HttpRequest, name: str):
     """The file at `path` in `ref`, streamed."""
     repo = repo_or_404(request, name)
-    path = services.clean_path(request.GET.get("path"))
-    commit = services.resolve(repo, query_ref(request))
-    entry = services.entry(commit, path)
+    path = repos.clean_path(request.GET.get("path"))
+    commit = repos.resolve(repo, query_ref(request))
+    entry = repos.entry(commit, path)
     if entry is None:
         raise NotFound(f"{repo.full_name} has no file {path!r} at {commit.pk[:10]}.")
     opened = storage.open_blob(entry.blob.storage_name)
@@ -174,9 +174,9 @@ def download(request: HttpRequest, name: str):
 def diff(request: HttpRequest, name: str):
     """Files added, removed and changed between two refs (`base` → `head`)."""
     repo = repo_or_404(request, name)
-    base = services.resolve(repo, query_ref(request, "base") or repo.default_branch)
-    head = services.resolve(repo, query_ref(request, "head") or repo.default_branch)
-    old, new = services.tree(base), services.tree(head)
+    base = repos.resolve(repo, query_ref(request, "base") or repo.default_branch)
+    head = repos.resolve(repo, query_ref(request, "head") or repo.default_branch)
+    old, new = repos.tree(base), repos.tree(head)
 
     def out(paths: list[str], tree: dict[str, Blob]) -> list[dict]:
         return [{"path": p, "size": tree[p].size, "sha256": tree[p].sha256} for p in sorted(paths)]
@@ -193,10 +193,10 @@ def diff(request: HttpRequest, name: str):
 def preview(request: HttpRequest, name: str):
     """The first rows of a dataset file and its detected shape."""
     repo = repo_or_404(request, name)
-    commit = services.resolve(repo, query_ref(request))
+    commit = repos.resolve(repo, query_ref(request))
     path = request.GET.get("path")
     if path:
-        path = services.clean_path(path)
+        path = repos.clean_path(path)
     limit = query_int(request, "limit", 20, 1, 200)
     return {"commit": commit.pk, **datasets.preview(commit, path, limit or 20)}
 

@@ -22,7 +22,7 @@ from django.http import FileResponse, HttpRequest, HttpResponse, JsonResponse, S
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods
 
-from datahub import services, storage
+from datahub import repos, storage
 from datahub.models import Commit, Repo, TreeEntry
 from studio import crypto
 from studio.auth import StudioAuth
@@ -104,7 +104,7 @@ def repo_for(request: HttpRequest, namespace: str, name: str) -> Repo:
 
 def commit_for(repo: Repo, revision: str | None) -> Commit:
     try:
-        return services.resolve(repo, revision or repo.default_branch)
+        return repos.resolve(repo, revision or repo.default_branch)
     except NotFound:
         raise HubError(404, "RevisionNotFound", f"Invalid rev id: {revision}") from None
 
@@ -174,7 +174,7 @@ def repo_tree(request: HttpRequest, kind: str, namespace: str, name: str, rest: 
     # A cursor pins the commit the first page listed, so a branch that moves between two pages
     # cannot mix two trees into one listing.
     commit, after = decode_cursor(repo, cursor) if cursor is not None else (commit_for(repo, revision), None)
-    prefix = services.clean_path(path.rstrip("/")) + "/" if path.strip("/") else ""
+    prefix = repos.clean_path(path.rstrip("/")) + "/" if path.strip("/") else ""
     recursive = request.GET.get("recursive", "").lower() in ("1", "true")
     # Paths only for the whole listing (folders are derived from them); blobs only for the page.
     paths = list(TreeEntry.objects.filter(commit=commit, path__startswith=prefix).values_list("path", flat=True))
@@ -247,8 +247,8 @@ def paths_info(request: HttpRequest, kind: str, namespace: str, name: str, revis
             raise BadRequest("The body is not valid JSON.") from None
     out = []
     for raw in paths:
-        path = services.clean_path(str(raw).strip("/"), "paths")
-        entry = services.entry(commit, path)
+        path = repos.clean_path(str(raw).strip("/"), "paths")
+        entry = repos.entry(commit, path)
         if entry is not None:
             out.append(file_json(entry))
         elif TreeEntry.objects.filter(commit=commit, path__startswith=path + "/").exists():
@@ -260,9 +260,9 @@ def paths_info(request: HttpRequest, kind: str, namespace: str, name: str, revis
 def resolve_file(request: HttpRequest, namespace: str, name: str, revision: str, path: str, kind: str = "models"):
     """GET|HEAD /{ns}/{name}/resolve/{rev}/{path} (and /datasets/...): the file's bytes, streamed."""
     repo = repo_for(request, namespace, name)
-    path = services.clean_path(path)
+    path = repos.clean_path(path)
     commit = commit_for(repo, revision)
-    entry = services.entry(commit, path)
+    entry = repos.entry(commit, path)
     if entry is None:
         raise HubError(404, "EntryNotFound", f"{path} does not exist at {repo.full_name}@{commit.pk}", commit=commit.pk)
     return file_response(request, entry, commit)

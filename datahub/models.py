@@ -2,7 +2,7 @@
 
 A commit is a full snapshot: its tree entries map every path to a blob. Blobs are content
 addressed by sha256 and shared by every repo of every project, so the same bytes are stored once.
-Branch heads move only inside datahub.services.commit_files, under a row lock on the branch.
+Branch heads move only inside datahub.commits.commit_blobs, under a row lock on the branch.
 """
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from typing import IO
 
 from django.db import transaction
 
-from datahub import services, storage
+from datahub import commits, repos, storage
 from datahub.models import Commit, Repo, UploadFile, UploadSession
 from studio.errors import BadRequest, Conflict, Finding, NotFound
 
@@ -29,13 +29,13 @@ def part_path(session: UploadSession, index: int) -> Path:
 
 @transaction.atomic
 def create_upload(repo: Repo, user, branch: str, files: list[dict], message: str = "", parent: str | None = None) -> UploadSession:
-    services.check_name(branch, "branch", "branch name")
+    repos.check_name(branch, "branch", "branch name")
     if not repo.branches.filter(name=branch).exists():
         raise BadRequest(f"{repo.full_name} has no branch {branch!r}.", [Finding("branch", "upload to an existing branch, or create it first")])
     seen: set[str] = set()
     rows = []
     for i, f in enumerate(files):
-        path = services.clean_path(f["path"], f"files[{i}].path")
+        path = repos.clean_path(f["path"], f"files[{i}].path")
         if path in seen:
             raise BadRequest(f"{path!r} is listed twice.", [Finding(f"files[{i}].path", "list each path once")])
         seen.add(path)
@@ -118,7 +118,7 @@ def commit_upload(session: UploadSession, user, message: str | None = None) -> C
         UploadSession.objects.filter(pk=session.pk).update(state=UploadSession.State.COMMITTING)
     try:
         blobs = {f.path: _blob_of(session, f) for f in files}
-        commit = services.commit_blobs(session.repo, session.branch, blobs, message or session.message, user, parent=session.parent or None)
+        commit = commits.commit_blobs(session.repo, session.branch, blobs, message or session.message, user, parent=session.parent or None)
     except BaseException:
         UploadSession.objects.filter(pk=session.pk).update(state=UploadSession.State.OPEN)
         raise
@@ -140,7 +140,7 @@ def _blob_of(session: UploadSession, f: UploadFile):
         part.unlink(missing_ok=True)
         raise BadRequest(f"{f.path} arrived with sha256 {sha256}, not the {f.sha256} announced.",
                          [Finding(f"files[{f.index}].sha256", "the bytes were corrupted on the way: upload this file again from offset 0")])
-    blob = services.store_staged(part, sha256, size)
+    blob = commits.store_staged(part, sha256, size)
     UploadFile.objects.filter(pk=f.pk).update(blob=blob)
     return blob
 

@@ -7,8 +7,10 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
-from datahub import datasets, services
+from datahub import datasets
 from datahub.models import Branch, Repo, RepoType, Tag
+from datahub.repos import MAIN, clean_path, history, resolve, tree
+from datahub.services import MODEL_REPO_RE
 from studio.errors import ApiError, NotFound
 from studio.views import studio_page, web_actor
 
@@ -37,10 +39,10 @@ def repo_list(request: HttpRequest) -> HttpResponse:
 def repo_tree(request: HttpRequest, namespace: str, name: str, revision: str | None = None, path: str = "") -> HttpResponse:
     repo = repo_for_page(request, namespace, name)
     revision = revision or repo.default_branch
-    commit = services.resolve(repo, revision)
-    prefix = services.clean_path(path.strip("/")) + "/" if path.strip("/") else ""
+    commit = resolve(repo, revision)
+    prefix = clean_path(path.strip("/")) + "/" if path.strip("/") else ""
     files, folders = [], set()
-    for path_, blob in sorted(services.tree(commit).items()):
+    for path_, blob in sorted(tree(commit).items()):
         if not path_.startswith(prefix):
             continue
         rest = path_[len(prefix):]
@@ -64,7 +66,7 @@ def repo_tree(request: HttpRequest, namespace: str, name: str, revision: str | N
 def repo_commits(request: HttpRequest, namespace: str, name: str, revision: str) -> HttpResponse:
     repo = repo_for_page(request, namespace, name)
     return render(request, "datahub/repo.html", {
-        "section": "hub", "repo": repo, "tab": "commits", "revision": revision, "commits": services.history(repo, revision, 200),
+        "section": "hub", "repo": repo, "tab": "commits", "revision": revision, "commits": history(repo, revision, 200),
         "branches": list(Branch.objects.filter(repo=repo)), "tags": list(Tag.objects.filter(repo=repo)),
     })
 
@@ -73,7 +75,7 @@ def repo_commits(request: HttpRequest, namespace: str, name: str, revision: str)
 @require_GET
 def repo_compare(request: HttpRequest, namespace: str, name: str, base: str, head: str) -> HttpResponse:
     repo = repo_for_page(request, namespace, name)
-    old, new = services.tree(services.resolve(repo, base)), services.tree(services.resolve(repo, head))
+    old, new = tree(resolve(repo, base)), tree(resolve(repo, head))
     diff = {
         "added": sorted(p for p in new if p not in old),
         "removed": sorted(p for p in old if p not in new),
@@ -89,9 +91,9 @@ def repo_compare(request: HttpRequest, namespace: str, name: str, base: str, hea
 @require_GET
 def dataset_preview(request: HttpRequest, namespace: str, name: str, revision: str, path: str) -> HttpResponse:
     repo = repo_for_page(request, namespace, name)
-    commit = services.resolve(repo, revision)
+    commit = resolve(repo, revision)
     try:
-        preview = datasets.preview(commit, services.clean_path(path), 50)
+        preview = datasets.preview(commit, clean_path(path), 50)
     except ApiError as exc:
         raise NotFound(exc.detail) from exc
     return render(request, "datahub/repo.html", {
@@ -109,8 +111,8 @@ def models_page(request: HttpRequest) -> HttpResponse:
 
     project = web_actor(request).project
     repos = list(Repo.objects.filter(project=project, type=RepoType.MODEL).select_related("project")[:500]) if project else []
-    heads = {b.repo_id: b for b in Branch.objects.filter(repo__in=repos, name=services.MAIN)}
-    run_ids = {r.pk: int(m.group(1)) for r in repos if (m := services.MODEL_REPO_RE.search(r.name))}
+    heads = {b.repo_id: b for b in Branch.objects.filter(repo__in=repos, name=MAIN)}
+    run_ids = {r.pk: int(m.group(1)) for r in repos if (m := MODEL_REPO_RE.search(r.name))}
     runs = TrainingRun.objects.in_bulk(list(run_ids.values())) if run_ids else {}
     rows = []
     for r in repos:

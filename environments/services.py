@@ -190,7 +190,7 @@ def _has_entry_point(init: ast.Module, modules: dict[str, ast.Module]) -> bool:
 
 def hub_package_files(commit) -> dict[str, bytes]:
     from datahub import storage
-    from datahub.services import tree
+    from datahub.repos import tree
 
     out = {}
     for path, blob in tree(commit).items():
@@ -203,8 +203,8 @@ def hub_package_files(commit) -> dict[str, bytes]:
 
 def environment_findings(draft, image_has: Callable[[str], bool]) -> list[Finding]:
     """Pre-start (422) checks of a GRPO run's Environment-mode package. An unresolvable Data Hub ref is
-    left to datahub.services.ref_findings, which reports it on the same field."""
-    from datahub.services import is_hub_ref, resolve_ref
+    left to datahub.refs.ref_findings, which reports it on the same field."""
+    from datahub.refs import is_hub_ref, resolve_ref
 
     config = draft.config if isinstance(draft.config, dict) else {}
     if draft.method == "grpo" and config.get("rl_mode") == "ruler":
@@ -348,8 +348,9 @@ def judge_env(run) -> dict[str, str]:
 
 def fork(project, catalogue_name: str, name: str | None = None, config: dict[str, Any] | None = None, user=None) -> dict[str, Any]:
     """Copy a catalogue package into a new environment repo of `project`; CONFIG lands in config.py."""
+    from datahub.commits import commit_files
     from datahub.models import RepoType
-    from datahub.services import commit_files, create_repo
+    from datahub.repos import create_repo
 
     entry = catalogue_entry(catalogue_name or "")
     if entry is None:
@@ -365,7 +366,7 @@ def fork(project, catalogue_name: str, name: str | None = None, config: dict[str
 
 def environment_repo(project, name: str):
     from datahub.models import RepoType
-    from datahub.services import find_repo
+    from datahub.repos import find_repo
 
     repo = find_repo(project, name)
     if repo is None or repo.type != RepoType.ENVIRONMENT:
@@ -374,7 +375,7 @@ def environment_repo(project, name: str):
 
 
 def repo_config(project, name: str, ref: str = "main") -> dict[str, Any]:
-    from datahub.services import resolve
+    from datahub.repos import resolve
 
     repo = environment_repo(project, name)
     commit = resolve(repo, ref)
@@ -384,7 +385,7 @@ def repo_config(project, name: str, ref: str = "main") -> dict[str, Any]:
 
 def check_repo(project, name: str, ref: str = "main", backend_name: str = "local") -> dict[str, Any]:
     """The static checks START runs, for an environment repo page or a push: {"commit", "findings"}."""
-    from datahub.services import resolve
+    from datahub.repos import resolve
     from training.backends import get_backend
 
     repo = environment_repo(project, name)
@@ -398,7 +399,7 @@ def check_repo(project, name: str, ref: str = "main", backend_name: str = "local
 
 
 def update_config(project, name: str, config: dict[str, Any], user=None) -> dict[str, Any]:
-    from datahub.services import commit_files
+    from datahub.commits import commit_files
 
     if not isinstance(config, dict):
         raise BadRequest("CONFIG must be an object.", [Finding("config", "send the whole CONFIG as a JSON object")])

@@ -9,7 +9,8 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET, require_POST
 
-from datahub import services as hub
+from datahub.repos import find_repo
+from datahub.services import experiment_repo_name
 from experiments.models import Experiment
 from experiments.services import create_experiment
 from studio.errors import ApiError, NotFound
@@ -67,7 +68,7 @@ def experiment_detail(request: HttpRequest, experiment_id: int) -> HttpResponse:
         named[f"#{run.pk} {run.name}"] = chart_series(run.pk, ["loss"], MAX_POINTS).get("loss", [])
     chart = align(named)
     chart.update(id="compare-loss", title="Loss by step", empty=not chart["x"])
-    repo = hub.find_repo(experiment.project, hub.experiment_repo_name(experiment))
+    repo = find_repo(experiment.project, experiment_repo_name(experiment))
     context = {"section": "experiments", "project": experiment.project, "experiment": experiment, "runs": runs, "repo": repo,
                "charts": [chart], "compared": len(compared), "writable": can_write(actor, experiment.project)}
     return render(request, "experiments/detail.html", context)

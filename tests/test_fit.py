@@ -159,10 +159,11 @@ def test_grpo_with_huge_rollouts_is_refused_on_the_rollout_length(api, modal):
 
 
 def test_a_data_hub_base_is_estimated_from_its_config_json(api, modal, project, users):
-    from datahub import services as hub
+    from datahub.commits import commit_files
+    from datahub.repos import create_repo
 
-    repo = hub.create_repo(project, "my-7b", "model", users["owner"])
-    hub.commit_files(repo, "main", {"config.json": json.dumps(QWEN25_7B).encode()}, message="config")
+    repo = create_repo(project, "my-7b", "model", users["owner"])
+    commit_files(repo, "main", {"config.json": json.dumps(QWEN25_7B).encode()}, message="config")
     run_id = make_run(api, base_model="my-7b@main", compute=gpu("L4"))
     assert_start_refused(api, run_id, 422, "config.lora_rank")
 

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from datahub.commits import commit_files
 from datahub.models import Branch, TreeEntry
-from datahub.services import commit_files, create_repo
+from datahub.repos import create_repo
 from tests.conftest import wait_for
 from training.models import Status, TrainingRun
 

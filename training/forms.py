@@ -249,14 +249,15 @@ def params_from_config(cfg: dict) -> int | None:
 
 def hub_model_files(project, ref: str) -> tuple[dict, int | None] | None:
     """config.json and the weight files' total size of a Data Hub model ref; None if it does not resolve."""
-    from datahub import services as hub
+    from datahub.refs import parse_ref
+    from datahub.repos import tree
     from datahub.storage import open_blob
 
     try:
-        _, commit = hub.parse_ref(project, ref, "config.distillation.teacher_model")
+        _, commit = parse_ref(project, ref, "config.distillation.teacher_model")
     except ApiError:
         return None
-    files = hub.tree(commit)
+    files = tree(commit)
     cfg: dict = {}
     blob = files.get("config.json")
     if blob is not None and blob.size < 1_000_000:

@@ -16,7 +16,8 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from datahub.services import create_run_branch, engine_inputs, pin_refs
+from datahub.refs import engine_inputs, pin_refs
+from datahub.services import create_run_branch
 from environments.services import job_environment, judge_env
 from experiments.models import Experiment
 from experiments.services import default_experiment, find_experiment

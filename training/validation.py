@@ -11,7 +11,7 @@ from typing import Any
 
 from django.conf import settings
 
-from datahub.services import dataset_findings, ref_findings
+from datahub.refs import dataset_findings, ref_findings
 from environments.services import environment_findings
 from studio.errors import BadRequest, Finding
 from training.backends import get_backend

@@ -14,6 +14,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
+from datahub import repos as hub_repos
 from datahub import services as hub
 from environments import services as env_services
 from experiments.models import Experiment
@@ -361,16 +362,16 @@ def tab_context(request: HttpRequest, run: TrainingRun, tab: str) -> dict[str, A
 
 def repository_of(run: TrainingRun, prefix: str) -> dict[str, Any]:
     """The run's Data Hub branch: its files (optionally under one folder) and its commits."""
-    repo = hub.find_repo(run.project, hub.experiment_repo_name(run.experiment))
+    repo = hub_repos.find_repo(run.project, hub.experiment_repo_name(run.experiment))
     branch = hub.run_branch_name(run)
     out: dict[str, Any] = {"repo": repo, "branch": branch, "prefix": prefix.strip("/"), "files": [], "commits": []}
     if repo is None:
         return out
     try:
-        commits = hub.history(repo, branch, 20)
-    except hub.RefNotFound:
+        commits = hub_repos.history(repo, branch, 20)
+    except hub_repos.RefNotFound:
         return out
-    files = sorted(hub.tree(commits[0]).items()) if commits else []
+    files = sorted(hub_repos.tree(commits[0]).items()) if commits else []
     if out["prefix"]:
         files = [(path, blob) for path, blob in files if path.startswith(out["prefix"] + "/")]
     out.update(commits=commits, files=[{"path": path, "size": blob.size} for path, blob in files[:500]], truncated=len(files) > 500)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from datahub import services
+from datahub import repos
 
 
 @pytest.fixture(autouse=True)
@@ -45,12 +45,12 @@ def eager_celery():
 
 @pytest.fixture
 def repo(project, users):
-    return services.create_repo(project, "my-model", "model", users["owner"])
+    return repos.create_repo(project, "my-model", "model", users["owner"])
 
 
 @pytest.fixture
 def dataset_repo(project, users):
-    return services.create_repo(project, "hub-data", "dataset", users["owner"])
+    return repos.create_repo(project, "hub-data", "dataset", users["owner"])
 
 
 def jsonl(rows: list[dict]) -> bytes:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from datahub import services
+from datahub import commits, repos
 from datahub.models import Repo
 from tests.conftest import assert_error
 from tests.datahub.conftest import jsonl
@@ -40,9 +40,9 @@ def test_tenant_matrix(api_as, repo, role, read, write):
 
 
 def test_files_commits_branches_download_and_diff(api, repo, users):
-    first = services.commit_files(repo, "main", {"config.json": b"{}", "w/model.bin": b"1" * 100}, "weights")
-    services.create_branch(repo, "dev", "main")
-    second = services.commit_files(repo, "dev", {"w/model.bin": b"2" * 100, "README.md": b"hi"}, "v2", delete=["config.json"])
+    first = commits.commit_files(repo, "main", {"config.json": b"{}", "w/model.bin": b"1" * 100}, "weights")
+    repos.create_branch(repo, "dev", "main")
+    second = commits.commit_files(repo, "dev", {"w/model.bin": b"2" * 100, "README.md": b"hi"}, "v2", delete=["config.json"])
     files = get(api, "/api/hub/repos/my-model/files", ref="dev").json()
     assert files["commit"] == second.pk and [f["path"] for f in files["files"]] == ["README.md", "w/model.bin"]
     assert [c["id"] for c in get(api, "/api/hub/repos/my-model/commits", ref="dev").json()][:2] == [second.pk, first.pk]
@@ -68,7 +68,7 @@ def test_traversal_in_upload_is_400(api, repo, path):
 
 
 def test_another_projects_repo_is_404(api_as, other_project):
-    services.create_repo(other_project, "theirs", "model")
+    repos.create_repo(other_project, "theirs", "model")
     assert_error(api_as("owner").get("/api/hub/repos/theirs"), 404)
 
 
@@ -87,8 +87,8 @@ def test_preview_detects_shapes(api, project):
     buf = io.BytesIO()
     pq.write_table(pa.table({"prompt": ["q1", "q2"], "chosen": ["a", "b"], "rejected": ["c", "d"]}), buf)
     cases["prefs.parquet"] = (buf.getvalue(), "preference")
-    repo = services.create_repo(project, "mixed", "dataset")
-    services.commit_files(repo, "main", {p: data for p, (data, _) in cases.items()})
+    repo = repos.create_repo(project, "mixed", "dataset")
+    commits.commit_files(repo, "main", {p: data for p, (data, _) in cases.items()})
     for path, (_, shape) in cases.items():
         r = get(api, "/api/hub/repos/mixed/preview", path=path)
         assert r.status_code == 200, r.content

@@ -5,8 +5,9 @@ import threading
 
 from django.db import connection
 
+from datahub.commits import commit_files
 from datahub.models import Branch, TreeEntry
-from datahub.services import commit_files, create_repo
+from datahub.repos import create_repo
 
 
 def test_concurrent_commits_to_one_branch_all_land(transactional_db, project):

@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from datahub import services
+from datahub import commits, repos
 
 
 @pytest.fixture
 def model_repo(project, tiny_model_dir):
-    repo = services.create_repo(project, "tiny-llama", "model")
+    repo = repos.create_repo(project, "tiny-llama", "model")
     files = {p.name: p for p in tiny_model_dir.iterdir() if p.is_file()}
-    commit = services.commit_files(repo, "main", files, "tiny llama")
-    services.create_branch(repo, "stable", "main")
-    services.commit_files(repo, "main", {"README.md": b"# newer"}, "readme on main only")
+    commit = commits.commit_files(repo, "main", files, "tiny llama")
+    repos.create_branch(repo, "stable", "main")
+    commits.commit_files(repo, "main", {"README.md": b"# newer"}, "readme on main only")
     return repo, commit
 
 
@@ -70,7 +70,7 @@ def test_another_projects_token_gets_404(transactional_db, live_server, model_re
 def test_resolve_headers_head_and_range(client, model_repo, tokens):
     repo, commit = model_repo
     auth = {"HTTP_AUTHORIZATION": f"Bearer {tokens['owner']}"}
-    blob = services.tree(commit)["config.json"]
+    blob = repos.tree(commit)["config.json"]
     head = client.head("/hub/acme/tiny-llama/resolve/stable/config.json", **auth)
     assert head.status_code == 200
     assert head["X-Repo-Commit"] == commit.pk
@@ -104,9 +104,9 @@ def test_outsider_gets_404_on_every_hub_endpoint(client, model_repo, tokens):
 def test_load_dataset_from_the_live_server(transactional_db, live_server, project, tokens, tmp_path):
     """How the engine on a remote backend reads a Data Hub dataset: datasets.load_dataset with
     HF_ENDPOINT pointed at Studio and the pinned commit as the revision."""
-    repo = services.create_repo(project, "chat", "dataset")
+    repo = repos.create_repo(project, "chat", "dataset")
     rows = [{"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]} for i in range(5)]
-    commit = services.commit_files(repo, "main", {"data/train.jsonl": "".join(json.dumps(r) + "\n" for r in rows).encode()})
+    commit = commits.commit_files(repo, "main", {"data/train.jsonl": "".join(json.dumps(r) + "\n" for r in rows).encode()})
     script = (
         "import json, sys, datasets\n"
         "ds = datasets.load_dataset('acme/chat', revision=sys.argv[1], split='train')\n"
@@ -125,10 +125,10 @@ def wide_repo(project, settings):
     """More files than one page: pages of 10 entries (the Hub's, and our default, is 1000; a commit of
     1000+ files takes ~20 s here) over 23 files, at the top and in nested folders."""
     settings.DATAHUB_TREE_PAGE_SIZE = 10
-    repo = services.create_repo(project, "wide", "dataset")
+    repo = repos.create_repo(project, "wide", "dataset")
     files = {f"shards/part-{i:04d}.jsonl": f"{i}\n".encode() for i in range(20)}
     files.update({"README.md": b"# wide", "nested/a/b.txt": b"b", "nested/c.txt": b"c"})
-    return repo, services.commit_files(repo, "main", files, "wide"), files
+    return repo, commits.commit_files(repo, "main", files, "wide"), files
 
 
 def test_list_repo_tree_follows_every_page_with_huggingface_hub(transactional_db, live_server, wide_repo, tokens, settings):
@@ -162,7 +162,7 @@ def test_tree_link_header_pins_the_commit_and_keeps_the_query(client, wide_repo,
     assert link.startswith("<http://testserver/hub/api/datasets/acme/wide/tree/main?") and link.endswith('>; rel="next"')
     assert "recursive=true" in link and "expand=false" in link and "cursor=" in link
     # A commit lands on main between two pages: the listing goes on from the commit it began with.
-    services.commit_files(repo, "main", {"AAA-new.txt": b"new"}, "between pages")
+    commits.commit_files(repo, "main", {"AAA-new.txt": b"new"}, "between pages")
     seen, url = [e["path"] for e in first.json()], link[1:link.index(">")]
     while url:
         page = client.get(url.removeprefix("http://testserver"), **auth)

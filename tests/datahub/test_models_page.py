@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from datahub import services, storage
+from datahub import repos, services, storage
 from datahub.models import Commit, Repo, blob_path
 from training import services as training
 from training.models import Checkpoint, MetricPoint
@@ -35,17 +35,17 @@ def test_final_checkpoint_publishes_a_model_repo_with_a_card(project, final_chec
     services.commit_checkpoint(final_checkpoint.pk)
     repo = Repo.objects.get(project=project, name=f"my-sft-run-run{run.pk}")
     assert repo.type == "model"
-    files = services.tree(services.resolve(repo, "main"))
+    files = repos.tree(repos.resolve(repo, "main"))
     assert {"config.json", "model.safetensors", "README.md"} <= set(files)
     card = _read(repo, "README.md")
     assert "org/base" in card and "sft" in card and f"/training/runs/{run.pk}/" in card
     assert f"run-{run.pk}" in card and "loss: 1.25" in card
     # the run's own branch still gets the checkpoint
-    assert "final/model.safetensors" in services.tree(services.resolve(services.run_repo(run), f"run-{run.pk}"))
+    assert "final/model.safetensors" in repos.tree(repos.resolve(services.run_repo(run), f"run-{run.pk}"))
 
 
 def _read(repo, path: str) -> str:
-    blob = services.tree(services.resolve(repo, "main"))[path]
+    blob = repos.tree(repos.resolve(repo, "main"))[path]
     with storage.open_blob(blob_path(blob.sha256)) as fh:
         return fh.read().decode()
 
@@ -53,10 +53,10 @@ def _read(repo, path: str) -> str:
 def test_publishing_twice_makes_no_second_commit(project, final_checkpoint):
     services.commit_checkpoint(final_checkpoint.pk)
     repo = Repo.objects.get(project=project, name=f"my-sft-run-run{final_checkpoint.run.pk}")
-    head = services.resolve(repo, "main")
+    head = repos.resolve(repo, "main")
     count = Commit.objects.filter(repo=repo).count()
     services.commit_checkpoint(final_checkpoint.pk)
-    assert services.resolve(repo, "main").pk == head.pk
+    assert repos.resolve(repo, "main").pk == head.pk
     assert Commit.objects.filter(repo=repo).count() == count
 
 

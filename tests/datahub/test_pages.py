@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from datahub import services
+from datahub import commits, repos
 from tests.datahub.conftest import jsonl
 
 
@@ -19,9 +19,9 @@ def browser(users):
 
 
 def test_repo_pages_show_files_commits_diff_and_preview(browser, project):
-    repo = services.create_repo(project, "prefs", "dataset")
-    first = services.commit_files(repo, "main", {"data/train.jsonl": jsonl([{"prompt": "q", "chosen": "a", "rejected": "b"}]), "README.md": b"hi"}, "data")
-    second = services.commit_files(repo, "main", {"README.md": b"hello"}, "readme")
+    repo = repos.create_repo(project, "prefs", "dataset")
+    first = commits.commit_files(repo, "main", {"data/train.jsonl": jsonl([{"prompt": "q", "chosen": "a", "rejected": "b"}]), "README.md": b"hi"}, "data")
+    second = commits.commit_files(repo, "main", {"README.md": b"hello"}, "readme")
     c = browser("viewer")
     assert "acme/prefs" in c.get("/hub/").content.decode()
     page = c.get("/hub/acme/prefs").content.decode()
@@ -37,7 +37,7 @@ def test_repo_pages_show_files_commits_diff_and_preview(browser, project):
 
 
 def test_outsider_gets_404_pages(browser, project):
-    services.create_repo(project, "prefs", "dataset")
+    repos.create_repo(project, "prefs", "dataset")
     c = browser("outsider")
     assert c.get("/hub/acme/prefs").status_code == 404
     assert c.get("/hub/acme/prefs/commits/main").status_code == 404

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from datahub import services
+from datahub import commits, refs, repos, services
 from datahub.models import Branch, Repo
 from studio import crypto
 from tests.conftest import assert_error, sft_body
@@ -22,15 +22,15 @@ GOOD_CHAT = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistan
 
 @pytest.fixture
 def base_repo(project):
-    repo = services.create_repo(project, "base", "model")
-    services.commit_files(repo, "main", {"config.json": b'{"model_type": "llama"}'}, "base weights")
+    repo = repos.create_repo(project, "base", "model")
+    commits.commit_files(repo, "main", {"config.json": b'{"model_type": "llama"}'}, "base weights")
     return repo
 
 
 @pytest.fixture
 def chat_data(project):
-    repo = services.create_repo(project, "chat-data", "dataset")
-    services.commit_files(repo, "main", {"train.jsonl": jsonl(GOOD_CHAT)}, "data")
+    repo = repos.create_repo(project, "chat-data", "dataset")
+    commits.commit_files(repo, "main", {"train.jsonl": jsonl(GOOD_CHAT)}, "data")
     return repo
 
 
@@ -42,7 +42,7 @@ def test_creating_an_experiment_provisions_its_repo(api, project):
     from experiments.models import Experiment
 
     assert Experiment.objects.get(pk=r.json()["id"]).hub_repo == "acme/experiment-exp-one"
-    assert services.resolve(repo, "main").message == "Initial commit"
+    assert repos.resolve(repo, "main").message == "Initial commit"
 
 
 def test_creating_a_run_makes_its_branch_from_main(api, project, chat_data):
@@ -51,21 +51,21 @@ def test_creating_a_run_makes_its_branch_from_main(api, project, chat_data):
     run_id = r.json()["id"]
     repo = Repo.objects.get(project=project, name="experiment-default")
     branch = Branch.objects.get(repo=repo, name=f"run-{run_id}")
-    assert branch.head == services.resolve(repo, "main")
+    assert branch.head == repos.resolve(repo, "main")
 
 
 def test_base_model_given_as_repo_at_branch_is_pinned_to_a_commit_on_start(api, base_repo, chat_data):
-    head = services.resolve(base_repo, "main")
+    head = repos.resolve(base_repo, "main")
     run_id = api.post("/api/training-runs", body(base_model="base@main")).json()["id"]
     r = api.post(f"/api/training-runs/{run_id}/start")
     assert r.status_code == 202, r.content
     pinned = TrainingRun.objects.get(pk=run_id).pinned
     assert pinned["base_model"] == {"ref": "base@main", "commit": head.pk, "repo": "acme/base"}
-    assert pinned["dataset"]["commit"] == services.resolve(chat_data, "main").pk
+    assert pinned["dataset"]["commit"] == repos.resolve(chat_data, "main").pk
     # main moves on; the run keeps the bytes it started with
-    services.commit_files(base_repo, "main", {"config.json": b'{"model_type": "llama", "x": 1}'})
+    commits.commit_files(base_repo, "main", {"config.json": b'{"model_type": "llama", "x": 1}'})
     assert TrainingRun.objects.get(pk=run_id).pinned["base_model"]["commit"] == head.pk
-    assert services.resolve_ref(base_repo.project, "base@main").commit != head.pk
+    assert refs.resolve_ref(base_repo.project, "base@main").commit != head.pk
 
 
 def test_unknown_dataset_ref_returns_422_on_start(api):
@@ -81,9 +81,9 @@ def test_unknown_base_model_branch_returns_422_on_start(api, base_repo, chat_dat
 
 
 def test_dataset_row_errors_name_the_row(api, project):
-    repo = services.create_repo(project, "prefs", "dataset")
+    repo = repos.create_repo(project, "prefs", "dataset")
     rows = [{"prompt": "q", "chosen": "a", "rejected": "b"}] * 56 + [{"prompt": "q", "chosen": "", "rejected": "b"}]
-    services.commit_files(repo, "main", {"train.jsonl": jsonl(rows)})
+    commits.commit_files(repo, "main", {"train.jsonl": jsonl(rows)})
     run_id = api.post("/api/training-runs", body(method="dpo", dataset="prefs@main", config={"loss": {"type": "dpo"}, "lora_rank": 8})).json()["id"]
     err = assert_error(api.post(f"/api/training-runs/{run_id}/start"), 422, "dataset")
     assert {"field": "dataset", "message": 'row 57: "chosen" is empty'} in err["errors"]
@@ -116,14 +116,14 @@ def test_checkpoints_are_committed_to_the_run_branch(api, project, chat_data, ea
 
     ingest("b1", [{"step": 10, "path": str(step)}])
     repo = Repo.objects.get(project=project, name="experiment-default")
-    head = services.resolve(repo, f"run-{run_id}")
-    assert set(services.tree(head)) == {"checkpoints/step-10/model.safetensors", "checkpoints/step-10/sub/state.json"}
+    head = repos.resolve(repo, f"run-{run_id}")
+    assert set(repos.tree(head)) == {"checkpoints/step-10/model.safetensors", "checkpoints/step-10/sub/state.json"}
     ingest("b2", [{"step": 20, "path": str(final), "kind": "final"}])
-    head2 = services.resolve(repo, f"run-{run_id}")
+    head2 = repos.resolve(repo, f"run-{run_id}")
     assert head2.parents == [head.pk]
-    assert {"checkpoints/step-10/model.safetensors", "final/model.safetensors", "metrics.jsonl"} <= set(services.tree(head2))
+    assert {"checkpoints/step-10/model.safetensors", "final/model.safetensors", "metrics.jsonl"} <= set(repos.tree(head2))
     # main is untouched: the run's artifacts live on its branch
-    assert services.tree(services.resolve(repo, "main")) == {}
+    assert repos.tree(repos.resolve(repo, "main")) == {}
     # running the task again for the same checkpoint makes no new commit
     from training.models import Checkpoint
 
@@ -131,7 +131,7 @@ def test_checkpoints_are_committed_to_the_run_branch(api, project, chat_data, ea
 
 
 def test_builtin_environment_refs_are_not_hub_refs(project):
-    assert services.run_refs(None, None, {"environment_id": "builtin/arith@main"}) == []
+    assert refs.run_refs(None, None, {"environment_id": "builtin/arith@main"}) == []
 
 
 def test_engine_inputs_point_at_pinned_commits_and_ingest_token_reads_the_hub(api, client, base_repo, chat_data):
@@ -139,9 +139,9 @@ def test_engine_inputs_point_at_pinned_commits_and_ingest_token_reads_the_hub(ap
     assert api.post(f"/api/training-runs/{run_id}/start").status_code == 202
     TrainingRun.objects.filter(pk=run_id).update(status="running", ingest_token_hash=crypto.hash_token("ing_abc"))
     run = TrainingRun.objects.get(pk=run_id)
-    inputs = services.engine_inputs(run, "ing_abc")
-    assert inputs["base_model"] == "acme/base" and inputs["base_model_revision"] == services.resolve(base_repo, "main").pk
-    assert inputs["dataset"] == [{"path": "acme/chat-data", "type": "chat", "revision": services.resolve(chat_data, "main").pk}]
+    inputs = refs.engine_inputs(run, "ing_abc")
+    assert inputs["base_model"] == "acme/base" and inputs["base_model_revision"] == repos.resolve(base_repo, "main").pk
+    assert inputs["dataset"] == [{"path": "acme/chat-data", "type": "chat", "revision": repos.resolve(chat_data, "main").pk}]
     assert inputs["env"]["HF_ENDPOINT"].endswith("/hub") and inputs["env"]["HF_TOKEN"] == "ing_abc"
     # the attempt's ingest token reads its project's repos through /hub while the run is active
     r = client.get(f"/hub/acme/base/resolve/{inputs['base_model_revision']}/config.json", HTTP_AUTHORIZATION="Bearer ing_abc")

@@ -5,19 +5,19 @@ from pathlib import Path
 
 import pytest
 
-from datahub import services
+from datahub import commits, repos
 from datahub.models import Blob, TreeEntry
 from datahub.storage import blob_storage
 from studio.errors import BadRequest, Conflict
 
 
 def test_identical_files_in_two_repos_share_one_blob(project, users):
-    a = services.create_repo(project, "a", "model")
-    b = services.create_repo(project, "b", "dataset")
+    a = repos.create_repo(project, "a", "model")
+    b = repos.create_repo(project, "b", "dataset")
     blobs_before = Blob.objects.count()
     payload = b"same bytes" * 1000
-    ca = services.commit_files(a, "main", {"weights.bin": payload}, "add", users["owner"])
-    cb = services.commit_files(b, "main", {"other/name.bin": io.BytesIO(payload)}, "add", users["owner"])
+    ca = commits.commit_files(a, "main", {"weights.bin": payload}, "add", users["owner"])
+    cb = commits.commit_files(b, "main", {"other/name.bin": io.BytesIO(payload)}, "add", users["owner"])
     ea, eb = TreeEntry.objects.get(commit=ca), TreeEntry.objects.get(commit=cb)
     assert ea.blob_id == eb.blob_id
     assert Blob.objects.count() == blobs_before + 1
@@ -33,43 +33,43 @@ def test_commit_streams_local_file_and_keeps_history(repo, users, tmp_path):
     with open(big, "wb") as fh:
         for i in range(5):
             fh.write(bytes([i]) * (1024 * 1024))
-    first = services.commit_files(repo, "main", {"model.bin": big}, "weights", users["owner"])
-    second = services.commit_files(repo, "main", {"README.md": b"# hi"}, "readme", users["owner"])
+    first = commits.commit_files(repo, "main", {"model.bin": big}, "weights", users["owner"])
+    second = commits.commit_files(repo, "main", {"README.md": b"# hi"}, "readme", users["owner"])
     assert second.parents == [first.pk]
-    assert set(services.tree(second)) == {"model.bin", "README.md"}
-    assert services.tree(first)["model.bin"].size == 5 * 1024 * 1024
-    assert services.resolve(repo, "main") == second
-    assert services.resolve(repo, first.pk[:8]) == first
+    assert set(repos.tree(second)) == {"model.bin", "README.md"}
+    assert repos.tree(first)["model.bin"].size == 5 * 1024 * 1024
+    assert repos.resolve(repo, "main") == second
+    assert repos.resolve(repo, first.pk[:8]) == first
     # an unchanged tree makes no new commit
-    assert services.commit_files(repo, "main", {"README.md": b"# hi"}) == second
+    assert commits.commit_files(repo, "main", {"README.md": b"# hi"}) == second
 
 
 @pytest.mark.parametrize("bad", ["../etc/passwd", "/abs/path", "a/../b", "nul\x00byte", "back\\slash", "a//b", "./a", "C:/x", ""])
 def test_bad_paths_are_refused_with_400(repo, bad):
     with pytest.raises(BadRequest) as exc:
-        services.commit_files(repo, "main", {bad: b"x"})
+        commits.commit_files(repo, "main", {bad: b"x"})
     assert exc.value.errors[0].field == "path"
 
 
 def test_file_and_folder_of_the_same_name_clash(repo):
-    services.commit_files(repo, "main", {"a": b"x"})
+    commits.commit_files(repo, "main", {"a": b"x"})
     with pytest.raises(BadRequest):
-        services.commit_files(repo, "main", {"a/b": b"y"})
+        commits.commit_files(repo, "main", {"a/b": b"y"})
 
 
 def test_branches_tags_and_refs(repo):
-    services.commit_files(repo, "main", {"x": b"1"})
-    services.create_branch(repo, "dev", "main")
-    dev = services.commit_files(repo, "dev", {"x": b"2"})
-    services.create_tag(repo, "v1", "dev")
-    assert services.resolve(repo, "v1") == dev
-    assert services.resolve(repo, "main") != dev
+    commits.commit_files(repo, "main", {"x": b"1"})
+    repos.create_branch(repo, "dev", "main")
+    dev = commits.commit_files(repo, "dev", {"x": b"2"})
+    repos.create_tag(repo, "v1", "dev")
+    assert repos.resolve(repo, "v1") == dev
+    assert repos.resolve(repo, "main") != dev
     with pytest.raises(Conflict):
-        services.create_tag(repo, "v1", "main")
-    with pytest.raises(services.RefNotFound):
-        services.resolve(repo, "nope")
+        repos.create_tag(repo, "v1", "main")
+    with pytest.raises(repos.RefNotFound):
+        repos.resolve(repo, "nope")
 
 
 def test_duplicate_repo_name_is_409(project, repo):
     with pytest.raises(Conflict):
-        services.create_repo(project, "my-model", "dataset")
+        repos.create_repo(project, "my-model", "dataset")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import hashlib
 
-from datahub import services
+from datahub import repos
 from datahub.models import UploadSession
 from tests.conftest import assert_error
 
@@ -24,19 +24,19 @@ def test_chunked_resumable_upload_then_commit(api, dataset_repo):
     # a chunk at the wrong offset is a 409 that says where to resume
     assert_error(put(api, upload_id, 0, 1000, data[1000:]), 409, "offset")
     # half-finished: committing refuses and nothing is visible on the branch
-    before = services.resolve(dataset_repo, "main")
+    before = repos.resolve(dataset_repo, "main")
     assert_error(api.post(f"/api/hub/uploads/{upload_id}/commit"), 409, "files[0]")
-    assert services.resolve(dataset_repo, "main") == before
-    assert services.tree(before) == {}
+    assert repos.resolve(dataset_repo, "main") == before
+    assert repos.tree(before) == {}
     # resume from what the session says arrived
     received = api.get(f"/api/hub/uploads/{upload_id}").json()["files"][0]["received"]
     assert put(api, upload_id, 0, received, data[received:]).json()["complete"] is True
     assert_error(put(api, upload_id, 0, len(data), b"more"), 400, "body")
     r = api.post(f"/api/hub/uploads/{upload_id}/commit")
     assert r.status_code == 200, r.content
-    commit = services.resolve(dataset_repo, "main")
+    commit = repos.resolve(dataset_repo, "main")
     assert r.json()["id"] == commit.pk and commit.message == "add data"
-    tree = services.tree(commit)
+    tree = repos.tree(commit)
     assert tree["data/train.jsonl"].sha256 == hashlib.sha256(data).hexdigest() and tree["empty.txt"].size == 0
     # committing again is harmless
     assert api.post(f"/api/hub/uploads/{upload_id}/commit").json()["id"] == commit.pk
@@ -48,7 +48,7 @@ def test_corrupted_upload_is_refused_and_resets(api, dataset_repo):
     upload_id = r.json()["id"]
     put(api, upload_id, 0, 0, b"abcd")
     assert_error(api.post(f"/api/hub/uploads/{upload_id}/commit"), 400, "files[0].sha256")
-    assert services.tree(services.resolve(dataset_repo, "main")) == {}
+    assert repos.tree(repos.resolve(dataset_repo, "main")) == {}
     assert api.get(f"/api/hub/uploads/{upload_id}").json()["files"][0]["received"] == 0
 
 

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from django.test import Client
 
+from datahub.commits import commit_files
 from datahub.models import RepoType
-from datahub.services import commit_files, create_repo
+from datahub.repos import create_repo
 from tests.conftest import wait_for
 from tests.environments.test_engine_envs import KEY, JudgeServer
 from training.models import LogLine, MetricPoint, Status, TrainingRun

@@ -249,13 +249,14 @@ def test_failed_run_without_a_log_tail_shows_the_run_log(project, users):
 def test_teacher_size_from_a_data_hub_repo(project, users):
     import json
 
-    from datahub import services as hub
+    from datahub.commits import commit_files
+    from datahub.repos import create_repo
     from training.forms import teacher_fit
 
-    repo = hub.create_repo(project, "big-teacher", "model", users["owner"])
+    repo = create_repo(project, "big-teacher", "model", users["owner"])
     cfg = {"model_type": "qwen2", "hidden_size": 5120, "num_hidden_layers": 64, "vocab_size": 152064, "num_attention_heads": 40,
            "num_key_value_heads": 8, "intermediate_size": 27648, "torch_dtype": "bfloat16"}
-    hub.commit_files(repo, "main", {"config.json": json.dumps(cfg).encode()}, message="config")
+    commit_files(repo, "main", {"config.json": json.dumps(cfg).encode()}, message="config")
     fit = teacher_fit("big-teacher@main", "L4:1", project)
     assert fit["source"] == "its config.json in the Data Hub" and 30e9 < fit["params"] < 34e9 and fit["too_large"]
     assert not teacher_fit("big-teacher@main", "H200:1", project)["too_large"]

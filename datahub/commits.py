@@ -1,0 +1,107 @@
+"""Blobs and commits: the only writers of file bytes and of branch heads.
+
+Bytes are written before the transaction that makes them visible: a blob exists before any tree
+entry names it, and a commit becomes visible only when its branch head moves (under a row lock).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path, PurePosixPath
+from typing import IO, Any
+
+from django.db import transaction
+
+from datahub import storage
+from datahub.models import Blob, Branch, Commit, Repo, TreeEntry, blob_path
+from datahub.repos import RefNotFound, _author_name, check_name, clean_path, create_branch, new_commit_id
+from studio.errors import BadRequest, Conflict, Finding
+
+FileSource = bytes | str | Path | IO[bytes]
+
+
+# ---- blobs and commits -------------------------------------------------------------------------
+
+def store_blob(source: FileSource) -> Blob:
+    """Stream `source` (bytes, a file-like object, or a local file path) into a blob, once."""
+    if isinstance(source, (str, Path)):
+        with open(source, "rb") as fh:
+            staged = storage.stage_stream(fh)
+    elif isinstance(source, (bytes, bytearray, memoryview)):
+        import io
+
+        staged = storage.stage_stream(io.BytesIO(bytes(source)))
+    else:
+        staged = storage.stage_stream(source)
+    return store_staged(staged.path, staged.sha256, staged.size)
+
+
+def store_staged(path: Path, sha256: str, size: int) -> Blob:
+    """Move a staged local file into the blob storage (or drop it when the bytes are there)."""
+    blob = Blob.objects.filter(pk=sha256).first()
+    if blob is not None and storage.blob_storage().exists(blob.storage_name):
+        path.unlink(missing_ok=True)
+        return blob
+    storage.put_staged(path, blob_path(sha256))
+    blob, _ = Blob.objects.get_or_create(sha256=sha256, defaults={"size": size})
+    return blob
+
+
+def commit_files(repo: Repo, branch: str, files: Mapping[str, FileSource] | None = None, message: str = "", author=None,
+                 delete: Iterable[str] = (), create_branch_from: str | None = None, parent: str | None = None) -> Commit:
+    """Commit `files` ({path: bytes | file-like | local path}) and deletions to `branch`.
+
+    Blobs are written first, outside any transaction (slow I/O); then a short transaction locks
+    the branch, builds the new tree from its head and moves the head. A commit that changes
+    nothing returns the current head. `create_branch_from` makes a missing branch from that ref.
+    `parent`, when given, must still be the head (optimistic concurrency, 409 otherwise).
+    """
+    files = dict(files or {})
+    cleaned = {clean_path(p): src for p, src in files.items()}
+    removed = [clean_path(p, "delete") for p in delete]
+    blobs = {path: store_blob(src) for path, src in cleaned.items()}
+    return commit_blobs(repo, branch, blobs, message, author, removed, create_branch_from, parent)
+
+
+def commit_blobs(repo: Repo, branch: str, blobs: Mapping[str, Blob], message: str = "", author=None,
+                 delete: Iterable[str] = (), create_branch_from: str | None = None, parent: str | None = None) -> Commit:
+    check_name(branch, "branch", "branch name")
+    if create_branch_from is not None:
+        create_branch(repo, branch, create_branch_from)
+    with transaction.atomic():
+        # Lock the branch row alone. With a join (select_related("head")), PostgreSQL re-checks a row
+        # that another commit just moved against the statement's old snapshot, where the new head
+        # commit does not exist yet, and drops it: two concurrent commits to one branch (a run's
+        # checkpoints) then read "no branch".
+        head = Branch.objects.select_for_update().filter(repo=repo, name=branch).first()
+        if head is None:
+            raise RefNotFound(f"{repo.full_name} has no branch {branch!r}.", [Finding("branch", "commit to an existing branch, e.g. main")])
+        if parent is not None and head.head_id != parent:
+            raise Conflict(f"Branch {branch!r} moved since {parent[:10]}: it is now at {head.head_id[:10]}.", [Finding("parent", "reload the branch and commit again")])
+        current = {e.path: e.blob_id for e in TreeEntry.objects.filter(commit_id=head.head_id)}
+        new = dict(current)
+        for path in delete:
+            new.pop(path, None)
+        for path, blob in blobs.items():
+            new[path] = blob.pk
+        folders = {str(q) for p in new for q in PurePosixPath(p).parents if str(q) != "."}
+        clash = sorted(folders & set(new))
+        if clash:
+            # a file cannot also be a folder: `a` and `a/b` together would break every checkout
+            raise BadRequest(f"{clash[0]!r} would be both a file and a folder.", [Finding("path", f"{clash[0]} is a file and a folder: rename one of them")])
+        if new == current:
+            return head.head
+        commit = Commit.objects.create(
+            id=new_commit_id(repo.pk, head.head_id, sorted(new.items()), message),
+            repo=repo, parents=[head.head_id], author=author, author_name=_author_name(author),
+            message=message or _default_message(blobs, delete),
+        )
+        TreeEntry.objects.bulk_create([TreeEntry(commit=commit, path=p, blob_id=b) for p, b in new.items()], batch_size=2000)
+        head.head = commit
+        head.save(update_fields=["head", "updated_at"])
+        return commit
+
+
+def _default_message(blobs: Mapping[str, Any], delete: Iterable[str]) -> str:
+    added, removed = len(blobs), len(list(delete))
+    parts = ([f"Upload {added} file(s)"] if added else []) + ([f"delete {removed} file(s)"] if removed else [])
+    return ", ".join(parts) or "Empty commit"

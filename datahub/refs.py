@@ -1,0 +1,176 @@
+"""A run's Data Hub refs, `[project/]repo@ref`: found in a run's fields, checked before START,
+pinned to commit ids at START, and turned into what the engine loads.
+
+- parse_ref / resolve_ref: `[project/]repo@ref` → a repo and a commit of the run's own project.
+- run_refs / dataset_refs: every Data Hub ref a run names, with its field path.
+- ref_findings / dataset_findings: the pre-start (422) checks of the refs and of dataset rows.
+- pin_refs: the refs resolved to commits at START; engine_inputs: what the engine loads from them.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from datahub.models import Commit, Repo
+from datahub.repos import RefNotFound, find_repo, resolve
+from studio.errors import Finding, Unprocessable
+
+HUB_REF = re.compile(r"^(?:(?P<project>[a-z0-9][a-z0-9-]*)/)?(?P<repo>[A-Za-z0-9][A-Za-z0-9._-]*)@(?P<ref>[A-Za-z0-9][A-Za-z0-9._/-]*)$")
+# `builtin/<name>@<ref>` names a catalogue environment (environments app), not a project's repo.
+RESERVED_NAMESPACES = frozenset({"builtin"})
+
+
+# ---- refs: `[project/]repo@ref` ----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ResolvedRef:
+    ref: str
+    commit: str | None
+    location: str  # what the engine loads: the HF-style repo id `<project>/<repo>` served at /hub
+
+
+def parse_ref(project, value: str, field: str) -> tuple[Repo, Commit]:
+    """Resolve a Data Hub ref of `project`; raises Unprocessable with one finding when it cannot."""
+    match = HUB_REF.match(value or "") if isinstance(value, str) else None
+    if match is None:
+        raise Unprocessable(f"{value!r} is not a Data Hub ref.", [Finding(field, f'"{value}" is not a Data Hub ref: write [project/]repo@ref, e.g. my-data@main')])
+    if match["project"] and match["project"] != project.slug:
+        raise Unprocessable(errors=[Finding(field, f'"{value}" names project {match["project"]}: a run can only use repos of its own project ({project.slug})')])
+    repo = find_repo(project, match["repo"])
+    if repo is None:
+        raise Unprocessable(errors=[Finding(field, f'project {project.slug} has no Data Hub repo "{match["repo"]}": create it, or fix the name')])
+    try:
+        return repo, resolve(repo, match["ref"])
+    except RefNotFound:
+        raise Unprocessable(errors=[Finding(field, f'repo {repo.full_name} has no branch, tag or commit "{match["ref"]}"')]) from None
+
+
+def resolve_ref(project, value: str) -> ResolvedRef | None:
+    """A Data Hub ref → its commit and the repo id the engine loads; None when it does not resolve."""
+    try:
+        repo, commit = parse_ref(project, value, "ref")
+    except Unprocessable:
+        return None
+    return ResolvedRef(ref=value, commit=commit.pk, location=repo.full_name)
+
+
+def is_hub_ref(value: Any) -> bool:
+    return isinstance(value, str) and "@" in value and value.split("/", 1)[0] not in RESERVED_NAMESPACES
+
+
+def run_refs(base_model: str | None, dataset: Any, config: dict | None) -> list[tuple[str, str]]:
+    """(field, value) of every Data Hub ref a run names."""
+    out = [(f, v) for f, v in _run_refs(base_model, dataset, config) if is_hub_ref(v)]
+    return out
+
+
+def _run_refs(base_model: str | None, dataset: Any, config: dict | None) -> list[tuple[str, str]]:
+    config = config if isinstance(config, dict) else {}
+    out: list[tuple[str, str]] = []
+    if isinstance(base_model, str) and "@" in base_model:
+        out.append(("base_model", base_model))
+    out += [(f, v) for f, v in dataset_refs(dataset) if "@" in v]
+    teacher = (config.get("distillation") or {}).get("teacher_model") if isinstance(config.get("distillation"), dict) else None
+    if isinstance(teacher, str) and "@" in teacher:
+        out.append(("config.distillation.teacher_model", teacher))
+    env = config.get("environment_id")
+    if isinstance(env, str) and "@" in env:
+        out.append(("config.environment_id", env))
+    ruler = config.get("ruler_task_args")
+    if isinstance(ruler, dict) and isinstance(ruler.get("dataset"), str) and "@" in ruler["dataset"]:
+        out.append(("config.ruler_task_args.dataset", ruler["dataset"]))
+    return out
+
+
+def dataset_refs(dataset: Any) -> list[tuple[str, str]]:
+    """(field, ref) of each dataset entry: `dataset`, `dataset.ref`, `dataset[i]` or `dataset[i].ref`."""
+    if dataset is None:
+        return []
+    items = dataset if isinstance(dataset, list) else [dataset]
+    out = []
+    for i, item in enumerate(items):
+        base = f"dataset[{i}]" if isinstance(dataset, list) else "dataset"
+        if isinstance(item, dict) and isinstance(item.get("ref"), str):
+            out.append((f"{base}.ref", item["ref"]))
+        elif isinstance(item, str):
+            out.append((base, item))
+    return out
+
+
+def ref_findings(project, base_model: str | None, config: dict | None) -> list[Finding]:
+    """422 findings for the non-dataset Data Hub refs of a run (base model, teacher, environment,
+    RULER dataset) that do not resolve. dataset_findings covers `dataset`."""
+    findings: list[Finding] = []
+    for field, value in run_refs(base_model, None, config):
+        try:
+            parse_ref(project, value, field)
+        except Unprocessable as exc:
+            findings += exc.errors
+    return findings
+
+
+def pin_refs(run) -> dict:
+    """At START: resolve the run's Data Hub refs to commit ids, as {field: {"ref", "commit", "repo"}}
+    where field is base_model, dataset / dataset[i], config.distillation.teacher_model,
+    config.environment_id or config.ruler_task_args.dataset, and repo is the HF-style repo id the
+    engine loads from HF_ENDPOINT=<studio>/hub at that commit.
+    A ref that does not resolve is a 422 (start_findings should have caught it already)."""
+    pinned: dict[str, dict] = {}
+    findings: list[Finding] = []
+    for field, value in run_refs(run.base_model, run.dataset, run.config):
+        try:
+            repo, commit = parse_ref(run.project, value, field)
+        except Unprocessable as exc:
+            findings += exc.errors
+            continue
+        # keyed by the field path, without dataset entries' ".ref": base_model, dataset, dataset[1], ...
+        pinned[field.removesuffix(".ref")] = {"ref": value, "commit": commit.pk, "repo": repo.full_name}
+    if findings:
+        raise Unprocessable(errors=findings)
+    return pinned
+
+
+def dataset_findings(project, method: str, dataset) -> list[Finding]:
+    """Pre-start checks of a run's Data Hub datasets: the ref resolves, and every row has what the
+    method trains on (findings name the row and field, e.g. `row 57: "chosen" is empty`)."""
+    from datahub import datasets
+
+    findings: list[Finding] = []
+    for field, value in dataset_refs(dataset):
+        if not is_hub_ref(value):
+            continue
+        try:
+            repo, commit = parse_ref(project, value, field)
+        except Unprocessable as exc:
+            findings += exc.errors
+            continue
+        findings += datasets.method_findings(commit, method, field.removesuffix(".ref"))
+    return findings
+
+
+def engine_inputs(run, ingest_token: str) -> dict[str, Any]:
+    """What the engine needs to load a run's pinned Data Hub refs (for training.services.job_spec):
+    HF repo ids and commit revisions in place of `repo@ref`, and the environment that points
+    huggingface_hub / datasets / transformers at Studio's /hub. The run's ingest token reads its
+    own project's repos while the run is provisioning or running, so no user token leaves Studio.
+    Refs that are not Data Hub refs pass through unchanged."""
+    from django.conf import settings
+
+    pinned = run.pinned or {}
+    base = pinned.get("base_model")
+    items = run.dataset if isinstance(run.dataset, list) else ([run.dataset] if run.dataset is not None else [])
+    datasets_out = []
+    for i, item in enumerate(items):
+        field = f"dataset[{i}]" if isinstance(run.dataset, list) else "dataset"
+        ref, kind = (item.get("ref"), item.get("type")) if isinstance(item, dict) else (item, None)
+        pin = pinned.get(field) or pinned.get(f"{field}.ref")
+        datasets_out.append({"path": pin["repo"], "type": kind, "revision": pin["commit"]} if pin else {"path": ref, "type": kind, "revision": None})
+    env = {"HF_ENDPOINT": f"{settings.STUDIO_PUBLIC_URL}/hub", "HF_TOKEN": ingest_token, "HF_HUB_DISABLE_XET": "1"} if pinned else {}
+    return {
+        "base_model": base["repo"] if base else run.base_model,
+        "base_model_revision": base["commit"] if base else None,
+        "dataset": datasets_out,
+        "teacher_model": pinned.get("config.distillation.teacher_model"),
+        "env": env,
+    }

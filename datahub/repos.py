@@ -1,0 +1,168 @@
+"""Data Hub repositories: names and paths, repos, branches and tags, and reading what a commit holds.
+
+- check_name / clean_path: the 400s for a repo, branch or tag name and for a file path.
+- create_repo / get_or_create_repo / create_branch / create_tag: new rows; a repo starts with an
+  empty initial commit on `main`, and tags never move.
+- resolve: a branch, a tag or a commit id (prefix) → its commit; tree / entry / history read it.
+
+Writing files is datahub.commits; `[project/]repo@ref` refs of a run are datahub.refs.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import uuid
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from datahub.models import NAME_PATTERN, Blob, Branch, Commit, Repo, RepoType, Tag, TreeEntry
+from studio.errors import BadRequest, Conflict, Finding, NotFound
+
+MAIN = "main"
+NAME_RE = re.compile(NAME_PATTERN)
+COMMIT_RE = re.compile(r"^[0-9a-f]{7,40}$")
+MAX_PATH = 1024
+
+
+class RefNotFound(NotFound):
+    """A branch, tag or commit that the repo does not have (the HF API answers RevisionNotFound)."""
+
+
+# ---- names and paths ---------------------------------------------------------------------------
+
+def check_name(value: Any, field: str, what: str = "name") -> str:
+    if not isinstance(value, str) or not NAME_RE.match(value) or value.endswith((".lock", ".")) or ".." in value:
+        raise BadRequest(
+            f"{value!r} is not a valid {what}.",
+            [Finding(field, f"a {what} is 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit")],
+        )
+    return value
+
+
+def clean_path(value: Any, field: str = "path") -> str:
+    """A repo path, or a 400: relative, forward slashes, no `..`, no NUL, no empty segments."""
+    problem = None
+    if not isinstance(value, str) or not value:
+        problem = "give a relative file path such as data/train.jsonl"
+    elif "\x00" in value:
+        problem = "a path cannot contain NUL bytes"
+    elif "\\" in value:
+        problem = "use forward slashes: backslashes are not allowed in paths"
+    elif value.startswith("/") or re.match(r"^[A-Za-z]:", value):
+        problem = "give a path relative to the repo root, not an absolute path"
+    elif len(value) > MAX_PATH:
+        problem = f"a path is at most {MAX_PATH} characters"
+    elif any(part in ("", ".", "..") for part in value.split("/")):
+        problem = "a path cannot contain '..', '.' or empty segments"
+    elif any(ord(c) < 32 for c in value):
+        problem = "a path cannot contain control characters"
+    if problem:
+        raise BadRequest(f"{value!r} is not an allowed path." if isinstance(value, str) else "The path is not allowed.", [Finding(field, problem)])
+    return value
+
+
+# ---- repos, branches, tags ---------------------------------------------------------------------
+
+def new_commit_id(*parts: Any) -> str:
+    payload = json.dumps([*parts, timezone.now().isoformat(), uuid.uuid4().hex], default=str, sort_keys=True)
+    return hashlib.sha1(payload.encode()).hexdigest()  # noqa: S324 - an id, not a security boundary
+
+
+@transaction.atomic
+def create_repo(project, name: str, type: str = RepoType.MODEL, user=None, description: str = "") -> Repo:
+    """A repo with an empty initial commit on `main`. 409 if the project already has `name`."""
+    check_name(name, "name", "repo name")
+    if type not in RepoType.values:
+        raise BadRequest(f"Unknown repo type {type!r}.", [Finding("type", f"type must be one of {', '.join(RepoType.values)}")])
+    try:
+        with transaction.atomic():
+            repo = Repo.objects.create(project=project, name=name, type=type, created_by=user, description=description or "")
+    except IntegrityError as exc:
+        raise Conflict(f"Project {project.slug} already has a repo {name!r}.", [Finding("name", "choose another name, or use the existing repo")]) from exc
+    root = Commit.objects.create(id=new_commit_id(repo.pk, "initial"), repo=repo, author=user, author_name=_author_name(user), message="Initial commit")
+    Branch.objects.create(repo=repo, name=MAIN, head=root)
+    return repo
+
+
+def get_or_create_repo(project, name: str, type: str, user=None) -> Repo:
+    repo = Repo.objects.filter(project=project, name=name).first()
+    if repo is not None:
+        return repo
+    try:
+        return create_repo(project, name, type, user)
+    except Conflict:  # created concurrently
+        return Repo.objects.get(project=project, name=name)
+
+
+def find_repo(project, name: str) -> Repo | None:
+    return Repo.objects.filter(project=project, name=name).select_related("project").first()
+
+
+def create_branch(repo: Repo, name: str, from_ref: str = MAIN) -> Branch:
+    """Branch `name` at `from_ref`; an existing branch of that name is returned unchanged."""
+    check_name(name, "branch", "branch name")
+    existing = Branch.objects.filter(repo=repo, name=name).first()
+    if existing is not None:
+        return existing
+    head = resolve(repo, from_ref)
+    try:
+        with transaction.atomic():
+            return Branch.objects.create(repo=repo, name=name, head=head)
+    except IntegrityError:
+        return Branch.objects.get(repo=repo, name=name)
+
+
+def create_tag(repo: Repo, name: str, ref: str) -> Tag:
+    check_name(name, "tag", "tag name")
+    commit = resolve(repo, ref)
+    try:
+        with transaction.atomic():
+            return Tag.objects.create(repo=repo, name=name, commit=commit)
+    except IntegrityError as exc:
+        raise Conflict(f"Tag {name!r} already exists in {repo.full_name}.", [Finding("tag", "tags do not move: choose another name")]) from exc
+
+
+def resolve(repo: Repo, ref: str | None) -> Commit:
+    """A branch, a tag, or a commit id (or an unambiguous prefix of 7+ hex digits) → its commit."""
+    ref = ref or repo.default_branch
+    branch = Branch.objects.filter(repo=repo, name=ref).select_related("head").first()
+    if branch is not None:
+        return branch.head
+    tag = Tag.objects.filter(repo=repo, name=ref).select_related("commit").first()
+    if tag is not None:
+        return tag.commit
+    if COMMIT_RE.match(ref):
+        found = list(Commit.objects.filter(repo=repo, id__startswith=ref)[:2])
+        if len(found) == 1:
+            return found[0]
+    raise RefNotFound(
+        f"{repo.full_name} has no branch, tag or commit {ref!r}.",
+        [Finding("ref", "give a branch name, a tag, or a commit id of the repo")],
+    )
+
+
+def tree(commit: Commit) -> dict[str, Blob]:
+    return {e.path: e.blob for e in TreeEntry.objects.filter(commit=commit).select_related("blob")}
+
+
+def entry(commit: Commit, path: str) -> TreeEntry | None:
+    return TreeEntry.objects.filter(commit=commit, path=path).select_related("blob").first()
+
+
+def history(repo: Repo, ref: str | None = None, limit: int = 100) -> list[Commit]:
+    """First-parent history of `ref`, newest first."""
+    commit: Commit | None = resolve(repo, ref)
+    out: list[Commit] = []
+    while commit is not None and len(out) < limit:
+        out.append(commit)
+        parent = commit.parents[0] if commit.parents else None
+        commit = Commit.objects.filter(pk=parent).first() if parent else None
+    return out
+
+
+# Also datahub.commits' author name: the initial commit and every later one name their author alike.
+def _author_name(user) -> str:
+    return getattr(user, "username", "") or "studio"
