@@ -8,15 +8,14 @@ pinned to commit ids at START, and turned into what the engine loads.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from datahub.models import Commit, Repo
 from datahub.repos import RefNotFound, find_repo, resolve
 from studio.errors import Finding, Unprocessable
+from training.refs import HUB_REF  # one grammar for [project/]repo@ref, shared with the create-time type check
 
-HUB_REF = re.compile(r"^(?:(?P<project>[a-z0-9][a-z0-9-]*)/)?(?P<repo>[A-Za-z0-9][A-Za-z0-9._-]*)@(?P<ref>[A-Za-z0-9][A-Za-z0-9._/-]*)$")
 # `builtin/<name>@<ref>` names a catalogue environment (environments app), not a project's repo.
 RESERVED_NAMESPACES = frozenset({"builtin"})
 
