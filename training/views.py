@@ -49,7 +49,11 @@ CHARTS = {
 }
 # Speed-of-light charts for every method, drawn only once the run reports them: a CPU run has no
 # peak and no GPU memory, and an empty "MFU" chart there would read as a failure.
-GPU_CHARTS = [("Speed of light (MFU %)", ["mfu"]), ("GPU memory (GB)", ["gpu_memory_gb", "gpu_reserved_gb"])]
+GPU_CHARTS = [
+    ("Speed of light (MFU %)", ["mfu"]),
+    ("GPU memory (GB)", ["gpu_memory_gb", "gpu_reserved_gb"]),
+    ("Rollout speed (tokens/s)", ["rollout/tokens_per_s"]),  # GRPO's generation, apart from training throughput
+]
 
 
 # ---- helpers -----------------------------------------------------------------------------------

@@ -69,3 +69,13 @@ def test_a_run_without_gpu_figures_shows_neither(project, users):
     assert "950 tokens/s" in card and "ETA" in card
     assert "MFU" not in html and "GPU memory" not in html and 'data-testid="run-mfu"' not in html
     assert re.findall(r"<figcaption>([^<]*)</figcaption>", html) == ["Training loss", "Throughput (tokens/s)"]
+
+
+def test_grpo_rollout_speed_gets_its_own_chart(project, users):
+    run, token = started_run(project, users["owner"])
+    TrainingRun.objects.filter(pk=run.pk).update(method="grpo")
+    metrics = [{"step": s, "key": k, "value": v} for s in range(1, 6) for k, v in (("reward", 0.1 * s), ("rollout/tokens_per_s", 9000.0 + s))]
+    ingest(run, token, {"step": 5, "max_steps": 10}, metrics)
+
+    captions = re.findall(r"<figcaption>([^<]*)</figcaption>", overview(run, users["owner"]))
+    assert "Rollout speed (tokens/s)" in captions and captions[0] == "Reward"
