@@ -21,21 +21,37 @@ PRECISION_CHOICES = [("", "Default (bf16)"), ("bf16", "BF16"), ("fp8", "FP8"), (
 BACKEND_CHOICES = [("local", "local"), ("dstack", "dstack"), ("modal", "Modal")]
 RL_MODE_CHOICES = [("environment", "Environment"), ("ruler", "RULER")]
 JUDGE_MODE_CHOICES = [("external", "External (your endpoint + API key)"), ("colocated", "Colocated (vLLM on the fleet)")]
+# Issue 8's GPU throughput levers. "Default" writes no key at all, so a run made without touching them
+# has exactly the config it had before these fields existed, and the engine's own default applies.
+LIGER_CHOICES = [("", "Default (off)"), ("true", "On"), ("false", "Off")]
+CHECKPOINTING_CHOICES = [("", "Default (auto)"), ("true", "On"), ("false", "Off")]
+PACKING_CHOICES = [("", "Default (on)"), ("true", "On"), ("false", "Off")]
+ROLLOUT_ENGINE_CHOICES = [("", "Default (auto)"), ("static", "Static"), ("generate", "Generate")]
+PERFORMANCE_FIELDS = ("config.use_liger", "config.gradient_checkpointing", "config.packing", "config.rollout_engine")
+# Selects whose options are the only values they can show: a stored value outside them (precision
+# fp32, gradient_checkpointing "auto") stays in the YAML box when a run is edited, so saving keeps it.
+SELECT_CHOICES = {
+    "config.precision": PRECISION_CHOICES, "config.use_liger": LIGER_CHOICES, "config.gradient_checkpointing": CHECKPOINTING_CHOICES,
+    "config.packing": PACKING_CHOICES, "config.rollout_engine": ROLLOUT_ENGINE_CHOICES,
+}
 
 # Form field → type. Dotted names are the config/compute paths the validator's findings use.
+# "tristate" is a Default / On / Off select: "" leaves the key out, "true" / "false" write the bool.
 COMMON_FIELDS = {
     "config.num_epochs": "float", "config.max_steps": "int", "config.learning_rate": "float",
     "config.per_device_train_batch_size": "int", "config.gradient_accumulation_steps": "int", "config.precision": "str",
+    "config.use_liger": "tristate", "config.gradient_checkpointing": "tristate",
     "compute.backend": "str", "compute.accelerators": "str", "compute.spot": "bool", "compute.region": "str",
 }
 METHOD_FIELDS: dict[str, dict[str, str]] = {
-    "sft": {},
+    "sft": {"config.packing": "tristate"},
     "dpo": {"config.loss.type": "str", "config.loss.dpo_beta": "float", "config.loss.reference_free": "bool",
             "config.loss.target_margin": "float", "config.loss.length_norm": "bool", "config.loss.span_mask": "bool"},
     "distill": {"config.distillation.teacher_model": "str", "config.distillation.top_k": "int", "config.distillation.temperature": "float",
-                "config.distillation.kd_weight": "float", "config.distillation.ce_weight": "float"},
+                "config.distillation.kd_weight": "float", "config.distillation.ce_weight": "float", "config.packing": "tristate"},
     "grpo": {"config.rl_mode": "str", "config.inference_blocks": "int", "config.trainer_blocks": "int",
-             "config.rollouts_per_prompt": "int", "config.kl_coef": "float", "config.max_response_length": "int"},
+             "config.rollouts_per_prompt": "int", "config.kl_coef": "float", "config.max_response_length": "int",
+             "config.rollout_engine": "str"},
 }
 GRPO_MODE_FIELDS = {
     "environment": {"config.environment_id": "str"},
@@ -141,6 +157,11 @@ def parse_run_form(data: QueryDict) -> ParsedRun:
                 continue
         elif raw == "":
             continue
+        elif kind == "tristate":
+            if raw not in ("true", "false"):
+                parsed.findings.append(Finding(name, f"choose Default, On or Off, not {raw!r}"))
+                continue
+            value = raw == "true"
         elif kind == "int":
             try:
                 value = int(raw)
@@ -184,6 +205,23 @@ def draft_of_values(values: dict[str, Any], project=None) -> Draft:
                  compute=kwargs["compute"], project=project)
 
 
+def shown_value(name: str, kind: str, value: Any) -> Any:
+    """A stored value as its form field shows it, or None when the field has no way to show it."""
+    if kind == "bool":
+        return value
+    if kind == "tristate":
+        return ("true" if value else "false") if isinstance(value, bool) else None
+    text = "" if value is None else str(value)
+    if name in SELECT_CHOICES and text not in {key for key, _ in SELECT_CHOICES[name] if key}:
+        return None
+    return text
+
+
+def performance_open(values: dict[str, Any], errors: dict[str, list[str]] | None = None) -> bool:
+    """Open the collapsed Performance (GPU) fieldset when it holds a choice or a finding to see."""
+    return any(values.get(name) not in (None, "") or (errors or {}).get(name) for name in PERFORMANCE_FIELDS)
+
+
 def values_from_run(run) -> dict[str, Any]:
     """The form's values for an existing run: known fields pulled out, the rest as YAML."""
     config = json.loads(json.dumps(run.config or {}))
@@ -199,8 +237,10 @@ def values_from_run(run) -> dict[str, Any]:
         for part in parents:
             holder = holder.get(part) if isinstance(holder, dict) else None
         if isinstance(holder, dict) and leaf in holder:
-            value = holder[leaf]
-            values[name] = value if kind == "bool" else ("" if value is None else str(value))
+            shown = shown_value(name, kind, holder[leaf])
+            if shown is None:
+                continue  # the field cannot show it: it stays in the YAML box, so saving keeps it
+            values[name] = shown
             if root == "config":
                 holder.pop(leaf)
     for key in [k for k, v in config.items() if v == {}]:
