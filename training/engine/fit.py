@@ -564,10 +564,9 @@ def shape_of_model(ref: str, revision: str | None = None) -> ModelShape | None:
     try:
         from transformers import AutoConfig
 
-        name, rev = ref, revision
-        if "@" in ref and not ref.startswith(("/", ".")):
-            name, _, at = ref.rpartition("@")
-            rev = revision or at
+        from .modeling import _split_ref  # the loader's own reading of repo@ref, so the estimate sees what loads
+
+        name, rev = _split_ref(ref, revision)
         shape = ModelShape.from_config(AutoConfig.from_pretrained(name, revision=rev).to_dict())
         if shape is not None:
             return shape
