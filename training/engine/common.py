@@ -75,6 +75,13 @@ def build_config(config_cls: type, ctx: Context, **method_kwargs: Any) -> Any:
     return config_cls(**kwargs)
 
 
+def packed_positions(lengths: list[int], width: int) -> torch.Tensor:
+    """position_ids of one packed row `width` wide: 0..n-1 for each sequence in turn, then the padding
+    tail as a sequence of its own (positions from 0), so no real token attends to it."""
+    used = sum(lengths)
+    return torch.cat([torch.arange(n) for n in list(lengths) + ([width - used] if width > used else [])])
+
+
 def sequence_lengths(inputs: dict[str, Any]) -> torch.Tensor | None:
     """The real (unpadded) length of every sequence in a training micro-batch, as a 1-D tensor.
 

@@ -23,7 +23,7 @@ from trl import SFTConfig
 
 from . import kd_format
 from .capture import capture_shards
-from .common import Context, StudioCallback, TokenCountingMixin, build_config, train_and_finish
+from .common import Context, StudioCallback, TokenCountingMixin, build_config, packed_positions, train_and_finish
 from .data import load_rows, row_format, with_system_prompt
 from .modeling import load_policy, load_tokenizer
 from .spec import SpecError
@@ -153,12 +153,7 @@ def collate_packed(batch: list[dict[str, torch.Tensor]], *, flash: bool = False,
             extra = longest - t.size(0)
             parts.append(F.pad(t, (0, 0, 0, extra) if t.dim() == 2 else (0, extra), value=pad_value[key]))
         out[key] = torch.stack(parts)
-    positions = []
-    for row in rows:
-        used = sum(lengths[i] for i in row)
-        tail = [longest - used] if longest > used else []
-        positions.append(torch.cat([torch.arange(n) for n in [lengths[i] for i in row] + tail]))
-    out["position_ids"] = torch.stack(positions)
+    out["position_ids"] = torch.stack([packed_positions([lengths[i] for i in row], longest) for row in rows])
     if flash:
         # Sequence boundaries for the varlen kernels, computed here on the CPU: derived from position_ids inside
         # the model they would cost a device-to-host sync in every layer.

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from trl import SFTConfig, SFTTrainer
 
-from .common import Context, StudioCallback, TokenCountingMixin, build_config, train_and_finish
+from .common import Context, StudioCallback, TokenCountingMixin, build_config, packed_positions, train_and_finish
 from .data import load_rows, row_format, with_system_prompt
 from .modeling import load_policy, load_tokenizer
 from .spec import SpecError
@@ -46,8 +46,7 @@ def collate_packed_rows(examples: list[dict[str, Any]], pad_id: int) -> dict[str
         n = len(e["input_ids"])
         ids[row, :n] = torch.tensor(e["input_ids"])
         labels[row, :n] = torch.tensor(e.get("labels", e["input_ids"]))
-        lengths = list(e.get("seq_lengths") or [n]) + ([longest - n] if longest > n else [])
-        positions[row] = torch.cat([torch.arange(length) for length in lengths])
+        positions[row] = packed_positions(list(e.get("seq_lengths") or [n]), longest)
     # The first token of each sequence is not a target of the token before it (another sequence).
     labels[positions == 0] = -100
     return {"input_ids": ids, "labels": labels, "position_ids": positions}
