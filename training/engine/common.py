@@ -119,11 +119,6 @@ def batch_counts(inputs: dict[str, Any]) -> torch.Tensor | None:
     return torch.stack([lengths.sum(), (lengths > 0).sum(), (lengths * lengths).sum()])
 
 
-def count_tokens(inputs: dict[str, Any]) -> int:
-    counts = batch_counts(inputs)
-    return int(counts[0]) if counts is not None else 0
-
-
 @dataclass
 class StepCounts:
     tokens: int = 0
