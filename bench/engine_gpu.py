@@ -1,8 +1,8 @@
 """GPU benchmark: the engine against a bare loop, on the same real shapes, in one process.
 
-`python -m bench.engine_gpu [--smoke] [--only sft,capture,rollout] [--budget-s 420]`
+`python -m bench.engine_gpu [--smoke] [--only sft,capture,rollout,fp8] [--budget-s 420]`
 
-Three sections, each measured twice on one shape in one process — once by the bare library call a
+Three sections measured twice on one shape in one process — once by the bare library call a
 user would write, once through the engine's own code — and reported as engine / bare:
 
 - sft: a bare transformers loop (model(input_ids, labels=...) + fused AdamW, sequence 2048) against
@@ -12,6 +12,9 @@ user would write, once through the engine's own code — and reported as engine 
   capture_topk`) against a batched forward + log_softmax + topk.
 - rollout: GRPO generation at the 0.5B shape, 8 × 512 and 64 × 512 new tokens, `model.generate`
   against `training.engine.rollout.StaticDecoder`.
+- fp8 (last, so a short budget drops it first): the engine's SFT at the 1.7B shape with `precision:
+  fp8` against the same run in bf16 — whether float8 GEMMs pay at this size. Skipped without a GPU
+  that has float8.
 
 Models are random-init from configs written here (no downloads, no tokenizer: token ids are drawn
 at random), bf16 with SDPA on CUDA. Without CUDA, or with --smoke, the same code runs tiny shapes on
@@ -55,7 +58,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-SECTIONS = ("sft", "capture", "rollout")
+SECTIONS = ("sft", "capture", "rollout", "fp8")  # in this order; fp8 last, so a short budget drops it first
 SMALL, LARGE = "qwen2.5-0.5b", "qwen3-1.7b"
 DEFAULT_BUDGET_S = 420.0  # 7 of the 8 minutes the device check may take: room to write the result
 
@@ -508,6 +511,33 @@ def section_capture(scale: Scale, budget: Budget) -> dict[str, Any]:
             "bare_kind": f"batched forward ({scale.capture_bare_batch} seqs) + fp32 log_softmax + topk"}
 
 
+# ---- fp8 ------------------------------------------------------------------------------------------
+
+
+def section_fp8(scale: Scale, budget: Budget, engine_config: dict[str, Any], sft: dict[str, Any]) -> dict[str, Any]:
+    """The engine's SFT at the 1.7B shape with `precision: fp8` (training/engine/fp8.py) against the
+    same run in bf16 (the sft section's figure when it ran, else measured here). MFU stays against the
+    card's bf16 peak, so fp8 can show above the bf16 ceiling; the ratio is what says whether it pays."""
+    import torch
+
+    from training.engine import fp8
+
+    ok, why = (False, "smoke run on the CPU") if scale.smoke else fp8.capability("cuda" if torch.cuda.is_available() else "cpu")
+    if not ok:
+        say(f"fp8: skipped ({why})")
+        return {"skipped": True, "reason": why}
+    batch = int(((sft.get(LARGE) or {}).get("engine") or {}).get("batch") or scale.sft_batch[LARGE])
+    bf16 = (sft.get(LARGE) or {}).get("engine") or {}
+    if not isinstance(bf16.get("tokens_per_s"), (int, float)):
+        say(f"fp8: engine bf16 at {LARGE}, batch {batch}")
+        bf16 = guarded(f"fp8 {LARGE} bf16", budget, sft_engine, LARGE, scale, batch, engine_config)
+    say(f"fp8: engine fp8 at {LARGE}, batch {batch}")
+    engine = guarded(f"fp8 {LARGE} fp8", budget, sft_engine, LARGE, scale, batch, {**engine_config, "precision": "fp8"})
+    say(f"fp8: {engine.get('tokens_per_s')} tokens/s against bf16 {bf16.get('tokens_per_s')}")
+    return {"model": LARGE, "fp8": engine, "bf16": bf16, "ratio": ratio(engine, bf16), "why": why,
+            "engine_kind": "training.engine.sft.run, precision fp8 vs bf16"}
+
+
 # ---- rollout --------------------------------------------------------------------------------------
 
 
@@ -668,6 +698,8 @@ def run(scale: Scale, only: list[str], budget: Budget, engine_config: dict[str, 
                 section = section_sft(scale, budget, engine_config, save)
             elif name == "capture":
                 section = section_capture(scale, budget)
+            elif name == "fp8":
+                section = section_fp8(scale, budget, engine_config, result["sections"].get("sft") or {})
             else:
                 section = section_rollout(scale, budget, save)
         except BudgetSpent as exc:
@@ -699,7 +731,7 @@ def main(argv: list[str] | None = None) -> int:
     global _ON_GPU
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (automatic without CUDA)")
-    parser.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections: sft,capture,rollout")
+    parser.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections: " + ",".join(SECTIONS))
     parser.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, help="skip what is left after this many seconds")
     parser.add_argument("--engine-config", default="{}", help='extra engine config keys for the SFT run, as JSON (e.g. {"use_liger": true})')
     args = parser.parse_args(argv)

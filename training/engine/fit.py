@@ -10,8 +10,9 @@ The model of memory, per GPU, in bytes (each term is a field of `Estimate.parts`
 
 - weights: parameters × bytes per parameter of what the engine loads: bf16 2, fp32 4; a 4-bit
   (QLoRA) base keeps its linear layers in NF4 (≈ 0.5 B + ≈ 0.02 B of double-quantised scales) and
-  its embeddings and output head in bf16. fp8 and nvfp4 runs train in bf16 today
-  (modeling.pick_device), so they are counted at 2 B until those kernels are wired in.
+  its embeddings and output head in bf16. An fp8 run keeps its weights in bf16 and casts them per
+  matmul (fp8.py), so it is counted at 2 B, and its activations as bf16 ones although the converted
+  layers keep their inputs in 1 B (an over-estimate on the safe side); nvfp4 is counted at 2 B too.
 - gradients and optimizer: every trainable parameter has a gradient and AdamW's two moments, in the
   dtype of the parameter. The engine loads the policy in bf16 and the Trainer keeps it there (no fp32
   master copy), so a full fine-tune costs 2 + 2 + 4 = 8 B per parameter (16 B in fp32). A LoRA

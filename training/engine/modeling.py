@@ -27,7 +27,8 @@ class Device:
 
 
 def pick_device(spec: Spec) -> Device:
-    """bf16 on CUDA when available, fp32 on the CPU. fp8/nvfp4 need a GPU."""
+    """bf16 on CUDA when available, fp32 on the CPU. fp8/nvfp4 need a GPU; fp8 is switched on per
+    layer once the model is loaded (fp8.enable, which may still fall back to bf16 and says why)."""
     import torch
 
     accelerators = str(spec.compute.get("accelerators") or "").upper()
@@ -39,7 +40,9 @@ def pick_device(spec: Spec) -> Device:
     if torch.cuda.is_available() and not wants_cpu:
         if precision == "fp32":
             return Device("cuda", False, "fp32")
-        # fp8/nvfp4 kernels are not wired into this engine yet; bf16 is the honest fallback on GPU.
+        if precision == "fp8":
+            return Device("cuda", True, "fp8")
+        # nvfp4 needs Transformer Engine, which Studio refuses at START when the image lacks it (it does).
         return Device("cuda", True, "bf16")
     if precision in ("fp8", "nvfp4"):
         raise SpecError(f"config.precision: {precision} needs a GPU; use bf16 or fp32 on CPU")
@@ -141,6 +144,11 @@ def load_policy(spec: Spec, device: Device, log: Callable[[str], None] | None = 
     """The model to train: full weights, LoRA over a full-precision base, or LoRA over a 4-bit base."""
     four_bit = bool(spec.cfg("load_in_4bit", False))
     model = load_model(spec.base_model, spec.base_model_revision, device, four_bit=four_bit, log=log)
+    if device.precision == "fp8":
+        from . import fp8
+
+        if not fp8.enable(model, "cuda", log or (lambda line: print(line, flush=True))):
+            device.precision = "bf16"
     if spec.use_lora:
         model = wrap_lora(model, spec, device, four_bit=four_bit)
     return model
