@@ -2,6 +2,7 @@
 token, and an API client that speaks JSON with a bearer token."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -185,20 +186,28 @@ def studio_worker(transactional_db, live_server, tmp_path, settings):
         "DEBUG": "1",
     }
     log_path = tmp_path / "worker.log"
+    # Beat too, as in `make studio`: the reconciler settles what no report did (an engine that
+    # exited, a lost heartbeat) the same way it does in production.
+    with celery_worker(env, log_path, "test", beat_schedule=tmp_path / "celerybeat-schedule") as proc:
+        yield Worker(proc, log_path, runs_dir)
+
+
+@contextlib.contextmanager
+def celery_worker(env: dict[str, str], log_path: Path, name: str, beat_schedule: Path | None = None):
+    """A real `celery worker` subprocess on the test queue, yielded once it is ready, stopped after."""
+    from studio.celery import app
+
+    args = [sys.executable, "-m", "celery", "-A", "studio", "worker", "-Q", app.conf.task_default_queue, "--pool", "threads",
+            "-c", "4", "--loglevel", "INFO", "-n", f"{name}-{uuid.uuid4().hex[:8]}@%h", "--without-gossip", "--without-mingle"]
+    if beat_schedule is not None:
+        args += ["-B", "-s", str(beat_schedule)]
     with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "studio", "worker", "-Q", app.conf.task_default_queue, "--pool", "threads",
-             "-c", "4", "--loglevel", "INFO", "-n", f"test-{uuid.uuid4().hex[:8]}@%h", "--without-gossip", "--without-mingle",
-             # Beat too, as in `make studio`: the reconciler settles what no report did (an engine
-             # that exited, a lost heartbeat) the same way it does in production.
-             "-B", "-s", str(tmp_path / "celerybeat-schedule")],
-            cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-        )
-    worker = Worker(proc, log_path, runs_dir)
+        proc = subprocess.Popen(args, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
-        wait_for(lambda: "ready." in worker.log() or proc.poll() is not None, 60, message="the Celery worker to be ready")
-        assert proc.poll() is None, worker.log()
-        yield worker
+        wait_for(lambda: "ready." in log_path.read_text(errors="replace") or proc.poll() is not None, 60,
+                 message="the Celery worker to be ready")
+        assert proc.poll() is None, log_path.read_text(errors="replace")
+        yield proc
     finally:
         proc.terminate()
         try:

@@ -16,14 +16,13 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 
 import psycopg
 import pytest
 from django.db import connection
 
 from studio import crypto
-from tests.conftest import REPO_ROOT, Api, wait_for
+from tests.conftest import REPO_ROOT, Api, celery_worker, wait_for
 from training.backends.local import group_alive, parse_job_id
 from training.engine.reporter import Reporter
 from training.models import LogLine, MetricPoint, Status, TrainingRun
@@ -135,22 +134,10 @@ def web_and_worker(transactional_db, tmp_path, settings):
     settings.STUDIO_RUNS_DIR = runs_dir
     env = {**os.environ, "DATABASE_URL": db_url(), "STUDIO_PUBLIC_URL": web.url, "STUDIO_RUNS_DIR": str(runs_dir),
            "CELERY_QUEUE": app.conf.task_default_queue, "STUDIO_STOP_GRACE_SECONDS": "5", "DEBUG": "1"}
-    log_path = tmp_path / "worker.log"
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "studio", "worker", "-Q", app.conf.task_default_queue, "--pool", "threads", "-c", "4",
-         "--loglevel", "INFO", "-n", f"faults-{uuid.uuid4().hex[:8]}@%h", "--without-gossip", "--without-mingle"],
-        cwd=REPO_ROOT, env=env, stdout=log_path.open("wb"), stderr=subprocess.STDOUT,
-    )
     try:
-        wait_for(lambda: "ready." in log_path.read_text(errors="replace") or worker.poll() is not None, 60, message="the worker")
-        assert worker.poll() is None, log_path.read_text()
-        yield web
+        with celery_worker(env, tmp_path / "worker.log", "faults"):
+            yield web
     finally:
-        worker.terminate()
-        try:
-            worker.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            worker.kill()
         if web.proc and web.proc.poll() is None:
             web.proc.terminate()
             web.proc.wait(timeout=20)
