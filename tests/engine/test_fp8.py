@@ -59,6 +59,28 @@ def test_fp8_linear_keeps_the_outlier_scale_of_each_tensor() -> None:
         assert _relative_error(layer(x), reference(x)) < 0.05, magnitude
 
 
+def test_every_gemm_keeps_the_cuda_layout_rules(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU's reference GEMM takes any layout; CUDA's wants the first operand row-major, the second
+    column-major, and sizes in multiples of 16 (torch's own meta checks for a CUDA device). Check each
+    call the layer makes against those rules, so a layout that only the GPU would refuse fails here."""
+    calls: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+    real = torch._scaled_mm
+
+    def cuda_rules(a: torch.Tensor, b: torch.Tensor, **kwargs: object) -> torch.Tensor:
+        assert a.stride(0) > a.stride(1) == 1, f"first operand not row-major: stride {a.stride()}"
+        assert b.stride(0) == 1 and b.stride(1) > 1, f"second operand not column-major: stride {b.stride()}"
+        assert a.shape[1] % 16 == 0 and b.shape[0] % 16 == 0 and b.shape[1] % 16 == 0, (a.shape, b.shape)
+        assert {a.dtype, b.dtype} != {fp8.E5M2}, "CUDA has no e5m2 x e5m2 GEMM"
+        calls.append((tuple(a.shape), tuple(b.shape)))
+        return real(a, b, **kwargs)
+
+    monkeypatch.setattr(torch, "_scaled_mm", cuda_rules)
+    _, layer = _pair(128, 96)
+    x = torch.randn(4, 16, 128, requires_grad=True)
+    layer(x).sum().backward()
+    assert calls == [((64, 128), (128, 96)), ((64, 96), (96, 128)), ((96, 64), (64, 128))]  # y, dx, dW
+
+
 def test_a_frozen_weight_gets_no_gradient_and_costs_no_weight_gemm() -> None:
     _, layer = _pair()
     layer.weight.requires_grad_(False)
