@@ -5,8 +5,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django import template
+from django.conf import settings
+from django.templatetags.static import static
 from django.utils import timezone
 from django.utils.html import format_html
+from django.utils.safestring import SafeString
 
 from studio.auth import current_project_for_session
 from studio.queries import membership, projects_for
@@ -23,6 +26,19 @@ def nav_state(context) -> dict[str, Any]:
     current = context.get("project") or current_project_for_session(request)
     member = membership(request.user, current) if current else None
     return {"projects": list(projects_for(request.user).order_by("slug")), "current": current, "role": member.role if member else None}
+
+
+@register.simple_tag
+def htmx_scripts() -> SafeString:
+    """htmx itself, plus (DEBUG only) js/htmx-debug.js, which shows a 5xx's error page.
+
+    Not django-htmx's {% htmx_script %}: under DEBUG it adds a handler that replaces the whole
+    document with any 400/403/404/500 answer, overriding the htmx-config in base.html that swaps
+    400/402/409/422 findings into their target. The page must behave the same in development."""
+    tags = format_html('<script src="{}" defer></script>', static("django_htmx/htmx-2.min.js"))
+    if settings.DEBUG:
+        tags += format_html('<script src="{}" defer></script>', static("js/htmx-debug.js"))
+    return tags
 
 
 @register.filter
