@@ -9,9 +9,10 @@ from typing import Any
 import yaml
 from django.contrib import messages
 from django.db import connection
-from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseNotFound
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.utils.html import format_html
 from django.views.decorators.http import require_GET, require_POST
 
 from datahub import repos as hub_repos
@@ -323,7 +324,9 @@ def new_run_part(request: HttpRequest, part: str) -> HttpResponse:
         values.update({k: v for k, v in forms.METHOD_DEFAULTS["grpo"].items() if not values.get(k)})
     names = {"method": "method_fields", "mode": "grpo_mode", "preset": "distill_weights", "estimate": "distill_estimate", "fit": "fit_estimate"}
     if part not in names:
-        return HttpResponse(status=404)
+        return HttpResponseNotFound(format_html(
+            '<p class="alert alert-error" role="alert">NEW RUN has no live part "{}": the parts are {}. Open <a href="{}">NEW RUN</a> instead.</p>',
+            part, ", ".join(names), reverse("training:new")))
     values["method"] = method
     return render(request, f"training/new_run.html#{names[part]}", form_context(request, project, values))
 
@@ -475,7 +478,9 @@ def run_detail(request: HttpRequest, run_id: int, tab: str = "overview") -> Http
     run = get_run_for(actor, run_id)
     tabs = tabs_for(run)
     if tab not in dict(tabs):
-        return render(request, "training/run_detail.html", {"run": run, "tabs": tabs, "tab": None, "section": "training"}, status=404)
+        # The status area too, so its role line is the reader's own (not "Viewers cannot ...").
+        context = {**status_context(request, run, actor), "tabs": tabs, "tab": None, "missing_tab": tab, "section": "training", "project": run.project}
+        return render(request, "training/run_detail.html", context, status=404)
     context = {**tab_context(request, run, tab), "tabs": tabs, "section": "training", "project": run.project}
     if request.htmx and request.htmx.target == "tab-panel":
         return render(request, "training/run_detail.html#tab_panel", context)

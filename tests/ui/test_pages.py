@@ -346,3 +346,19 @@ def test_viewer_sees_no_checkpoint_actions(users, run_with_checkpoint):
     assert page.status_code == 200 and b"/checkpoints/3/resume" not in page.content
     assert client_for(users["viewer"]).post(f"/training/runs/{run_with_checkpoint.pk}/checkpoints/3/resume").status_code == 403
     assert not TrainingRun.objects.filter(parent=run_with_checkpoint).exists()
+
+
+def test_a_tab_the_method_lacks_is_a_404_that_says_so(project, users):
+    run = make_run(project, users["owner"], "grpo")
+    response = client_for(users["owner"]).get(f"/training/runs/{run.pk}/checkpoints/")
+    html = response.content.decode()
+    assert response.status_code == 404
+    assert "A GRPO run has no Checkpoints tab" in html and f'href="/training/runs/{run.pk}/rollouts/"' in html
+    assert "Viewers cannot" not in html and 'id="start-btn"' in html  # the owner's own status area
+
+
+def test_an_unknown_new_run_part_is_a_readable_404(project, users):
+    response = client_for(users["owner"]).get("/training/new/bogus", {"method": "sft"})
+    html = response.content.decode()
+    assert response.status_code == 404
+    assert 'NEW RUN has no live part "bogus"' in html and "method, mode, preset, estimate, fit" in html
