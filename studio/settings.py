@@ -133,8 +133,15 @@ try:
 except ValueError as exc:
     raise ImproperlyConfigured(f"DATABASE_URL={DATABASE_URL!r} is not a database URL: {exc}") from exc
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-    # Several processes (web, worker, beat) share the file: wait for locks instead of failing.
-    DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 20
+    # Several processes (web, worker, beat, the ingest of running engines) share the file. WAL lets
+    # readers go on while one writer writes; IMMEDIATE takes the write lock when a transaction begins,
+    # so two writers queue on the busy timeout instead of one failing at once with "database is
+    # locked" (a deferred transaction that reads and then writes cannot wait for the lock).
+    DATABASES["default"].setdefault("OPTIONS", {}).update({
+        "timeout": 20,
+        "transaction_mode": "IMMEDIATE",
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    })
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

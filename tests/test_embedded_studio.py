@@ -7,14 +7,25 @@ import json
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import urllib.request
-from pathlib import Path
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path, PurePosixPath
 
 import pytest
 
 from tests.conftest import REPO_ROOT, wait_for
+
+
+def branch_folders(db: Path, branch: str) -> set[str]:
+    """The folders at the head of a Data Hub branch, read straight from the embedded SQLite file."""
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=20) as conn:
+        paths = conn.execute(
+            "SELECT t.path FROM datahub_treeentry t JOIN datahub_branch b ON t.commit_id = b.head_id WHERE b.name = ?", (branch,)
+        ).fetchall()
+    return {str(PurePosixPath(p).parent) for (p,) in paths} | {p.split("/")[0] for (p,) in paths if "/" in p}
 
 
 def free_port() -> int:
@@ -77,15 +88,25 @@ def test_the_embedded_studio_serves_and_trains(embedded_env, tmp_path):
 
         status, run = http("POST", f"{base}/api/training-runs", token, {
             "name": "embedded sft", "method": "sft", "base_model": built["student"], "dataset": built["sft"],
-            "config": {"max_steps": 5, "learning_rate": 5e-3, "per_device_train_batch_size": 8, "max_length": 64}})
+            "config": {"max_steps": 5, "save_steps": 2, "learning_rate": 5e-3, "per_device_train_batch_size": 8, "max_length": 64}})
         assert status == 201, run
-        assert http("POST", f"{base}/api/training-runs/{run['id']}/start", token)[0] == 202
+        # Three STARTs at once on the one SQLite file: one starts the run, the others are told it is
+        # starting (409), none fails on "database is locked".
+        with ThreadPoolExecutor(3) as pool:
+            answers = list(pool.map(lambda _: http("POST", f"{base}/api/training-runs/{run['id']}/start", token), range(3)))
+        assert sorted(status for status, _ in answers) == [202, 409, 409], answers
         final = wait_for(lambda: (lambda r: r if r["status"] in ("completed", "failed", "cancelled") else None)(http("GET", f"{base}/api/training-runs/{run['id']}", token)[1]),
                          240, interval=1, message="the embedded run to finish")
         assert final["status"] == "completed", (final["error"], (tmp_path / "studio.log").read_text()[-3000:])
         _, metrics = http("GET", f"{base}/api/training-runs/{run['id']}/metrics?keys=loss", token)
         assert len(metrics["series"]["loss"]) == 5
         assert Path(tmp_path / "var" / "studio.sqlite3").is_file()
+        # Every checkpoint the engine reported lands on the run's branch while ingest writes the same file.
+        _, checkpoints = http("GET", f"{base}/api/training-runs/{run['id']}/checkpoints", token)
+        assert {(c["step"], c["kind"]) for c in checkpoints} >= {(2, "checkpoint"), (4, "checkpoint"), (5, "final")}
+        wanted = {"checkpoints/step-2", "checkpoints/step-4", "final"}
+        wait_for(lambda: branch_folders(tmp_path / "var" / "studio.sqlite3", f"run-{run['id']}") >= wanted, 60, interval=1,
+                 message=f"{sorted(wanted)} on the run's branch")
     finally:
         os.killpg(studio.pid, signal.SIGINT)
         try:
