@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from django.core.cache import cache
 from django.db import transaction
 
 from datahub.services import create_run_branch, record_checkpoint
@@ -18,6 +19,16 @@ from training.services import add_log, require_training_plan
 log = logging.getLogger(__name__)
 RESUMABLE_KINDS = ("checkpoint",)
 MERGE_TIMEOUT_SECONDS = 3600
+
+
+def _merging_key(checkpoint_id: int) -> str:
+    return f"training:merging:{checkpoint_id}"
+
+
+def merging_steps(checkpoints: list[Checkpoint]) -> set[int]:
+    """The steps whose merge was asked for and has not finished (or failed) yet."""
+    keys = {_merging_key(c.pk): c.step for c in checkpoints if c.kind in RESUMABLE_KINDS}
+    return {keys[key] for key in cache.get_many(list(keys))} if keys else set()
 
 
 def checkpoint_of(run: TrainingRun, step: int) -> Checkpoint:
@@ -50,7 +61,11 @@ def request_merge(run: TrainingRun, checkpoint: Checkpoint) -> None:
     if not lora_enabled(run.config):
         raise BadRequest("Only a LoRA run's checkpoints can be merged.", [Finding("step", "this run trains all weights: its checkpoints are already full models")])
     if Checkpoint.objects.filter(run=run, kind="merged", step=checkpoint.step).exists():
-        raise Conflict(f"Step {checkpoint.step} of run {run.pk} is already merged.")
+        raise Conflict(f"Step {checkpoint.step} of run {run.pk} is already merged: its merged checkpoint is listed under Checkpoints.")
+    # The in-flight mark the Checkpoints tab shows ("Merging…") and that refuses a second request;
+    # merge() clears it when it ends either way, and it expires should the task never run.
+    if not cache.add(_merging_key(checkpoint.pk), True, timeout=MERGE_TIMEOUT_SECONDS + 600):
+        raise Conflict(f"Step {checkpoint.step} of run {run.pk} is being merged: it appears under Checkpoints as merged when done.")
     transaction.on_commit(lambda: merge_checkpoint.delay(checkpoint.pk))
 
 
@@ -59,6 +74,13 @@ def merge(checkpoint_id: int) -> Checkpoint | None:
     checkpoint = Checkpoint.objects.select_related("run", "run__project").filter(pk=checkpoint_id).first()
     if checkpoint is None:
         return None
+    try:
+        return _merge(checkpoint)
+    finally:
+        cache.delete(_merging_key(checkpoint.pk))
+
+
+def _merge(checkpoint: Checkpoint) -> Checkpoint | None:
     run = checkpoint.run
     out = Path(checkpoint.path).parent / f"merged-step-{checkpoint.step}"
     command = [sys.executable, "-m", "training.engine.merge", "--base", run.base_model, "--adapter", checkpoint.path, "--out", str(out)]

@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 from django.contrib import messages
 from django.db import connection
+from django.db.models import Q
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseNotFound
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -17,6 +18,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from datahub import repos as hub_repos
 from datahub import services as hub
+from datahub.models import TreeEntry
 from environments import services as env_services
 from experiments.models import Experiment
 from studio.errors import ApiError, Conflict, Forbidden, PaymentRequired, Unprocessable
@@ -352,9 +354,13 @@ def tab_context(request: HttpRequest, run: TrainingRun, tab: str) -> dict[str, A
         entries = dataset_entries(run.dataset)
         context["entries"] = [{"ref": e.ref, "type": e.type or "—", "kind": ref_kind(e.ref), "pinned": pinned_of(run, dataset_field(run, i))} for i, e in enumerate(entries)]
     elif tab == "checkpoints":
-        context["checkpoints"] = list(Checkpoint.objects.filter(run=run))
-        context["lora"] = config.get("lora_rank") is not None or bool(config.get("lora"))
-        context["writable"] = can_write(web_actor(request), run.project)
+        saved = list(Checkpoint.objects.filter(run=run))
+        prefixes = {c.pk: hub.checkpoint_prefix(c) for c in saved}
+        context.update(
+            checkpoints=saved, prefixes=prefixes, committed=committed_prefixes(run, set(prefixes.values())),
+            merged_steps={c.step for c in saved if c.kind == "merged"}, merging_steps=checkpoints.merging_steps(saved),
+            lora=config.get("lora_rank") is not None or bool(config.get("lora")), writable=can_write(web_actor(request), run.project),
+        )
     elif tab == "lineage":
         context["lineage"] = lineage_of(run)
     elif tab == "environment":
@@ -365,9 +371,24 @@ def tab_context(request: HttpRequest, run: TrainingRun, tab: str) -> dict[str, A
         context.update(rollout_groups(run, request))
     elif tab == "repository":
         context.update(repository_of(run, request.GET.get("path", "")))
-    if tab == "checkpoints":
-        context["prefixes"] = {c.pk: hub.checkpoint_prefix(c) for c in context["checkpoints"]}
     return context
+
+
+def committed_prefixes(run: TrainingRun, prefixes: set[str]) -> set[str]:
+    """Which of these folders the head of the run's Data Hub branch has: a checkpoint is committed
+    by a Celery task after it is reported, so Download links only once its folder is there."""
+    repo = hub_repos.find_repo(run.project, hub.experiment_repo_name(run.experiment))
+    if repo is None or not prefixes:
+        return set()
+    try:
+        head = hub_repos.resolve(repo, hub.run_branch_name(run))
+    except hub_repos.RefNotFound:
+        return set()
+    condition = Q()
+    for prefix in prefixes:
+        condition |= Q(path__startswith=prefix + "/")
+    paths = TreeEntry.objects.filter(condition, commit=head).values_list("path", flat=True)
+    return {prefix for prefix in prefixes if any(path.startswith(prefix + "/") for path in paths)}
 
 
 def repository_of(run: TrainingRun, prefix: str) -> dict[str, Any]:
@@ -484,6 +505,8 @@ def run_detail(request: HttpRequest, run_id: int, tab: str = "overview") -> Http
     context = {**tab_context(request, run, tab), "tabs": tabs, "section": "training", "project": run.project}
     if request.htmx and request.htmx.target == "tab-panel":
         return render(request, "training/run_detail.html#tab_panel", context)
+    if request.htmx and request.htmx.target == "checkpoint-table" and tab == "checkpoints":  # polled while a merge runs
+        return render(request, "training/run_detail.html#checkpoint_table", context)
     context.update(status_context(request, run, actor))
     return render(request, "training/run_detail.html", context)
 

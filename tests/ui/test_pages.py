@@ -362,3 +362,35 @@ def test_an_unknown_new_run_part_is_a_readable_404(project, users):
     html = response.content.decode()
     assert response.status_code == 404
     assert 'NEW RUN has no live part "bogus"' in html and "method, mode, preset, estimate, fit" in html
+
+
+def test_checkpoints_tab_links_committed_folders_and_shows_the_merge_state(project, users, tmp_path):
+    from datahub import services as hub
+    from training import checkpoints
+
+    run = make_run(project, users["owner"], "sft", dataset="org/data", config={"lora_rank": 8})
+    folder = tmp_path / "checkpoint-3"
+    folder.mkdir()
+    (folder / "adapter_model.safetensors").write_bytes(b"weights")
+    saved = Checkpoint.objects.create(run=run, attempt=1, step=3, kind="checkpoint", path=str(folder))
+    Checkpoint.objects.create(run=run, attempt=1, step=6, kind="checkpoint", path=str(tmp_path / "checkpoint-6"))  # not committed yet
+    hub.commit_checkpoint(saved.pk)
+    client = client_for(users["owner"])
+    url = f"/training/runs/{run.pk}/checkpoints/"
+    html = client.get(url).content.decode()
+    assert "?path=checkpoints/step-3" in html and "?path=checkpoints/step-6" not in html and "commit pending" in html
+    assert "/checkpoints/3/merge" in html
+    # Merge asked for: the button gives way to "Merging…" and the table polls until the merge ends.
+    assert client.post(f"/training/runs/{run.pk}/checkpoints/3/merge").status_code == 302
+    html = client.get(url).content.decode()
+    assert 'data-testid="merging-3"' in html and 'hx-trigger="every 3s"' in html and "/checkpoints/3/merge" not in html
+    again = client.post(f"/training/runs/{run.pk}/checkpoints/3/merge", follow=True).content.decode()
+    assert "is being merged" in again
+    # A merge that fails (org/base is no model here) clears the mark: Merge is offered again.
+    assert checkpoints.merge(saved.pk) is None
+    assert "/checkpoints/3/merge" in client.get(url).content.decode()
+    # A finished merge: the poll shows "Merged" for the step, no button, and stops polling.
+    Checkpoint.objects.create(run=run, attempt=1, step=3, kind="merged", path=str(tmp_path / "merged-step-3"))
+    poll = client.get(url, HTTP_HX_REQUEST="true", HTTP_HX_TARGET="checkpoint-table").content.decode()
+    assert poll.lstrip().startswith('<div id="checkpoint-table"') and "every 3s" not in poll
+    assert 'data-testid="merged-3"' in poll and "/checkpoints/3/merge" not in poll and "/checkpoints/6/merge" in poll
