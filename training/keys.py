@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,12 +13,43 @@ def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+# What YAML (the NEW RUN form's config box) can produce that JSON cannot store: say what it is.
+NON_JSON_KINDS = {"date": "a date", "datetime": "a date and time", "time": "a time", "bytes": "binary data", "set": "a set", "tuple": "a tuple"}
+
+
+def json_findings(path: str, value: Any) -> list[Finding]:
+    """Everything in `value` that a JSON column cannot hold: NaN and infinities (Python's json reads
+    them, PostgreSQL and SQLite refuse them), and the dates, binary and sets YAML can produce."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return [Finding(path, f"must be a finite number, got {value}: JSON has no NaN or infinity")]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return []
+    if isinstance(value, dict):
+        findings: list[Finding] = []
+        for key, item in value.items():
+            if not isinstance(key, str):
+                findings.append(Finding(f"{path}.{key}", "setting names must be text: put the name in quotes"))
+            else:
+                findings.extend(json_findings(f"{path}.{key}", item))
+        return findings
+    if isinstance(value, list):
+        return [f for i, item in enumerate(value) for f in json_findings(f"{path}[{i}]", item)]
+    kind = NON_JSON_KINDS.get(type(value).__name__, f"a {type(value).__name__}")
+    return [Finding(path, f"must be text, a number, true/false, a list or an object, but this is {kind}: put it in quotes if it is text")]
+
+
+def shown(value: Any) -> str:
+    """A value as a message quotes it: JSON, cut short."""
+    return json.dumps(value, default=str)[:60]
+
+
 @dataclass(frozen=True)
 class Key:
     """The type of one config value. Ranges that the seeds tie to START are checked there instead."""
 
     kind: str  # int | number | bool | auto_bool | str | choice | block | ref | any
     minimum: float | None = None
+    maximum: float | None = None  # a bound against absurd values (the run would never end, or overflow), not a seed limit
     choices: tuple[str, ...] = ()
     block: dict[str, Key] | None = None
     nullable: bool = False
@@ -38,9 +70,13 @@ class Key:
             "any": True,
         }[self.kind]
         if not ok:
-            return [Finding(path, f"must be {self.describe()}, got {json.dumps(value)[:60]}")]
+            return [Finding(path, f"must be {self.describe()}, got {shown(value)}")]
+        if isinstance(value, float) and not math.isfinite(value):
+            return [Finding(path, f"must be a finite number, got {value}")]
         if self.minimum is not None and value < self.minimum:
             return [Finding(path, f"must be at least {self.minimum:g}, got {value}")]
+        if self.maximum is not None and value > self.maximum:
+            return [Finding(path, f"must be at most {self.maximum:g}, got {shown(value)}")]
         if self.kind == "block" and self.block is not None:
             return check_block(path, value, self.block)
         return []
@@ -49,8 +85,8 @@ class Key:
         if self.hint:
             return self.hint
         return {
-            "int": "an integer" + (f" ≥ {self.minimum:g}" if self.minimum is not None else ""),
-            "number": "a number" + (f" ≥ {self.minimum:g}" if self.minimum is not None else ""),
+            "int": "an integer" + self._range(),
+            "number": "a number" + self._range(),
             "bool": "true or false",
             "auto_bool": 'true, false or "auto"',
             "str": "a non-empty string",
@@ -59,6 +95,13 @@ class Key:
             "ref": "a dataset ref (\"repo@ref\" or an HF id)",
             "any": "any value",
         }[self.kind]
+
+    def _range(self) -> str:
+        if self.minimum is not None and self.maximum is not None:
+            return f" from {self.minimum:g} to {self.maximum:g}"
+        if self.minimum is not None:
+            return f" ≥ {self.minimum:g}"
+        return f" ≤ {self.maximum:g}" if self.maximum is not None else ""
 
 
 def check_block(path: str, value: dict, keys: dict[str, Key]) -> list[Finding]:

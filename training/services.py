@@ -40,7 +40,7 @@ from training.models import (
     Status,
     TrainingRun,
 )
-from training.validation import start_findings, validate_draft
+from training.validation import name_findings, start_findings, validate_draft
 
 log = logging.getLogger(__name__)
 INGEST_TOKEN_PREFIX = "ing"
@@ -89,9 +89,16 @@ def resolve_experiment(project: Project, key: Any) -> Experiment:
 def create_run(project: Project, user, *, name: str, method: str, experiment: Any = None, base_model: str | None = None,
                dataset: Any = None, config: dict | None = None, compute: dict | None = None) -> TrainingRun:
     require_training_plan(project)
-    draft = validate_draft(Draft(method=method, base_model=base_model, dataset=dataset, config=config or {}, compute=compute or {}, project=project))
+    bad_name = name_findings(name)
+    try:
+        draft = validate_draft(Draft(method=method, base_model=base_model, dataset=dataset, config=config or {}, compute=compute or {}, project=project))
+    except BadRequest as exc:
+        exc.errors = bad_name + exc.errors  # one 400 with every finding
+        raise
+    if bad_name:
+        raise BadRequest("The run has invalid fields.", bad_name)
     run = TrainingRun.objects.create(
-        project=project, experiment=resolve_experiment(project, experiment), created_by=user, name=name,
+        project=project, experiment=resolve_experiment(project, experiment), created_by=user, name=name.strip(),
         method=draft.method, base_model=draft.base_model or "", dataset=draft.dataset, config=draft.config, compute=draft.compute,
     )
     create_run_branch(run)
@@ -127,8 +134,10 @@ def update_run(run: TrainingRun, patch: dict) -> TrainingRun:
     if unknown:
         raise BadRequest("The patch has fields that cannot be changed.", [Finding(k, f"only {', '.join(PATCHABLE)} can be patched") for k in unknown])
     name = patch.get("name", run.name)
-    if "name" in patch and (not isinstance(name, str) or not name.strip() or len(name) > 200):
-        raise BadRequest("The patch has invalid fields.", [Finding("name", "give a name of 1 to 200 characters")])
+    if "name" in patch:
+        if name_findings(name):
+            raise BadRequest("The patch has invalid fields.", name_findings(name))
+        name = name.strip()
     draft = validate_draft(Draft(
         method=run.method,
         base_model=patch["base_model"] if "base_model" in patch else (run.base_model or None),

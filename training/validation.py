@@ -18,9 +18,12 @@ from training.backends import get_backend
 from training.compute import GPU_MEMORY_GIB, accelerators_of, check_compute, normalise_compute, precision_findings
 from training.engine import fit, liger
 from training.forms import hub_model_files
+from training.keys import json_findings
 from training.methods import NOT_YET_SUPPORTED, get_method
 from training.methods.base import Draft, TrainingMethod
 from training.refs import check_dataset, check_ref, dataset_entries, local_model_dir, ref_kind
+
+NAME_MAX = 200  # TrainingRun.name's column
 
 
 def method_or_400(name: Any) -> TrainingMethod:
@@ -42,6 +45,9 @@ def validate_draft(draft: Draft) -> Draft:
         findings.append(Finding("compute", "compute must be an object: {backend, accelerators, spot, region}"))
     if findings:
         raise BadRequest("The run has invalid fields.", findings)
+    findings = json_findings("config", draft.config) + json_findings("compute", draft.compute) + json_findings("dataset", draft.dataset)
+    if findings:
+        raise BadRequest("The run has values JSON cannot store.", findings)
     if draft.base_model is not None:
         findings += check_ref("base_model", draft.base_model)
     findings += check_dataset(draft.dataset)
@@ -55,6 +61,15 @@ def validate_draft(draft: Draft) -> Draft:
     draft.config = method.apply_defaults(draft.config)
     draft.compute = normalise_compute(draft.compute)
     return draft
+
+
+def name_findings(name: Any) -> list[Finding]:
+    """A run's name, as create, PATCH and the form check it: 1 to 200 characters once trimmed."""
+    if not isinstance(name, str) or not name.strip():
+        return [Finding("name", "give the run a name (1 to 200 characters)")]
+    if len(name.strip()) > NAME_MAX:
+        return [Finding("name", f"a run name has at most {NAME_MAX} characters; this one has {len(name.strip())}")]
+    return []
 
 
 def start_findings(draft: Draft) -> list[Finding]:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from studio.errors import Finding
-from training.keys import BOOL, INT0, INT1, POSITIVE, PRECISIONS, TEXT, Key, check_block, is_number  # noqa: F401 - re-exported for methods
+from training.keys import BOOL, INT0, INT1, POSITIVE, PRECISIONS, TEXT, Key, check_block, is_number, json_findings  # noqa: F401 - re-exported for methods
 
 TRL_FIELDS_FILE = Path(__file__).with_name("trl_fields.json")
 
@@ -24,24 +24,28 @@ def trl_config_fields() -> dict[str, frozenset[str]]:
     return {name: frozenset(names) for name, names in json.loads(TRL_FIELDS_FILE.read_text()).items()}
 
 
+# Upper bounds catch values that parse but cannot run (a max_steps that never ends, an epoch count
+# that overflows the trainer, a seed numpy refuses); the seeds' own limits are checked at START.
+MAX_STEPS = 10**8
+SEED_MAX = 2**32 - 1  # numpy.random.seed's range, which the trainer seeds from config.seed
 COMMON_KEYS: dict[str, Key] = {
-    "num_epochs": POSITIVE,
-    "max_steps": INT1,
-    "learning_rate": POSITIVE,
-    "per_device_train_batch_size": INT1,
-    "gradient_accumulation_steps": INT1,
-    "max_length": INT1,
+    "num_epochs": Key("number", minimum=0, maximum=10_000, hint="a positive number of epochs, at most 10000"),
+    "max_steps": Key("int", minimum=1, maximum=MAX_STEPS),
+    "learning_rate": Key("number", minimum=0, maximum=1, hint="a positive number, at most 1 (typical: 1e-5 to 1e-3)"),
+    "per_device_train_batch_size": Key("int", minimum=1, maximum=65_536),
+    "gradient_accumulation_steps": Key("int", minimum=1, maximum=65_536),
+    "max_length": Key("int", minimum=1, maximum=2**22),
     "precision": Key("choice", choices=PRECISIONS),
-    "seed": INT0,
+    "seed": Key("int", minimum=0, maximum=SEED_MAX),
     "system_prompt": TEXT,
     "lora": BOOL,
-    "lora_rank": Key("int", minimum=1, nullable=True),
-    "lora_alpha": Key("number", minimum=0, nullable=True),
+    "lora_rank": Key("int", minimum=1, maximum=65_536, nullable=True),
+    "lora_alpha": Key("number", minimum=0, maximum=1e6, nullable=True),
     "load_in_4bit": BOOL,
-    "heartbeat_timeout_seconds": INT1,
-    "heartbeat_interval_seconds": INT1,
-    "save_steps": INT1,
-    "logging_steps": INT1,
+    "heartbeat_timeout_seconds": Key("int", minimum=1, maximum=7 * 24 * 3600),
+    "heartbeat_interval_seconds": Key("int", minimum=1, maximum=24 * 3600),
+    "save_steps": Key("int", minimum=1, maximum=MAX_STEPS),
+    "logging_steps": Key("int", minimum=1, maximum=MAX_STEPS),
     # GPU throughput levers (issue 8). "auto" checkpoints activations only when the fit check says memory needs it.
     "use_liger": BOOL,
     "gradient_checkpointing": Key("auto_bool"),
@@ -78,6 +82,9 @@ class TrainingMethod:
         return {**COMMON_KEYS, **self.keys}
 
     def check_types(self, config: dict) -> list[Finding]:
+        not_json = json_findings("config", config)
+        if not_json:
+            return not_json  # the type checks below quote values as JSON
         findings: list[Finding] = []
         known = self.known_keys()
         passthrough = trl_config_fields().get(self.trl_config, frozenset())

@@ -1,0 +1,94 @@
+"""Values that parse but cannot be stored or run: NaN and infinities and the dates and binary that
+the NEW RUN form's YAML box can produce (the JSON columns of PostgreSQL and SQLite refuse them; the
+API's own JSON parser already refuses NaN), numbers that would never end or overflow the trainer, and
+names that are blank or too long. Each is a 400 on the field — from the API, the form and the form's
+live estimate — and nothing is stored or changed."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.test import Client
+
+from tests.conftest import assert_error, sft_body
+from training.models import TrainingRun
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.mark.parametrize(
+    ("config", "field", "says"),
+    [
+        ({"max_steps": 10**23}, "config.max_steps", "at most 1e+08"),
+        ({"num_epochs": 1e308}, "config.num_epochs", "at most 10000"),
+        ({"seed": 2**40}, "config.seed", "at most 4.29497e+09"),
+        ({"learning_rate": 3}, "config.learning_rate", "at most 1"),
+    ],
+)
+def test_unrunnable_numbers_are_400_on_their_field(api, config, field, says):
+    before = TrainingRun.objects.count()
+    body = assert_error(api.post("/api/training-runs", sft_body(config=config)), 400, field)
+    assert says in json.dumps(body), body
+    assert TrainingRun.objects.count() == before
+
+
+def test_the_api_refuses_nan_in_the_body_itself(api):
+    # Python's json would read NaN; the API's parser refuses it before any field is looked at.
+    body = assert_error(api.post("/api/training-runs", sft_body(config={"learning_rate": float("nan")})), 400, "body")
+    assert "NaN is not a JSON number" in body["errors"][0]["message"]
+
+
+@pytest.mark.parametrize(("name", "says"), [("   ", "give the run a name"), ("x" * 201, "at most 200 characters")])
+def test_blank_or_overlong_names_are_400(api, name, says):
+    body = assert_error(api.post("/api/training-runs", sft_body(name=name)), 400, "name")
+    assert says in body["errors"][0]["message"]
+
+
+def test_a_name_is_stored_trimmed(api):
+    response = api.post("/api/training-runs", sft_body(name="  first run  "))
+    assert response.status_code == 201 and response.json()["name"] == "first run"
+
+
+def test_patch_with_a_blank_name_is_400_and_changes_nothing(api):
+    run = api.post("/api/training-runs", sft_body()).json()
+    assert_error(api.patch(f"/api/training-runs/{run['id']}", {"name": " ", "config": {"learning_rate": 1e-3}}), 400, "name")
+    stored = TrainingRun.objects.get(pk=run["id"])
+    assert stored.name == run["name"] and stored.config == run["config"]
+
+
+FORM = {"method": "sft", "experiment": "", "base_model": "org/base", "dataset": "my-data@main",
+        "compute.backend": "local", "compute.accelerators": "CPU"}
+
+
+@pytest.mark.parametrize(
+    ("config_text", "field", "says"),
+    [
+        ("learning_rate: .nan\n", "config.learning_rate", "finite number"),
+        ("warmup_ratio: .inf\n", "config.warmup_ratio", "finite number"),  # a TRL pass-through field
+        ("num_epochs: 1\nnested:\n  when: 2024-01-01\n", "config.nested.when", "this is a date"),
+        ("learning_rate: 2024-01-01\n", "config.learning_rate", "this is a date"),
+        ("lora_rank: !!binary aGVsbG8=\n", "config.lora_rank", "this is binary data"),
+    ],
+)
+def test_the_form_and_its_live_estimate_refuse_what_yaml_reads_as_non_json(project, users, config_text, field, says):
+    client = Client()
+    client.force_login(users["owner"])
+    before = TrainingRun.objects.count()
+    response = client.post("/training/new/", {**FORM, "name": "yaml", "config_text": config_text})
+    assert response.status_code == 400
+    html = response.content.decode()
+    assert field in html and says in html
+    assert TrainingRun.objects.count() == before
+    # The estimate beside START reads the same values while the form is being filled in: no 500.
+    part = client.get("/training/new/fit", {**FORM, "name": "yaml", "config_text": config_text, "compute.accelerators": "L4"},
+                      HTTP_HX_REQUEST="true")
+    assert part.status_code == 200
+    assert "no GPU memory estimate until this is fixed" in part.content.decode()
+
+
+def test_the_form_refuses_a_name_the_api_refuses(project, users):
+    client = Client()
+    client.force_login(users["owner"])
+    response = client.post("/training/new/", {**FORM, "name": "n" * 300, "config_text": ""})
+    assert response.status_code == 400 and "at most 200 characters" in response.content.decode()
+    assert not TrainingRun.objects.filter(name__startswith="nnnn").exists()
