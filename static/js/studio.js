@@ -5,6 +5,20 @@
   var COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#4b5563", "#db2777"];
   var plots = {};
 
+  // uPlot gives the y axis a fixed 50 px, which clips labels such as "10,000" to "0,000": size it
+  // to its widest tick label (the autosize recipe from uPlot's demos), re-measured on each redraw.
+  function axisSize(self, values, axisIdx, cycleNum) {
+    var axis = self.axes[axisIdx];
+    if (cycleNum > 1) return axis._size;  // uPlot converges within a cycle or two; keep the last size
+    var size = axis.ticks.size + axis.gap;
+    var longest = (values || []).reduce(function (a, v) { return String(v).length > a.length ? String(v) : a; }, "");
+    if (longest !== "") {
+      self.ctx.font = axis.font[0];
+      size += self.ctx.measureText(longest).width / devicePixelRatio;
+    }
+    return Math.ceil(size) + 4;
+  }
+
   function draw(root) {
     if (typeof uPlot === "undefined") return;
     var blocks = (root || document).querySelectorAll('script[type="application/json"][id$="chart-data"]');
@@ -26,7 +40,7 @@
         plots[chart.id] = new uPlot({
           width: width, height: 220, series: series,
           scales: { x: { time: false } },
-          axes: [{ label: "step" }, {}],
+          axes: [{ label: "step" }, { size: axisSize }],
           legend: { live: true }
         }, data, el);
         el.dataset.drawn = "true";

@@ -1,0 +1,32 @@
+"""Overview charts in a real browser: the y axis is wide enough for its labels."""
+from __future__ import annotations
+
+import pytest
+from playwright.sync_api import expect
+
+from training import services
+from training.models import MetricPoint
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+# The plot area starts where the y axis ends; the axis must hold its widest label (uPlot draws it
+# right-aligned against the ticks, so a narrow axis cuts the leading digits: "0,000" for 10,000).
+Y_AXIS_ROOM = """(label) => {
+  const over = document.querySelector('#chart-1 .u-over');
+  const ctx = document.createElement('canvas').getContext('2d');  // uPlot's default axis font
+  ctx.font = '12px system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, "Noto Sans", sans-serif';
+  return {left: parseFloat(over.style.left), needed: ctx.measureText(label).width + 10};
+}"""
+
+
+def test_throughput_axis_labels_are_not_clipped(owner_page, project, users):
+    page = owner_page
+    run = services.create_run(project, users["owner"], name="fast", method="sft", base_model="org/base", dataset="my-data@main")
+    MetricPoint.objects.bulk_create([MetricPoint(run=run, key=k, step=s, value=v) for s in range(1, 40)
+                                     for k, v in (("loss", 2.0 / s), ("tokens_per_s", 100_000.0 + 1_000 * s))])
+    page.goto(f"/training/runs/{run.pk}/")
+    expect(page.locator("#chart-1")).to_have_attribute("data-drawn", "true")
+    expect(page.locator('figure[data-chart="chart-1"] figcaption')).to_have_text("Throughput (tokens/s)")
+    room = page.evaluate(Y_AXIS_ROOM, "140,000")
+    assert room["left"] >= room["needed"], room
+    page.shot("throughput")
