@@ -74,8 +74,12 @@ def duration(value: Any) -> str:
 
 @register.filter
 def run_duration(run) -> str:
-    """How long the run has been (or was) going: started → finished, or → now while active."""
+    """How long the run has been (or was) going: started → finished, or → now while active. A run
+    that failed or was cancelled before training began (no started_at) counts from when its
+    worker claimed it (provisioning_since), so a failed run shows the time it took to fail."""
     start: datetime | None = run.started_at
+    if start is None and run.finished_at is not None and run.provisioning_since is not None and run.provisioning_since <= run.finished_at:
+        start = run.provisioning_since
     if start is None:
         return "—"
     end = run.finished_at or timezone.now()

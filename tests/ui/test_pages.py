@@ -394,3 +394,19 @@ def test_checkpoints_tab_links_committed_folders_and_shows_the_merge_state(proje
     poll = client.get(url, HTTP_HX_REQUEST="true", HTTP_HX_TARGET="checkpoint-table").content.decode()
     assert poll.lstrip().startswith('<div id="checkpoint-table"') and "every 3s" not in poll
     assert 'data-testid="merged-3"' in poll and "/checkpoints/3/merge" not in poll and "/checkpoints/6/merge" in poll
+
+
+@pytest.mark.parametrize("end", [Status.FAILED, Status.CANCELLED])
+def test_a_run_that_ended_before_training_shows_how_long_it_went(project, users, end):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from training import status as status_service
+
+    run = make_run(project, users["owner"], "sft", dataset="org/data")
+    # What dispatch's claim writes; the run then fails (or is stopped) while provisioning.
+    TrainingRun.objects.filter(pk=run.pk).update(status=Status.PROVISIONING, attempt=1, provisioning_since=timezone.now() - timedelta(seconds=95))
+    status_service.transition(run.pk, end)
+    html = client_for(users["owner"]).get(f"/training/runs/{run.pk}/").content.decode()
+    assert re.search(r"Duration 1m 3[5-9]s", html), re.search(r"Duration [^<]*", html).group(0)
