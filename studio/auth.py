@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from django.db.models import F
 from django.http import HttpRequest
 from ninja.utils import check_csrf
 
@@ -54,7 +55,8 @@ def current_project_for_session(request: HttpRequest) -> Project | None:
         chosen = memberships.filter(project__slug=slug).first()
         if chosen:
             return chosen.project
-    first = memberships.order_by("project__slug").first()
+    # A new session (just logged in) opens the project the user switched to last, else the first by name.
+    first = memberships.order_by(F("last_used_at").desc(nulls_last=True), "project__slug").first()
     return first.project if first else None
 
 

@@ -52,6 +52,11 @@ def add_member(project: Project, user, role: str) -> Membership:
     return member
 
 
+def remember_project(user, project: Project) -> None:
+    """The project `user` chose last: the one a new session of theirs opens in."""
+    Membership.objects.filter(user=user, project=project).update(last_used_at=timezone.now())
+
+
 def create_api_token(user, project: Project, *, name: str = "") -> tuple[ApiToken, str]:
     """Make a token for `user` in `project`; returns the row and the plaintext (shown once)."""
     if not Membership.objects.filter(project=project, user=user).exists():

@@ -15,6 +15,7 @@ from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
+from studio import services
 from studio.auth import SESSION_PROJECT_KEY, Actor, current_project_for_session
 from studio.errors import ApiError, Finding, Forbidden, NotFound
 from studio.models import Membership, Role
@@ -73,9 +74,11 @@ def home(request: HttpRequest) -> HttpResponse:
 @require_POST
 def switch_project(request: HttpRequest) -> HttpResponse:
     slug = request.POST.get("project", "")
-    if not projects_for(request.user).filter(slug=slug).exists():
+    project = projects_for(request.user).filter(slug=slug).first()
+    if project is None:
         raise Http404("No such project among yours.")
     request.session[SESSION_PROJECT_KEY] = slug
+    services.remember_project(request.user, project)
     target = request.POST.get("next") or "/"
     if not url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}):
         target = "/"

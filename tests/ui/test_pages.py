@@ -410,3 +410,19 @@ def test_a_run_that_ended_before_training_shows_how_long_it_went(project, users,
     status_service.transition(run.pk, end)
     html = client_for(users["owner"]).get(f"/training/runs/{run.pk}/").content.decode()
     assert re.search(r"Duration 1m 3[5-9]s", html), re.search(r"Duration [^<]*", html).group(0)
+
+
+def test_after_logging_in_again_the_user_lands_in_the_project_used_last(project, other_project, users):
+    from studio.models import Membership
+    from studio.services import add_member
+
+    add_member(other_project, users["owner"], "member")  # acme sorts first; globex is the one used
+    client = Client()
+    assert client.post("/login/", {"username": "owner", "password": "pw"}).status_code == 302
+    assert re.search(r'<option value="acme" selected>', client.get("/training/").content.decode())
+    client.post("/projects/switch", {"project": "globex", "next": "/training/"})
+    assert Membership.objects.get(user=users["owner"], project=other_project).last_used_at is not None
+    client.post("/logout/")
+    again = Client()
+    assert again.post("/login/", {"username": "owner", "password": "pw"}).status_code == 302
+    assert re.search(r'<option value="globex" selected>', again.get("/training/").content.decode())
