@@ -116,7 +116,7 @@ def create_branch(request: HttpRequest, name: str):
     payload = parse_body(request, BranchIn)
     if Branch.objects.filter(repo=repo, name=payload.name).exists():
         raise Conflict(f"Branch {payload.name!r} already exists.", [Finding("name", "choose another branch name")])
-    branch = repos.create_branch(repo, payload.name, payload.from_ref)
+    branch = repos.create_branch(repo, payload.name, payload.from_ref, name_field="name", from_field="from")
     return 201, {"name": branch.name, "commit": branch.head_id}
 
 
@@ -130,7 +130,7 @@ def list_tags(request: HttpRequest, name: str):
 def create_tag(request: HttpRequest, name: str):
     repo = repo_or_404(request, name, write=True)
     payload = parse_body(request, TagIn)
-    tag = repos.create_tag(repo, payload.name, payload.ref)
+    tag = repos.create_tag(repo, payload.name, payload.ref, name_field="name")
     return 201, {"name": tag.name, "commit": tag.commit_id}
 
 
@@ -174,8 +174,8 @@ def download(request: HttpRequest, name: str):
 def diff(request: HttpRequest, name: str):
     """Files added, removed and changed between two refs (`base` → `head`)."""
     repo = repo_or_404(request, name)
-    base = repos.resolve(repo, query_ref(request, "base") or repo.default_branch)
-    head = repos.resolve(repo, query_ref(request, "head") or repo.default_branch)
+    base = repos.resolve(repo, query_ref(request, "base") or repo.default_branch, field="base")
+    head = repos.resolve(repo, query_ref(request, "head") or repo.default_branch, field="head")
     old, new = repos.tree(base), repos.tree(head)
 
     def out(paths: list[str], tree: dict[str, Blob]) -> list[dict]:

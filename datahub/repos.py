@@ -101,13 +101,14 @@ def find_repo(project, name: str) -> Repo | None:
     return Repo.objects.filter(project=project, name=name).select_related("project").first()
 
 
-def create_branch(repo: Repo, name: str, from_ref: str = MAIN) -> Branch:
-    """Branch `name` at `from_ref`; an existing branch of that name is returned unchanged."""
-    check_name(name, "branch", "branch name")
+def create_branch(repo: Repo, name: str, from_ref: str = MAIN, *, name_field: str = "branch", from_field: str = "ref") -> Branch:
+    """Branch `name` at `from_ref`; an existing branch of that name is returned unchanged. A finding
+    names the caller's own key for each (the REST body sends them as `name` and `from`)."""
+    check_name(name, name_field, "branch name")
     existing = Branch.objects.filter(repo=repo, name=name).first()
     if existing is not None:
         return existing
-    head = resolve(repo, from_ref)
+    head = resolve(repo, from_ref, field=from_field)
     try:
         with transaction.atomic():
             return Branch.objects.create(repo=repo, name=name, head=head)
@@ -115,18 +116,19 @@ def create_branch(repo: Repo, name: str, from_ref: str = MAIN) -> Branch:
         return Branch.objects.get(repo=repo, name=name)
 
 
-def create_tag(repo: Repo, name: str, ref: str) -> Tag:
-    check_name(name, "tag", "tag name")
+def create_tag(repo: Repo, name: str, ref: str, *, name_field: str = "tag") -> Tag:
+    check_name(name, name_field, "tag name")
     commit = resolve(repo, ref)
     try:
         with transaction.atomic():
             return Tag.objects.create(repo=repo, name=name, commit=commit)
     except IntegrityError as exc:
-        raise Conflict(f"Tag {name!r} already exists in {repo.full_name}.", [Finding("tag", "tags do not move: choose another name")]) from exc
+        raise Conflict(f"Tag {name!r} already exists in {repo.full_name}.", [Finding(name_field, "tags do not move: choose another name")]) from exc
 
 
-def resolve(repo: Repo, ref: str | None) -> Commit:
-    """A branch, a tag, or a commit id (or an unambiguous prefix of 7+ hex digits) → its commit."""
+def resolve(repo: Repo, ref: str | None, *, field: str = "ref") -> Commit:
+    """A branch, a tag, or a commit id (or an unambiguous prefix of 7+ hex digits) → its commit;
+    `field` is the caller's name for the ref in a RefNotFound finding."""
     ref = ref or repo.default_branch
     branch = Branch.objects.filter(repo=repo, name=ref).select_related("head").first()
     if branch is not None:
@@ -140,7 +142,7 @@ def resolve(repo: Repo, ref: str | None) -> Commit:
             return found[0]
     raise RefNotFound(
         f"{repo.full_name} has no branch, tag or commit {ref!r}.",
-        [Finding("ref", "give a branch name, a tag, or a commit id of the repo")],
+        [Finding(field, "give a branch name, a tag, or a commit id of the repo")],
     )
 
 

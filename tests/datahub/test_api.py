@@ -94,3 +94,17 @@ def test_preview_detects_shapes(api, project):
         assert r.status_code == 200, r.content
         assert r.json()["shape"] == shape, (path, r.json())
     assert get(api, "/api/hub/repos/mixed/preview", path="pc.csv").json()["rows"] == [{"prompt": "q", "completion": "a"}, {"prompt": "q2", "completion": "a2"}]
+
+
+def test_ref_findings_name_the_key_that_was_sent(api, repo):
+    commits.commit_files(repo, "main", {"a.txt": b"a"}, "first")
+    for body, key in (({"name": "dev", "from": "nope"}, "from"), ({"name": "bad name", "from": "main"}, "name")):
+        body_ = assert_error(api.post("/api/hub/repos/my-model/branches", body), 404 if key == "from" else 400, key)
+        assert {e["field"] for e in body_["errors"]} == {key}, body_
+    assert_error(api.post("/api/hub/repos/my-model/tags", {"name": "bad name", "ref": "main"}), 400, "name")
+    assert_error(api.post("/api/hub/repos/my-model/tags", {"name": "v1", "ref": "nope"}), 404, "ref")
+    api.post("/api/hub/repos/my-model/tags", {"name": "v1", "ref": "main"})
+    assert_error(api.post("/api/hub/repos/my-model/tags", {"name": "v1", "ref": "main"}), 409, "name")
+    assert_error(get(api, "/api/hub/repos/my-model/diff", base="nope", head="main"), 404, "base")
+    assert_error(get(api, "/api/hub/repos/my-model/diff", base="main", head="nope"), 404, "head")
+    assert not repo.branches.filter(name="dev").exists()
