@@ -15,8 +15,12 @@ DEFAULT_EXPERIMENT = "default"
 def create_experiment(project: Project, name: str) -> Experiment:
     name = (name or "").strip()
     slug = slugify(name)[:100]
-    if not name or not slug:
-        raise BadRequest(errors=[Finding("name", "give the experiment a name with at least one letter or digit")])
+    if not name:
+        raise BadRequest(errors=[Finding("name", "give the experiment a name, e.g. tone-sweep")])
+    if not slug:
+        # The slug names the experiment's Data Hub repo (experiment-<slug>), which allows ASCII only.
+        raise BadRequest(errors=[Finding("name", f"{name!r} has no ASCII letter or digit: the name becomes a Data Hub repo name, which keeps only "
+                                                 "ASCII letters, digits, '-' and '_' (spaces become '-'); use at least one of a-z or 0-9, e.g. tone-sweep")])
     try:
         with transaction.atomic():
             experiment = Experiment.objects.create(project=project, name=name, slug=slug)

@@ -117,3 +117,11 @@ def test_run_naming_an_unknown_or_malformed_experiment_is_400(api, project, valu
 def test_viewer_cannot_create_experiments(api_as, project):
     assert_error(api_as("viewer").post("/api/experiments", {"name": "Nope"}), 403)
     assert not Experiment.objects.filter(project=project).exists()
+
+
+@pytest.mark.parametrize("name", ["日本語", "!!!"])
+def test_a_name_without_ascii_letters_or_digits_says_what_is_allowed(api, project, name):
+    body = assert_error(api.post("/api/experiments", {"name": name}), 400, "name")
+    message = body["errors"][0]["message"]
+    assert "ASCII letters, digits, '-' and '_'" in message and "Data Hub repo name" in message and "e.g. tone-sweep" in message
+    assert not Experiment.objects.filter(project=project).exists()
