@@ -25,6 +25,7 @@ from studio.errors import ApiError, Conflict, Forbidden, PaymentRequired, Unproc
 from studio.views import errors_by_field, studio_page, web_actor
 from training import checkpoints, forms, services
 from training.fit_report import fit_report, form_fit_report
+from training.methods import distill as distill_method
 from training.models import ACTIVE_STATUSES, Checkpoint, LogLine, Method, MetricPoint, Rollout, Status, TrainingRun
 from training.queries import get_run_for, runs_for
 from training.refs import dataset_entries, ref_kind
@@ -233,10 +234,25 @@ def form_context(request: HttpRequest, project, values: dict[str, Any], errors: 
                     "rollout_engine": forms.ROLLOUT_ENGINE_CHOICES},
         "performance_open": forms.performance_open(values, errors),
         "estimate": forms.storage_estimate(values.get("config.distillation.top_k"), values.get("distill_tokens")) if distill else None,
+        "estimate_finding": top_k_finding_of(values) if distill else None,
         "environment_choices": environment_choices(project) if method == "grpo" else [],
         "teacher": forms.teacher_fit(values.get("config.distillation.teacher_model"), values.get("compute.accelerators"), project) if distill else None,
         "fit": form_fit_report(forms.draft_of_values({**values, "method": method}, project)),
     }
+
+
+def top_k_finding_of(values: dict[str, Any]) -> str | None:
+    """START's top_k rule for the value typed so far (none while the field is empty: the default
+    applies), so the storage estimate never prices a top_k that START would refuse."""
+    raw = str(values.get("config.distillation.top_k") or "").strip()
+    if not raw:
+        return None
+    try:
+        top_k: Any = int(raw)
+    except ValueError:
+        top_k = raw
+    finding = distill_method.top_k_finding(top_k)
+    return finding.message if finding else None
 
 
 @studio_page

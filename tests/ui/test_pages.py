@@ -426,3 +426,12 @@ def test_after_logging_in_again_the_user_lands_in_the_project_used_last(project,
     again = Client()
     assert again.post("/login/", {"username": "owner", "password": "pw"}).status_code == 302
     assert re.search(r'<option value="globex" selected>', again.get("/training/").content.decode())
+
+
+@pytest.mark.parametrize(("top_k", "shown"), [("2000", "got 2000"), ("0", "got 0"), ("lots", "got lots")])
+def test_distill_estimate_shows_starts_top_k_range_instead_of_pricing_it(project, users, top_k, shown):
+    html = client_for(users["owner"]).get("/training/new/estimate", {"method": "distill", "config.distillation.top_k": top_k, "distill_tokens": "295000"}).content.decode()
+    assert 'data-testid="estimate-finding"' in html and "integer from 1 to 1024" in html and shown in html
+    assert 'data-testid="storage-estimate"' not in html
+    ok = client_for(users["owner"]).get("/training/new/estimate", {"method": "distill", "config.distillation.top_k": "1024", "distill_tokens": "1000"}).content.decode()
+    assert 'data-testid="storage-estimate"' in ok and "estimate-finding" not in ok

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 from studio.errors import Finding
 from training.methods.base import BOOL, Draft, Key, TrainingMethod, is_number
 
@@ -12,6 +14,13 @@ DISTILL_KEYS = {
 }
 DEFAULTS = {"top_k": 64, "temperature": 1.0, "kd_weight": 0.5}
 MAX_TOP_K = 1024
+
+
+def top_k_finding(top_k: Any) -> Finding | None:
+    """The one top_k rule: START's finding, and NEW RUN's storage estimate shows it too."""
+    if isinstance(top_k, int) and 1 <= top_k <= MAX_TOP_K:
+        return None
+    return Finding("config.distillation.top_k", f"top_k must be an integer from 1 to {MAX_TOP_K} (default 64), got {top_k}")
 
 
 class Distill(TrainingMethod):
@@ -43,9 +52,9 @@ class Distill(TrainingMethod):
     def start_findings(self, draft: Draft) -> list[Finding]:
         block = draft.config.get("distillation") or {}
         findings = []
-        top_k = block.get("top_k")
-        if not (isinstance(top_k, int) and 1 <= top_k <= MAX_TOP_K):
-            findings.append(Finding("config.distillation.top_k", f"top_k must be an integer from 1 to {MAX_TOP_K} (default 64), got {top_k}"))
+        top_k = top_k_finding(block.get("top_k"))
+        if top_k is not None:
+            findings.append(top_k)
         temperature = block.get("temperature")
         if not (is_number(temperature) and temperature > 0):
             findings.append(Finding("config.distillation.temperature", f"temperature must be greater than 0 (default 1.0), got {temperature}"))
