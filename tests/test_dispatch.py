@@ -17,12 +17,24 @@ from training.models import Checkpoint, LogLine, MetricPoint, Rollout, Status, T
 pytestmark = pytest.mark.worker
 
 
+@pytest.fixture
+def unloadable(tmp_path) -> dict[str, str]:
+    """A base model and dataset that pass START's local-path checks (a folder with a config.json, a file)
+    but that the engine cannot load, so the job fails fast: these tests are about dispatch, not training."""
+    model = tmp_path / "unloadable-model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "no-such-architecture"}')
+    data = tmp_path / "rows.jsonl"
+    data.write_text("")
+    return {"base_model": str(model), "dataset": str(data)}
+
+
 def submissions(run_id: int) -> int:
     return LogLine.objects.filter(run_id=run_id, line__contains="submitting to the local backend").count()
 
 
-def test_start_is_claimed_by_the_worker_and_submitted_once(api, studio_worker):
-    run_id = api.post("/api/training-runs", sft_body(base_model="/nonexistent/model", dataset="/nonexistent/data.jsonl")).json()["id"]
+def test_start_is_claimed_by_the_worker_and_submitted_once(api, studio_worker, unloadable):
+    run_id = api.post("/api/training-runs", sft_body(**unloadable)).json()["id"]
     assert api.post(f"/api/training-runs/{run_id}/start").status_code == 202
     run = wait_for(lambda: TrainingRun.objects.filter(pk=run_id).exclude(status=Status.QUEUED).first(), 30, message="the worker to claim the run")
     assert run.attempt == 1 and run.start_requested_at is None
@@ -38,10 +50,10 @@ def test_start_is_claimed_by_the_worker_and_submitted_once(api, studio_worker):
     assert sorted(p.name for p in (studio_worker.runs_dir / str(run_id)).iterdir()) == ["attempt-1"]
 
 
-def test_concurrent_dispatches_claim_the_run_once(transactional_db, live_server, api, settings, tmp_path):
+def test_concurrent_dispatches_claim_the_run_once(transactional_db, live_server, api, settings, tmp_path, unloadable):
     settings.STUDIO_RUNS_DIR = tmp_path / "runs"
     settings.STUDIO_PUBLIC_URL = live_server.url
-    run_id = api.post("/api/training-runs", sft_body(base_model="/nonexistent/model", dataset="/nonexistent/data.jsonl")).json()["id"]
+    run_id = api.post("/api/training-runs", sft_body(**unloadable)).json()["id"]
     TrainingRun.objects.filter(pk=run_id).update(start_requested_at=timezone.now())
     results: list[bool] = []
     barrier = threading.Barrier(4)
@@ -84,8 +96,8 @@ def test_stop_frees_the_process_group_and_cancels(api, studio_worker, tiny_model
     assert api.post(f"/api/training-runs/{run_id}/stop").status_code == 409
 
 
-def test_restart_wipes_the_series_keeps_checkpoints_and_retires_the_old_token(api, studio_worker):
-    run_id = api.post("/api/training-runs", sft_body(base_model="/nonexistent/model", dataset="/nonexistent/data.jsonl")).json()["id"]
+def test_restart_wipes_the_series_keeps_checkpoints_and_retires_the_old_token(api, studio_worker, unloadable):
+    run_id = api.post("/api/training-runs", sft_body(**unloadable)).json()["id"]
     old_token = "ing_old-attempt-token"
     TrainingRun.objects.filter(pk=run_id).update(status=Status.FAILED, attempt=1, ingest_token_hash=crypto.hash_token(old_token), error={"code": "training_error", "message": "boom", "log_tail": []})
     run = TrainingRun.objects.get(pk=run_id)

@@ -125,6 +125,21 @@ def test_teacher_with_same_tokenizer_passes(api, tmp_path):
     assert start(api, run_id).status_code == 202
 
 
+@pytest.mark.parametrize(
+    ("overrides", "field", "says"),
+    [
+        ({"base_model": "../../etc/passwd"}, "base_model", "is a relative path"),
+        ({"base_model": "/etc"}, "base_model", "no config.json in it"),
+        ({"dataset": "/nonexistent/rows.jsonl"}, "dataset", "does not exist on the Studio's machine"),
+        ({"method": "distill", "config": {"distillation": {"teacher_model": "/etc"}}}, "config.distillation.teacher_model", "no config.json in it"),
+    ],
+)
+def test_local_paths_for_the_local_backend_must_name_what_the_engine_loads(api, overrides, field, says):
+    run_id = make_run(api, **overrides)
+    body = assert_start_refused(api, run_id, 422, field)
+    assert any(e["field"] == field and says in e["message"] for e in body["errors"]), body
+
+
 def test_all_findings_are_reported_at_once(api):
     run_id = make_run(api, method="dpo", base_model=None, dataset=None, config={"loss": {"type": "dpo", "dpo_beta": 0}, "per_device_train_batch_size": 3})
     body = assert_start_refused(api, run_id, 422, "base_model")

@@ -224,18 +224,30 @@ def teacher_tokenizer_findings(draft: Draft) -> list[Finding]:
 
 
 def local_path_findings(draft: Draft) -> list[Finding]:
-    """A local path names a file on the Studio's machine: only the local backend can read it."""
-    if draft.compute.get("backend", "local") == "local":
-        return []
-    refs = [("base_model", draft.base_model)]
-    refs += [(f"dataset[{i}]" if isinstance(draft.dataset, list) else "dataset", e.ref) for i, e in enumerate(dataset_entries(draft.dataset))]
+    """A local path names a file on the Studio's machine: only the local backend can read it, and
+    there it must be an absolute path to what the engine will load (a missing one would fail the run
+    only after the job started)."""
+    models = [("base_model", draft.base_model)]
     if draft.method == "distill":
-        refs.append(("config.distillation.teacher_model", (draft.config.get("distillation") or {}).get("teacher_model")))
-    return [
-        Finding(field, f"{value} is a path on the Studio's machine, which the {draft.compute.get('backend')} backend cannot read: push it to the Data Hub and use repo@ref")
-        for field, value in refs
-        if isinstance(value, str) and ref_kind(value) == "path"
-    ]
+        models.append(("config.distillation.teacher_model", (draft.config.get("distillation") or {}).get("teacher_model")))
+    datasets = [(f"dataset[{i}]" if isinstance(draft.dataset, list) else "dataset", e.ref) for i, e in enumerate(dataset_entries(draft.dataset))]
+    paths = [(field, value, field in dict(models)) for field, value in models + datasets if isinstance(value, str) and ref_kind(value) == "path"]
+    backend = draft.compute.get("backend", "local")
+    if backend != "local":
+        return [
+            Finding(field, f"{value} is a path on the Studio's machine, which the {backend} backend cannot read: push it to the Data Hub and use repo@ref")
+            for field, value, _ in paths
+        ]
+    findings = []
+    for field, value, is_model in paths:
+        path = Path(value).expanduser()
+        if not path.is_absolute():
+            findings.append(Finding(field, f"{value} is a relative path: give the absolute path on the Studio's machine (e.g. /data/models/my-model)"))
+        elif is_model and not (path / "config.json").is_file():
+            findings.append(Finding(field, f"{value} is not a model folder on the Studio's machine (no config.json in it): give the folder save_pretrained wrote, an HF id or a Data Hub repo@ref"))
+        elif not is_model and not path.exists():
+            findings.append(Finding(field, f"{value} does not exist on the Studio's machine: give the path of a .jsonl/.json/.parquet/.csv file or a folder of them"))
+    return findings
 
 
 def local_image_has(module: str) -> bool:
