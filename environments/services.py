@@ -108,6 +108,47 @@ def render_config(config: dict[str, Any]) -> str:
     )
 
 
+def required_config_keys(init: ast.Module) -> dict[str, int]:
+    """The CONFIG keys load_environment cannot do without: each `cfg["key"]` it reads (key → line),
+    where `cfg` is CONFIG, its **kwargs, or a name the function assigns from either (the catalogue's
+    `cfg = {**CONFIG, **kwargs}`). A key it also reads with `.get("key")` is optional."""
+    entry = next((n for n in init.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == "load_environment"), None)
+    if entry is None:
+        return {}
+    sources = {"CONFIG"} | ({entry.args.kwarg.arg} if entry.args.kwarg else set())
+    for node in ast.walk(entry):
+        if isinstance(node, ast.Assign) and any(isinstance(n, ast.Name) and n.id in sources for n in ast.walk(node.value)):
+            sources |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+    keys: dict[str, int] = {}
+    optional: set[str] = set()
+    for node in ast.walk(entry):
+        if (isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and isinstance(node.value, ast.Name)
+                and node.value.id in sources and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str)):
+            keys.setdefault(node.slice.value, node.lineno)
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+              and isinstance(node.func.value, ast.Name) and node.func.value.id in sources
+              and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            optional.add(node.args[0].value)  # `if cfg.get("k"): ... cfg["k"]` reads it only when it is there
+    return {key: line for key, line in keys.items() if key not in optional}
+
+
+def missing_config_findings(files: dict[str, bytes], config: dict[str, Any] | None, field: str) -> list[Finding]:
+    """Keys load_environment reads that `config` (the package's CONFIG, or one about to replace it)
+    lacks: the run would fail with a KeyError as it loads the environment."""
+    init = files.get((package_prefix(files) or "") + "__init__.py")
+    if config is None or init is None:
+        return []
+    try:
+        required = required_config_keys(ast.parse(init))
+    except (SyntaxError, ValueError):
+        return []  # static_findings reports the syntax error
+    return [
+        Finding(field if field != "config" else f"config.{key}",
+                f"CONFIG has no {key!r}, which load_environment reads (__init__.py:{line}): put it back in CONFIG")
+        for key, line in sorted(required.items()) if key not in config
+    ]
+
+
 # ---- static package checks (no import) ---------------------------------------------------------
 
 def package_prefix(files: dict[str, bytes]) -> str | None:
@@ -167,6 +208,7 @@ def static_findings(files: dict[str, bytes], image_has: Callable[[str], bool], *
     init = modules.get("__init__.py")
     if init is not None and not _has_entry_point(init, modules):
         findings.append(Finding(field, "the package's __init__.py has no module-level load_environment(**kwargs) (and exports no verifiers Taskset subclass)"))
+    findings += missing_config_findings(files, read_config(files), field)
     return findings
 
 
@@ -400,11 +442,15 @@ def check_repo(project, name: str, ref: str = "main", backend_name: str = "local
 
 def update_config(project, name: str, config: dict[str, Any], user=None) -> dict[str, Any]:
     from datahub.commits import commit_files
+    from datahub.repos import resolve
 
     if not isinstance(config, dict):
         raise BadRequest("CONFIG must be an object.", [Finding("config", "send the whole CONFIG as a JSON object")])
     repo = environment_repo(project, name)
     current = repo_config(project, name)
     prefix = package_prefix({p: b"" for p in current["files"]}) or ""
+    missing = missing_config_findings(hub_package_files(resolve(repo, "main")), config, "config")
+    if missing:
+        raise BadRequest("This CONFIG lacks keys the environment reads (a PUT replaces the whole CONFIG).", missing)
     commit = commit_files(repo, "main", {prefix + CONFIG_FILE: render_config(config).encode()}, message="Edit CONFIG", author=user)
     return {"repo": repo.name, "environment_id": f"{repo.name}@main", "commit": commit.pk, "config": config}

@@ -194,3 +194,33 @@ def test_the_check_endpoint_reports_what_start_would(api, project):
     assert [f["field"] for f in remote["findings"]] == ["config.environment_id"] and "'numpy'" in remote["findings"][0]["message"]
     assert_error(api.get("/api/environments/np-env2/check", backend="mainframe"), 400, "backend")
     assert_error(api.get("/api/environments/np-env2/check", ref="nope"), 404)
+
+
+def test_a_config_put_that_drops_keys_load_environment_reads_is_400_and_changes_nothing(api, project):
+    fork = api.post("/api/environments/fork", {"catalogue": "calculator"}).json()
+    before = api.get("/api/environments/calculator/config").json()
+    body = assert_error(api.put("/api/environments/calculator/config", {"config": {"max_tool_calls": 5}}), 400)
+    assert {e["field"] for e in body["errors"]} == {"config.data_file", "config.system_prompt", "config.weights"}
+    assert all("which load_environment reads (__init__.py:" in e["message"] for e in body["errors"]), body
+    after = api.get("/api/environments/calculator/config").json()
+    assert after["commit"] == before["commit"] == fork["commit"] and after["config"] == before["config"]
+    # Optional keys (read with .get) may go; the keys it needs stay.
+    slim = {k: v for k, v in before["config"].items() if k != "max_examples"}
+    assert api.put("/api/environments/calculator/config", {"config": slim}).status_code == 200
+
+
+def test_start_and_the_check_refuse_a_package_whose_config_lacks_a_key_it_reads(api, project):
+    repo = create_repo(project, "thin-env", RepoType.ENVIRONMENT)
+    init = (b"from .config import CONFIG\n\n\ndef load_environment(**kwargs):\n    cfg = {**CONFIG, **kwargs}\n"
+            b"    rows = [r['question'] for r in []]\n    return cfg['data_file'], cfg.get('limit'), rows\n")
+    commit_files(repo, "main", {"__init__.py": init, "config.py": b"CONFIG = {'name': 'thin'}\n"})
+    expected = "CONFIG has no 'data_file', which load_environment reads (__init__.py:7): put it back in CONFIG"
+    assert [f["message"] for f in api.get("/api/environments/thin-env/check").json()["findings"]] == [expected]
+    body = assert_error(api.post(f"/api/training-runs/{grpo_run(api, 'thin-env@main')}/start"), 422, "config.environment_id")
+    assert expected in [e["message"] for e in body["errors"]]
+
+
+@pytest.mark.parametrize("entry", ["gsm-maths", "multiple-choice", "science-qa", "calculator"])
+def test_every_catalogue_fork_passes_the_config_check(api, project, entry):
+    fork = api.post("/api/environments/fork", {"catalogue": entry}).json()
+    assert api.get(f"/api/environments/{fork['repo']}/check").json()["findings"] == []
