@@ -158,8 +158,8 @@ def _cuda_fp8() -> bool:
 
 
 @pytest.mark.skipif(not _cuda_fp8(), reason="needs a CUDA GPU with float8 (compute capability 8.9+): the device check runs it")
-def test_sft_in_fp8_on_the_gpu_converts_the_model_and_learns(tiny, ingest: IngestStub, tmp_path: Path) -> None:
-    os.environ.setdefault("ENGINE_TEST_ACCELERATORS", "GPU:1")
+def test_sft_in_fp8_on_the_gpu_converts_the_model_and_learns(tiny, ingest: IngestStub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ENGINE_TEST_ACCELERATORS", os.environ.get("ENGINE_TEST_ACCELERATORS", "GPU:1"))
     cfg = {"max_steps": 20, "learning_rate": 5e-3, "per_device_train_batch_size": 8, "max_length": 64, "precision": "fp8"}
     assert run_inprocess(make_spec("sft", tiny["student"], [tiny["sft"]], tmp_path, cfg, ingest)) == 0
     logs = "\n".join(ingest.collect("logs"))
