@@ -368,7 +368,8 @@ def tab_context(request: HttpRequest, run: TrainingRun, tab: str) -> dict[str, A
             context["per_token"] = 6 * int(config["distillation"].get("top_k") or 64)
     elif tab == "datasets":
         entries = dataset_entries(run.dataset)
-        context["entries"] = [{"ref": e.ref, "type": e.type or "—", "kind": ref_kind(e.ref), "pinned": pinned_of(run, dataset_field(run, i))} for i, e in enumerate(entries)]
+        context["entries"] = [{"ref": e.ref, "type": e.type or "—", "kind": ref_kind(e.ref), "pin": pin_state(run, dataset_field(run, i), ref_kind(e.ref))}
+                              for i, e in enumerate(entries)]
     elif tab == "checkpoints":
         saved = list(Checkpoint.objects.filter(run=run))
         prefixes = {c.pk: hub.checkpoint_prefix(c) for c in saved}
@@ -381,7 +382,9 @@ def tab_context(request: HttpRequest, run: TrainingRun, tab: str) -> dict[str, A
         context["lineage"] = lineage_of(run)
     elif tab == "environment":
         context["environment_id"] = config.get("environment_id")
-        context["pinned"] = pinned_of(run, "config.environment_id")
+        name = str(config.get("environment_id") or "").partition("@")[0]
+        builtin = name in env_services.ENGINE_BUILTINS or name.startswith("builtin/")
+        context["pin"] = pin_state(run, "config.environment_id", "builtin" if builtin else "hub")
         context["env"] = environment_info(run.project, config.get("environment_id"))
     elif tab == "rollouts":
         context.update(rollout_groups(run, request))
@@ -462,6 +465,19 @@ def dataset_field(run: TrainingRun, index: int) -> str:
 def pinned_of(run: TrainingRun, field: str) -> dict | None:
     """The commit a Data Hub ref was pinned to at START (run.pinned is keyed by field path)."""
     return (run.pinned or {}).get(field)
+
+
+def pin_state(run: TrainingRun, field: str, kind: str) -> dict[str, str]:
+    """What a tab says about a ref's pin: the commit START pinned it to, or why there is none. Only
+    Data Hub refs are pinned; a local path, an HF id or a builtin is used as it is at run time."""
+    pinned = pinned_of(run, field)
+    if pinned:
+        return {"commit": pinned["commit"]}
+    notes = {"builtin": "built in (not versioned)", "path": "local path (not versioned)", "hf": "Hugging Face id (not pinned)"}
+    if kind in notes:
+        return {"note": notes[kind]}
+    not_started = run.status == Status.QUEUED and run.start_requested_at is None
+    return {"note": "pinned at START" if not_started else "not pinned"}
 
 
 def lineage_of(run: TrainingRun) -> list[dict[str, Any]]:

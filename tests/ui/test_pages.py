@@ -435,3 +435,28 @@ def test_distill_estimate_shows_starts_top_k_range_instead_of_pricing_it(project
     assert 'data-testid="storage-estimate"' not in html
     ok = client_for(users["owner"]).get("/training/new/estimate", {"method": "distill", "config.distillation.top_k": "1024", "distill_tokens": "1000"}).content.decode()
     assert 'data-testid="storage-estimate"' in ok and "estimate-finding" not in ok
+
+
+def complete(run) -> None:
+    from training import status as status_service
+
+    for target in (Status.PROVISIONING, Status.RUNNING, Status.COMPLETED):
+        status_service.transition(run.pk, target)
+
+
+def test_pins_are_claimed_only_for_data_hub_refs_that_were_pinned(project, users):
+    client = client_for(users["owner"])
+    local = make_run(project, users["owner"], "sft", dataset="/data/train.jsonl")
+    hub = make_run(project, users["owner"], "sft", dataset="my-data@main")
+    queued = client.get(f"/training/runs/{hub.pk}/datasets/").content.decode()
+    assert "pinned at START" in queued
+    TrainingRun.objects.filter(pk=hub.pk).update(pinned={"dataset": {"ref": "my-data@main", "commit": "c0ffee" * 10, "repo": "acme/my-data"}})  # what START records
+    grpo = make_run(project, users["owner"], "grpo")
+    for run in (local, hub, grpo):
+        complete(run)
+    html = client.get(f"/training/runs/{local.pk}/datasets/").content.decode()
+    assert "local path (not versioned)" in html and "pinned at START" not in html
+    assert "c0ffee" * 10 in client.get(f"/training/runs/{hub.pk}/datasets/").content.decode()
+    env = client.get(f"/training/runs/{grpo.pk}/environment/").content.decode()
+    pin = re.search(r'data-testid="environment-pin">(.*?)</td>', env).group(1)
+    assert "built in (not versioned)" in pin and "pinned at START" not in env
