@@ -24,6 +24,7 @@ from experiments.models import Experiment
 from studio.errors import ApiError, Conflict, Forbidden, PaymentRequired, Unprocessable
 from studio.views import errors_by_field, studio_page, web_actor
 from training import checkpoints, forms, services
+from training.compute import accelerators_of
 from training.fit_report import fit_report, form_fit_report
 from training.methods import distill as distill_method
 from training.models import ACTIVE_STATUSES, Checkpoint, LogLine, Method, MetricPoint, Rollout, Status, TrainingRun
@@ -173,6 +174,15 @@ def config_rows(run: TrainingRun) -> list[tuple[str, Any]]:
     if run.method == Method.GRPO:
         skip |= {"rl_mode", "environment_id", "inference_blocks", "trainer_blocks", "judge_blocks"}
     return [(k, v) for k, v in sorted((run.config or {}).items()) if k not in skip]
+
+
+def precision_of(run: TrainingRun) -> str:
+    """What the run trains in, by the engine's rule (modeling.pick_device): the CPU always trains in
+    fp32; on a GPU the configured precision, bf16 by default."""
+    asked = (run.config or {}).get("precision")
+    if accelerators_of(run.compute or {}).is_cpu:
+        return "fp32 (CPU run" + (f"; {asked} applies on a GPU only)" if asked and asked != "fp32" else ")")
+    return asked or "bf16 (default)"
 
 
 def adapter_of(config: dict) -> str:
@@ -359,7 +369,7 @@ def tab_context(request: HttpRequest, run: TrainingRun, tab: str) -> dict[str, A
     elif tab == "configuration":
         blockers = services.start_blockers(run) if run.status != Status.COMPLETED and not is_live(run) else []
         context.update(
-            rows=config_rows(run), adapter=adapter_of(config), loss=config.get("loss"), distillation=config.get("distillation"),
+            rows=config_rows(run), adapter=adapter_of(config), precision=precision_of(run), loss=config.get("loss"), distillation=config.get("distillation"),
             judge=config.get("judge"), ruler=config.get("ruler_task_args"), config_yaml=yaml.safe_dump(config, sort_keys=True),
             findings=errors_by_field(blockers), editable=run.status in (Status.QUEUED, Status.FAILED, Status.CANCELLED) and not is_live(run),
         )

@@ -460,3 +460,15 @@ def test_pins_are_claimed_only_for_data_hub_refs_that_were_pinned(project, users
     env = client.get(f"/training/runs/{grpo.pk}/environment/").content.decode()
     pin = re.search(r'data-testid="environment-pin">(.*?)</td>', env).group(1)
     assert "built in (not versioned)" in pin and "pinned at START" not in env
+
+
+@pytest.mark.parametrize(("accelerators", "config", "shown"), [
+    ("CPU", {}, "fp32 (CPU run)"),
+    ("CPU", {"precision": "bf16"}, "fp32 (CPU run; bf16 applies on a GPU only)"),
+    ("H100:1", {}, "bf16 (default)"),
+    ("H100:1", {"precision": "fp32"}, "fp32"),
+])
+def test_configuration_tab_shows_the_precision_the_run_trains_in(project, users, accelerators, config, shown):
+    run = make_run(project, users["owner"], "sft", dataset="org/data", config=config, compute={"backend": "local", "accelerators": accelerators})
+    html = client_for(users["owner"]).get(f"/training/runs/{run.pk}/configuration/").content.decode()
+    assert re.search(r'data-testid="precision">([^<]*)<', html).group(1) == shown
