@@ -123,7 +123,8 @@ def require_patchable(run: TrainingRun) -> None:
     """409 for a run that is active, starting or completed. The API calls it before parsing the
     body too (409 comes before 400 in the contract's precedence); update_run again under the lock."""
     if run.is_active or run.status == Status.COMPLETED or (run.status == Status.QUEUED and run.start_requested_at):
-        raise Conflict(f"A {run.status} run cannot be changed: stop it first, or create a new run.")
+        raise Conflict("A completed run cannot be changed: create a new run (or resume from one of its checkpoints)." if run.status == Status.COMPLETED
+                       else f"A {run.status} run cannot be changed: stop it first, or create a new run.")
 
 
 @transaction.atomic

@@ -298,8 +298,10 @@ def new_run(request: HttpRequest) -> HttpResponse:
 def edit_run(request: HttpRequest, run_id: int) -> HttpResponse:
     actor = web_actor(request)
     run = get_run_for(actor, run_id, write=True)
-    if is_live(run) or run.status in ACTIVE_STATUSES or run.status == Status.COMPLETED:
-        messages.error(request, f"A {run.status} run cannot be changed: stop it first, or create a new run.")
+    try:
+        services.require_patchable(run)  # the API's own 409 and its sentence
+    except Conflict as exc:
+        messages.error(request, exc.detail)
         return redirect("training:run", run_id=run.pk)
     if request.method == "GET":
         values = forms.values_from_run(run)

@@ -472,3 +472,16 @@ def test_configuration_tab_shows_the_precision_the_run_trains_in(project, users,
     run = make_run(project, users["owner"], "sft", dataset="org/data", config=config, compute={"backend": "local", "accelerators": accelerators})
     html = client_for(users["owner"]).get(f"/training/runs/{run.pk}/configuration/").content.decode()
     assert re.search(r'data-testid="precision">([^<]*)<', html).group(1) == shown
+
+
+def test_editing_a_completed_run_says_to_create_a_new_one_not_to_stop_it(project, users, api):
+    run = make_run(project, users["owner"], "sft", dataset="org/data")
+    complete(run)
+    expected = "A completed run cannot be changed: create a new run (or resume from one of its checkpoints)."
+    patch = api.patch(f"/api/training-runs/{run.pk}", {"name": "new"})
+    assert patch.status_code == 409 and patch.json()["detail"] == expected
+    page = client_for(users["owner"]).get(f"/training/runs/{run.pk}/edit/", follow=True).content.decode()
+    assert expected in page and "stop it first" not in page
+    TrainingRun.objects.filter(pk=run.pk).update(status=Status.RUNNING)
+    assert "A running run cannot be changed: stop it first" in api.patch(f"/api/training-runs/{run.pk}", {"name": "new"}).json()["detail"]
+    assert TrainingRun.objects.get(pk=run.pk).name == "sft run"
