@@ -1,4 +1,4 @@
-"""Overview charts in a real browser: the y axis is wide enough for its labels."""
+"""Overview charts and the Checkpoints tab in a real browser: the y axis is wide enough for its labels; a merge is followed until it ends."""
 from __future__ import annotations
 
 import pytest
@@ -30,3 +30,23 @@ def test_throughput_axis_labels_are_not_clipped(owner_page, project, users):
     room = page.evaluate(Y_AXIS_ROOM, "140,000")
     assert room["left"] >= room["needed"], room
     page.shot("throughput")
+
+
+def test_checkpoints_tab_follows_a_merge_until_it_ends(owner_page, project, users, tmp_path):
+    from training import checkpoints
+    from training.models import Checkpoint
+
+    page = owner_page
+    run = services.create_run(project, users["owner"], name="lora", method="sft", base_model="org/base", dataset="org/data", config={"lora_rank": 8})
+    saved = Checkpoint.objects.create(run=run, attempt=1, step=3, kind="checkpoint", path=str(tmp_path / "checkpoint-3"))
+    page.goto(f"/training/runs/{run.pk}/checkpoints/")
+    page.get_by_role("button", name="Merge step 3").click()
+    expect(page.get_by_test_id("merging-3")).to_have_text("Merging…")
+    # The merge ends (the merged row as merge() records it; merge() itself clears the in-flight
+    # mark, here by failing fast on a base model that is not on this machine): the table follows.
+    Checkpoint.objects.create(run=run, attempt=1, step=3, kind="merged", path=str(tmp_path / "merged-step-3"))
+    checkpoints.merge(saved.pk)
+    expect(page.get_by_test_id("merged-3")).to_be_visible(timeout=15_000)
+    expect(page.get_by_role("button", name="Merge step 3")).to_have_count(0)
+    expect(page.locator('tr[data-checkpoint="merged-3"]')).to_be_visible()
+    page.shot("merged")
