@@ -12,7 +12,6 @@ import re
 from typing import Any, TypeVar
 
 from django.http import Http404, HttpRequest, HttpResponse
-from django.shortcuts import render
 from ninja import NinjaAPI, Schema
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.openapi.docs import Swagger
@@ -24,17 +23,7 @@ from studio.errors import ApiError, BadRequest, Finding, NotFound, Unauthorized
 S = TypeVar("S", bound=Schema)
 
 
-class LocalSwagger(Swagger):
-    """/api/docs from our own static files (static/vendor/swagger-ui). ninja's Swagger serves its
-    copy only when "ninja" is an installed app and otherwise loads Swagger UI from a CDN, which
-    leaves the page blank offline ("SwaggerUIBundle is not defined")."""
-
-    def render_page(self, request: HttpRequest, api: NinjaAPI, **kwargs: Any) -> HttpResponse:
-        settings = {**self.settings, "url": self.get_openapi_url(api, kwargs)}
-        return render(request, "api/docs.html", {"swagger_settings": settings, "api": api})
-
-
-api = NinjaAPI(title="Studio API", version="1.0", urls_namespace="api", auth=StudioAuth(), docs=LocalSwagger())
+api = NinjaAPI(title="Studio API", version="1.0", urls_namespace="api", auth=StudioAuth(), docs=Swagger())
 
 
 # The tags pydantic puts in an error's loc for each member of a union (`str | int` → "str", "int";

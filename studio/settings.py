@@ -85,6 +85,9 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_htmx",
     "template_partials",
+    # ninja's app serves /api/docs' Swagger UI from its own static files (without it: from a CDN,
+    # which leaves the docs blank on a machine without internet).
+    "ninja",
     "studio",
     "experiments",
     "datahub",
