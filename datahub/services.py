@@ -58,8 +58,24 @@ def create_run_branch(run) -> Branch:
 CHECKPOINT_DIRS = {"final": "final", "merged": "merged", "adapter": "adapter"}
 
 
-def checkpoint_prefix(checkpoint) -> str:
+def checkpoint_prefix(checkpoint, last_step: int | None = None) -> str:
+    """Where a checkpoint's files go on the run's branch. A merge of an earlier step (a person's
+    Merge on the Checkpoints tab) lands beside that step, not in merged/: that folder, like the
+    Models page entry, is the run's own result at its last step. `last_step`: the run's highest
+    checkpoint step, when the caller already knows it."""
+    if is_earlier_merge(checkpoint, last_step):
+        return f"checkpoints/step-{checkpoint.step}/merged"
     return CHECKPOINT_DIRS.get(checkpoint.kind) or f"checkpoints/step-{checkpoint.step}"
+
+
+def is_earlier_merge(checkpoint, last_step: int | None = None) -> bool:
+    if checkpoint.kind != "merged":
+        return False
+    if last_step is None:
+        from django.db.models import Max
+
+        last_step = type(checkpoint).objects.filter(run_id=checkpoint.run_id).aggregate(last=Max("step"))["last"] or 0
+    return checkpoint.step < last_step
 
 
 def record_checkpoint(run, checkpoint) -> None:
@@ -106,8 +122,8 @@ def commit_checkpoint(checkpoint_id: int) -> Commit | None:
             repo, run_branch_name(run), files, message=f"Checkpoint {label}, attempt {checkpoint.attempt}",
             author=run.created_by, create_branch_from=MAIN,
         )
-        if checkpoint.kind in MODEL_KINDS:
-            publish_model(run, checkpoint)
+        if checkpoint.kind in MODEL_KINDS and not is_earlier_merge(checkpoint):
+            publish_model(run, checkpoint)  # the Models page shows the run's result, not an earlier step
     except OSError as exc:
         if exc.errno != errno.ENOSPC:
             raise  # transient I/O: the task retries

@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 from safetensors.torch import load_file
 
+from datahub.models import Branch, Commit, TreeEntry
 from tests.conftest import assert_error, sft_body, wait_for
 from training.models import Checkpoint, MetricPoint, Status, TrainingRun
 
@@ -50,6 +51,18 @@ def test_merge_a_lora_checkpoint_into_the_base(api, studio_worker, tiny_models):
         weights.update(load_file(str(shard)))
     assert weights and not any("lora" in k for k in weights)
     assert api.post(f"/api/training-runs/{run.pk}/checkpoints/2/merge").status_code == 409
+    # The step-2 merge lands beside step 2 on the run's branch; merged/ and the Models page entry stay
+    # the run's own result at step 4.
+    branch = Branch.objects.get(repo__project=run.project, repo__name=f"experiment-{run.experiment.slug}", name=f"run-{run.pk}")
+    wait_for(lambda: TreeEntry.objects.filter(commit_id=Branch.objects.get(pk=branch.pk).head_id, path__startswith="checkpoints/step-2/merged/").exists(),
+             60, message="the step-2 merge on the run's branch")
+    final_merged = Checkpoint.objects.get(run=run, kind="merged", step=4)
+
+    def published() -> list[str]:
+        return list(Commit.objects.filter(repo__project=run.project, repo__type="model", message__contains=f"run #{run.pk}").values_list("message", flat=True))
+
+    wait_for(published, 60, message="the run's model on the Models page")
+    assert published() == [f"Publish merged model from run #{run.pk} (step {final_merged.step})"]
 
 
 def test_merge_of_a_full_finetune_is_refused(api, project):

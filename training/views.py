@@ -384,7 +384,8 @@ def tab_context(request: HttpRequest, run: TrainingRun, tab: str) -> dict[str, A
                               for i, e in enumerate(entries)]
     elif tab == "checkpoints":
         saved = list(Checkpoint.objects.filter(run=run))
-        prefixes = {c.pk: hub.checkpoint_prefix(c) for c in saved}
+        last_step = max((c.step for c in saved), default=0)
+        prefixes = {c.pk: hub.checkpoint_prefix(c, last_step) for c in saved}
         context.update(
             checkpoints=saved, prefixes=prefixes, committed=committed_prefixes(run, set(prefixes.values())),
             merged_steps={c.step for c in saved if c.kind == "merged"}, merging_steps=checkpoints.merging_steps(saved),
