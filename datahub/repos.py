@@ -1,6 +1,6 @@
 """Data Hub repositories: names and paths, repos, branches and tags, and reading what a commit holds.
 
-- check_name / clean_path: the 400s for a repo, branch or tag name and for a file path.
+- check_name / check_ref_name / clean_path: the 400s for a repo, branch or tag name and for a file path.
 - create_repo / get_or_create_repo / create_branch / create_tag: new rows; a repo starts with an
   empty initial commit on `main`, and tags never move.
 - resolve: a branch, a tag or a commit id (prefix) → its commit; tree / entry / history read it.
@@ -24,6 +24,7 @@ from studio.errors import BadRequest, Conflict, Finding, NotFound
 MAIN = "main"
 NAME_RE = re.compile(NAME_PATTERN)
 COMMIT_RE = re.compile(r"^[0-9a-f]{7,40}$")
+FULL_COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 MAX_PATH = 1024
 
 
@@ -38,6 +39,19 @@ def check_name(value: Any, field: str, what: str = "name") -> str:
         raise BadRequest(
             f"{value!r} is not a valid {what}.",
             [Finding(field, f"a {what} is 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit")],
+        )
+    return value
+
+
+def check_ref_name(value: Any, field: str, what: str) -> str:
+    """A branch or tag name: check_name's rule, and not what resolve() reads as a commit id (7 to
+    40 lowercase hex digits, git's abbreviated ids). Such a name would shadow the commit it looks
+    like, so a ref pinned to that commit would silently read the branch's files instead."""
+    check_name(value, field, what)
+    if COMMIT_RE.match(value):
+        raise BadRequest(
+            f"{value!r} is not a valid {what}: it looks like a commit id.",
+            [Finding(field, f"a {what} cannot be 7 to 40 hex digits (0-9, a-f), which read as a commit id: add a letter or a prefix, e.g. v{value[:12]}")],
         )
     return value
 
@@ -104,7 +118,7 @@ def find_repo(project, name: str) -> Repo | None:
 def create_branch(repo: Repo, name: str, from_ref: str = MAIN, *, name_field: str = "branch", from_field: str = "ref") -> Branch:
     """Branch `name` at `from_ref`; an existing branch of that name is returned unchanged. A finding
     names the caller's own key for each (the REST body sends them as `name` and `from`)."""
-    check_name(name, name_field, "branch name")
+    check_ref_name(name, name_field, "branch name")
     existing = Branch.objects.filter(repo=repo, name=name).first()
     if existing is not None:
         return existing
@@ -117,7 +131,7 @@ def create_branch(repo: Repo, name: str, from_ref: str = MAIN, *, name_field: st
 
 
 def create_tag(repo: Repo, name: str, ref: str, *, name_field: str = "tag") -> Tag:
-    check_name(name, name_field, "tag name")
+    check_ref_name(name, name_field, "tag name")
     commit = resolve(repo, ref)
     try:
         with transaction.atomic():
@@ -128,8 +142,14 @@ def create_tag(repo: Repo, name: str, ref: str, *, name_field: str = "tag") -> T
 
 def resolve(repo: Repo, ref: str | None, *, field: str = "ref") -> Commit:
     """A branch, a tag, or a commit id (or an unambiguous prefix of 7+ hex digits) → its commit;
-    `field` is the caller's name for the ref in a RefNotFound finding."""
+    `field` is the caller's name for the ref in a RefNotFound finding.
+    A full 40-hex commit id of the repo wins over a branch or tag of that name (one made before
+    check_ref_name refused such names): a ref pinned to a commit must always read that commit."""
     ref = ref or repo.default_branch
+    if FULL_COMMIT_RE.match(ref):
+        commit = Commit.objects.filter(repo=repo, pk=ref).first()
+        if commit is not None:
+            return commit
     branch = Branch.objects.filter(repo=repo, name=ref).select_related("head").first()
     if branch is not None:
         return branch.head
