@@ -8,11 +8,14 @@ field, e.g. `row 57: "chosen" is empty`. A commit never changes, so the findings
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from itertools import islice
-from typing import Any
+from pathlib import Path
+from typing import Any, BinaryIO
 
 from django.conf import settings
 from django.core.cache import cache
@@ -54,27 +57,61 @@ def file_format(path: str) -> str | None:
     return None
 
 
+def is_data_path(path: str) -> bool:
+    """A file the trainer reads rows from: a known format, not under a dot-folder or a dot-file."""
+    return bool(file_format(path)) and not any(p.startswith(".") for p in path.split("/"))
+
+
 def data_entries(commit: Commit) -> list[TreeEntry]:
     entries = TreeEntry.objects.filter(commit=commit).select_related("blob").order_by("path")
-    return [e for e in entries if file_format(e.path) and not any(p.startswith(".") for p in e.path.split("/"))]
+    return [e for e in entries if is_data_path(e.path)]
+
+
+@dataclass(frozen=True)
+class Source:
+    """One data file, wherever it lives: a blob of a commit, or a file on the Studio's machine."""
+
+    path: str  # as findings name it
+    size: int
+    open: Callable[[], BinaryIO]
+
+
+def commit_sources(commit: Commit) -> list[Source]:
+    return [commit_sources_of(e) for e in data_entries(commit)]
+
+
+def local_sources(path: Path) -> list[Source]:
+    """A local dataset as the engine reads it: the file itself, or the data files of a folder."""
+    if path.is_file():
+        return [Source(path.name, path.stat().st_size, lambda: path.open("rb"))]
+    files = sorted(p for p in path.rglob("*") if p.is_file() and is_data_path(p.relative_to(path).as_posix()))
+    return [Source(p.relative_to(path).as_posix(), p.stat().st_size, lambda p=p: p.open("rb")) for p in files]
 
 
 # ---- reading rows ------------------------------------------------------------------------------
 
-def iter_rows(entry: TreeEntry) -> Iterator[tuple[int, Any]]:
+def iter_rows(entry: TreeEntry | Source) -> Iterator[tuple[int, Any]]:
     """(row number, row) pairs; a row that cannot be parsed comes back as a RowError."""
-    fmt = file_format(entry.path)
-    opened = storage.open_blob(entry.blob.storage_name)
-    fh = getattr(opened, "file", opened)  # the raw binary file under Django's File wrapper
+    source = entry if isinstance(entry, Source) else commit_sources_of(entry)
+    fmt = file_format(source.path)
+    fh = source.open()
     try:
         if fmt == "parquet":
             yield from _parquet_rows(fh)
         elif fmt == "csv":
             yield from _csv_rows(fh)
         else:
-            yield from _json_rows(fh, entry.blob.size)
+            yield from _json_rows(fh, source.size)
     finally:
         fh.close()
+
+
+def commit_sources_of(entry: TreeEntry) -> Source:
+    def open_it() -> BinaryIO:
+        opened = storage.open_blob(entry.blob.storage_name)
+        return getattr(opened, "file", opened)  # the raw binary file under Django's File wrapper
+
+    return Source(entry.path, entry.blob.size, open_it)
 
 
 def _json_rows(fh, size: int) -> Iterator[tuple[int, Any]]:
@@ -231,22 +268,42 @@ def method_findings(commit: Commit, method: str, field: str) -> list[Finding]:
     cached = cache.get(key)
     if cached is not None:
         return [Finding(f, m) for f, m in cached]
-    findings = _method_findings(commit, method, field)
+    entries = commit_sources(commit)
+    if not entries and method in METHOD_SHAPES:
+        findings = [Finding(field, f"{commit.repo.full_name}@{commit.pk[:10]} has no .jsonl, .json, .csv or .parquet file to train on")]
+    else:
+        findings = rows_findings(entries, method, field)
     cache.set(key, [(f.field, f.message) for f in findings], 3600)
     return findings
 
 
-def _method_findings(commit: Commit, method: str, field: str) -> list[Finding]:
+def local_findings(path: Path, method: str, field: str) -> list[Finding]:
+    """The same checks for a dataset on the Studio's machine (the local backend reads it there).
+    Cached while no file of it changes (name, size and modification time)."""
+    if path.is_file() and not file_format(path.name):
+        return [Finding(field, f"{path} is not a .jsonl, .json, .csv or .parquet file: give a dataset file of one of those formats, or a folder of them")]
+    sources = local_sources(path)
+    if not sources:
+        return [Finding(field, f"{path} holds no .jsonl, .json, .csv or .parquet file to train on")]
+    stamp = hashlib.sha1(repr([(str(path), s.path, s.size, (path / s.path if path.is_dir() else path).stat().st_mtime_ns) for s in sources]).encode()).hexdigest()
+    key = f"datahub:local-findings:{stamp}:{method}:{field}"
+    cached = cache.get(key)
+    if cached is not None:
+        return [Finding(f, m) for f, m in cached]
+    findings = rows_findings(sources, method, field)
+    cache.set(key, [(f.field, f.message) for f in findings], 3600)
+    return findings
+
+
+def rows_findings(sources: list[Source], method: str, field: str) -> list[Finding]:
+    """Every row of every file against what `method` trains on; at most MAX_FINDINGS."""
     wanted = METHOD_SHAPES.get(method)
     if wanted is None:
         return []
-    entries = data_entries(commit)
-    if not entries:
-        return [Finding(field, f"{commit.repo.full_name}@{commit.pk[:10]} has no .jsonl, .json, .csv or .parquet file to train on")]
     max_rows = int(getattr(settings, "DATAHUB_VALIDATE_MAX_ROWS", 1_000_000))
     findings: list[Finding] = []
-    for entry in entries:
-        where = f"{entry.path} " if len(entries) > 1 else ""
+    for entry in sources:
+        where = f"{entry.path} " if len(sources) > 1 else ""
         shape = None
         for number, row in iter_rows(entry):
             if number > max_rows:

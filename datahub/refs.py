@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from datahub.models import Commit, Repo
+from datahub.models import Commit, Repo, TreeEntry
 from datahub.repos import RefNotFound, find_repo, resolve
 from studio.errors import Finding, Unprocessable
 from training.refs import HUB_REF  # one grammar for [project/]repo@ref, shared with the create-time type check
@@ -103,10 +103,16 @@ def ref_findings(project, base_model: str | None, config: dict | None) -> list[F
     findings: list[Finding] = []
     for field, value in run_refs(base_model, None, config):
         try:
-            parse_ref(project, value, field)
+            repo, commit = parse_ref(project, value, field)
         except Unprocessable as exc:
             findings += exc.errors
+            continue
+        if field in MODEL_FIELDS and not TreeEntry.objects.filter(commit=commit, path="config.json").exists():
+            findings.append(Finding(field, f"{value} has no config.json at its root: push the folder save_pretrained wrote (config, weights and tokenizer) to {repo.name}"))
     return findings
+
+
+MODEL_FIELDS = ("base_model", "config.distillation.teacher_model")  # refs the engine loads as a model
 
 
 def pin_refs(run) -> dict:

@@ -140,6 +140,33 @@ def test_local_paths_for_the_local_backend_must_name_what_the_engine_loads(api, 
     assert any(e["field"] == field and says in e["message"] for e in body["errors"]), body
 
 
+def test_a_local_dataset_is_checked_row_by_row_like_a_data_hub_one(api, tmp_path):
+    prefs = tmp_path / "prefs.jsonl"
+    prefs.write_text('{"prompt": "p", "chosen": "a", "rejected": "b"}\n')
+    body = assert_start_refused(api, make_run(api, dataset=str(prefs)), 422, "dataset")
+    assert any("rows look like prompt/chosen/rejected" in e["message"] and "SFT trains on" in e["message"] for e in body["errors"]), body
+    chat = tmp_path / "chat"
+    chat.mkdir()
+    (chat / "a.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n')
+    (chat / "b.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n{"messages": 3}\n')
+    body = assert_start_refused(api, make_run(api, dataset=str(chat)), 422, "dataset")
+    assert [e["message"] for e in body["errors"] if e["field"] == "dataset"][0].startswith("b.jsonl row 2: "), body
+    body = assert_start_refused(api, make_run(api, dataset="/etc/passwd"), 422, "dataset")
+    assert any("is not a .jsonl, .json, .csv or .parquet file" in e["message"] for e in body["errors"]), body
+    (chat / "b.jsonl").unlink()  # the cached findings follow the files
+    fields = [e["field"] for e in start(api, make_run(api, dataset=str(chat))).json().get("errors", [])]
+    assert "dataset" not in fields
+
+
+def test_a_data_hub_model_without_config_json_is_refused_at_start(api, project, users):
+    from datahub.commits import commit_files
+    from datahub.repos import create_repo
+
+    commit_files(create_repo(project, "weights-only", "model", users["owner"]), "main", {"README.md": b"# soon"})
+    body = assert_start_refused(api, make_run(api, base_model="weights-only@main"), 422, "base_model")
+    assert any("weights-only@main has no config.json at its root" in e["message"] for e in body["errors"]), body
+
+
 def test_all_findings_are_reported_at_once(api):
     run_id = make_run(api, method="dpo", base_model=None, dataset=None, config={"loss": {"type": "dpo", "dpo_beta": 0}, "per_device_train_batch_size": 3})
     body = assert_start_refused(api, run_id, 422, "base_model")

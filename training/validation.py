@@ -11,6 +11,7 @@ from typing import Any
 
 from django.conf import settings
 
+from datahub.datasets import local_findings
 from datahub.refs import dataset_findings, ref_findings
 from environments.services import environment_findings
 from studio.errors import BadRequest, Finding
@@ -247,6 +248,9 @@ def local_path_findings(draft: Draft) -> list[Finding]:
             findings.append(Finding(field, f"{value} is not a model folder on the Studio's machine (no config.json in it): give the folder save_pretrained wrote, an HF id or a Data Hub repo@ref"))
         elif not is_model and not path.exists():
             findings.append(Finding(field, f"{value} does not exist on the Studio's machine: give the path of a .jsonl/.json/.parquet/.csv file or a folder of them"))
+        elif not is_model:
+            # The rows, as a Data Hub dataset's are checked: the row and field of each problem.
+            findings += local_findings(path, draft.method, field)
     return findings
 
 
