@@ -123,21 +123,34 @@ def create_branch(repo: Repo, name: str, from_ref: str = MAIN, *, name_field: st
     if existing is not None:
         return existing
     head = resolve(repo, from_ref, field=from_field)
-    try:
-        with transaction.atomic():
-            return Branch.objects.create(repo=repo, name=name, head=head)
-    except IntegrityError:
-        return Branch.objects.get(repo=repo, name=name)
+    with transaction.atomic():
+        lock_refs(repo)
+        existing = Branch.objects.filter(repo=repo, name=name).first()
+        if existing is not None:  # made concurrently
+            return existing
+        if Tag.objects.filter(repo=repo, name=name).exists():
+            raise Conflict(f"{repo.full_name} has a tag {name!r}: a branch cannot share its name.",
+                           [Finding(name_field, "choose another branch name: a tag of that name would become unreachable")])
+        return Branch.objects.create(repo=repo, name=name, head=head)
 
 
 def create_tag(repo: Repo, name: str, ref: str, *, name_field: str = "tag") -> Tag:
     check_ref_name(name, name_field, "tag name")
     commit = resolve(repo, ref)
-    try:
-        with transaction.atomic():
-            return Tag.objects.create(repo=repo, name=name, commit=commit)
-    except IntegrityError as exc:
-        raise Conflict(f"Tag {name!r} already exists in {repo.full_name}.", [Finding(name_field, "tags do not move: choose another name")]) from exc
+    with transaction.atomic():
+        lock_refs(repo)
+        if Tag.objects.filter(repo=repo, name=name).exists():
+            raise Conflict(f"Tag {name!r} already exists in {repo.full_name}.", [Finding(name_field, "tags do not move: choose another name")])
+        if Branch.objects.filter(repo=repo, name=name).exists():
+            raise Conflict(f"{repo.full_name} has a branch {name!r}: a tag cannot share its name.",
+                           [Finding(name_field, "choose another tag name: resolve reads a branch before a tag, so this tag would be unreachable")])
+        return Tag.objects.create(repo=repo, name=name, commit=commit)
+
+
+def lock_refs(repo: Repo) -> None:
+    """Lock the repo row (call inside a transaction): creating or deleting a branch or a tag
+    takes it, so a branch and a tag of one name cannot be made at the same time."""
+    Repo.objects.select_for_update().filter(pk=repo.pk).values_list("pk", flat=True).first()
 
 
 def resolve(repo: Repo, ref: str | None, *, field: str = "ref") -> Commit:

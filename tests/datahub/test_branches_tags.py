@@ -34,3 +34,13 @@ def test_full_commit_id_resolves_to_the_commit_before_an_old_branch_of_that_name
     Branch.objects.create(repo=dataset_repo, name=pinned.pk, head=later)
     assert repos.resolve(dataset_repo, pinned.pk) == pinned
     assert resolved(api, "hub-data", pinned.pk, "train.jsonl") == b'{"text": "pinned"}\n'
+
+
+def test_a_branch_and_a_tag_cannot_share_a_name(api, dataset_repo):
+    assert api.post("/api/hub/repos/hub-data/tags", {"name": "v1", "ref": "main"}).status_code == 201
+    assert_error(api.post("/api/hub/repos/hub-data/branches", {"name": "v1", "from": "main"}), 409, "name")
+    assert api.post("/api/hub/repos/hub-data/branches", {"name": "dev", "from": "main"}).status_code == 201
+    assert_error(api.post("/api/hub/repos/hub-data/tags", {"name": "dev", "ref": "main"}), 409, "name")
+    assert set(Branch.objects.filter(repo=dataset_repo).values_list("name", flat=True)) == {"main", "dev"}
+    assert set(Tag.objects.filter(repo=dataset_repo).values_list("name", flat=True)) == {"v1"}
+    assert_error(api.post("/api/hub/repos/hub-data/tags", {"name": "main"}), 409, "name")
