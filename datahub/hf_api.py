@@ -239,21 +239,32 @@ def paths_info(request: HttpRequest, kind: str, namespace: str, name: str, revis
     """POST /api/{kind}/{ns}/{name}/paths-info/{rev} (form: paths=..., expand=...)."""
     repo = repo_for(request, namespace, name)
     commit = commit_for(repo, revision)
-    paths = request.POST.getlist("paths")
-    if not paths and request.content_type == "application/json":
-        try:
-            paths = list(json.loads(request.body or b"{}").get("paths") or [])
-        except (ValueError, AttributeError):
-            raise BadRequest("The body is not valid JSON.") from None
     out = []
-    for raw in paths:
-        path = repos.clean_path(str(raw).strip("/"), "paths")
+    for raw in requested_paths(request):
+        path = repos.clean_path(raw.strip("/"), "paths")
         entry = repos.entry(commit, path)
         if entry is not None:
             out.append(file_json(entry))
         elif TreeEntry.objects.filter(commit=commit, path__startswith=path + "/").exists():
             out.append(folder_json(path))
     return JsonResponse(out, safe=False)
+
+
+def requested_paths(request: HttpRequest) -> list[str]:
+    """The `paths` of a paths-info request: form fields as huggingface_hub sends them
+    (paths=a&paths=b), or a JSON object {"paths": [...]}."""
+    if request.content_type != "application/json":
+        return request.POST.getlist("paths")
+    try:
+        body = json.loads(request.body or b"{}")
+    except ValueError:
+        raise BadRequest("The body is not valid JSON.", [Finding("paths", 'send {"paths": ["config.json", ...]}, or the form field paths=...')]) from None
+    paths = body.get("paths", []) if isinstance(body, dict) else None
+    if isinstance(paths, str):
+        paths = [paths]
+    if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+        raise BadRequest("paths must be a list of file paths.", [Finding("paths", 'a list of file paths (strings): send {"paths": ["config.json", "data/train.jsonl"]}')])
+    return paths
 
 
 @hub_view(["GET", "HEAD"])

@@ -223,3 +223,31 @@ def test_ingest_token_lookup_uses_the_ingest_token_index(project, users):
         cursor.execute("EXPLAIN " + lookup[0])
         plan = "\n".join(row[0] for row in cursor.fetchall())
     assert "Seq Scan" not in plan and "ingest_token_hash" in plan, plan
+
+
+# ---- paths-info --------------------------------------------------------------------------------
+
+def test_paths_info_with_huggingface_hub_form_body(transactional_db, live_server, model_repo, tokens):
+    from huggingface_hub import HfApi
+    from huggingface_hub.hf_api import RepoFile
+
+    api = HfApi(endpoint=f"{live_server.url}/hub", token=tokens["viewer"])
+    infos = api.get_paths_info("acme/tiny-llama", ["config.json", "nope.txt"], revision="main")
+    assert [(type(i), i.path) for i in infos] == [(RepoFile, "config.json")]
+
+
+@pytest.mark.parametrize("body", [{"paths": 5}, [1], {"paths": [1]}, {"paths": {"a": 1}}, "config.json"])
+def test_paths_info_json_body_that_is_not_a_list_of_paths_is_400_naming_paths(client, model_repo, tokens, body):
+    r = client.post("/hub/api/models/acme/tiny-llama/paths-info/main", json.dumps(body), content_type="application/json",
+                    HTTP_AUTHORIZATION=f"Bearer {tokens['owner']}")
+    assert r.status_code == 400, r.content
+    assert [e["field"] for e in r.json()["errors"]] == ["paths"]
+    assert "list of file paths (strings)" in r.json()["errors"][0]["message"]
+
+
+def test_paths_info_json_body(client, model_repo, tokens):
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {tokens['owner']}"}
+    r = client.post("/hub/api/models/acme/tiny-llama/paths-info/main", {"paths": ["config.json"]}, content_type="application/json", **auth)
+    assert r.status_code == 200 and [e["path"] for e in r.json()] == ["config.json"]
+    r = client.post("/hub/api/models/acme/tiny-llama/paths-info/main", "{nope", content_type="application/json", **auth)
+    assert r.status_code == 400 and r.json()["detail"] == "The body is not valid JSON."
