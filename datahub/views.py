@@ -11,7 +11,7 @@ from datahub import datasets
 from datahub.models import Branch, Repo, RepoType, Tag
 from datahub.repos import MAIN, clean_path, history, resolve, tree
 from datahub.services import MODEL_REPO_RE
-from studio.errors import ApiError, NotFound
+from studio.errors import ApiError, BadRequest, NotFound
 from studio.views import studio_page, web_actor
 
 
@@ -21,6 +21,15 @@ def repo_for_page(request: HttpRequest, namespace: str, name: str) -> Repo:
     if repo is None or actor.membership(repo.project) is None:
         raise NotFound(f"No repo {namespace}/{name}.")
     return repo
+
+
+def page_path(path: str) -> str:
+    """A file or folder path from a page's URL. One that clean_path refuses (`..`, a NUL) cannot
+    name anything in any repo, so the page is a 404 rather than a 400 to a person's link."""
+    try:
+        return clean_path(path)
+    except BadRequest as exc:
+        raise NotFound(f"{path!r} is not a path in a repo: {exc.errors[0].message}.") from exc
 
 
 @studio_page
@@ -40,7 +49,7 @@ def repo_tree(request: HttpRequest, namespace: str, name: str, revision: str | N
     repo = repo_for_page(request, namespace, name)
     revision = revision or repo.default_branch
     commit = resolve(repo, revision)
-    prefix = clean_path(path.strip("/")) + "/" if path.strip("/") else ""
+    prefix = page_path(path.strip("/")) + "/" if path.strip("/") else ""
     files, folders = [], set()
     for path_, blob in sorted(tree(commit).items()):
         if not path_.startswith(prefix):

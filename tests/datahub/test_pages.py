@@ -42,3 +42,10 @@ def test_outsider_gets_404_pages(browser, project):
     assert c.get("/hub/acme/prefs").status_code == 404
     assert c.get("/hub/acme/prefs/commits/main").status_code == 404
     assert "acme/prefs" not in c.get("/hub/").content.decode()
+
+
+@pytest.mark.parametrize("path", ["..%2Fx", "a/../b", "a//b", "nul%00"])
+def test_tree_page_of_a_path_that_cannot_exist_is_404(browser, project, path):
+    repo = repos.create_repo(project, "prefs", "dataset")
+    commits.commit_files(repo, "main", {"x": b"x"}, "x")
+    assert browser("viewer").get(f"/hub/acme/prefs/tree/main/{path}").status_code == 404
