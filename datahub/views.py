@@ -9,7 +9,7 @@ from django.views.decorators.http import require_GET
 
 from datahub import datasets
 from datahub.models import Branch, Repo, RepoType, Tag
-from datahub.repos import MAIN, clean_path, history, resolve, tree
+from datahub.repos import MAIN, clean_path, entry, history, resolve, tree
 from datahub.services import MODEL_REPO_RE
 from studio.errors import ApiError, BadRequest, NotFound
 from studio.views import studio_page, web_actor
@@ -63,11 +63,18 @@ def repo_tree(request: HttpRequest, namespace: str, name: str, revision: str | N
     parts = prefix.strip("/").split("/") if prefix else []
     for i, part in enumerate(parts):
         crumbs.append({"name": part, "path": "/".join(parts[: i + 1])})
+    missing = ""
+    if prefix and not files and not folders:
+        # a folder exists only while it holds files: nothing under the path means it is not on this ref
+        folder = prefix.rstrip("/")
+        missing = (f"{folder} is a file, not a folder, on {revision}: download it from the folder above."
+                   if entry(commit, folder) is not None else
+                   f"{folder} is not on {revision} (commit {commit.pk[:10]}): pick another branch or tag, or go back to the repo root.")
     return render(request, "datahub/repo.html", {
         "section": "hub", "repo": repo, "tab": "files", "revision": revision, "commit": commit, "prefix": prefix.rstrip("/"),
         "crumbs": crumbs, "folders": [{"path": f, "name": f.rsplit("/", 1)[-1]} for f in sorted(folders)], "files": files,
-        "branches": list(Branch.objects.filter(repo=repo)), "tags": list(Tag.objects.filter(repo=repo)),
-    })
+        "missing": missing, "branches": list(Branch.objects.filter(repo=repo)), "tags": list(Tag.objects.filter(repo=repo)),
+    }, status=404 if missing else 200)
 
 
 @studio_page

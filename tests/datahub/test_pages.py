@@ -49,3 +49,19 @@ def test_tree_page_of_a_path_that_cannot_exist_is_404(browser, project, path):
     repo = repos.create_repo(project, "prefs", "dataset")
     commits.commit_files(repo, "main", {"x": b"x"}, "x")
     assert browser("viewer").get(f"/hub/acme/prefs/tree/main/{path}").status_code == 404
+
+
+def test_tree_page_of_a_path_not_on_the_ref_is_404_saying_so(browser, project):
+    repo = repos.create_repo(project, "prefs", "dataset")
+    commits.commit_files(repo, "main", {"data/train.jsonl": b"{}\n", "README.md": b"hi"}, "data")
+    c = browser("viewer")
+    r = c.get("/hub/acme/prefs/tree/main/nonexistent")
+    assert r.status_code == 404
+    assert "nonexistent is not on main" in r.content.decode() and "No files" not in r.content.decode()
+    r = c.get("/hub/acme/prefs/tree/main/README.md")
+    assert r.status_code == 404 and "README.md is a file, not a folder" in r.content.decode()
+    assert c.get("/hub/acme/prefs/tree/main/data").status_code == 200
+    # an empty repo's root is still a page, with its empty listing
+    repos.create_repo(project, "empty", "dataset")
+    r = c.get("/hub/acme/empty/tree/main")
+    assert r.status_code == 200 and "No files at this ref" in r.content.decode()
