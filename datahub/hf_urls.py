@@ -29,6 +29,7 @@ urlpatterns = [
     re_path(rf"^{REPO}/tree/{REV}/?$", views.repo_tree, name="tree"),
     re_path(rf"^{REPO}/tree/{REV}/(?P<path>.+)$", views.repo_tree, name="tree_path"),
     re_path(rf"^{REPO}/commits/{REV}/?$", views.repo_commits, name="commits"),
-    re_path(rf"^{REPO}/compare/(?P<base>[^/.]+)\.\.\.(?P<head>[^/.]+)$", views.repo_compare, name="compare"),
+    # refs may hold single dots (v1.0) but never "..", so the first "..." is the separator
+    re_path(rf"^{REPO}/compare/(?P<base>[^/]+?)\.\.\.(?P<head>[^/]+)$", views.repo_compare, name="compare"),
     re_path(rf"^{REPO}/preview/{REV}/(?P<path>.+)$", views.dataset_preview, name="preview"),
 ]

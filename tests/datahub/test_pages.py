@@ -65,3 +65,18 @@ def test_tree_page_of_a_path_not_on_the_ref_is_404_saying_so(browser, project):
     repos.create_repo(project, "empty", "dataset")
     r = c.get("/hub/acme/empty/tree/main")
     assert r.status_code == 200 and "No files at this ref" in r.content.decode()
+
+
+def test_compare_page_of_refs_with_dots(browser, project):
+    repo = repos.create_repo(project, "prefs", "dataset")
+    commits.commit_files(repo, "main", {"a.txt": b"a"}, "a")
+    repos.create_tag(repo, "v1.0", "main")
+    repos.create_branch(repo, "dev.2", "main")
+    commits.commit_files(repo, "dev.2", {"b.txt": b"b"}, "b")
+    r = browser("viewer").get("/hub/acme/prefs/compare/v1.0...dev.2")
+    assert r.status_code == 200, r.status_code
+    page = r.content.decode()
+    assert "v1.0 → dev.2" in page and "b.txt" in page and "a.txt" not in page
+    from django.urls import reverse
+
+    assert reverse("datahub:compare", args=["acme", "prefs", "v1.0", "dev.2"]) == "/hub/acme/prefs/compare/v1.0...dev.2"
