@@ -58,7 +58,7 @@ def repo_tree(request: HttpRequest, namespace: str, name: str, revision: str | N
         if "/" in rest:
             folders.add(prefix + rest.split("/", 1)[0])
         else:
-            files.append({"path": path_, "name": rest, "size": blob.size, "sha256": blob.sha256, "previewable": bool(datasets.file_format(path_))})
+            files.append({"path": path_, "name": rest, "size": blob.size, "sha256": blob.sha256, "previewable": datasets.is_data_path(path_)})
     crumbs = []
     parts = prefix.strip("/").split("/") if prefix else []
     for i, part in enumerate(parts):

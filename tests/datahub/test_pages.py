@@ -80,3 +80,14 @@ def test_compare_page_of_refs_with_dots(browser, project):
     from django.urls import reverse
 
     assert reverse("datahub:compare", args=["acme", "prefs", "v1.0", "dev.2"]) == "/hub/acme/prefs/compare/v1.0...dev.2"
+
+
+def test_tree_page_offers_preview_only_where_the_preview_works(browser, project):
+    """Dot-folders and dot-files are not dataset files (data_entries, and what the trainer reads)."""
+    repo = repos.create_repo(project, "prefs", "dataset")
+    commits.commit_files(repo, "main", {".hidden/x.jsonl": b'{"text": "a"}\n', "data/y.jsonl": b'{"text": "b"}\n'}, "data")
+    c = browser("viewer")
+    assert "Preview" not in c.get("/hub/acme/prefs/tree/main/.hidden").content.decode()
+    assert c.get("/hub/acme/prefs/preview/main/.hidden/x.jsonl").status_code == 404
+    assert "/hub/acme/prefs/preview/main/data/y.jsonl" in c.get("/hub/acme/prefs/tree/main/data").content.decode()
+    assert c.get("/hub/acme/prefs/preview/main/data/y.jsonl").status_code == 200
