@@ -13,7 +13,7 @@ from studio.api import actor, body_schema, parse_body
 from training import checkpoints, metrics, services
 from training.fit_report import fit_report
 from training.models import Checkpoint, LogLine, Rollout
-from training.queries import get_run_for, runs_for
+from training.queries import get_run_for, runs_for, search_runs
 from training.schemas import (
     CheckpointOut,
     FitOut,
@@ -57,7 +57,7 @@ def list_runs(request: HttpRequest, filters: Query[RunFilters]):
     if filters.experiment:
         experiment = find_experiment(project, filters.experiment)
         runs = runs.filter(experiment=experiment) if experiment else runs.none()
-    return runs
+    return search_runs(runs, filters.search)
 
 
 @router.post("", response={201: RunOut}, openapi_extra=body_schema(RunCreateIn))

@@ -1,7 +1,7 @@
-"""Permission-scoped run lookups."""
+"""Permission-scoped run lookups, and the run list's search."""
 from __future__ import annotations
 
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 
 from studio.auth import Actor
 from studio.errors import NotFound
@@ -20,3 +20,9 @@ def get_run_for(actor: Actor, run_id: int, *, write: bool = False) -> TrainingRu
     if write:
         actor.require_write(run.project)
     return run
+
+
+def search_runs(rows: QuerySet[TrainingRun], text: str | None) -> QuerySet[TrainingRun]:
+    """Runs whose name or base model contains `text` (any case): the run list's search, UI and API."""
+    text = (text or "").strip()
+    return rows.filter(Q(name__icontains=text) | Q(base_model__icontains=text)) if text else rows

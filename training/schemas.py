@@ -80,6 +80,7 @@ class RunFilters(Schema):
     status: Status | None = None
     method: Method | None = None
     experiment: str | None = None
+    search: str | None = Field(None, max_length=100, description="Runs whose name or base model contains this text (any case)")
 
 
 class MetricsQuery(Schema):

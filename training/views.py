@@ -5,9 +5,11 @@ from __future__ import annotations
 import statistics
 from collections import OrderedDict
 from typing import Any
+from urllib.parse import urlencode
 
 import yaml
 from django.contrib import messages
+from django.core.paginator import Paginator
 from django.db import connection
 from django.db.models import Q
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseNotFound
@@ -28,7 +30,7 @@ from training.compute import accelerators_of
 from training.fit_report import fit_report, form_fit_report
 from training.methods import distill as distill_method
 from training.models import ACTIVE_STATUSES, Checkpoint, LogLine, Method, MetricPoint, Rollout, Status, TrainingRun
-from training.queries import get_run_for, runs_for
+from training.queries import get_run_for, runs_for, search_runs
 from training.refs import dataset_entries, ref_kind
 
 MAX_POINTS = 500
@@ -195,6 +197,10 @@ def adapter_of(config: dict) -> str:
 
 # ---- the runs list -----------------------------------------------------------------------------
 
+RUNS_PER_PAGE = 50
+SEARCH_MAX = 100
+
+
 def parse_filters(request: HttpRequest, experiments: list[Experiment]) -> dict[str, str]:
     """Only known values pass; anything else is ignored (and the control shows "All")."""
     status, method, experiment = (request.GET.get(k, "") for k in ("status", "method", "experiment"))
@@ -202,6 +208,7 @@ def parse_filters(request: HttpRequest, experiments: list[Experiment]) -> dict[s
         "status": status if status in Status.values else "",
         "method": method if method in Method.values else "",
         "experiment": experiment if experiment in {str(e.pk) for e in experiments} else "",
+        "q": request.GET.get("q", "").strip()[:SEARCH_MAX],
     }
 
 
@@ -219,11 +226,15 @@ def runs(request: HttpRequest) -> HttpResponse:
         rows = rows.filter(method=filters["method"])
     if filters["experiment"]:
         rows = rows.filter(experiment_id=int(filters["experiment"]))
+    rows = search_runs(rows, filters["q"])
+    page = Paginator(rows, RUNS_PER_PAGE).get_page(request.GET.get("page"))
+    query = urlencode({k: v for k, v in filters.items() if v})
     context = {
-        "section": "training", "project": project, "runs": list(rows[:200]), "filters": filters, "experiments": experiments,
-        "statuses": Status.values, "methods": Method.choices, "writable": bool(project) and can_write(actor, project),
+        "section": "training", "project": project, "runs": list(page.object_list), "page": page, "filters": filters, "query": query,
+        "experiments": experiments, "statuses": Status.values, "methods": Method.choices, "writable": bool(project) and can_write(actor, project),
     }
-    template = "training/runs.html#rows" if request.htmx and request.htmx.target == "run-rows" else "training/runs.html"
+    parts = {"run-rows": "training/runs.html#rows", "run-list": "training/runs.html#list"}
+    template = parts.get(request.htmx.target, "training/runs.html") if request.htmx else "training/runs.html"
     return render(request, template, context)
 
 

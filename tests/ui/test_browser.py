@@ -70,6 +70,13 @@ def test_training_list_filters_and_updates_live(owner_page, project, users):
     expect(page).to_have_url(re.compile(r"method=dpo"))
     page.get_by_label("Method").select_option("")
     expect(page.locator("#run-rows tr")).to_have_count(2)
+    # Typing in Search narrows the list as you type (no Enter), and the URL keeps it.
+    page.get_by_label("Search").press_sequentially("live")
+    expect(page.locator("#run-rows tr")).to_have_count(1)
+    expect(page).to_have_url(re.compile(r"q=live"))
+    page.get_by_label("Search").fill("")
+    page.get_by_label("Search").press("Backspace")
+    expect(page.locator("#run-rows tr")).to_have_count(2)
     row_status = page.locator(f'tr[data-run="{sft.pk}"] .status')
     expect(row_status).to_have_text("queued")
     # The engine reports progress: the list follows without a reload.

@@ -62,6 +62,40 @@ def test_training_page_lists_runs_with_filters(project, users):
     assert client.get("/training/", {"status": "bogus", "experiment": "x"}).status_code == 200
 
 
+def test_training_page_pages_through_every_run_and_searches(project, users):
+    from training.models import TrainingRun
+
+    experiment = make_run(project, users["owner"], "sft", name="run 0").experiment
+    TrainingRun.objects.bulk_create([
+        TrainingRun(project=project, experiment=experiment, created_by=users["owner"], name=f"run {i}", method="sft", base_model="org/base" if i % 2 else "org/other")
+        for i in range(1, 120)
+    ])
+    client = client_for(users["owner"])
+    first = client.get("/training/").content.decode()
+    assert first.count("<tr data-run=") == 50 and "Runs 1–50 of 120" in first and 'rel="next"' in first and 'rel="prev"' not in first
+    last = client.get("/training/", {"page": 3}).content.decode()
+    assert last.count("<tr data-run=") == 20 and "Runs 101–120 of 120" in last and 'rel="prev"' in last
+    assert ">run 0</a>" in last  # the oldest run is reachable
+    assert "Runs 101–120 of 120" in client.get("/training/", {"page": 99}).content.decode()  # past the end: the last page
+    # Search by name or base model, with the other filters; the pager keeps them in its links.
+    found = client.get("/training/", {"q": "RUN 11", "method": "sft"}).content.decode()
+    assert sorted(int(n) for n in re.findall(r">run (\d+)</a>", found)) == [11, *range(110, 120)]
+    other = client.get("/training/", {"q": "org/other"}).content.decode()
+    assert "Runs 1–50 of 59" in other and 'href="?q=org%2Fother&amp;page=2"' in other
+    # The filter form swaps the whole list (rows and pager); the 4-second poll swaps the rows of its page.
+    part = client.get("/training/", {"q": "org/other", "page": 2}, HTTP_HX_REQUEST="true", HTTP_HX_TARGET="run-list").content.decode()
+    assert part.lstrip().startswith('<div id="run-list">') and "Runs 51–59 of 59" in part
+    assert 'hx-get="/training/?q=org%2Fother&amp;page=2"' in part
+
+
+def test_the_api_searches_runs_by_name_and_base_model(api, project, users):
+    make_run(project, users["owner"], "sft", name="Alpha")
+    make_run(project, users["owner"], "sft", name="beta", base_model="acme/alphabet")
+    make_run(project, users["owner"], "sft", name="gamma")
+    names = [r["name"] for r in api.get("/api/training-runs", search="alpha").json()["items"]]
+    assert sorted(names) == ["Alpha", "beta"]
+
+
 def test_training_page_is_scoped_to_the_current_project(project, other_project, users):
     make_run(other_project, users["outsider"], "sft", name="secret run")
     html = client_for(users["owner"]).get("/training/").content.decode()
