@@ -519,3 +519,15 @@ def test_editing_a_completed_run_says_to_create_a_new_one_not_to_stop_it(project
     TrainingRun.objects.filter(pk=run.pk).update(status=Status.RUNNING)
     assert "A running run cannot be changed: stop it first" in api.patch(f"/api/training-runs/{run.pk}", {"name": "new"}).json()["detail"]
     assert TrainingRun.objects.get(pk=run.pk).name == "sft run"
+
+
+def test_a_viewer_is_told_why_new_run_is_not_for_them_on_a_studio_page(project, users, settings):
+    settings.DEBUG = False  # the production error pages
+    client = client_for(users["viewer"])
+    response = client.get("/training/new/")
+    html = response.content.decode()
+    assert response.status_code == 403
+    assert "Viewers cannot change anything in project acme: ask an owner for the member role." in html
+    assert 'href="/training/"' in html and "Log out" in html  # the Studio's page, with its navigation
+    missing = client.get("/no/such/page/")
+    assert missing.status_code == 404 and "There is nothing at this address." in missing.content.decode()
