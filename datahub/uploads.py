@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import shutil
 import uuid
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import IO
 
 from django.db import transaction
 
 from datahub import commits, repos, storage
-from datahub.models import Commit, Repo, UploadFile, UploadSession
+from datahub.models import Commit, Repo, TreeEntry, UploadFile, UploadSession
 from studio.errors import BadRequest, Conflict, Finding, NotFound
 
 
@@ -40,10 +40,34 @@ def create_upload(repo: Repo, user, branch: str, files: list[dict], message: str
             raise BadRequest(f"{path!r} is listed twice.", [Finding(f"files[{i}].path", "list each path once")])
         seen.add(path)
         rows.append((i, path, f["size"], f.get("sha256") or ""))
+    check_file_folder_clash(repo, branch, [(i, p) for i, p, _, _ in rows])
     session = UploadSession.objects.create(repo=repo, branch=branch, created_by=user, message=message or "", parent=parent or "")
     UploadFile.objects.bulk_create([UploadFile(session=session, index=i, path=p, size=s, sha256=h) for i, p, s, h in rows])
     session_dir(session)
     return session
+
+
+def check_file_folder_clash(repo: Repo, branch: str, paths: list[tuple[int, str]]) -> None:
+    """400 naming files[i].path when a listed path would be a file and a folder at once, with the
+    branch's files or with another listed path: found now, before any byte is sent, rather than
+    when the commit step builds the tree (commit_blobs checks again, as the branch may move)."""
+    head = repo.branches.filter(name=branch).values_list("head_id", flat=True).first()
+    on_branch = set(TreeEntry.objects.filter(commit_id=head).values_list("path", flat=True))
+    listed = {p for _, p in paths}
+
+    def folders(files: set[str]) -> set[str]:
+        return {str(q) for p in files for q in PurePosixPath(p).parents if str(q) != "."}
+
+    where = [(on_branch, folders(on_branch), f"on branch {branch}"), (listed, folders(listed), "in this upload")]
+    for i, path in paths:
+        for files, dirs, place in where:
+            if path in dirs:
+                problem = f"{path} is a folder {place}: rename the file, or upload into the folder"
+            elif parent := next((str(q) for q in PurePosixPath(path).parents if str(q) in files), None):
+                problem = f"{parent} is a file {place}, so {path} cannot go under it: rename one of them"
+            else:
+                continue
+            raise BadRequest(f"{path!r} would make a path both a file and a folder.", [Finding(f"files[{i}].path", problem)])
 
 
 def get_upload(repo_ids: list[int] | None, upload_id: str) -> UploadSession:

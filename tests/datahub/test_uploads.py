@@ -59,3 +59,20 @@ def test_viewer_and_outsider_cannot_write_chunks(api, api_as, dataset_repo):
     assert api_as("outsider").get(f"/api/hub/uploads/{upload_id}").status_code == 404
     assert api.delete(f"/api/hub/uploads/{upload_id}").status_code == 204
     assert_error(put(api, upload_id, 0, 0, b"abcd"), 409)
+
+
+def test_upload_that_makes_a_file_also_a_folder_is_refused_at_once_naming_the_file(api, dataset_repo):
+    from datahub import commits
+
+    commits.commit_files(dataset_repo, "main", {"f": b"file", "d/x.txt": b"x"}, "seed")
+    cases = [
+        ([{"path": "ok.txt", "size": 1}, {"path": "f/g", "size": 1}], "files[1].path", "f is a file on branch main"),
+        ([{"path": "d", "size": 1}], "files[0].path", "d is a folder on branch main"),
+        ([{"path": "n/m", "size": 1}, {"path": "n", "size": 1}], "files[0].path", "n is a file in this upload"),
+    ]
+    for files, field, message in cases:
+        body = assert_error(api.post("/api/hub/repos/hub-data/uploads", {"files": files}), 400, field)
+        assert message in body["errors"][0]["message"], body
+    assert not UploadSession.objects.exists()
+    # replacing the file f, or adding beside it, is fine
+    assert api.post("/api/hub/repos/hub-data/uploads", {"files": [{"path": "f", "size": 1}, {"path": "d/y.txt", "size": 1}]}).status_code == 201
