@@ -9,7 +9,7 @@ from __future__ import annotations
 from django.http import FileResponse, HttpRequest
 from ninja import Router
 
-from datahub import datasets, repos, storage, uploads
+from datahub import datasets, repos, services, storage, uploads
 from datahub.models import Blob, Branch, Commit, Repo, RepoType, Tag, TreeEntry, UploadSession
 from datahub.schemas import (
     BranchIn,
@@ -120,6 +120,14 @@ def create_branch(request: HttpRequest, name: str):
     return 201, {"name": branch.name, "commit": branch.head_id}
 
 
+@router.delete("/repos/{name}/branches/{branch}", response={204: None})
+def delete_branch(request: HttpRequest, name: str, branch: str):
+    """Delete a branch; its commits stay. 409 for the default branch and for a run's branch."""
+    repo = repo_or_404(request, name, write=True)
+    services.delete_branch(repo, branch)
+    return 204, None
+
+
 @router.get("/repos/{name}/tags", response=list[RefOut])
 def list_tags(request: HttpRequest, name: str):
     repo = repo_or_404(request, name)
@@ -132,6 +140,14 @@ def create_tag(request: HttpRequest, name: str):
     payload = parse_body(request, TagIn)
     tag = repos.create_tag(repo, payload.name, payload.ref, name_field="name")
     return 201, {"name": tag.name, "commit": tag.commit_id}
+
+
+@router.delete("/repos/{name}/tags/{tag}", response={204: None})
+def delete_tag(request: HttpRequest, name: str, tag: str):
+    """Delete a tag; the commit it named stays."""
+    repo = repo_or_404(request, name, write=True)
+    repos.delete_tag(repo, tag)
+    return 204, None
 
 
 @router.get("/repos/{name}/commits", response=list[CommitOut])

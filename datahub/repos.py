@@ -2,7 +2,8 @@
 
 - check_name / check_ref_name / clean_path: the 400s for a repo, branch or tag name and for a file path.
 - create_repo / get_or_create_repo / create_branch / create_tag: new rows; a repo starts with an
-  empty initial commit on `main`, and tags never move.
+  empty initial commit on `main`, and tags never move. delete_branch / delete_tag drop the ref
+  and keep its commits.
 - resolve: a branch, a tag or a commit id (prefix) → its commit; tree / entry / history read it.
 
 Writing files is datahub.commits; `[project/]repo@ref` refs of a run are datahub.refs.
@@ -145,6 +146,30 @@ def create_tag(repo: Repo, name: str, ref: str, *, name_field: str = "tag") -> T
             raise Conflict(f"{repo.full_name} has a branch {name!r}: a tag cannot share its name.",
                            [Finding(name_field, "choose another tag name: resolve reads a branch before a tag, so this tag would be unreachable")])
         return Tag.objects.create(repo=repo, name=name, commit=commit)
+
+
+def delete_branch(repo: Repo, name: str) -> None:
+    """Delete branch `name`; its commits stay (a ref pinned to a commit id keeps resolving).
+    The default branch cannot go: a 409. Run branches are guarded by services.delete_branch."""
+    with transaction.atomic():
+        lock_refs(repo)
+        # the branch row lock waits for a commit moving this branch (commit_blobs holds it)
+        branch = Branch.objects.select_for_update().filter(repo=repo, name=name).first()
+        if branch is None:
+            raise RefNotFound(f"{repo.full_name} has no branch {name!r}.")
+        if name == repo.default_branch:
+            raise Conflict(f"{name!r} is the default branch of {repo.full_name}: it cannot be deleted.",
+                           [Finding("branch", "delete another branch; the default branch is where the repo's files are read from")])
+        branch.delete()
+
+
+def delete_tag(repo: Repo, name: str) -> None:
+    """Delete tag `name`; the commit it named stays, and can be tagged again."""
+    with transaction.atomic():
+        lock_refs(repo)
+        deleted, _ = Tag.objects.filter(repo=repo, name=name).delete()
+    if not deleted:
+        raise RefNotFound(f"{repo.full_name} has no tag {name!r}.")
 
 
 def lock_refs(repo: Repo) -> None:

@@ -2,7 +2,8 @@
 written by datahub.repos and datahub.commits):
 
 - provision_experiment_repo: an experiment's repo `experiment-<slug>` is created on first use.
-- create_run_branch: each run is a branch `run-<id>` in its experiment's repo, made at create time.
+- create_run_branch: each run is a branch `run-<id>` in its experiment's repo, made at create time;
+  delete_branch refuses it while the run exists.
 - record_checkpoint: a reported checkpoint's directory is committed to `run-<id>` by a Celery task.
 - publish_model: a run's final or merged weights become a model repo with a card (the Models page).
 - storage_full: a full blob storage fails the run with what to do.
@@ -20,9 +21,11 @@ from typing import Any
 
 from django.db import transaction
 
+from datahub import repos
 from datahub.commits import FileSource, commit_files
 from datahub.models import Branch, Commit, Repo, RepoType
 from datahub.repos import MAIN, create_branch, get_or_create_repo
+from studio.errors import Conflict, Finding
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +56,30 @@ def run_repo(run) -> Repo:
 def create_run_branch(run) -> Branch:
     """Create branch `run-<id>` from main in the run's experiment repo (kept across restarts)."""
     return create_branch(run_repo(run), run_branch_name(run), MAIN)
+
+
+RUN_BRANCH_RE = re.compile(r"^run-(\d+)$")
+
+
+def branch_run(repo: Repo, name: str):
+    """The training run whose branch `name` is in `repo` (its experiment's repo), or None."""
+    from training.models import TrainingRun
+
+    match = RUN_BRANCH_RE.match(name)
+    if match is None:
+        return None
+    run = TrainingRun.objects.select_related("experiment").filter(pk=int(match[1]), project_id=repo.project_id).first()
+    return run if run is not None and experiment_repo_name(run.experiment) == repo.name else None
+
+
+def delete_branch(repo: Repo, name: str) -> None:
+    """Delete a branch, except the default branch and a training run's branch while the run exists
+    (its checkpoints are committed there, and the run page links to it): both 409."""
+    run = branch_run(repo, name)
+    if run is not None:
+        raise Conflict(f"Branch {name!r} holds the checkpoints of run #{run.pk} ({run.name}): it cannot be deleted while the run exists.",
+                       [Finding("branch", f"keep the branch, or delete run #{run.pk} first")])
+    repos.delete_branch(repo, name)
 
 
 CHECKPOINT_DIRS = {"final": "final", "merged": "merged", "adapter": "adapter"}

@@ -44,3 +44,53 @@ def test_a_branch_and_a_tag_cannot_share_a_name(api, dataset_repo):
     assert set(Branch.objects.filter(repo=dataset_repo).values_list("name", flat=True)) == {"main", "dev"}
     assert set(Tag.objects.filter(repo=dataset_repo).values_list("name", flat=True)) == {"v1"}
     assert_error(api.post("/api/hub/repos/hub-data/tags", {"name": "main"}), 409, "name")
+
+
+def test_delete_branch_and_tag_keeps_their_commits(api, dataset_repo):
+    repos.create_branch(dataset_repo, "dev", "main")
+    dev = commits.commit_files(dataset_repo, "dev", {"train.jsonl": b'{"text": "dev"}\n'}, "on dev")
+    repos.create_tag(dataset_repo, "v1", "dev")
+    assert api.delete("/api/hub/repos/hub-data/tags/v1").status_code == 204
+    assert api.delete("/api/hub/repos/hub-data/branches/dev").status_code == 204
+    assert set(Branch.objects.filter(repo=dataset_repo).values_list("name", flat=True)) == {"main"}
+    assert not Tag.objects.filter(repo=dataset_repo).exists()
+    assert resolved(api, "hub-data", dev.pk, "train.jsonl") == b'{"text": "dev"}\n'  # a pin to the commit still reads it
+    assert_error(api.delete("/api/hub/repos/hub-data/branches/dev"), 404)
+    assert_error(api.delete("/api/hub/repos/hub-data/tags/v1"), 404)
+    # the name is free again, for either kind
+    assert api.post("/api/hub/repos/hub-data/tags", {"name": "dev", "ref": dev.pk}).json()["commit"] == dev.pk
+
+
+def test_default_branch_cannot_be_deleted(api, dataset_repo):
+    assert_error(api.delete("/api/hub/repos/hub-data/branches/main"), 409, "branch")
+    assert Branch.objects.filter(repo=dataset_repo, name="main").exists()
+
+
+def test_only_writers_delete_refs(api_as, dataset_repo):
+    repos.create_branch(dataset_repo, "dev", "main")
+    repos.create_tag(dataset_repo, "v1", "main")
+    for role, status in (("viewer", 403), ("outsider", 404), (None, 401)):
+        assert api_as(role).delete("/api/hub/repos/hub-data/branches/dev").status_code == status
+        assert api_as(role).delete("/api/hub/repos/hub-data/tags/v1").status_code == status
+    assert Branch.objects.filter(repo=dataset_repo, name="dev").exists() and Tag.objects.filter(repo=dataset_repo, name="v1").exists()
+    assert api_as("member").delete("/api/hub/repos/hub-data/branches/dev").status_code == 204
+    assert api_as("member").delete("/api/hub/repos/hub-data/tags/v1").status_code == 204
+
+
+def test_a_runs_branch_cannot_be_deleted_while_the_run_exists(api, project):
+    from tests.conftest import sft_body
+    from training.models import TrainingRun
+
+    r = api.post("/api/training-runs", sft_body())
+    assert r.status_code == 201, r.content
+    run_id = r.json()["id"]
+    repo_name = "experiment-default"
+    body = assert_error(api.delete(f"/api/hub/repos/{repo_name}/branches/run-{run_id}"), 409, "branch")
+    assert f"run #{run_id}" in body["detail"]
+    assert Branch.objects.filter(repo__project=project, repo__name=repo_name, name=f"run-{run_id}").exists()
+    # a branch that only looks like a run's (no such run) is an ordinary branch
+    repo = repos.find_repo(project, repo_name)
+    repos.create_branch(repo, f"run-{run_id + 1000}", "main")
+    assert api.delete(f"/api/hub/repos/{repo_name}/branches/run-{run_id + 1000}").status_code == 204
+    TrainingRun.objects.filter(pk=run_id).delete()
+    assert api.delete(f"/api/hub/repos/{repo_name}/branches/run-{run_id}").status_code == 204
