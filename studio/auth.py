@@ -8,7 +8,7 @@ from django.db.models import F
 from django.http import HttpRequest
 from ninja.utils import check_csrf
 
-from studio.errors import Forbidden, NotFound
+from studio.errors import Forbidden, NotFound, Unauthorized
 from studio.models import ApiToken, Membership, Project
 from studio.ratelimit import check_auth_allowed, note_auth_failure
 from studio.services import authenticate_token
@@ -60,6 +60,10 @@ def current_project_for_session(request: HttpRequest) -> Project | None:
     return first.project if first else None
 
 
+BAD_TOKEN = ("This API token is not valid: it is mistyped, was revoked, or its user is no longer a member of its "
+             "project. Ask a project owner for a new one (manage.py createapitoken).")
+
+
 class StudioAuth:
     """ninja auth callable: returns an Actor, or None for a 401."""
 
@@ -72,11 +76,11 @@ class StudioAuth:
             scheme, _, plaintext = header.partition(" ")
             if scheme.lower() != "bearer" or not plaintext.strip():
                 note_auth_failure(request)
-                return None
+                raise Unauthorized("Send the API token as Authorization: Bearer <token>.")
             token = authenticate_token(plaintext.strip())
             if token is None:
                 note_auth_failure(request)
-                return None
+                raise Unauthorized(BAD_TOKEN)
             return Actor(user=token.user, project=token.project, token=token)
         user = getattr(request, "user", None)
         if user is None or not user.is_authenticated:

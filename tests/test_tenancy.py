@@ -12,6 +12,7 @@ import pytest
 from django.test import Client
 
 from experiments.models import Experiment
+from studio.auth import BAD_TOKEN
 from studio.crypto import hash_token
 from studio.models import ApiToken, ProjectSecret
 from studio.services import add_member, create_api_token, create_plan, revoke_api_token, set_plan, set_secret
@@ -205,17 +206,19 @@ def test_plan_without_training_is_402_after_403(case, persona, free_world, clien
 def test_malformed_authorization_header_is_401(header, world):
     response = Client().get("/api/training-runs", HTTP_AUTHORIZATION=header)
     assert_error(response, 401)
+    assert response.json()["detail"] in ("Send the API token as Authorization: Bearer <token>.", BAD_TOKEN)
 
 
 def test_revoked_token_is_401(world, tokens):
     token = ApiToken.objects.get(token_hash=hash_token(tokens["member"]))
     revoke_api_token(token)
-    assert_error(Api(Client(), tokens["member"]).get("/api/training-runs"), 401)
+    assert assert_error(Api(Client(), tokens["member"]).get("/api/training-runs"), 401)["detail"] == BAD_TOKEN
 
 
 def test_token_of_removed_member_is_401(world, tokens, project, users):
     project.memberships.filter(user=users["member"]).delete()
-    assert_error(Api(Client(), tokens["member"]).get(f"/api/training-runs/{world['queued']}"), 401)
+    # A token was sent: the answer says what is wrong with it, not "send a token".
+    assert assert_error(Api(Client(), tokens["member"]).get(f"/api/training-runs/{world['queued']}"), 401)["detail"] == BAD_TOKEN
 
 
 def test_token_sees_only_its_own_project_even_when_user_is_in_both(world, project, other_project, users):
