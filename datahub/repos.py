@@ -36,11 +36,19 @@ class RefNotFound(NotFound):
 # ---- names and paths ---------------------------------------------------------------------------
 
 def check_name(value: Any, field: str, what: str = "name") -> str:
-    if not isinstance(value, str) or not NAME_RE.match(value) or value.endswith((".lock", ".")) or ".." in value:
-        raise BadRequest(
-            f"{value!r} is not a valid {what}.",
-            [Finding(field, f"a {what} is 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit")],
-        )
+    """A repo, branch or tag name, or a 400 saying which part of the rule it breaks. Beyond the
+    characters, git's own ref rules: no '..' (it reads as a range), no trailing '.' or '.lock'."""
+    problem = None
+    if not isinstance(value, str) or not NAME_RE.match(value):
+        problem = f"a {what} is 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"
+    elif ".." in value:
+        problem = f"a {what} cannot contain '..', which reads as a range of commits: use a single '.' or '-'"
+    elif value.endswith(".lock"):
+        problem = f"a {what} cannot end in '.lock', which git keeps for its lock files: e.g. {value.removesuffix('.lock')}-lock"
+    elif value.endswith("."):
+        problem = f"a {what} cannot end in '.': drop the trailing dot"
+    if problem:
+        raise BadRequest(f"{value!r} is not a valid {what}.", [Finding(field, problem)])
     return value
 
 

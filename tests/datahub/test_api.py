@@ -108,3 +108,12 @@ def test_ref_findings_name_the_key_that_was_sent(api, repo):
     assert_error(get(api, "/api/hub/repos/my-model/diff", base="nope", head="main"), 404, "base")
     assert_error(get(api, "/api/hub/repos/my-model/diff", base="main", head="nope"), 404, "head")
     assert not repo.branches.filter(name="dev").exists()
+
+
+@pytest.mark.parametrize(("name", "says"), [
+    ("ok.lock", "cannot end in '.lock'"), ("ok.", "cannot end in '.'"), ("a..b", "cannot contain '..'"), ("-x", "starting with a letter or digit"),
+])
+def test_refused_repo_name_says_the_rule_it_breaks(api, name, says):
+    body = assert_error(api.post("/api/hub/repos", {"name": name}), 400, "name")
+    assert says in body["errors"][0]["message"], body
+    assert not Repo.objects.filter(name=name).exists()
