@@ -136,7 +136,17 @@ def _json_rows(fh, size: int) -> Iterator[tuple[int, Any]]:
         try:
             yield number, json.loads(line)
         except ValueError as exc:
-            yield number, RowError(f"not valid JSON ({exc.args[0] if exc.args else exc})")
+            yield number, RowError(_line_problem(line, exc))
+
+
+def _line_problem(line: str, exc: ValueError) -> str:
+    """Where on its line a JSON Lines row breaks. json's own "line 2 column 1" counts within the
+    row (line 2 being past its newline when the row is cut short), not the file's lines."""
+    if not isinstance(exc, json.JSONDecodeError):
+        return f"not valid JSON ({exc})"
+    if exc.pos >= len(line.rstrip("\r\n")):
+        return f"not valid JSON: the line ends before the value is complete ({exc.msg})"
+    return f"not valid JSON at column {exc.pos + 1} ({exc.msg})"
 
 
 def _prefixed(first: str, text) -> Iterator[str]:

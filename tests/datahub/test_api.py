@@ -117,3 +117,13 @@ def test_refused_repo_name_says_the_rule_it_breaks(api, name, says):
     body = assert_error(api.post("/api/hub/repos", {"name": name}), 400, "name")
     assert says in body["errors"][0]["message"], body
     assert not Repo.objects.filter(name=name).exists()
+
+
+def test_bad_jsonl_row_names_its_column_not_json_s_inner_line(api, dataset_repo):
+    data = b'{"text": "a"}\n{"text": \n{"text": "c"} x\n'
+    commits.commit_files(dataset_repo, "main", {"train.jsonl": data}, "data")
+    problems = get(api, "/api/hub/repos/hub-data/preview", path="train.jsonl").json()["problems"]
+    assert problems == [
+        {"row": 2, "message": "not valid JSON: the line ends before the value is complete (Expecting value)"},
+        {"row": 3, "message": "not valid JSON at column 15 (Extra data)"},
+    ]
