@@ -173,7 +173,9 @@ def list_files(request: HttpRequest, name: str):
 def download(request: HttpRequest, name: str):
     """The file at `path` in `ref`, streamed."""
     repo = repo_or_404(request, name)
-    path = repos.clean_path(request.GET.get("path"))
+    if not request.GET.get("path"):
+        raise BadRequest("path is required.", [Finding("path", "give path=<a file of the repo>, e.g. ?path=data/train.jsonl")])
+    path = repos.clean_path(request.GET["path"])
     commit = repos.resolve(repo, query_ref(request))
     entry = repos.entry(commit, path)
     if entry is None:

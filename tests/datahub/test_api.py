@@ -127,3 +127,9 @@ def test_bad_jsonl_row_names_its_column_not_json_s_inner_line(api, dataset_repo)
         {"row": 2, "message": "not valid JSON: the line ends before the value is complete (Expecting value)"},
         {"row": 3, "message": "not valid JSON at column 15 (Extra data)"},
     ]
+
+
+def test_download_without_path_says_give_path(api, repo):
+    for query in ({}, {"path": ""}):
+        body = assert_error(get(api, "/api/hub/repos/my-model/download", **query), 400, "path")
+        assert "give path=" in body["errors"][0]["message"] and body["detail"] == "path is required."
