@@ -52,7 +52,8 @@ def query_int(request: HttpRequest, key: str, default: int | None, minimum: int 
     except ValueError:
         raise BadRequest(f"{key} must be a whole number.", [Finding(key, f"give {key} as an integer")]) from None
     if value < minimum or (maximum is not None and value > maximum):
-        raise BadRequest(f"{key} is out of range.", [Finding(key, f"give {key} between {minimum} and {maximum if maximum is not None else 'any'}")])
+        allowed = f"between {minimum} and {maximum}" if maximum is not None else f"of {minimum} or more"
+        raise BadRequest(f"{key} is out of range.", [Finding(key, f"give {key} {allowed}")])
     return value
 
 

@@ -76,3 +76,11 @@ def test_upload_that_makes_a_file_also_a_folder_is_refused_at_once_naming_the_fi
     assert not UploadSession.objects.exists()
     # replacing the file f, or adding beside it, is fine
     assert api.post("/api/hub/repos/hub-data/uploads", {"files": [{"path": "f", "size": 1}, {"path": "d/y.txt", "size": 1}]}).status_code == 201
+
+
+def test_negative_offset_says_the_allowed_range(api, dataset_repo):
+    upload_id = api.post("/api/hub/repos/hub-data/uploads", {"files": [{"path": "a.bin", "size": 4}]}).json()["id"]
+    body = assert_error(put(api, upload_id, 0, -1, b"abcd"), 400, "offset")
+    assert body["errors"][0]["message"] == "give offset of 0 or more"
+    body = assert_error(api.get("/api/hub/repos/hub-data/commits", limit=0), 400, "limit")
+    assert body["errors"][0]["message"] == "give limit between 1 and 500"
