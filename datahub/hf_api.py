@@ -19,6 +19,7 @@ from datetime import UTC
 
 from django.conf import settings
 from django.http import FileResponse, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.utils.http import content_disposition_header
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods
 
@@ -313,7 +314,8 @@ def file_response(request: HttpRequest, entry: TreeEntry, commit: Commit) -> Htt
     resp["X-Linked-Etag"] = f'"{blob.sha256}"'
     resp["X-Linked-Size"] = str(size)
     resp["X-Repo-Commit"] = commit.pk
-    resp["Content-Disposition"] = f'inline; filename="{entry.path.rsplit("/", 1)[-1]}"'
+    # quotes escaped, and filename*=utf-8'' for non-ASCII names (RFC 6266)
+    resp["Content-Disposition"] = content_disposition_header(False, entry.path.rsplit("/", 1)[-1])
     return resp
 
 

@@ -251,3 +251,15 @@ def test_paths_info_json_body(client, model_repo, tokens):
     assert r.status_code == 200 and [e["path"] for e in r.json()] == ["config.json"]
     r = client.post("/hub/api/models/acme/tiny-llama/paths-info/main", "{nope", content_type="application/json", **auth)
     assert r.status_code == 400 and r.json()["detail"] == "The body is not valid JSON."
+
+
+def test_resolve_content_disposition_escapes_the_file_name(client, project, tokens):
+    repo = repos.create_repo(project, "names", "dataset")
+    commits.commit_files(repo, "main", {'say "hi".txt': b"q", "ü.txt": b"u"}, "names")
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {tokens['owner']}"}
+    r = client.get("/hub/datasets/acme/names/resolve/main/say%20%22hi%22.txt", **auth)
+    assert r.status_code == 200 and r["Content-Disposition"] == 'inline; filename="say \\"hi\\".txt"'
+    r = client.get("/hub/datasets/acme/names/resolve/main/%C3%BC.txt", **auth)
+    assert r["Content-Disposition"] == "inline; filename*=utf-8''%C3%BC.txt"
+    r = client.get("/api/hub/repos/names/download", {"path": 'say "hi".txt'}, **auth)
+    assert r["Content-Disposition"] == 'attachment; filename="say \\"hi\\".txt"'
