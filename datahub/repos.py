@@ -27,6 +27,9 @@ NAME_RE = re.compile(NAME_PATTERN)
 COMMIT_RE = re.compile(r"^[0-9a-f]{7,40}$")
 FULL_COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 MAX_PATH = 1024
+# Bidi embeddings, overrides and isolates (U+202A-U+202E, U+2066-U+2069): a name holding one shows
+# its characters in another order than they are stored ("Trojan Source", CVE-2021-42574).
+BIDI_CONTROLS = frozenset(map(chr, [*range(0x202A, 0x202F), *range(0x2066, 0x206A)]))
 
 
 class RefNotFound(NotFound):
@@ -80,8 +83,10 @@ def clean_path(value: Any, field: str = "path") -> str:
         problem = f"a path is at most {MAX_PATH} characters"
     elif any(part in ("", ".", "..") for part in value.split("/")):
         problem = "a path cannot contain '..', '.' or empty segments"
-    elif any(ord(c) < 32 for c in value):
+    elif any(ord(c) < 32 or 0x7F <= ord(c) <= 0x9F for c in value):
         problem = "a path cannot contain control characters"
+    elif bidi := next((c for c in value if c in BIDI_CONTROLS), None):
+        problem = f"a path cannot contain bidirectional control characters (here U+{ord(bidi):04X}): they make a name display as something it is not"
     if problem:
         raise BadRequest(f"{value!r} is not an allowed path." if isinstance(value, str) else "The path is not allowed.", [Finding(field, problem)])
     return value

@@ -5,6 +5,7 @@ import pytest
 
 from datahub import commits, repos
 from datahub.models import Repo
+from studio.errors import BadRequest
 from tests.conftest import assert_error
 from tests.datahub.conftest import jsonl
 
@@ -133,3 +134,11 @@ def test_download_without_path_says_give_path(api, repo):
     for query in ({}, {"path": ""}):
         body = assert_error(get(api, "/api/hub/repos/my-model/download", **query), 400, "path")
         assert "give path=" in body["errors"][0]["message"] and body["detail"] == "path is required."
+
+
+@pytest.mark.parametrize("path", ["data/evil\u202egpj.exe", "a\u2066b.txt", "x\u202a.jsonl", "del\x7f.txt"])
+def test_bidi_and_control_characters_in_a_path_are_refused_naming_it(api, repo, path):
+    body = assert_error(api.post("/api/hub/repos/my-model/uploads", {"files": [{"path": "ok.txt", "size": 1}, {"path": path, "size": 1}]}), 400, "files[1].path")
+    assert "control characters" in body["errors"][0]["message"]
+    with pytest.raises(BadRequest, match="not an allowed path"):
+        commits.commit_files(repo, "main", {path: b"x"})
