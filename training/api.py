@@ -13,7 +13,7 @@ from studio.api import actor, body_schema, parse_body
 from training import checkpoints, metrics, services
 from training.fit_report import fit_report
 from training.models import Checkpoint, LogLine, Rollout
-from training.queries import get_run_for, runs_for, search_runs
+from training.queries import filter_rollouts, get_run_for, runs_for, search_runs
 from training.schemas import (
     CheckpointOut,
     FitOut,
@@ -114,10 +114,7 @@ def run_metrics(request: HttpRequest, run_id: int, query: Query[MetricsQuery]):
 @paginate(Pagination)
 def run_rollouts(request: HttpRequest, run_id: int, query: Query[RolloutQuery]):
     run = get_run_for(actor(request), run_id)
-    rollouts = Rollout.objects.filter(run=run).order_by("step", "id")
-    if query.step is not None:
-        rollouts = rollouts.filter(step=query.step)
-    return rollouts
+    return filter_rollouts(Rollout.objects.filter(run=run).order_by("step", "id"), query.step, query.min_reward, query.max_reward)
 
 
 @router.get("/{int:run_id}/logs", response=LogsOut)

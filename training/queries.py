@@ -26,3 +26,14 @@ def search_runs(rows: QuerySet[TrainingRun], text: str | None) -> QuerySet[Train
     """Runs whose name or base model contains `text` (any case): the run list's search, UI and API."""
     text = (text or "").strip()
     return rows.filter(Q(name__icontains=text) | Q(base_model__icontains=text)) if text else rows
+
+
+def filter_rollouts(rows: QuerySet, step: int | None = None, min_reward: float | None = None, max_reward: float | None = None) -> QuerySet:
+    """The Rollouts tab's filters and GET /rollouts' query: one step, a reward range."""
+    if step is not None:
+        rows = rows.filter(step=step)
+    if min_reward is not None:
+        rows = rows.filter(reward__gte=min_reward)
+    if max_reward is not None:
+        rows = rows.filter(reward__lte=max_reward)
+    return rows

@@ -119,6 +119,8 @@ class RolloutOut(Schema):
 
 class RolloutQuery(Schema):
     step: int | None = Field(None, ge=0)
+    min_reward: float | None = Field(None, allow_inf_nan=False, description="Only rollouts with reward ≥ this")
+    max_reward: float | None = Field(None, allow_inf_nan=False, description="Only rollouts with reward ≤ this")
 
 
 class CheckpointOut(Schema):

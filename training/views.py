@@ -2,6 +2,7 @@
 Each view: parse → authorise → one service → render (HTMX gets the partial)."""
 from __future__ import annotations
 
+import math
 import statistics
 from collections import OrderedDict
 from typing import Any
@@ -30,7 +31,7 @@ from training.compute import accelerators_of
 from training.fit_report import fit_report, form_fit_report
 from training.methods import distill as distill_method
 from training.models import ACTIVE_STATUSES, Checkpoint, LogLine, Method, MetricPoint, Rollout, Status, TrainingRun
-from training.queries import get_run_for, runs_for, search_runs
+from training.queries import filter_rollouts, get_run_for, runs_for, search_runs
 from training.refs import dataset_entries, ref_kind
 
 MAX_POINTS = 500
@@ -518,34 +519,45 @@ def lineage_of(run: TrainingRun) -> list[dict[str, Any]]:
     return items
 
 
+ROLLOUTS_SHOWN = 1000
+
+
 def rollout_groups(run: TrainingRun, request: HttpRequest) -> dict[str, Any]:
+    """The Rollouts tab: one step's groups (the latest by default), a reward range. A value that
+    cannot be used is said next to its field, not silently dropped."""
     steps = list(Rollout.objects.filter(run=run).order_by("step").values_list("step", flat=True).distinct())
-    qs = Rollout.objects.filter(run=run).order_by("step", "id")
     step = request.GET.get("step", "")
+    notes: dict[str, str] = {}
     chosen_step = int(step) if step.lstrip("-").isdigit() and int(step) in steps else None
     if chosen_step is None and steps and step != "all":
         chosen_step = steps[-1]
-    if chosen_step is not None:
-        qs = qs.filter(step=chosen_step)
-    bounds = {}
+        if step:
+            notes["step"] = f"no rollouts were sampled at step {step}: showing the latest step, {chosen_step}"
+    bounds: dict[str, float | None] = {}
     for key in ("min_reward", "max_reward"):
+        raw = request.GET.get(key, "").strip()
         try:
-            bounds[key] = float(request.GET[key]) if request.GET.get(key, "") != "" else None
+            bounds[key] = float(raw) if raw else None
+            if bounds[key] is not None and not math.isfinite(bounds[key]):
+                raise ValueError(raw)
         except ValueError:
             bounds[key] = None
-    if bounds["min_reward"] is not None:
-        qs = qs.filter(reward__gte=bounds["min_reward"])
-    if bounds["max_reward"] is not None:
-        qs = qs.filter(reward__lte=bounds["max_reward"])
+            notes[key] = f"{raw[:40]!r} is not a number: give one like 0.5 (this filter is off)"
+    qs = filter_rollouts(Rollout.objects.filter(run=run).order_by("step", "id"), chosen_step, bounds["min_reward"], bounds["max_reward"])
+    shown = list(qs[:ROLLOUTS_SHOWN + 1])
+    if len(shown) > ROLLOUTS_SHOWN:
+        shown = shown[:ROLLOUTS_SHOWN]
+        notes["general"] = f"showing the first {ROLLOUTS_SHOWN} rollouts: pick a step or a reward range to see the others"
     groups: OrderedDict[tuple[int, str], list[Rollout]] = OrderedDict()
-    for rollout in qs[:1000]:
+    for rollout in shown:
         groups.setdefault((rollout.step, rollout.prompt), []).append(rollout)
     out = []
     for (s, prompt), items in groups.items():
         rewards = [r.reward for r in items]
         out.append({"step": s, "prompt": prompt, "rollouts": items, "mean": statistics.fmean(rewards),
                     "std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0, "min": min(rewards), "max": max(rewards)})
-    return {"groups": out, "steps": steps, "chosen_step": "all" if step == "all" else chosen_step, **bounds}
+    raw_bounds = {k: request.GET.get(k, "") if k in notes else bounds[k] for k in bounds}
+    return {"groups": out, "steps": steps, "chosen_step": "all" if step == "all" else chosen_step, "notes": notes, **raw_bounds}
 
 
 @studio_page

@@ -211,6 +211,20 @@ def test_rollouts_grouped_by_prompt(project, users):
     assert html.count("rollout-group") == 2 and "Step 2" in html
     html = client.get(f"/training/runs/{run.pk}/rollouts/", {"step": "all", "min_reward": "3"}).content.decode()
     assert html.count("rollout-group") == 4
+    # What the filters cannot use is said beside the field, not dropped in silence.
+    html = client.get(f"/training/runs/{run.pk}/rollouts/", {"step": "999", "min_reward": "abc", "max_reward": "nan"}).content.decode()
+    assert "no rollouts were sampled at step 999: showing the latest step, 2" in html
+    assert "&#x27;abc&#x27; is not a number: give one like 0.5 (this filter is off)" in html and 'value="abc"' in html
+    assert "&#x27;nan&#x27; is not a number" in html
+    assert html.count("rollout-group") == 2  # step 2, unfiltered
+
+
+def test_rollouts_api_filters_by_reward_like_the_tab(api, project, users):
+    run = make_run(project, users["owner"], "grpo")
+    Rollout.objects.bulk_create([Rollout(run=run, step=s, prompt="p", completion=f"c{i}", reward=float(i), advantage=0.0) for s in (1, 2) for i in range(4)])
+    rewards = [r["reward"] for r in api.get(f"/api/training-runs/{run.pk}/rollouts", step=2, min_reward=1, max_reward=2.5).json()["items"]]
+    assert rewards == [1.0, 2.0]
+    assert api.get(f"/api/training-runs/{run.pk}/rollouts", min_reward="abc").status_code == 400
 
 
 def test_experiment_create_via_htmx_and_compare_page(project, users):
