@@ -27,7 +27,8 @@ from datahub import repos, storage
 from datahub.models import Commit, Repo, TreeEntry
 from studio import crypto
 from studio.auth import StudioAuth
-from studio.errors import ApiError, BadRequest, Finding, NotFound
+from studio.errors import ApiError, BadRequest, Finding, NotFound, Unauthorized
+from studio.ratelimit import check_auth_allowed, note_auth_failure
 
 LFS_POINTER_SIZE = 134
 # Entries per tree page unless settings.DATAHUB_TREE_PAGE_SIZE says otherwise: what the Hub serves.
@@ -80,19 +81,33 @@ def hub_view(methods: list[str]):
 def reader_for(request: HttpRequest) -> Reader:
     """A Studio API token or browser session (its projects), or a run's ingest token (read access
     to that run's project, so a remote engine can fetch its base model and datasets)."""
+    from training.services import INGEST_TOKEN_PREFIX
+
     header = request.headers.get("Authorization", "")
-    actor = StudioAuth()(request) if request.method in ("GET", "HEAD", "OPTIONS") or header else None
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() == "bearer" and token.strip().startswith(f"{INGEST_TOKEN_PREFIX}_"):
+        # Not an API token, so StudioAuth would refuse it and count a failure against the
+        # engine's address each file it downloads.
+        return ingest_reader(request, token.strip())
+    try:
+        actor = StudioAuth()(request) if request.method in ("GET", "HEAD", "OPTIONS") or header else None
+    except Unauthorized as exc:
+        raise HubError(401, None, exc.detail, message_header="Invalid credentials in Authorization header") from None
     if actor is not None:
         return Reader(frozenset(actor.scoped_project_ids()))
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() == "bearer" and token.strip():
-        from training.models import ACTIVE_STATUSES, TrainingRun
-
-        project_id = TrainingRun.objects.filter(ingest_token_hash=crypto.hash_token(token.strip()), status__in=ACTIVE_STATUSES).values_list("project_id", flat=True).first()
-        if project_id is not None:
-            return Reader(frozenset({project_id}))
-        raise HubError(401, None, "The token is not valid: send a Studio API token as Authorization: Bearer <token>.", message_header="Invalid credentials in Authorization header")
     raise HubError(401, None, "Authentication required: set HF_TOKEN to a Studio API token.")
+
+
+def ingest_reader(request: HttpRequest, token: str) -> Reader:
+    from training.models import ACTIVE_STATUSES, TrainingRun
+
+    check_auth_allowed(request)  # 429 for an address that keeps sending bad tokens
+    project_id = TrainingRun.objects.filter(ingest_token_hash=crypto.hash_token(token), status__in=ACTIVE_STATUSES).values_list("project_id", flat=True).first()
+    if project_id is None:
+        note_auth_failure(request)
+        raise HubError(401, None, "This run ingest token is not valid, or its run is no longer provisioning or running: start the run again for a new one.",
+                       message_header="Invalid credentials in Authorization header")
+    return Reader(frozenset({project_id}))
 
 
 def repo_for(request: HttpRequest, namespace: str, name: str) -> Repo:

@@ -263,3 +263,27 @@ def test_resolve_content_disposition_escapes_the_file_name(client, project, toke
     assert r["Content-Disposition"] == "inline; filename*=utf-8''%C3%BC.txt"
     r = client.get("/api/hub/repos/names/download", {"path": 'say "hi".txt'}, **auth)
     assert r["Content-Disposition"] == 'attachment; filename="say \\"hi\\".txt"'
+
+
+def test_ingest_token_reads_the_hub_without_counting_as_a_bad_api_token(client, project, users, settings):
+    """An engine downloads every file of its base model with its run's ingest token: each request
+    must be a read, not a failed API-token check that the rate limit then answers with 429."""
+    from django.core.cache import cache
+
+    from studio import crypto
+    from training import services as training
+    from training.models import TrainingRun
+
+    settings.STUDIO_RATELIMIT_AUTH_FAILURES = 3
+    cache.clear()
+    repo = repos.create_repo(project, "base", "model")
+    commits.commit_files(repo, "main", {"config.json": b"{}"}, "base")
+    run = training.create_run(project, users["owner"], name="remote", method="sft", base_model="org/base", dataset="d@main")
+    TrainingRun.objects.filter(pk=run.pk).update(status="running", attempt=1, ingest_token_hash=crypto.hash_token("ing_remote"))
+    for _ in range(5):
+        r = client.get("/hub/acme/base/resolve/main/config.json", HTTP_AUTHORIZATION="Bearer ing_remote")
+        assert r.status_code == 200, r.content
+    r = client.get("/hub/acme/base/resolve/main/config.json", HTTP_AUTHORIZATION="Bearer not-a-token")
+    assert r.status_code == 401 and r["X-Error-Message"] == "Invalid credentials in Authorization header"
+    TrainingRun.objects.filter(pk=run.pk).update(status="completed")
+    assert client.get("/hub/acme/base/resolve/main/config.json", HTTP_AUTHORIZATION="Bearer ing_remote").status_code == 401
