@@ -19,13 +19,14 @@ pytestmark = pytest.mark.worker
 
 @pytest.fixture
 def unloadable(tmp_path) -> dict[str, str]:
-    """A base model and dataset that pass START's local-path checks (a folder with a config.json, a file)
-    but that the engine cannot load, so the job fails fast: these tests are about dispatch, not training."""
+    """A base model and dataset that pass START's local checks (a folder with a config.json, a file of
+    valid rows) but a model the engine cannot load, so the job fails fast: these tests are about
+    dispatch, not training."""
     model = tmp_path / "unloadable-model"
     model.mkdir()
     (model / "config.json").write_text('{"model_type": "no-such-architecture"}')
     data = tmp_path / "rows.jsonl"
-    data.write_text("")
+    data.write_text('{"text": "one row, so the dataset passes its row check"}\n')
     return {"base_model": str(model), "dataset": str(data)}
 
 
