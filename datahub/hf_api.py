@@ -24,7 +24,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods
 
 from datahub import repos, storage
-from datahub.models import Commit, Repo, TreeEntry
+from datahub.models import Branch, Commit, Repo, Tag, TreeEntry
 from studio import crypto
 from studio.auth import StudioAuth
 from studio.errors import ApiError, BadRequest, Finding, NotFound, Unauthorized
@@ -177,6 +177,34 @@ def repo_info(request: HttpRequest, kind: str, namespace: str, name: str, revisi
     """GET /api/{models,datasets}/{ns}/{name}[/revision/{rev}] → the repo at a commit."""
     repo = repo_for(request, namespace, name)
     return JsonResponse(repo_json(repo, commit_for(repo, revision)))
+
+
+@hub_view(["GET"])
+def repo_refs(request: HttpRequest, kind: str, namespace: str, name: str):
+    """GET /api/{kind}/{ns}/{name}/refs → its branches and tags (huggingface_hub's list_repo_refs)."""
+    repo = repo_for(request, namespace, name)
+    return JsonResponse({
+        "branches": [{"name": b.name, "ref": f"refs/heads/{b.name}", "targetCommit": b.head_id} for b in Branch.objects.filter(repo=repo)],
+        "tags": [{"name": t.name, "ref": f"refs/tags/{t.name}", "targetCommit": t.commit_id} for t in Tag.objects.filter(repo=repo)],
+        "converts": [],
+        "pullRequests": [],
+    })
+
+
+COMMITS_LISTED = 1000  # the newest commits of a ref that list_repo_commits gets, in one page
+
+
+@hub_view(["GET"])
+def repo_commits(request: HttpRequest, kind: str, namespace: str, name: str, revision: str):
+    """GET /api/{kind}/{ns}/{name}/commits/{rev} → the ref's first-parent history, newest first
+    (huggingface_hub's list_repo_commits)."""
+    repo = repo_for(request, namespace, name)
+    commit_for(repo, revision)  # the Hub's RevisionNotFound for a ref that is not there
+    return JsonResponse([
+        {"id": c.pk, "title": (c.message.splitlines() or [""])[0], "message": c.message,
+         "authors": [{"user": c.author_name or "studio"}], "date": hf_date(c.created_at)}
+        for c in repos.history(repo, revision, COMMITS_LISTED)
+    ], safe=False)
 
 
 @hub_view(["GET"])

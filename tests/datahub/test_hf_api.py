@@ -96,7 +96,8 @@ def test_traversal_in_downloads_is_400(client, model_repo, tokens, path):
 def test_outsider_gets_404_on_every_hub_endpoint(client, model_repo, tokens):
     auth = {"HTTP_AUTHORIZATION": f"Bearer {tokens['outsider']}"}
     for url in ("/hub/api/models/acme/tiny-llama", "/hub/api/models/acme/tiny-llama/revision/main",
-                "/hub/api/models/acme/tiny-llama/tree/main", "/hub/acme/tiny-llama/resolve/main/config.json"):
+                "/hub/api/models/acme/tiny-llama/tree/main", "/hub/acme/tiny-llama/resolve/main/config.json",
+                "/hub/api/models/acme/tiny-llama/refs", "/hub/api/models/acme/tiny-llama/commits/main"):
         r = client.get(url, **auth)
         assert r.status_code == 404 and r["X-Error-Code"] == "RepoNotFound", url
 
@@ -287,3 +288,24 @@ def test_ingest_token_reads_the_hub_without_counting_as_a_bad_api_token(client, 
     assert r.status_code == 401 and r["X-Error-Message"] == "Invalid credentials in Authorization header"
     TrainingRun.objects.filter(pk=run.pk).update(status="completed")
     assert client.get("/hub/acme/base/resolve/main/config.json", HTTP_AUTHORIZATION="Bearer ing_remote").status_code == 401
+
+
+# ---- refs and commits --------------------------------------------------------------------------
+
+def test_list_repo_refs_and_commits_with_huggingface_hub(transactional_db, live_server, model_repo, tokens):
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import RevisionNotFoundError
+
+    repo, first = model_repo
+    repos.create_tag(repo, "v1", "stable")
+    api = HfApi(endpoint=f"{live_server.url}/hub", token=tokens["viewer"])
+    refs = api.list_repo_refs("acme/tiny-llama")
+    main = repos.resolve(repo, "main")
+    assert {(b.name, b.ref, b.target_commit) for b in refs.branches} == {("main", "refs/heads/main", main.pk), ("stable", "refs/heads/stable", first.pk)}
+    assert [(t.name, t.ref, t.target_commit) for t in refs.tags] == [("v1", "refs/tags/v1", first.pk)]
+    history = api.list_repo_commits("acme/tiny-llama", revision="main")
+    assert [c.commit_id for c in history] == [c.pk for c in repos.history(repo, "main")]
+    assert history[0].title == "readme on main only" and history[0].created_at is not None
+    assert [c.commit_id for c in api.list_repo_commits("acme/tiny-llama", revision="v1")][0] == first.pk
+    with pytest.raises(RevisionNotFoundError):
+        api.list_repo_commits("acme/tiny-llama", revision="no-such-branch")
