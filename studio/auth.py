@@ -65,7 +65,8 @@ BAD_TOKEN = ("This API token is not valid: it is mistyped, was revoked, or its u
 
 
 class StudioAuth:
-    """ninja auth callable: returns an Actor, or None for a 401."""
+    """ninja auth callable: an Actor; None (a 401 asking for credentials) when none were sent; a 401
+    that says what is wrong when a token was sent but is malformed or not valid."""
 
     openapi_type = "http"
 
