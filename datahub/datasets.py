@@ -74,6 +74,7 @@ class Source:
     path: str  # as findings name it
     size: int
     open: Callable[[], BinaryIO]
+    version: str = ""  # a local file's size and modification time: what moves when it changes
 
 
 def commit_sources(commit: Commit) -> list[Source]:
@@ -82,10 +83,14 @@ def commit_sources(commit: Commit) -> list[Source]:
 
 def local_sources(path: Path) -> list[Source]:
     """A local dataset as the engine reads it: the file itself, or the data files of a folder."""
+    def source(file: Path, name: str) -> Source:
+        stat = file.stat()
+        return Source(name, stat.st_size, lambda: file.open("rb"), f"{stat.st_size}:{stat.st_mtime_ns}")
+
     if path.is_file():
-        return [Source(path.name, path.stat().st_size, lambda: path.open("rb"))]
+        return [source(path, path.name)]
     files = sorted(p for p in path.rglob("*") if p.is_file() and is_data_path(p.relative_to(path).as_posix()))
-    return [Source(p.relative_to(path).as_posix(), p.stat().st_size, lambda p=p: p.open("rb")) for p in files]
+    return [source(p, p.relative_to(path).as_posix()) for p in files]
 
 
 # ---- reading rows ------------------------------------------------------------------------------
@@ -274,17 +279,13 @@ def preview(commit: Commit, path: str | None = None, limit: int = 20) -> dict:
 
 
 def method_findings(commit: Commit, method: str, field: str) -> list[Finding]:
-    key = f"datahub:findings:{commit.pk}:{method}:{field}"
-    cached = cache.get(key)
-    if cached is not None:
-        return [Finding(f, m) for f, m in cached]
-    entries = commit_sources(commit)
-    if not entries and method in METHOD_SHAPES:
-        findings = [Finding(field, f"{commit.repo.full_name}@{commit.pk[:10]} has no .jsonl, .json, .csv or .parquet file to train on")]
-    else:
-        findings = rows_findings(entries, method, field)
-    cache.set(key, [(f.field, f.message) for f in findings], 3600)
-    return findings
+    def check() -> list[Finding]:
+        entries = commit_sources(commit)
+        if not entries and method in METHOD_SHAPES:
+            return [Finding(field, f"{commit.repo.full_name}@{commit.pk[:10]} has no .jsonl, .json, .csv or .parquet file to train on")]
+        return rows_findings(entries, method, field)
+
+    return cached_findings(f"datahub:findings:{commit.pk}:{method}:{field}", check)
 
 
 def local_findings(path: Path, method: str, field: str) -> list[Finding]:
@@ -295,12 +296,16 @@ def local_findings(path: Path, method: str, field: str) -> list[Finding]:
     sources = local_sources(path)
     if not sources:
         return [Finding(field, f"{path} holds no .jsonl, .json, .csv or .parquet file to train on")]
-    stamp = hashlib.sha1(repr([(str(path), s.path, s.size, (path / s.path if path.is_dir() else path).stat().st_mtime_ns) for s in sources]).encode()).hexdigest()
-    key = f"datahub:local-findings:{stamp}:{method}:{field}"
+    stamp = hashlib.sha1(repr([str(path)] + [(s.path, s.version) for s in sources]).encode()).hexdigest()
+    return cached_findings(f"datahub:local-findings:{stamp}:{method}:{field}", lambda: rows_findings(sources, method, field))
+
+
+def cached_findings(key: str, check: Callable[[], list[Finding]]) -> list[Finding]:
+    """`check()`'s findings, kept an hour under `key` (which names a commit, or a local dataset's file stamps)."""
     cached = cache.get(key)
     if cached is not None:
         return [Finding(f, m) for f, m in cached]
-    findings = rows_findings(sources, method, field)
+    findings = check()
     cache.set(key, [(f.field, f.message) for f in findings], 3600)
     return findings
 
