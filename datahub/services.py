@@ -85,17 +85,18 @@ def delete_branch(repo: Repo, name: str) -> None:
 CHECKPOINT_DIRS = {"final": "final", "merged": "merged", "adapter": "adapter"}
 
 
-def checkpoint_prefix(checkpoint, last_step: int | None = None) -> str:
+def checkpoint_prefix(checkpoint, earlier_merge: bool) -> str:
     """Where a checkpoint's files go on the run's branch. A merge of an earlier step (a person's
-    Merge on the Checkpoints tab) lands beside that step, not in merged/: that folder, like the
-    Models page entry, is the run's own result at its last step. `last_step`: the run's highest
-    checkpoint step, when the caller already knows it."""
-    if is_earlier_merge(checkpoint, last_step):
+    Merge on the Checkpoints tab; `earlier_merge`, from is_earlier_merge) lands beside that step,
+    not in merged/: that folder, like the Models page entry, is the run's own result at its last step."""
+    if earlier_merge:
         return f"checkpoints/step-{checkpoint.step}/merged"
     return CHECKPOINT_DIRS.get(checkpoint.kind) or f"checkpoints/step-{checkpoint.step}"
 
 
 def is_earlier_merge(checkpoint, last_step: int | None = None) -> bool:
+    """A merged checkpoint of a step before the run's highest checkpoint step (`last_step` when the
+    caller already knows it)."""
     if checkpoint.kind != "merged":
         return False
     if last_step is None:
@@ -134,7 +135,8 @@ def commit_checkpoint(checkpoint_id: int) -> Commit | None:
     if not root.is_dir():
         log.warning("run %s: checkpoint %s is not a local directory (%s): not committed", run.pk, checkpoint.pk, checkpoint.path)
         return None
-    prefix = checkpoint_prefix(checkpoint)
+    earlier_merge = is_earlier_merge(checkpoint)
+    prefix = checkpoint_prefix(checkpoint, earlier_merge)
     files: dict[str, FileSource] = {}
     for path in sorted(root.rglob("*")):
         if path.is_symlink() or not path.is_file():
@@ -149,7 +151,7 @@ def commit_checkpoint(checkpoint_id: int) -> Commit | None:
             repo, run_branch_name(run), files, message=f"Checkpoint {label}, attempt {checkpoint.attempt}",
             author=run.created_by, create_branch_from=MAIN,
         )
-        if checkpoint.kind in MODEL_KINDS and not is_earlier_merge(checkpoint):
+        if checkpoint.kind in MODEL_KINDS and not earlier_merge:
             publish_model(run, checkpoint)  # the Models page shows the run's result, not an earlier step
     except OSError as exc:
         if exc.errno != errno.ENOSPC:

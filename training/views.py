@@ -397,7 +397,7 @@ def tab_context(request: HttpRequest, run: TrainingRun, tab: str) -> dict[str, A
     elif tab == "checkpoints":
         saved = list(Checkpoint.objects.filter(run=run))
         last_step = max((c.step for c in saved), default=0)
-        prefixes = {c.pk: hub.checkpoint_prefix(c, last_step) for c in saved}
+        prefixes = {c.pk: hub.checkpoint_prefix(c, hub.is_earlier_merge(c, last_step)) for c in saved}
         context.update(
             checkpoints=saved, prefixes=prefixes, committed=committed_prefixes(run, set(prefixes.values())),
             merged_steps={c.step for c in saved if c.kind == "merged"}, merging_steps=checkpoints.merging_steps(saved),
