@@ -132,21 +132,25 @@ def required_config_keys(init: ast.Module) -> dict[str, int]:
     return {key: line for key, line in keys.items() if key not in optional}
 
 
-def missing_config_findings(files: dict[str, bytes], config: dict[str, Any] | None, field: str) -> list[Finding]:
-    """Keys load_environment reads that `config` (the package's CONFIG, or one about to replace it)
-    lacks: the run would fail with a KeyError as it loads the environment."""
-    init = files.get((package_prefix(files) or "") + "__init__.py")
+def missing_config_findings(init: ast.Module | None, config: dict[str, Any] | None, field: str) -> list[Finding]:
+    """Keys load_environment (in the parsed __init__.py `init`) reads that `config` (the package's
+    CONFIG, or one about to replace it) lacks: the run would fail with a KeyError as it loads."""
     if config is None or init is None:
         return []
-    try:
-        required = required_config_keys(ast.parse(init))
-    except (SyntaxError, ValueError):
-        return []  # static_findings reports the syntax error
     return [
         Finding(field if field != "config" else f"config.{key}",
                 f"CONFIG has no {key!r}, which load_environment reads (__init__.py:{line}): put it back in CONFIG")
-        for key, line in sorted(required.items()) if key not in config
+        for key, line in sorted(required_config_keys(init).items()) if key not in config
     ]
+
+
+def parsed_init(files: dict[str, bytes]) -> ast.Module | None:
+    """The package's __init__.py, parsed; None when it is missing or does not parse (static_findings says why)."""
+    source = files.get((package_prefix(files) or "") + "__init__.py")
+    try:
+        return ast.parse(source) if source is not None else None
+    except (SyntaxError, ValueError):
+        return None
 
 
 # ---- static package checks (no import) ---------------------------------------------------------
@@ -208,7 +212,7 @@ def static_findings(files: dict[str, bytes], image_has: Callable[[str], bool], *
     init = modules.get("__init__.py")
     if init is not None and not _has_entry_point(init, modules):
         findings.append(Finding(field, "the package's __init__.py has no module-level load_environment(**kwargs) (and exports no verifiers Taskset subclass)"))
-    findings += missing_config_findings(files, read_config(files), field)
+    findings += missing_config_findings(init, read_config(files), field)
     return findings
 
 
@@ -449,7 +453,7 @@ def update_config(project, name: str, config: dict[str, Any], user=None) -> dict
     repo = environment_repo(project, name)
     current = repo_config(project, name)
     prefix = package_prefix({p: b"" for p in current["files"]}) or ""
-    missing = missing_config_findings(hub_package_files(resolve(repo, "main")), config, "config")
+    missing = missing_config_findings(parsed_init(hub_package_files(resolve(repo, "main"))), config, "config")
     if missing:
         raise BadRequest("This CONFIG lacks keys the environment reads (a PUT replaces the whole CONFIG).", missing)
     commit = commit_files(repo, "main", {prefix + CONFIG_FILE: render_config(config).encode()}, message="Edit CONFIG", author=user)
