@@ -6,14 +6,14 @@ entry names it, and a commit becomes visible only when its branch head moves (un
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import IO, Any
 
 from django.db import transaction
 
 from datahub import storage
 from datahub.models import Blob, Branch, Commit, Repo, TreeEntry, blob_path
-from datahub.repos import RefNotFound, _author_name, check_name, clean_path, create_branch, new_commit_id
+from datahub.repos import RefNotFound, _author_name, check_name, clean_path, create_branch, folders_of, new_commit_id
 from studio.errors import BadRequest, Conflict, Finding
 
 FileSource = bytes | str | Path | IO[bytes]
@@ -83,8 +83,7 @@ def commit_blobs(repo: Repo, branch: str, blobs: Mapping[str, Blob], message: st
             new.pop(path, None)
         for path, blob in blobs.items():
             new[path] = blob.pk
-        folders = {str(q) for p in new for q in PurePosixPath(p).parents if str(q) != "."}
-        clash = sorted(folders & set(new))
+        clash = sorted(folders_of(new) & set(new))
         if clash:
             # a file cannot also be a folder: `a` and `a/b` together would break every checkout
             raise BadRequest(f"{clash[0]!r} would be both a file and a folder.", [Finding("path", f"{clash[0]} is a file and a folder: rename one of them")])

@@ -14,6 +14,8 @@ import hashlib
 import json
 import re
 import uuid
+from collections.abc import Iterable
+from pathlib import PurePosixPath
 from typing import Any
 
 from django.db import IntegrityError, transaction
@@ -66,6 +68,12 @@ def check_ref_name(value: Any, field: str, what: str) -> str:
             [Finding(field, f"a {what} cannot be 7 to 40 hex digits (0-9, a-f), which read as a commit id: add a letter or a prefix, e.g. v{value[:12]}")],
         )
     return value
+
+
+def folders_of(paths: Iterable[str]) -> set[str]:
+    """Every folder the files at `paths` sit in (a/b/c → a, a/b): a tree where one of these is also
+    a file cannot be checked out."""
+    return {str(q) for p in paths for q in PurePosixPath(p).parents if str(q) != "."}
 
 
 def clean_path(value: Any, field: str = "path") -> str:

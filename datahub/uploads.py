@@ -54,11 +54,7 @@ def check_file_folder_clash(repo: Repo, branch: str, paths: list[tuple[int, str]
     head = repo.branches.filter(name=branch).values_list("head_id", flat=True).first()
     on_branch = set(TreeEntry.objects.filter(commit_id=head).values_list("path", flat=True))
     listed = {p for _, p in paths}
-
-    def folders(files: set[str]) -> set[str]:
-        return {str(q) for p in files for q in PurePosixPath(p).parents if str(q) != "."}
-
-    where = [(on_branch, folders(on_branch), f"on branch {branch}"), (listed, folders(listed), "in this upload")]
+    where = [(on_branch, repos.folders_of(on_branch), f"on branch {branch}"), (listed, repos.folders_of(listed), "in this upload")]
     for i, path in paths:
         for files, dirs, place in where:
             if path in dirs:
