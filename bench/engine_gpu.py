@@ -526,8 +526,8 @@ def section_fp8(scale: Scale, budget: Budget, engine_config: dict[str, Any], sft
     if not ok:
         say(f"fp8: skipped ({why})")
         return {"skipped": True, "reason": why}
-    batch = int(((sft.get(LARGE) or {}).get("engine") or {}).get("batch") or scale.sft_batch[LARGE])
     bf16 = (sft.get(LARGE) or {}).get("engine") or {}
+    batch = int(bf16.get("batch") or scale.sft_batch[LARGE])
     if not isinstance(bf16.get("tokens_per_s"), (int, float)):
         say(f"fp8: engine bf16 at {LARGE}, batch {batch}")
         bf16 = guarded(f"fp8 {LARGE} bf16", budget, sft_engine, LARGE, scale, batch, engine_config)

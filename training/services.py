@@ -136,8 +136,9 @@ def update_run(run: TrainingRun, patch: dict) -> TrainingRun:
         raise BadRequest("The patch has fields that cannot be changed.", [Finding(k, f"only {', '.join(PATCHABLE)} can be patched") for k in unknown])
     name = patch.get("name", run.name)
     if "name" in patch:
-        if name_findings(name):
-            raise BadRequest("The patch has invalid fields.", name_findings(name))
+        bad_name = name_findings(name)
+        if bad_name:
+            raise BadRequest("The patch has invalid fields.", bad_name)
         name = name.strip()
     draft = validate_draft(Draft(
         method=run.method,
