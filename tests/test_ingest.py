@@ -49,6 +49,14 @@ def test_a_batch_lands_whole_and_moves_the_run_to_running(live_run):
     assert LogLine.objects.filter(run=run, line="step 2").exists()
 
 
+def test_completed_from_a_run_whose_running_report_was_lost_still_completes(live_run):
+    run, token = live_run
+    r = send(run.pk, token, {**BATCH, "status": "completed"})
+    assert r.status_code == 200
+    run.refresh_from_db()
+    assert run.status == Status.COMPLETED and run.started_at is not None
+
+
 def test_a_replayed_batch_is_counted_once(live_run):
     run, token = live_run
     send(run.pk, token, BATCH)

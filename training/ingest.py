@@ -114,6 +114,10 @@ def apply_reported_status(run: TrainingRun, batch: IngestBatchIn) -> None:
     if current == target:
         return
     try:
+        if target == Status.COMPLETED and current == Status.PROVISIONING:
+            # The engine trained to the end, but its "running" report never landed (sent before the
+            # dispatch's claim committed, say): take the step it skipped rather than lose the result.
+            status_service.transition(run.pk, Status.RUNNING, attempt=run.attempt)
         status_service.transition(run.pk, target, attempt=run.attempt, error=error)
     except status_service.IllegalTransition as exc:
         # e.g. "completed" from an engine that was already stopped: the user's STOP wins.
