@@ -58,6 +58,22 @@ def test_forbidden_marks_superseded_and_stops_sending(ingest: IngestStub) -> Non
     assert n == 1 and len(ingest.attempts) == 1  # no retry of a 403, nothing after it
 
 
+def test_statuses_reported_while_a_batch_is_retried_all_arrive_in_order(ingest: IngestStub) -> None:
+    # Ingest is slow to come up: "running" and then "completed" are both reported while the first
+    # batch is still being retried. One batch carries one status, so the later one must not replace
+    # the earlier (Studio ignores "completed" for a run it never saw running).
+    ingest.responses = [503, 503]
+    rep = Reporter(ingest.url, TOKEN, flush_interval=0.05).start()
+    rep.log("loading")
+    assert _wait(lambda: len(ingest.attempts) >= 1)
+    rep.status("running")
+    rep.metric(1, "loss", 1.0)
+    rep.status("completed")
+    assert rep.close(timeout=15)
+    assert ingest.scalars("status") == ["running", "completed"]
+    assert ingest.collect("metrics") == [{"step": 1, "key": "loss", "value": 1.0}]
+
+
 def test_heartbeats_flow_without_any_data(ingest: IngestStub) -> None:
     rep = Reporter(ingest.url, TOKEN, flush_interval=0.05, heartbeat_interval=0.2).start()
     assert _wait(lambda: len(ingest.attempts) >= 3, timeout=5)

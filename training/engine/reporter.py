@@ -49,6 +49,7 @@ class Reporter:
         self.sent_batches = 0
         self._lock = threading.Condition()
         self._pending = self._empty()
+        self._sealed: collections.deque[dict[str, Any]] = collections.deque()  # batches to send before _pending
         self._dirty = False
         self._in_flight = False
         self._stop = threading.Event()
@@ -93,6 +94,11 @@ class Reporter:
 
     def status(self, status: str, error: dict[str, Any] | None = None) -> None:
         with self._lock:
+            if self._pending["status"] not in (None, status):
+                # A batch carries one status: seal the one holding the earlier status so both are sent,
+                # in order, instead of "completed" overwriting a "running" that has not gone out yet.
+                self._sealed.append(self._pending)
+                self._pending = self._empty()
             self._pending["status"] = status
             if error is not None:
                 self._pending["error"] = error
@@ -110,9 +116,12 @@ class Reporter:
         return self
 
     def _take(self) -> dict[str, Any]:
-        batch = self._pending
-        self._pending = self._empty()
-        self._dirty = False
+        if self._sealed:
+            batch = self._sealed.popleft()
+        else:
+            batch = self._pending
+            self._pending = self._empty()
+            self._dirty = False
         batch["batch_id"] = uuid.uuid4().hex
         return batch
 
@@ -190,7 +199,8 @@ class Reporter:
         """Block until everything buffered so far is sent (or ``timeout`` passes). True if drained."""
         if not self.url or self._thread is None:
             with self._lock:
-                self._take()
+                while self._dirty:
+                    self._take()
             return True
         end = time.monotonic() + timeout
         with self._lock:
