@@ -115,8 +115,9 @@ def apply_reported_status(run: TrainingRun, batch: IngestBatchIn) -> None:
         return
     try:
         if target == Status.COMPLETED and current == Status.PROVISIONING:
-            # The engine trained to the end, but its "running" report never landed (sent before the
-            # dispatch's claim committed, say): take the step it skipped rather than lose the result.
+            # The engine trained to the end, but its "running" report never landed (an engine image
+            # older than the reporter's sealed status batches could overwrite it): take the step it
+            # skipped rather than lose the result.
             status_service.transition(run.pk, Status.RUNNING, attempt=run.attempt)
         status_service.transition(run.pk, target, attempt=run.attempt, error=error)
     except status_service.IllegalTransition as exc:
