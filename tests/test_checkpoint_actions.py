@@ -69,3 +69,29 @@ def test_merge_of_a_full_finetune_is_refused(api, project):
     run_id = api.post("/api/training-runs", sft_body()).json()["id"]
     Checkpoint.objects.create(run_id=run_id, attempt=1, step=5, path="/x/checkpoint-5")
     assert_error(api.post(f"/api/training-runs/{run_id}/checkpoints/5/merge"), 400, "step")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_merge_mark_rolls_back_with_its_request_and_expires(project, users, tmp_path):
+    from datetime import timedelta
+
+    from django.db import transaction
+    from django.utils import timezone
+
+    from training import checkpoints, services
+
+    run = services.create_run(project, users["owner"], name="lora", method="sft", base_model="org/base", dataset="org/data", config={"lora_rank": 8})
+    saved = Checkpoint.objects.create(run=run, attempt=1, step=3, path=str(tmp_path / "checkpoint-3"))
+    # A request that fails after asking for the merge leaves no "Merging…" behind (nothing was queued).
+    with pytest.raises(RuntimeError), transaction.atomic():
+        checkpoints.request_merge(run, saved)
+        raise RuntimeError("the request fails later")
+    assert checkpoints.merging_steps(list(Checkpoint.objects.filter(run=run))) == set()
+    checkpoints.request_merge(run, saved)
+    assert checkpoints.merging_steps(list(Checkpoint.objects.filter(run=run))) == {3}
+    with pytest.raises(Exception, match="is being merged"):
+        checkpoints.request_merge(run, saved)
+    # A merge whose task never ran stops counting after the merge timeout: it can be asked for again.
+    Checkpoint.objects.filter(pk=saved.pk).update(merge_requested_at=timezone.now() - timedelta(seconds=checkpoints.MERGE_TIMEOUT_SECONDS + 601))
+    assert checkpoints.merging_steps(list(Checkpoint.objects.filter(run=run))) == set()
+    checkpoints.request_merge(run, saved)

@@ -4,10 +4,12 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
+from datetime import datetime, timedelta
 from pathlib import Path
 
-from django.core.cache import cache
 from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
 
 from datahub.services import create_run_branch, record_checkpoint
 from studio.errors import BadRequest, Conflict, Finding
@@ -21,14 +23,15 @@ RESUMABLE_KINDS = ("checkpoint",)
 MERGE_TIMEOUT_SECONDS = 3600
 
 
-def _merging_key(checkpoint_id: int) -> str:
-    return f"training:merging:{checkpoint_id}"
+def merge_mark_expired() -> datetime:
+    """A merge asked for before this has timed out, or its task never ran: the mark no longer counts."""
+    return timezone.now() - timedelta(seconds=MERGE_TIMEOUT_SECONDS + 600)
 
 
 def merging_steps(checkpoints: list[Checkpoint]) -> set[int]:
     """The steps whose merge was asked for and has not finished (or failed) yet."""
-    keys = {_merging_key(c.pk): c.step for c in checkpoints if c.kind in RESUMABLE_KINDS}
-    return {keys[key] for key in cache.get_many(list(keys))} if keys else set()
+    expired = merge_mark_expired()
+    return {c.step for c in checkpoints if c.kind in RESUMABLE_KINDS and c.merge_requested_at and c.merge_requested_at > expired}
 
 
 def checkpoint_of(run: TrainingRun, step: int) -> Checkpoint:
@@ -64,7 +67,8 @@ def request_merge(run: TrainingRun, checkpoint: Checkpoint) -> None:
         raise Conflict(f"Step {checkpoint.step} of run {run.pk} is already merged: its merged checkpoint is listed under Checkpoints.")
     # The in-flight mark the Checkpoints tab shows ("Merging…") and that refuses a second request;
     # merge() clears it when it ends either way, and it expires should the task never run.
-    if not cache.add(_merging_key(checkpoint.pk), True, timeout=MERGE_TIMEOUT_SECONDS + 600):
+    marked = Checkpoint.objects.filter(Q(merge_requested_at__isnull=True) | Q(merge_requested_at__lte=merge_mark_expired()), pk=checkpoint.pk).update(merge_requested_at=timezone.now())
+    if not marked:
         raise Conflict(f"Step {checkpoint.step} of run {run.pk} is being merged: it appears under Checkpoints as merged when done.")
     transaction.on_commit(lambda: merge_checkpoint.delay(checkpoint.pk))
 
@@ -77,7 +81,7 @@ def merge(checkpoint_id: int) -> Checkpoint | None:
     try:
         return _merge(checkpoint)
     finally:
-        cache.delete(_merging_key(checkpoint.pk))
+        Checkpoint.objects.filter(pk=checkpoint.pk).update(merge_requested_at=None)
 
 
 def _merge(checkpoint: Checkpoint) -> Checkpoint | None:

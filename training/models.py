@@ -148,6 +148,9 @@ class Checkpoint(models.Model):
     kind = models.CharField(max_length=16, default="checkpoint")
     path = models.CharField(max_length=1000)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Set while a merge of this step is queued or running (training.checkpoints); in the request's
+    # transaction, so a request that rolls back leaves no mark behind.
+    merge_requested_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["step", "id"]
