@@ -110,3 +110,20 @@ def test_the_form_estimate_gives_no_figure_for_a_value_of_the_wrong_type():
     draft = Draft("sft", "Qwen/Qwen2.5-7B", None, {"max_length": float("inf")}, {"backend": "modal", "accelerators": "L4"})
     report = form_fit_report(draft)
     assert report.status == "unknown" and report.field == "config.max_length" and "config.max_length" in report.message
+
+
+def test_the_run_page_works_out_the_fit_once_for_the_start_button_and_the_estimate(api, modal, users, monkeypatch):  # noqa: F811
+    from django.test import Client
+
+    from training.engine import fit
+
+    run_id = make_run(api, base_model="Qwen/Qwen2.5-7B-Instruct", compute=gpu("L4"))
+    calls = []
+    real_check = fit.check
+    monkeypatch.setattr(fit, "check", lambda *a, **k: calls.append(1) or real_check(*a, **k))
+    client = Client()
+    client.force_login(users["owner"])
+    html = client.get(f"/training/runs/{run_id}/").content.decode()
+    # Both show it: the refusal beside Start and the estimate; one estimate was made for them.
+    assert "train a LoRA adapter (set lora_rank: 16)" in html and "GiB" in html
+    assert len(calls) == 1

@@ -169,7 +169,13 @@ class FitCheck:
 
 def fit_check(draft: Draft) -> FitCheck:
     """The fit check of a draft, shared by the START refusal (fit_findings) and the estimate the
-    pages and GET /fit show (training/fit_report.py)."""
+    pages and GET /fit show (training/fit_report.py); worked out once per draft."""
+    if "fit" not in draft.memo:
+        draft.memo["fit"] = _fit_check(draft)
+    return draft.memo["fit"]
+
+
+def _fit_check(draft: Draft) -> FitCheck:
     accel = accelerators_of(draft.compute)
     if accel.is_cpu:
         return FitCheck(None, why="cpu")

@@ -33,6 +33,7 @@ from training.methods import distill as distill_method
 from training.models import ACTIVE_STATUSES, Checkpoint, LogLine, Method, MetricPoint, Rollout, Status, TrainingRun
 from training.queries import filter_rollouts, get_run_for, runs_for, search_runs
 from training.refs import dataset_entries, ref_kind
+from training.validation import start_findings
 
 MAX_POINTS = 500
 LOG_TAIL = 200
@@ -140,7 +141,8 @@ def can_write(actor, project) -> bool:
 def status_context(request: HttpRequest, run: TrainingRun, actor=None, error: ApiError | None = None) -> dict[str, Any]:
     actor = actor or web_actor(request)
     startable = run.status in (Status.QUEUED, Status.FAILED, Status.CANCELLED) and not is_live(run)
-    blockers = services.start_blockers(run) if startable else []
+    draft = services.draft_of(run)  # one draft: the Start button's findings and the estimate share its fit check
+    blockers = start_findings(draft) if startable else []
     if isinstance(error, Unprocessable):
         blockers = error.errors
     error_obj = run.error or {}
@@ -154,7 +156,7 @@ def status_context(request: HttpRequest, run: TrainingRun, actor=None, error: Ap
         "error_log_tail": failure_log_tail(run) if run.status == Status.FAILED else [],
         "progress": run.progress or {},
         # The GPU memory estimate beside START; a CPU run or an unknown model shows nothing.
-        "fit": fit_report(services.draft_of(run)) if startable else None,
+        "fit": fit_report(draft) if startable else None,
     }
 
 

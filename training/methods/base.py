@@ -68,7 +68,9 @@ class Draft:
     config: dict
     compute: dict
     project: Any = None
-    extra: dict = field(default_factory=dict)
+    # Answers computed once per draft and asked for twice (the fit check: START's findings and the
+    # estimate beside the Start button).
+    memo: dict = field(default_factory=dict, repr=False, compare=False)
 
 
 class TrainingMethod:
