@@ -105,6 +105,15 @@ def get_repo(request: HttpRequest, name: str):
     return repo_out(repo_or_404(request, name))
 
 
+@router.delete("/repos/{name}", response={204: None})
+def delete_repo(request: HttpRequest, name: str):
+    """Delete a repo: its branches, tags and commits go; blob bytes stay (shared by content with
+    other repos). 409 while a live run (queued, provisioning, running) uses it."""
+    repo = repo_or_404(request, name, write=True)
+    services.delete_repo(repo)
+    return 204, None
+
+
 @router.get("/repos/{name}/branches", response=list[RefOut])
 def list_branches(request: HttpRequest, name: str):
     repo = repo_or_404(request, name)

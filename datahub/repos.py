@@ -3,7 +3,7 @@
 - check_name / check_ref_name / clean_path: the 400s for a repo, branch or tag name and for a file path.
 - create_repo / get_or_create_repo / create_branch / create_tag: new rows; a repo starts with an
   empty initial commit on `main`, and tags never move. delete_branch / delete_tag drop the ref
-  and keep its commits.
+  and keep its commits; delete_repo drops the repo and all its commits (blobs stay).
 - resolve: a branch, a tag or a commit id (prefix) → its commit; tree / entry / history read it.
 
 Writing files is datahub.commits; `[project/]repo@ref` refs of a run are datahub.refs.
@@ -191,6 +191,27 @@ def delete_tag(repo: Repo, name: str) -> None:
         deleted, _ = Tag.objects.filter(repo=repo, name=name).delete()
     if not deleted:
         raise RefNotFound(f"{repo.full_name} has no tag {name!r}.")
+
+
+def delete_repo(repo: Repo) -> None:
+    """Delete `repo` with its branches, tags, commits, tree entries and upload sessions (the staged
+    bytes of its open sessions go once the transaction commits). Blobs stay: they are content
+    addressed and shared by every repo of every project, and a commit elsewhere may be reusing
+    one at this moment (store_staged skips bytes already there), so removing one here could leave
+    another repo's tree naming bytes that are gone. Re-uploading the same bytes reuses them.
+    Runs that use the repo are guarded by services.delete_repo."""
+    from datahub.uploads import discard_staged  # uploads imports this module
+
+    with transaction.atomic():
+        lock_refs(repo)
+        sessions = list(repo.uploads.values_list("pk", flat=True))
+        # Refs first: they PROTECT the commits the repo's cascade deletes. Deleting a branch row
+        # waits for a commit moving that branch (commit_blobs holds its row lock), so the cascade
+        # below sees that commit too; a commit that comes after finds no branch (a 404).
+        Tag.objects.filter(repo=repo).delete()
+        Branch.objects.filter(repo=repo).delete()
+        repo.delete()
+        transaction.on_commit(lambda: discard_staged(sessions))
 
 
 def lock_refs(repo: Repo) -> None:

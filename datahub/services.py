@@ -7,6 +7,7 @@ written by datahub.repos and datahub.commits):
 - record_checkpoint: a reported checkpoint's directory is committed to `run-<id>` by a Celery task.
 - publish_model: a run's final or merged weights become a model repo with a card (the Models page).
 - storage_full: a full blob storage fails the run with what to do.
+- delete_repo: a repo goes only while no live run uses it (repo_uses says how a run does).
 
 A run's `[project/]repo@ref` refs (pre-start checks, pinning, engine inputs) are datahub.refs.
 """
@@ -21,7 +22,7 @@ from typing import Any
 
 from django.db import transaction
 
-from datahub import repos
+from datahub import refs, repos
 from datahub.commits import FileSource, commit_files
 from datahub.models import Branch, Commit, Repo, RepoType
 from datahub.repos import MAIN, create_branch, get_or_create_repo
@@ -80,6 +81,54 @@ def delete_branch(repo: Repo, name: str) -> None:
         raise Conflict(f"Branch {name!r} holds the checkpoints of run #{run.pk} ({run.name}): it cannot be deleted while the run exists.",
                        [Finding("branch", f"keep the branch, or delete run #{run.pk} first")])
     repos.delete_branch(repo, name)
+
+
+def delete_repo(repo: Repo) -> None:
+    """Delete a repo with its branches, tags and commits (repos.delete_repo: blob bytes stay),
+    unless a live run (queued, provisioning or running) uses it: a 409 naming each such run, what
+    it uses the repo for and what to do. A run uses a repo through a `[project/]repo@ref` in its
+    base_model, dataset, teacher, environment or RULER dataset (or a commit pinned from one at
+    START), as its experiment's repo (its checkpoints go to branch run-<id>) or as the model repo
+    its final weights are published to. Finished runs do not hold a repo: their pages keep the refs
+    and pinned commit ids as text, and show the repo as gone.
+    The check and the delete run under the repo's row lock; a run that names the repo after it is
+    gone is refused by its own pre-start check."""
+    from training.models import ACTIVE_STATUSES, Status, TrainingRun
+
+    with transaction.atomic():
+        repos.lock_refs(repo)
+        live = TrainingRun.objects.filter(project_id=repo.project_id, status__in=(Status.QUEUED, *ACTIVE_STATUSES)).select_related("experiment")
+        findings = [Finding("name", f"run #{run.pk} ({run.name}, {run.status}) uses it as {', '.join(uses)}: {_free_repo_hint(run)}")
+                    for run in live.order_by("pk") if (uses := repo_uses(run, repo))]
+        if findings:
+            raise Conflict(f"{repo.full_name} is used by {len(findings)} live run(s): it cannot be deleted until they no longer need it.", findings)
+        repos.delete_repo(repo)
+
+
+def repo_uses(run, repo: Repo) -> list[str]:
+    """What `run` uses `repo` for: the fields whose Data Hub ref (or pinned commit) names it,
+    "its experiment repo" and "its output model repo"; [] when it does not use it."""
+    from training.refs import HUB_REF
+
+    uses: list[str] = []
+    for field, value in refs.run_refs(run.base_model, run.dataset, run.config):
+        match = HUB_REF.match(value)
+        if match and match["repo"] == repo.name and match["project"] in (None, repo.project.slug):
+            uses.append(field.removesuffix(".ref"))
+    uses += [field for field, pin in (run.pinned or {}).items() if isinstance(pin, dict) and pin.get("repo") == repo.full_name and field not in uses]
+    if experiment_repo_name(run.experiment) == repo.name:
+        uses.append(f"its experiment repo (branch run-{run.pk})")
+    if model_repo_name(run) == repo.name:
+        uses.append("its output model repo")
+    return uses
+
+
+def _free_repo_hint(run) -> str:
+    from training.models import Status
+
+    if run.status == Status.QUEUED and run.start_requested_at is None:
+        return "edit the run to use another repo, or start it and let it finish, then delete the repo"
+    return "stop the run (STOP on its page) or wait for it to finish, then delete the repo"
 
 
 CHECKPOINT_DIRS = {"final": "final", "merged": "merged", "adapter": "adapter"}

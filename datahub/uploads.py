@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 import uuid
+from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 from typing import IO
 
@@ -17,10 +18,20 @@ from datahub.models import Commit, Repo, TreeEntry, UploadFile, UploadSession
 from studio.errors import BadRequest, Conflict, Finding, NotFound
 
 
+def staged_path(session_id) -> Path:
+    return storage.staging_dir() / "uploads" / str(session_id)
+
+
 def session_dir(session: UploadSession) -> Path:
-    path = storage.staging_dir() / "uploads" / str(session.pk)
+    path = staged_path(session.pk)
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def discard_staged(session_ids: Iterable) -> None:
+    """Remove what these sessions staged (a committed, aborted or deleted session's chunks)."""
+    for session_id in session_ids:
+        shutil.rmtree(staged_path(session_id), ignore_errors=True)
 
 
 def part_path(session: UploadSession, index: int) -> Path:
@@ -143,7 +154,7 @@ def commit_upload(session: UploadSession, user, message: str | None = None) -> C
         UploadSession.objects.filter(pk=session.pk).update(state=UploadSession.State.OPEN)
         raise
     UploadSession.objects.filter(pk=session.pk).update(state=UploadSession.State.COMMITTED, commit=commit)
-    shutil.rmtree(storage.staging_dir() / "uploads" / str(session.pk), ignore_errors=True)
+    discard_staged([session.pk])
     return commit
 
 
@@ -169,4 +180,4 @@ def abort_upload(session: UploadSession) -> None:
     with transaction.atomic():
         updated = UploadSession.objects.filter(pk=session.pk, state=UploadSession.State.OPEN).update(state=UploadSession.State.ABORTED)
     if updated:
-        shutil.rmtree(storage.staging_dir() / "uploads" / str(session.pk), ignore_errors=True)
+        discard_staged([session.pk])

@@ -1,0 +1,150 @@
+"""DELETE /api/hub/repos/{name}: writers only; its branches, tags, commits and upload sessions go,
+blob bytes stay; a live run that uses the repo makes it a 409; finished runs still display."""
+from __future__ import annotations
+
+import io
+
+import pytest
+from django.test import Client
+
+from datahub import commits, repos, storage, uploads
+from datahub.models import Blob, Branch, Commit, Repo, Tag, TreeEntry, UploadSession
+from datahub.services import model_repo_name
+from tests.conftest import assert_error, sft_body
+from tests.datahub.conftest import jsonl
+from training import services as training
+from training.models import Status, TrainingRun
+
+ROWS = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}] * 3
+
+
+@pytest.fixture
+def chat_data(project):
+    repo = repos.create_repo(project, "chat-data", "dataset")
+    commits.commit_files(repo, "main", {"train.jsonl": jsonl(ROWS)}, "data")
+    return repo
+
+
+@pytest.fixture
+def base_repo(project):
+    repo = repos.create_repo(project, "base", "model")
+    commits.commit_files(repo, "main", {"config.json": b'{"model_type": "llama"}'}, "weights")
+    return repo
+
+
+def test_delete_removes_the_repo_and_its_history_but_keeps_shared_blobs(api, project, chat_data, django_capture_on_commit_callbacks):
+    repos.create_branch(chat_data, "dev", "main")
+    commits.commit_files(chat_data, "dev", {"own.txt": b"only in chat-data"}, "dev file")
+    repos.create_tag(chat_data, "v1", "main")
+    session = uploads.create_upload(chat_data, None, "main", [{"path": "more.jsonl", "size": 3}])
+    uploads.write_chunk(session, 0, 0, io.BytesIO(b"abc"), 3)
+    staged = uploads.staged_path(session.pk)
+    other = repos.create_repo(project, "other", "dataset")
+    commits.commit_files(other, "main", {"copy.jsonl": jsonl(ROWS)}, "same bytes")
+    blobs = set(Blob.objects.values_list("sha256", flat=True))
+    commit_ids = list(Commit.objects.filter(repo=chat_data).values_list("pk", flat=True))
+
+    with django_capture_on_commit_callbacks(execute=True):
+        r = api.delete("/api/hub/repos/chat-data")
+
+    assert r.status_code == 204, r.content
+    assert not Repo.objects.filter(pk=chat_data.pk).exists()
+    assert not Commit.objects.filter(pk__in=commit_ids).exists()
+    assert not TreeEntry.objects.filter(commit_id__in=commit_ids).exists()
+    assert not Branch.objects.filter(repo_id=chat_data.pk).exists() and not Tag.objects.filter(repo_id=chat_data.pk).exists()
+    assert not UploadSession.objects.filter(pk=session.pk).exists()
+    assert not staged.exists(), "the open session's staged chunks are removed"
+    # blobs stay: no row or byte is garbage-collected, shared or not
+    assert set(Blob.objects.values_list("sha256", flat=True)) == blobs
+    assert all(storage.blob_storage().exists(Blob.objects.get(pk=sha).storage_name) for sha in blobs)
+    assert_error(api.get("/api/hub/repos/chat-data"), 404)
+    listed = api.get("/api/hub/repos/other/download?path=copy.jsonl")
+    assert b"".join(listed.streaming_content) == jsonl(ROWS)
+    # the name is free again, and the same bytes are reused rather than stored twice
+    assert api.post("/api/hub/repos", {"name": "chat-data", "type": "dataset"}).status_code == 201
+    again = commits.commit_files(repos.find_repo(project, "chat-data"), "main", {"train.jsonl": jsonl(ROWS)}, "again")
+    assert set(Blob.objects.values_list("sha256", flat=True)) == blobs
+    assert repos.entry(again, "train.jsonl").blob_id in blobs
+
+
+def test_only_writers_delete_a_repo(api_as, chat_data):
+    for role, status in (("viewer", 403), ("outsider", 404), (None, 401)):
+        assert_error(api_as(role).delete("/api/hub/repos/chat-data"), status)
+        assert Repo.objects.filter(pk=chat_data.pk).exists()
+    assert api_as("member").delete("/api/hub/repos/chat-data").status_code == 204
+    assert not Repo.objects.filter(pk=chat_data.pk).exists()
+
+
+def test_deleting_a_repo_that_does_not_exist_is_404(api, chat_data, other_project):
+    repos.create_repo(other_project, "theirs", "dataset")
+    assert_error(api.delete("/api/hub/repos/nope"), 404)
+    assert_error(api.delete("/api/hub/repos/theirs"), 404)  # another project's repo is not named from here
+    assert Repo.objects.filter(name="theirs").exists()
+
+
+def make_run(project, users, **fields) -> TrainingRun:
+    body = sft_body(**fields)
+    return training.create_run(project, users["owner"], name=body["name"], method=body["method"], base_model=body["base_model"],
+                               dataset=body["dataset"], config=body["config"])
+
+
+USES = {
+    "dataset": (dict(dataset="chat-data@main"), "chat-data", "dataset"),
+    "dataset entry": (dict(dataset=[{"ref": "org/other"}, {"ref": "acme/chat-data@main", "type": "chat"}]), "chat-data", "dataset[1]"),
+    "base model": (dict(base_model="base@main"), "base", "base_model"),
+    "experiment": ({}, "experiment-default", "experiment repo"),
+}
+
+
+@pytest.mark.parametrize("use", USES)
+@pytest.mark.parametrize("status", [Status.QUEUED, Status.PROVISIONING, Status.RUNNING])
+def test_a_live_run_using_the_repo_makes_delete_409(api, project, users, chat_data, base_repo, use, status):
+    fields, name, said = USES[use]
+    run = make_run(project, users, **fields)
+    TrainingRun.objects.filter(pk=run.pk).update(status=status)
+    body = assert_error(api.delete(f"/api/hub/repos/{name}"), 409, "name")
+    message = body["errors"][0]["message"]
+    assert f"run #{run.pk}" in message and said in message and "then delete the repo" in message, body
+    assert ("edit the run" in message) == (status == Status.QUEUED), message
+    assert Repo.objects.filter(project=project, name=name).exists()
+    TrainingRun.objects.filter(pk=run.pk).update(status=Status.COMPLETED)
+    assert api.delete(f"/api/hub/repos/{name}").status_code == 204
+
+
+def test_teacher_pins_and_output_repo_of_a_live_run_are_in_use(api, project, users, chat_data, base_repo):
+    run = make_run(project, users, name="distil me", dataset="org/data")
+    teacher = repos.create_repo(project, "teacher", "model")
+    pinned_only = repos.create_repo(project, "pinned-only", "dataset")
+    output = repos.create_repo(project, model_repo_name(run), "model")
+    TrainingRun.objects.filter(pk=run.pk).update(
+        status=Status.RUNNING, config={"distillation": {"teacher_model": "teacher@main"}},
+        pinned={"dataset": {"ref": "pinned-only@main", "commit": "0" * 40, "repo": pinned_only.full_name}},
+    )
+    for repo, said in ((teacher, "config.distillation.teacher_model"), (pinned_only, "dataset"), (output, "output model repo")):
+        body = assert_error(api.delete(f"/api/hub/repos/{repo.name}"), 409, "name")
+        assert said in body["errors"][0]["message"], body
+    assert api.delete("/api/hub/repos/base").status_code == 204  # a repo the run does not name
+
+
+@pytest.mark.parametrize("status", [Status.COMPLETED, Status.FAILED])
+def test_finished_run_pages_render_after_the_repos_it_used_are_deleted(api, project, users, chat_data, base_repo, status):
+    run_id = api.post("/api/training-runs", sft_body(base_model="base@main", dataset="chat-data@main")).json()["id"]
+    assert api.post(f"/api/training-runs/{run_id}/start").status_code == 202
+    run = TrainingRun.objects.get(pk=run_id)
+    pinned = run.pinned["dataset"]["commit"]
+    TrainingRun.objects.filter(pk=run_id).update(status=status, start_requested_at=None)
+    for name in ("chat-data", "base", "experiment-default"):
+        assert api.delete(f"/api/hub/repos/{name}").status_code == 204, name
+
+    browser = Client()
+    browser.force_login(users["viewer"])
+    from training.views import tabs_for
+
+    for tab, _ in tabs_for(run):
+        page = browser.get(f"/training/runs/{run_id}/{tab}/")
+        assert page.status_code == 200, (tab, page.content[:300])
+    assert pinned in browser.get(f"/training/runs/{run_id}/lineage/").content.decode()  # the pin is kept as lineage
+    assert "chat-data@main" in browser.get(f"/training/runs/{run_id}/datasets/").content.decode()
+    assert browser.get(f"/experiments/{run.experiment_id}/").status_code == 200
+    assert browser.get("/models/").status_code == 200
+    assert api.get(f"/api/training-runs/{run_id}").status_code == 200
