@@ -11,6 +11,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from environments import services
+from studio.api import loads_json, unstorable
 from studio.errors import ApiError, Finding
 from studio.views import errors_by_field, studio_page, web_actor
 
@@ -98,13 +99,18 @@ def repo_page(request: HttpRequest, name: str) -> HttpResponse:
 
 
 def _parse_config(text: str) -> tuple[dict[str, Any] | None, list[Finding]]:
+    """The CONFIG box, read as PUT /api/environments/{name}/config reads its body: NaN, Infinity, NUL
+    characters or a deep nesting would be written into config.py as something that no longer parses."""
     try:
-        value = json.loads(text)
+        value = loads_json(text)
     except json.JSONDecodeError as exc:
         return None, [Finding("config", f"not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})")]
+    except ValueError as exc:
+        return None, [Finding("config", f"not valid JSON: {exc}")]
     if not isinstance(value, dict):
         return None, [Finding("config", "CONFIG is a JSON object: {\"key\": value, …}")]
-    return value, []
+    problem = unstorable({"config": value})
+    return (None, [problem]) if problem else (value, [])
 
 
 @studio_page

@@ -110,13 +110,22 @@ def unstorable(value: Any) -> Finding | None:
     return None
 
 
+def loads_json(text: str | bytes) -> Any:
+    """JSON as the Studio reads it, from an API body or a page's JSON box: NaN, Infinity and numbers
+    too large for a float are refused (no JSON column can store them). Raises ValueError with the
+    reason (json.JSONDecodeError, with its line and column, for a syntax error)."""
+    try:
+        return json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
+    except RecursionError as exc:
+        raise ValueError("nested too deeply") from exc
+
+
 def parse_body(request: HttpRequest, schema: type[S]) -> S:
     """Parse the JSON body into `schema`, or raise a 400 naming each bad field."""
     try:
-        raw = json.loads(request.body or b"{}", parse_constant=_no_constant, parse_float=_finite_float)
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)[:200]
-        raise BadRequest("The request body is not valid JSON.", [Finding("body", f"send a JSON object ({reason})")]) from exc
+        raw = loads_json(request.body or b"{}")
+    except ValueError as exc:
+        raise BadRequest("The request body is not valid JSON.", [Finding("body", f"send a JSON object ({str(exc)[:200]})")]) from exc
     if not isinstance(raw, dict):
         raise BadRequest("The request body must be a JSON object.", [Finding("body", "send a JSON object, e.g. {\"name\": ...}")])
     problem = unstorable(raw)

@@ -78,6 +78,29 @@ def test_editing_config_saves_a_commit(project, users):
     assert env_services.repo_config(project, "mc")["config"]["max_examples"] == 7
 
 
+@pytest.mark.parametrize(
+    ("key", "raw", "says"),
+    [
+        ("max_examples", "NaN", "NaN is not a JSON number"),
+        ("max_examples", "1e999", "too large for a number"),
+        ("max_examples", "-Infinity", "-Infinity is not a JSON number"),
+        ("max_examples", "[" * 100_000 + "]" * 100_000, "nested too deeply"),
+        ("max_examples", "[" * 40 + "]" * 40, "nested more than 32 levels deep"),
+        ("description", '"a\\u0000b"', "NUL character"),
+    ],
+)
+def test_config_box_refuses_what_the_api_refuses_and_commits_nothing(project, users, key, raw, says):
+    # Python's json reads NaN, Infinity and 1e999; written into config.py they become `nan`/`inf`,
+    # which neither the Studio (CONFIG shown as null) nor the engine (NameError on import) can read.
+    env_services.fork(project, "multiple-choice", "mc", user=users["owner"])
+    before = env_services.repo_config(project, "mc")
+    text = json.dumps({k: v for k, v in before["config"].items() if k != key})[:-1] + f', "{key}": {raw}}}'
+    response = client_for(users["owner"]).post("/environments/mc/config", {"config": text})
+    html = response.content.decode()
+    assert response.status_code == 400 and 'id="f-config-errors"' in html and says in html
+    assert env_services.repo_config(project, "mc") == before
+
+
 def test_viewer_cannot_write_and_outsider_sees_nothing(project, other_project, users):
     env_services.fork(project, "science-qa", "sci", user=users["owner"])
     viewer = client_for(users["viewer"])
