@@ -530,7 +530,8 @@ def rollout_groups(run: TrainingRun, request: HttpRequest) -> dict[str, Any]:
     steps = list(Rollout.objects.filter(run=run).order_by("step").values_list("step", flat=True).distinct())
     step = request.GET.get("step", "")
     notes: dict[str, str] = {}
-    chosen_step = int(step) if step.lstrip("-").isdigit() and int(step) in steps else None
+    # isascii: "²".isdigit() is True yet int("²") raises. A step is never negative.
+    chosen_step = int(step) if step.isascii() and step.isdigit() and int(step) in steps else None
     if chosen_step is None and steps and step != "all":
         chosen_step = steps[-1]
         if step:

@@ -219,6 +219,16 @@ def test_rollouts_grouped_by_prompt(project, users):
     assert html.count("rollout-group") == 2  # step 2, unfiltered
 
 
+@pytest.mark.parametrize("step", ["²", "-1", "1.0"])
+def test_rollouts_tab_takes_a_step_that_is_not_ascii_digits_as_no_step(project, users, step):
+    # "²".isdigit() is True, yet int("²") raises: it was a 500.
+    run = make_run(project, users["owner"], "grpo")
+    Rollout.objects.bulk_create([Rollout(run=run, step=s, prompt="p", completion=f"c{i}", reward=float(i), advantage=0.0) for s in (1, 2) for i in range(2)])
+    response = client_for(users["owner"]).get(f"/training/runs/{run.pk}/rollouts/", {"step": step})
+    html = response.content.decode()
+    assert response.status_code == 200 and "showing the latest step, 2" in html and html.count("rollout-group") == 1
+
+
 def test_rollouts_api_filters_by_reward_like_the_tab(api, project, users):
     run = make_run(project, users["owner"], "grpo")
     Rollout.objects.bulk_create([Rollout(run=run, step=s, prompt="p", completion=f"c{i}", reward=float(i), advantage=0.0) for s in (1, 2) for i in range(4)])
