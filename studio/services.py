@@ -12,7 +12,8 @@ from studio.errors import BadRequest, Finding, NotFound
 from studio.models import ApiToken, AuditEvent, Membership, Plan, Project, ProjectSecret, Role
 
 TOKEN_PREFIX = "stu"
-SECRET_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,99}$")
+# \Z, not $: $ also matches before a trailing newline, and "KEY\n" was stored as a secret name.
+SECRET_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,99}\Z")
 
 
 def create_plan(name: str, *, includes_training: bool = True, max_concurrent_runs: int = 2, max_gpus_per_run: int = 8) -> Plan:
@@ -27,7 +28,7 @@ def create_plan(name: str, *, includes_training: bool = True, max_concurrent_run
     return plan
 
 
-PROJECT_SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
+PROJECT_SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}\Z")
 
 
 @transaction.atomic

@@ -63,6 +63,10 @@ def test_malformed_top_level_fields_return_400(api):
     assert_refused(api, 400, "compute.backend", compute={"backend": "slurm"})
     assert_refused(api, 400, "dataset[1].ref", dataset=["a@main", {"ref": 3}])
     assert_refused(api, 400, "base_model", base_model="not a model id!")
+    # A trailing newline is not part of an id ($ in a regex would let it through).
+    assert_refused(api, 400, "base_model", base_model="Qwen/Qwen2.5-0.5B\n")
+    assert_refused(api, 400, "dataset", dataset="org/data\n")
+    assert_refused(api, 400, "dataset[0]", dataset=["my-data@main\n"])
     assert_refused(api, 400, "name", name="")
 
 

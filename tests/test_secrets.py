@@ -115,7 +115,7 @@ def test_secrets_are_per_project(api, api_as, project, other_project):
     assert reveal_secret(project, "judge_key") == VALUE
 
 
-@pytest.mark.parametrize("name", ["1starts-with-digit", "has%20space", "bad$name", "semi;colon", "x" * 101, "_leading", "-dash", "ünïcode"])
+@pytest.mark.parametrize("name", ["1starts-with-digit", "has%20space", "bad$name", "semi;colon", "x" * 101, "_leading", "-dash", "ünïcode", "KEY%0A"])
 def test_bad_secret_name_is_400_naming_the_field(api, project, name):
     assert_error(api.put(f"/api/secrets/{name}", {"value": VALUE}), 400, "name")
     assert not ProjectSecret.objects.filter(project=project).exists()
