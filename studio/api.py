@@ -128,6 +128,12 @@ def parse_body(request: HttpRequest, schema: type[S]) -> S:
         raise BadRequest("The request body is not valid JSON.", [Finding("body", f"send a JSON object ({str(exc)[:200]})")]) from exc
     if not isinstance(raw, dict):
         raise BadRequest("The request body must be a JSON object.", [Finding("body", "send a JSON object, e.g. {\"name\": ...}")])
+    return validate_data(schema, raw)
+
+
+def validate_data(schema: type[S], raw: dict[str, Any]) -> S:
+    """`raw` checked as parse_body checks a body (storable, then `schema`), or a 400 naming each bad
+    field: a page's form that does what an endpoint does validates its values here, the same way."""
     problem = unstorable(raw)
     if problem is not None:
         raise BadRequest("The request body has a value that cannot be stored.", [problem])
