@@ -6,6 +6,7 @@ live estimate — and nothing is stored or changed."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from django.test import Client
@@ -84,6 +85,30 @@ def test_the_form_and_its_live_estimate_refuse_what_yaml_reads_as_non_json(proje
                       HTTP_HX_REQUEST="true")
     assert part.status_code == 200
     assert "no GPU memory estimate until this is fixed" in part.content.decode()
+
+
+def test_the_config_box_reads_an_exponent_without_a_dot_as_a_number(project, users):
+    # YAML 1.1 (PyYAML) reads `2e-4` as the text "2e-4"; the field's own hint says "typical: 1e-5".
+    client = Client()
+    client.force_login(users["owner"])
+    response = client.post("/training/new/", {**FORM, "name": "exp", "config_text": "learning_rate: 2e-4\nweight_decay: 1E-2\nlora_rank: 16\n"})
+    assert response.status_code == 302, response.content.decode()[:2000]
+    config = TrainingRun.objects.get(name="exp").config
+    assert config["learning_rate"] == 2e-4 and config["weight_decay"] == 1e-2 and config["lora_rank"] == 16
+
+
+def test_the_config_box_refuses_yaml_aliases_before_they_expand(project, users):
+    # Eight levels of nine aliases are 9**8 values: walking them held the worker for about a minute.
+    lines = ["a0: &a0 [1, 1, 1, 1, 1, 1, 1, 1, 1]"] + [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 8)]
+    client = Client()
+    client.force_login(users["owner"])
+    started = time.monotonic()
+    response = client.post("/training/new/", {**FORM, "name": "bomb", "config_text": "\n".join(lines)})
+    part = client.get("/training/new/fit", {**FORM, "config_text": "\n".join(lines), "compute.accelerators": "L4"}, HTTP_HX_REQUEST="true")
+    assert time.monotonic() - started < 10
+    assert response.status_code == 400 and "aliases (*a0) are not allowed" in response.content.decode()
+    assert part.status_code == 200
+    assert not TrainingRun.objects.filter(name="bomb").exists()
 
 
 def test_the_form_refuses_a_name_the_api_refuses(project, users):

@@ -116,6 +116,24 @@ def deep_merge(base: dict, over: dict) -> dict:
     return out
 
 
+class ConfigLoader(yaml.SafeLoader):
+    """YAML as the config box reads it. Two departures from PyYAML's YAML 1.1:
+    - `2e-4` is a number (YAML 1.2, JSON and Python agree; 1.1 wants `2.0e-4` and read it as the text
+      "2e-4", so `learning_rate: 2e-4` was refused as not a number);
+    - no aliases (`*name`): a few lines of nested aliases expand into billions of values, and walking
+      them held a web worker for minutes. A run's config has no use for them."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(None, None, f"aliases (*{event.anchor}) are not allowed in a run's config: write the value out", event.start_mark)
+        return super().compose_node(parent, index)
+
+
+ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
+
+
 @dataclass
 class ParsedRun:
     values: dict[str, Any]  # what was posted, to show again
@@ -127,10 +145,12 @@ def parse_config_text(text: str) -> tuple[dict, list[Finding]]:
     if not text.strip():
         return {}, []
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=ConfigLoader)  # a SafeLoader: no Python objects
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        if isinstance(exc, yaml.composer.ComposerError) and exc.problem and exc.problem.startswith("aliases"):
+            return {}, [Finding("config_text", f"{exc.problem}{where}")]
         return {}, [Finding("config_text", f"this is not valid YAML or JSON{where}: fix the syntax")]
     if data is None:
         return {}, []
