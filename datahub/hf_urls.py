@@ -27,6 +27,9 @@ urlpatterns = [
     re_path(rf"^{REPO}/resolve/{REV}/(?P<path>.+)$", hf_api.resolve_file, name="resolve"),
     # the pages
     re_path(r"^$", views.repo_list, name="repos"),
+    re_path(r"^new$", views.repo_create, name="create"),
+    re_path(rf"^{REPO}/upload$", views.repo_upload, name="upload"),
+    re_path(rf"^{REPO}/delete$", views.repo_delete, name="delete"),
     re_path(rf"^{REPO}/?$", views.repo_tree, name="repo"),
     re_path(rf"^{REPO}/tree/{REV}/?$", views.repo_tree, name="tree"),
     re_path(rf"^{REPO}/tree/{REV}/(?P<path>.+)$", views.repo_tree, name="tree_path"),

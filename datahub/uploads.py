@@ -1,7 +1,8 @@
 """Upload sessions (the write path of the Data Hub API): create a session naming the files and
 their sizes → PUT each file's bytes in chunks at explicit offsets (resumable: GET the session to
 see what arrived) → commit. Chunks are staged on local disk; nothing is visible in any commit
-until the commit step, which refuses while any file is incomplete.
+until the commit step, which refuses while any file is incomplete. upload_files runs the same
+steps in one call for the repo page's Upload files form.
 """
 from __future__ import annotations
 
@@ -174,6 +175,21 @@ def _blob_of(session: UploadSession, f: UploadFile):
     blob = commits.store_staged(part, sha256, size)
     UploadFile.objects.filter(pk=f.pk).update(blob=blob)
     return blob
+
+
+def upload_files(repo: Repo, user, branch: str, files: list[tuple[str, int, IO[bytes]]], message: str = "") -> Commit:
+    """The session path in one call, for a caller that already holds every file's bytes (the repo
+    page's Upload files form): create_upload → each file written at offset 0 → commit_upload.
+    `files` is (path, size, stream) each. Refusals are those of the steps, naming files[i].path,
+    branch or path; on any error the session is aborted, so nothing is committed or left staged."""
+    session = create_upload(repo, user, branch, [{"path": path, "size": size} for path, size, _ in files], message)
+    try:
+        for index, (_, size, stream) in enumerate(files):
+            write_chunk(session, index, 0, stream, size)
+        return commit_upload(session, user)
+    except BaseException:
+        abort_upload(session)
+        raise
 
 
 def abort_upload(session: UploadSession) -> None:

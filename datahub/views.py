@@ -1,18 +1,30 @@
 """The Data Hub repo browser: the project's repos, a repo's files at a ref, its commits and
 branches, the diff of two commits' file lists, and a dataset file's preview. Served under /hub/
-next to the HF-compatible API, with the Hub's own URL shapes (/hub/<project>/<repo>/tree/<rev>)."""
+next to the HF-compatible API, with the Hub's own URL shapes (/hub/<project>/<repo>/tree/<rev>).
+
+Writers also get three forms, each the API's own path: New repo (RepoIn, repos.create_repo),
+Upload files (UploadIn, uploads.upload_files: the upload-session steps) and Delete
+(services.delete_repo). A refusal re-renders the page with its status and the findings beside
+their fields; readers see no form and get a 403 for a POST."""
 from __future__ import annotations
 
-from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
-from django.views.decorators.http import require_GET
+import re
+from collections.abc import Callable
 
-from datahub import datasets
+from django.conf import settings
+from django.contrib import messages
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_GET, require_POST
+
+from datahub import datasets, services, uploads
 from datahub.models import Branch, Repo, RepoType, Tag
-from datahub.repos import MAIN, clean_path, entry, history, resolve, tree
+from datahub.repos import MAIN, clean_path, create_repo, entry, history, resolve, tree
+from datahub.schemas import RepoIn, UploadIn
 from datahub.services import MODEL_REPO_RE
-from studio.errors import ApiError, BadRequest, NotFound
-from studio.views import studio_page, web_actor
+from studio.api import validate_data
+from studio.errors import ApiError, BadRequest, Finding, NotFound
+from studio.views import errors_by_field, studio_page, web_actor
 
 
 def repo_for_page(request: HttpRequest, namespace: str, name: str) -> Repo:
@@ -32,22 +44,70 @@ def page_path(path: str) -> str:
         raise NotFound(f"{path!r} is not a path in a repo: {exc.errors[0].message}.") from exc
 
 
-@studio_page
-@require_GET
-def repo_list(request: HttpRequest) -> HttpResponse:
-    project = web_actor(request).project
+def can_write(actor, project) -> bool:
+    member = actor.membership(project)
+    return bool(member and member.can_write)
+
+
+def form_errors(exc: ApiError, fields: set[str], relabel: Callable[[Finding], Finding] = lambda f: f) -> dict[str, list[str]]:
+    """A refusal's findings keyed by the form field they show beside (`relabel` turns the API's
+    field paths into the form's); the rest go above the form ("general"), with the refusal's
+    sentence when no finding has a field of its own."""
+    errors = errors_by_field([relabel(f) for f in exc.errors], fields | {"general"})
+    if not set(errors) - {"general"}:
+        errors.setdefault("general", []).insert(0, exc.detail)
+    return errors
+
+
+def list_context(request: HttpRequest, form: dict | None = None) -> dict:
+    actor = web_actor(request)
+    project = actor.project
     kind = request.GET.get("type") if request.GET.get("type") in RepoType.values else ""
     repos = Repo.objects.filter(project=project).select_related("project") if project else Repo.objects.none()
     if kind:
         repos = repos.filter(type=kind)
-    return render(request, "datahub/repos.html", {"section": "hub", "project": project, "repos": list(repos[:500]), "types": RepoType.values, "kind": kind})
+    return {"section": "hub", "project": project, "repos": list(repos[:500]), "types": RepoType.values, "kind": kind,
+            "writable": bool(project) and can_write(actor, project), "form": form or {"values": {"type": RepoType.DATASET}, "errors": {}}}
+
+
+@studio_page
+@require_GET
+def repo_list(request: HttpRequest) -> HttpResponse:
+    return render(request, "datahub/repos.html", list_context(request))
+
+
+NEW_REPO_FIELDS = {"name", "type"}
+
+
+@studio_page
+@require_POST
+def repo_create(request: HttpRequest) -> HttpResponse:
+    """New repo: RepoIn and repos.create_repo, as POST /api/hub/repos."""
+    actor = web_actor(request)
+    project = actor.require_project()
+    actor.require_write(project)
+    values = {"name": request.POST.get("name", "").strip(), "type": request.POST.get("type", "")}
+    try:
+        payload = validate_data(RepoIn, values)
+        repo = create_repo(project, payload.name, payload.type, request.user, payload.description)
+    except ApiError as exc:
+        form = {"values": values, "errors": form_errors(exc, NEW_REPO_FIELDS)}
+        return render(request, "datahub/repos.html", list_context(request, form), status=exc.status)
+    messages.success(request, f"Created {repo.type} repo {repo.full_name}: upload its files below.")
+    return redirect("datahub:repo", repo.project.slug, repo.name)
 
 
 @studio_page
 @require_GET
 def repo_tree(request: HttpRequest, namespace: str, name: str, revision: str | None = None, path: str = "") -> HttpResponse:
     repo = repo_for_page(request, namespace, name)
-    revision = revision or repo.default_branch
+    context = tree_context(request, repo, revision or repo.default_branch, path)
+    return render(request, "datahub/repo.html", context, status=404 if context["missing"] else 200)
+
+
+def tree_context(request: HttpRequest, repo: Repo, revision: str, path: str = "", **forms: dict) -> dict:
+    """The Files tab at `revision` (under folder `path`), with the writer's Upload and Delete forms
+    (`forms` gives a refused one its values and findings)."""
     commit = resolve(repo, revision)
     prefix = page_path(path.strip("/")) + "/" if path.strip("/") else ""
     files, folders = [], set()
@@ -70,11 +130,81 @@ def repo_tree(request: HttpRequest, namespace: str, name: str, revision: str | N
         missing = (f"{folder} is a file, not a folder, on {revision}: download it from the folder above."
                    if entry(commit, folder) is not None else
                    f"{folder} is not on {revision} (commit {commit.pk[:10]}): pick another branch or tag, or go back to the repo root.")
-    return render(request, "datahub/repo.html", {
+    branches = list(Branch.objects.filter(repo=repo))
+    names = [b.name for b in branches]
+    upload = {"values": {"branch": revision if revision in names else repo.default_branch, "folder": prefix.rstrip("/")}, "errors": {}}
+    return {
         "section": "hub", "repo": repo, "tab": "files", "revision": revision, "commit": commit, "prefix": prefix.rstrip("/"),
         "crumbs": crumbs, "folders": [{"path": f, "name": f.rsplit("/", 1)[-1]} for f in sorted(folders)], "files": files,
-        "missing": missing, "branches": list(Branch.objects.filter(repo=repo)), "tags": list(Tag.objects.filter(repo=repo)),
-    }, status=404 if missing else 200)
+        "missing": missing, "branches": branches, "tags": list(Tag.objects.filter(repo=repo)),
+        "writable": can_write(web_actor(request), repo.project), "branch_names": names,
+        "files_help": f"One or more files, committed together; at most {settings.DATA_UPLOAD_MAX_NUMBER_FILES} at a time (the upload API takes more).",
+        "confirm_help": f"Type {repo.name} exactly.",
+        "upload": forms.get("upload") or upload, "delete": forms.get("delete") or {"values": {}, "errors": {}},
+    }
+
+
+UPLOAD_FIELDS = {"files", "folder", "branch", "message"}
+FILE_FIELD = re.compile(r"^files\[(\d+)\]")
+
+
+def upload_payload(values: dict[str, str], paths: list[str], chosen: list) -> UploadIn:
+    """The form as the API's upload body, checked by UploadIn (paths, sizes, branch, message)."""
+    if not chosen:
+        raise BadRequest("No files were chosen.", [Finding("files", "choose one or more files to upload")])
+    if values["folder"]:
+        clean_path(values["folder"], "folder")
+    files = [{"path": path, "size": upload.size} for path, upload in zip(paths, chosen, strict=True)]
+    return validate_data(UploadIn, {"branch": values["branch"], "message": values["message"], "files": files})
+
+
+@studio_page
+@require_POST
+def repo_upload(request: HttpRequest, namespace: str, name: str) -> HttpResponse:
+    """Upload files: the form's files (under an optional folder) become one commit on the chosen
+    branch through the API's upload-session steps (uploads.upload_files), validated by UploadIn."""
+    repo = repo_for_page(request, namespace, name)
+    web_actor(request).require_write(repo.project)
+    chosen = request.FILES.getlist("files")
+    values = {"folder": request.POST.get("folder", "").strip().rstrip("/"), "branch": request.POST.get("branch", ""), "message": request.POST.get("message", "")}
+    paths = [f"{values['folder']}/{f.name}" if values["folder"] else f.name for f in chosen]
+    try:
+        payload = upload_payload(values, paths, chosen)
+        commit = uploads.upload_files(repo, request.user, payload.branch, [(f.path, f.size, upload) for f, upload in zip(payload.files, chosen, strict=True)], payload.message)
+    except ApiError as exc:
+        def relabel(finding: Finding) -> Finding:  # files[i].path → the Files field, saying which file
+            match = FILE_FIELD.match(finding.field)
+            if match and int(match[1]) < len(paths):
+                return Finding("files", f"{paths[int(match[1])]}: {finding.message}")
+            return Finding("files", finding.message) if finding.field == "path" else finding
+
+        branch = values["branch"] if values["branch"] in repo.branches.values_list("name", flat=True) else repo.default_branch
+        context = tree_context(request, repo, branch, upload={"values": values, "errors": form_errors(exc, UPLOAD_FIELDS, relabel)})
+        return render(request, "datahub/repo.html", context, status=exc.status)
+    messages.success(request, f"Committed {len(chosen)} file(s) to {payload.branch} as {commit.pk[:10]}.")
+    if values["folder"]:
+        return redirect("datahub:tree_path", repo.project.slug, repo.name, payload.branch, values["folder"])
+    return redirect("datahub:tree", repo.project.slug, repo.name, payload.branch)
+
+
+@studio_page
+@require_POST
+def repo_delete(request: HttpRequest, namespace: str, name: str) -> HttpResponse:
+    """Delete, once the repo's name is typed to confirm: services.delete_repo, as the API's DELETE."""
+    repo = repo_for_page(request, namespace, name)
+    web_actor(request).require_write(repo.project)
+    confirm = request.POST.get("confirm", "").strip()
+    try:
+        if confirm != repo.name:
+            raise BadRequest("The repo was not deleted.", [Finding("confirm", f"type {repo.name} to confirm: deleting removes every branch, tag and commit, and cannot be undone")])
+        services.delete_repo(repo)
+    except ApiError as exc:
+        # a 409's findings name the API's path parameter, `name`: here they are about the repo as a whole
+        errors = form_errors(exc, {"confirm"}, lambda f: Finding("general", f.message) if f.field == "name" else f)
+        context = tree_context(request, repo, repo.default_branch, delete={"values": {"confirm": confirm}, "errors": errors})
+        return render(request, "datahub/repo.html", context, status=exc.status)
+    messages.success(request, f"Deleted {repo.full_name} with its branches, tags and commits.")
+    return redirect("datahub:repos")
 
 
 @studio_page

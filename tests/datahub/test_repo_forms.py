@@ -1,0 +1,185 @@
+"""The Data Hub pages' forms: New repo (the list), Upload files and Delete (the repo page). Each is
+the API's own path; a refusal re-renders the page with its 4xx and the finding beside its field,
+storing nothing; viewers see no form and get 403, outsiders 404."""
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.test import Client
+
+from datahub import commits, repos, uploads
+from datahub.models import Blob, Commit, Repo, UploadSession
+from tests.conftest import sft_body
+from tests.datahub.conftest import jsonl
+from training import services as training
+from training.models import Status, TrainingRun
+
+ROWS = [{"prompt": "2+2?", "completion": "4"}, {"prompt": "3+3?", "completion": "6"}]
+
+
+@pytest.fixture
+def browser(users):
+    def login(role: str) -> Client:
+        c = Client()
+        c.force_login(users[role])
+        return c
+
+    return login
+
+
+@pytest.fixture
+def ds(project):
+    repo = repos.create_repo(project, "ds", "dataset")
+    commits.commit_files(repo, "main", {"notes/readme.txt": b"hi", "config": b"{}"}, "seed")
+    return repo
+
+
+def field_errors(html: str, field: str) -> str:
+    """The text of the findings list shown beside `field` (the {% field %} tag's f-<field>-errors)."""
+    found = re.search(rf'<ul class="field-errors" id="f-{field}-errors" role="alert">(.*?)</ul>', html, re.S)
+    assert found, f"no findings beside {field}:\n{html[:3000]}"
+    return re.sub(r"<[^>]+>", " ", found.group(1))
+
+
+def general_errors(html: str) -> str:
+    found = re.search(r'<div class="alert alert-error" role="alert">(.*?)</div>', html, re.S)
+    assert found, html[:3000]
+    return re.sub(r"<[^>]+>", " ", found.group(1))
+
+
+def files(*items: tuple[str, bytes]) -> list[SimpleUploadedFile]:
+    return [SimpleUploadedFile(name, data) for name, data in items]
+
+
+# ---- New repo ----------------------------------------------------------------------------------
+
+def test_new_repo_form_creates_the_repo_and_opens_its_page(browser, project, users):
+    c = browser("member")
+    assert 'action="/hub/new"' in c.get("/hub/").content.decode()
+    r = c.post("/hub/new", {"name": " support-chats ", "type": "dataset"})
+    assert r.status_code == 302 and r["Location"] == "/hub/acme/support-chats"
+    repo = Repo.objects.get(project=project, name="support-chats")
+    assert (repo.type, repo.created_by) == ("dataset", users["member"])
+    page = c.get(r["Location"]).content.decode()
+    assert "Created dataset repo acme/support-chats" in page and "Upload files" in page
+
+
+@pytest.mark.parametrize(("values", "status", "field", "said"), [
+    ({"name": "", "type": "model"}, 400, "name", "at least 1 character"),
+    ({"name": "has space", "type": "model"}, 400, "name", "letters, digits"),
+    ({"name": "a..b", "type": "model"}, 400, "name", "cannot contain &#x27;..&#x27;"),
+    ({"name": "x" * 129, "type": "model"}, 400, "name", "at most 128 characters"),
+    ({"name": "fine", "type": "spreadsheet"}, 400, "type", "model"),
+    ({"name": "ds", "type": "dataset"}, 409, "name", "choose another name"),
+])
+def test_new_repo_form_refusals_name_the_field_and_store_nothing(browser, project, ds, values, status, field, said):
+    before = set(Repo.objects.values_list("pk", flat=True))
+    r = browser("owner").post("/hub/new", values)
+    assert r.status_code == status
+    html = r.content.decode()
+    assert said in field_errors(html, field)
+    assert f'value="{values["name"]}"' in html  # what was typed is kept
+    assert set(Repo.objects.values_list("pk", flat=True)) == before
+
+
+def test_viewers_get_no_new_repo_form_and_403_on_post(browser, project):
+    c = browser("viewer")
+    assert 'action="/hub/new"' not in c.get("/hub/").content.decode()
+    assert c.post("/hub/new", {"name": "mine", "type": "model"}).status_code == 403
+    assert not Repo.objects.filter(name="mine").exists()
+
+
+# ---- Upload files ------------------------------------------------------------------------------
+
+def test_upload_commits_the_files_under_the_folder_on_the_branch(browser, project, users, ds, hub_root):
+    repos.create_branch(ds, "dev", "main")
+    c = browser("member")
+    r = c.post("/hub/acme/ds/upload", {"files": files(("train.jsonl", jsonl(ROWS)), ("eval.jsonl", b"")), "folder": "data/",
+                                       "branch": "dev", "message": "add data"})
+    assert r.status_code == 302 and r["Location"] == "/hub/acme/ds/tree/dev/data", r.content[:2000]
+    head = repos.resolve(ds, "dev")
+    assert (head.message, head.author, head.parents) == ("add data", users["member"], [repos.resolve(ds, "main").pk])
+    tree = repos.tree(head)
+    assert set(tree) == {"notes/readme.txt", "config", "data/train.jsonl", "data/eval.jsonl"}
+    assert tree["data/train.jsonl"].size == len(jsonl(ROWS)) and tree["data/eval.jsonl"].size == 0
+    assert repos.resolve(ds, "main").message == "seed"  # only the chosen branch moved
+    session = UploadSession.objects.get(repo=ds)
+    assert session.state == UploadSession.State.COMMITTED and session.commit == head
+    assert not uploads.staged_path(session.pk).exists()
+    page = c.get(r["Location"]).content.decode()
+    assert "train.jsonl" in page and "Committed 2 file(s) to dev" in page
+
+
+def test_upload_without_a_message_gets_the_default_one(browser, ds):
+    r = browser("owner").post("/hub/acme/ds/upload", {"files": files(("a.txt", b"a")), "branch": "main", "message": ""})
+    assert r.status_code == 302 and r["Location"] == "/hub/acme/ds/tree/main"
+    assert repos.resolve(ds, "main").message == "Upload 1 file(s)"
+
+
+@pytest.mark.parametrize(("form", "status", "field", "said"), [
+    ({"branch": "main"}, 400, "files", "choose one or more files"),
+    ({"files": [("a.txt", b"a")], "folder": "../up", "branch": "main"}, 400, "folder", "cannot contain &#x27;..&#x27;"),
+    ({"files": [("a.txt", b"a")], "folder": "/abs", "branch": "main"}, 400, "folder", "relative to the repo root"),
+    ({"files": [("a.txt", b"a")], "branch": "nope"}, 400, "branch", "upload to an existing branch"),
+    ({"files": [("a.txt", b"a")], "folder": "config", "branch": "main"}, 400, "files", "config/a.txt: config is a file on branch main"),
+    ({"files": [("notes", b"a")], "branch": "main"}, 400, "files", "notes: notes is a folder on branch main"),
+    ({"files": [("a.txt", b"a"), ("a.txt", b"b")], "branch": "main"}, 400, "files", "a.txt: list each path once"),
+    ({"files": [("a.txt", b"a")], "branch": "main", "message": "m" * 5001}, 400, "message", "at most 5000 characters"),
+    ({"files": [("a.txt", b"a")], "branch": "main", "message": "nul \x00 here"}, 400, "message", "NUL"),
+])
+def test_upload_refusals_name_the_field_and_commit_nothing(browser, ds, hub_root, form, status, field, said):
+    head, blobs = repos.resolve(ds, "main").pk, Blob.objects.count()
+    body = {**form, "files": files(*form.get("files", []))}
+    r = browser("owner").post("/hub/acme/ds/upload", body)
+    assert r.status_code == status, r.content[:2000]
+    assert said in field_errors(r.content.decode(), field)
+    assert repos.resolve(ds, "main").pk == head and Commit.objects.filter(repo=ds).count() == 2
+    assert Blob.objects.count() == blobs
+    assert not UploadSession.objects.filter(repo=ds).exclude(state=UploadSession.State.ABORTED).exists()
+    staging = hub_root / "staging" / "uploads"
+    assert not staging.exists() or not any(staging.iterdir()), "nothing is left staged"
+
+
+def test_viewers_get_no_upload_or_delete_form_and_403_on_post(browser, ds):
+    c = browser("viewer")
+    page = c.get("/hub/acme/ds").content.decode()
+    assert "Upload files" not in page and "Delete this repo" not in page and "/hub/acme/ds/upload" not in page
+    assert c.post("/hub/acme/ds/upload", {"files": files(("a.txt", b"a")), "branch": "main"}).status_code == 403
+    assert c.post("/hub/acme/ds/delete", {"confirm": "ds"}).status_code == 403
+    assert Repo.objects.filter(pk=ds.pk).exists() and repos.resolve(ds, "main").message == "seed"
+    outsider = browser("outsider")
+    assert outsider.post("/hub/acme/ds/upload", {"files": files(("a.txt", b"a")), "branch": "main"}).status_code == 404
+    assert outsider.post("/hub/acme/ds/delete", {"confirm": "ds"}).status_code == 404
+
+
+# ---- Delete ------------------------------------------------------------------------------------
+
+def test_delete_form_deletes_once_the_name_is_typed(browser, project, ds):
+    c = browser("member")
+    r = c.post("/hub/acme/ds/delete", {"confirm": "ds"})
+    assert r.status_code == 302 and r["Location"] == "/hub/"
+    assert not Repo.objects.filter(pk=ds.pk).exists()
+    page = c.get("/hub/").content.decode()
+    assert "Deleted acme/ds" in page and 'data-repo="ds"' not in page
+    assert c.get("/hub/acme/ds").status_code == 404
+
+
+@pytest.mark.parametrize("typed", ["", "DS", "acme/ds", "d"])
+def test_delete_form_with_the_wrong_name_typed_is_400_and_keeps_the_repo(browser, ds, typed):
+    r = browser("owner").post("/hub/acme/ds/delete", {"confirm": typed})
+    assert r.status_code == 400
+    assert "type ds to confirm" in field_errors(r.content.decode(), "confirm")
+    assert Repo.objects.filter(pk=ds.pk).exists()
+
+
+def test_delete_form_while_a_live_run_uses_the_repo_is_409_saying_what_to_do(browser, project, users, ds):
+    body = sft_body(dataset="ds@main")
+    run = training.create_run(project, users["owner"], name=body["name"], method="sft", base_model=body["base_model"], dataset=body["dataset"])
+    TrainingRun.objects.filter(pk=run.pk).update(status=Status.RUNNING)
+    r = browser("owner").post("/hub/acme/ds/delete", {"confirm": "ds"})
+    assert r.status_code == 409
+    said = general_errors(r.content.decode())
+    assert "acme/ds is used by 1 live run" in said and f"run #{run.pk}" in said and "stop the run" in said
+    assert Repo.objects.filter(pk=ds.pk).exists()
