@@ -20,9 +20,10 @@ pytestmark = pytest.mark.django_db
 @pytest.mark.parametrize(
     ("config", "field", "says"),
     [
-        ({"max_steps": 10**23}, "config.max_steps", "at most 1e+08"),
+        ({"max_steps": 10**23}, "config.max_steps", "at most 100000000,"),
         ({"num_epochs": 1e308}, "config.num_epochs", "at most 10000"),
-        ({"seed": 2**40}, "config.seed", "at most 4.29497e+09"),
+        ({"seed": 2**40}, "config.seed", "at most 4294967295,"),  # exactly: :g said 4.29497e+09
+        ({"max_length": "long"}, "config.max_length", "an integer from 1 to 4194304,"),
         ({"learning_rate": 3}, "config.learning_rate", "at most 1"),
     ],
 )

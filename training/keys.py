@@ -38,6 +38,11 @@ def json_findings(path: str, value: Any) -> list[Finding]:
     return [Finding(path, f"must be text, a number, true/false, a list or an object, but this is {kind}: put it in quotes if it is text")]
 
 
+def limit(bound: float) -> str:
+    """A bound as a message states it, exactly: 4194304, not :g's 4.1943e+06 (which reads as 4194300)."""
+    return str(int(bound)) if float(bound).is_integer() else f"{bound:g}"
+
+
 def shown(value: Any) -> str:
     """A value as a message quotes it: JSON, cut short."""
     return json.dumps(value, default=str)[:60]
@@ -74,9 +79,9 @@ class Key:
         if isinstance(value, float) and not math.isfinite(value):
             return [Finding(path, f"must be a finite number, got {value}")]
         if self.minimum is not None and value < self.minimum:
-            return [Finding(path, f"must be at least {self.minimum:g}, got {value}")]
+            return [Finding(path, f"must be at least {limit(self.minimum)}, got {value}")]
         if self.maximum is not None and value > self.maximum:
-            return [Finding(path, f"must be at most {self.maximum:g}, got {shown(value)}")]
+            return [Finding(path, f"must be at most {limit(self.maximum)}, got {shown(value)}")]
         if self.kind == "block" and self.block is not None:
             return check_block(path, value, self.block)
         return []
@@ -98,10 +103,10 @@ class Key:
 
     def _range(self) -> str:
         if self.minimum is not None and self.maximum is not None:
-            return f" from {self.minimum:g} to {self.maximum:g}"
+            return f" from {limit(self.minimum)} to {limit(self.maximum)}"
         if self.minimum is not None:
-            return f" ≥ {self.minimum:g}"
-        return f" ≤ {self.maximum:g}" if self.maximum is not None else ""
+            return f" ≥ {limit(self.minimum)}"
+        return f" ≤ {limit(self.maximum)}" if self.maximum is not None else ""
 
 
 def check_block(path: str, value: dict, keys: dict[str, Key]) -> list[Finding]:
