@@ -105,7 +105,7 @@ def test_fp8_on_hopper_is_allowed_by_the_precision_rule(api):
 
 
 def write_model(path, vocab: dict) -> str:
-    path.mkdir()
+    path.mkdir(parents=True)
     (path / "config.json").write_text(json.dumps({"model_type": "llama"}))
     (path / "tokenizer.json").write_text(json.dumps({"model": {"type": "BPE", "vocab": vocab}, "added_tokens": []}))
     return str(path)
@@ -156,6 +156,23 @@ def test_a_local_dataset_is_checked_row_by_row_like_a_data_hub_one(api, tmp_path
     (chat / "b.jsonl").unlink()  # the cached findings follow the files
     fields = [e["field"] for e in start(api, make_run(api, dataset=str(chat))).json().get("errors", [])]
     assert "dataset" not in fields
+
+
+def test_local_roots_confine_what_runs_may_read(api, tmp_path, settings):
+    allowed = tmp_path / "team"
+    student = write_model(allowed / "student", {"a": 0, "b": 1})
+    outside = write_model(tmp_path / "elsewhere" / "model", {"a": 0, "b": 1})
+    (allowed / "escape").symlink_to(tmp_path / "elsewhere")
+    settings.STUDIO_LOCAL_ROOTS = [allowed.resolve()]
+    assert start(api, make_run(api, base_model=student)).status_code == 202
+    for path in (outside, str(allowed / "escape" / "model"), str(allowed / ".." / "elsewhere" / "model")):
+        body = assert_start_refused(api, make_run(api, base_model=path), 422, "base_model")
+        message = [e["message"] for e in body["errors"] if e["field"] == "base_model"][0]
+        assert message == f"{path} is outside the folders this Studio lets runs read ({allowed.resolve()}): put it under one of them, or push it to the Data Hub and use repo@ref"
+    # Nor is a model outside them read for the tokenizer check or the GPU estimate.
+    from training.refs import local_model_dir
+
+    assert local_model_dir(outside) is None and local_model_dir(student) is not None
 
 
 def test_a_data_hub_model_without_config_json_is_refused_at_start(api, project, users):

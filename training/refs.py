@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from django.conf import settings
+
 from studio.errors import Finding
 
 # \Z, not $: $ also matches before a trailing newline ("org/model\n" was accepted and stored).
@@ -71,13 +73,21 @@ def dataset_entries(value: Any) -> list[DatasetEntry]:
     return [DatasetEntry(i["ref"], i.get("type")) if isinstance(i, dict) else DatasetEntry(i) for i in items]
 
 
+def inside_local_roots(path: Path) -> bool:
+    """Whether runs may read `path` (settings.STUDIO_LOCAL_ROOTS; none set: anywhere). Links and `..`
+    are resolved first, so neither leads out of a root."""
+    roots = settings.STUDIO_LOCAL_ROOTS
+    return not roots or any(path.resolve().is_relative_to(root) for root in roots)
+
+
 def local_model_dir(value: str | None) -> Path | None:
-    """The directory of a locally resolvable model (a local path, or an HF id in the local cache)."""
+    """The directory of a locally resolvable model (a local path inside the local roots, or an HF id
+    in the local cache)."""
     if not value:
         return None
     if ref_kind(value) == "path":
         path = Path(value).expanduser()
-        return path if path.is_dir() else None
+        return path if path.is_absolute() and inside_local_roots(path) and path.is_dir() else None
     if ref_kind(value) == "hf":
         try:
             from huggingface_hub import try_to_load_from_cache

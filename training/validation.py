@@ -22,7 +22,7 @@ from training.forms import hub_model_files
 from training.keys import json_findings
 from training.methods import NOT_YET_SUPPORTED, get_method
 from training.methods.base import Draft, TrainingMethod
-from training.refs import check_dataset, check_ref, dataset_entries, local_model_dir, ref_kind
+from training.refs import check_dataset, check_ref, dataset_entries, inside_local_roots, local_model_dir, ref_kind
 
 NAME_MAX = 200  # TrainingRun.name's column
 
@@ -250,6 +250,9 @@ def local_path_findings(draft: Draft) -> list[Finding]:
         path = Path(value).expanduser()
         if not path.is_absolute():
             findings.append(Finding(field, f"{value} is a relative path: give the absolute path on the Studio's machine (e.g. /data/models/my-model)"))
+        elif not inside_local_roots(path):
+            roots = ", ".join(str(root) for root in settings.STUDIO_LOCAL_ROOTS)
+            findings.append(Finding(field, f"{value} is outside the folders this Studio lets runs read ({roots}): put it under one of them, or push it to the Data Hub and use repo@ref"))
         elif is_model and not (path / "config.json").is_file():
             findings.append(Finding(field, f"{value} is not a model folder on the Studio's machine (no config.json in it): give the folder save_pretrained wrote, an HF id or a Data Hub repo@ref"))
         elif not is_model and not path.exists():
