@@ -12,3 +12,5 @@ urlpatterns = [
     path("", include("studio.web_urls")),
     path("", include("environments.web_urls")),
 ]
+
+handler400 = "studio.views.bad_request"

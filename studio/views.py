@@ -6,8 +6,9 @@ from collections.abc import Callable
 from decimal import Decimal
 from functools import wraps
 
+from django.conf import settings
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
 from django.db.models import Sum
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
@@ -63,6 +64,22 @@ def errors_by_field(error: ApiError | list[Finding], fields: set[str] | None = N
         message = finding.message if key == finding.field else f"{finding.field}: {finding.message}"
         out.setdefault(key, []).append(message)
     return out
+
+
+def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """The 400 page (handler400) for a form Django refuses before any view runs: the CSRF check
+    reads the whole form first, so a form over DATA_UPLOAD_MAX_NUMBER_FILES files or
+    DATA_UPLOAD_MAX_MEMORY_SIZE bytes of fields ends here rather than beside its field."""
+    if isinstance(exception, TooManyFilesSent):
+        sentence = (f"Too many files in one form: choose at most {settings.DATA_UPLOAD_MAX_NUMBER_FILES} in Files and commit the rest "
+                    "in another upload (the Data Hub's upload API, POST /api/hub/repos/<name>/uploads, takes more).")
+    elif isinstance(exception, TooManyFieldsSent):
+        sentence = f"The form has more than {settings.DATA_UPLOAD_MAX_NUMBER_FIELDS} fields: send fewer."
+    elif isinstance(exception, RequestDataTooBig):
+        sentence = f"A form field is over {settings.DATA_UPLOAD_MAX_MEMORY_SIZE // 1024} KiB (files are not counted): shorten it and send again."
+    else:
+        sentence = "The request could not be understood: reload the page and try again."
+    return render(request, "400.html", {"exception": sentence}, status=400)
 
 
 @login_required

@@ -183,3 +183,16 @@ def test_delete_form_while_a_live_run_uses_the_repo_is_409_saying_what_to_do(bro
     said = general_errors(r.content.decode())
     assert "acme/ds is used by 1 live run" in said and f"run #{run.pk}" in said and "stop the run" in said
     assert Repo.objects.filter(pk=ds.pk).exists()
+
+
+def test_more_files_than_a_form_takes_is_a_400_page_saying_the_limit(users, ds, settings):
+    """Django refuses such a form while the CSRF check reads it, before the view: the 400 page
+    (studio.views.bad_request) says which field and what limit."""
+    settings.DATA_UPLOAD_MAX_NUMBER_FILES = 3
+    c = Client(enforce_csrf_checks=True)
+    c.force_login(users["owner"])
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', c.get("/hub/acme/ds").content.decode()).group(1)
+    r = c.post("/hub/acme/ds/upload", {"csrfmiddlewaretoken": token, "branch": "main", "files": files(*[(f"f{i}.txt", b"x") for i in range(4)])})
+    assert r.status_code == 400
+    assert "choose at most 3 in Files" in r.content.decode()
+    assert repos.resolve(ds, "main").message == "seed" and not UploadSession.objects.filter(repo=ds).exists()
