@@ -121,21 +121,22 @@ def commit_sources_of(entry: TreeEntry) -> Source:
 
 def _json_rows(fh, size: int) -> Iterator[tuple[int, Any]]:
     text = io.TextIOWrapper(fh, encoding="utf-8", errors="replace")
-    first = text.read(1)
+    first, blank_lines = text.read(1), 0  # the lines before the first value still count in line numbers
     while first and first.isspace():
+        blank_lines += first == "\n"
         first = text.read(1)
     if first == "[":  # a JSON array (.json): small enough to load, or refused
         if size > MAX_JSON_ARRAY_BYTES:
             yield 1, RowError("a JSON array this large cannot be checked: store it as JSON Lines (.jsonl)")
             return
         try:
-            rows = json.loads(first + text.read())
+            rows = json.loads("\n" * blank_lines + first + text.read())
         except ValueError as exc:
             yield 1, RowError(f"the file is not valid JSON ({exc})")
             return
         yield from enumerate(rows, start=1)
         return
-    for number, line in enumerate(_prefixed(first, text), start=1):
+    for number, line in enumerate(_prefixed(first, text), start=1 + blank_lines):
         if not line.strip():
             continue
         try:

@@ -130,6 +130,15 @@ def test_bad_jsonl_row_names_its_column_not_json_s_inner_line(api, dataset_repo)
     ]
 
 
+def test_blank_lines_before_the_first_row_count_in_its_line_number(api, dataset_repo):
+    commits.commit_files(dataset_repo, "main", {"train.jsonl": b'\n\n{"text": "a"}\n{"text": \n', "rows.json": b'\n\n[{"text": "a"},\n  {"text": }]'}, "data")
+    assert get(api, "/api/hub/repos/hub-data/preview", path="train.jsonl").json()["problems"] == [
+        {"row": 4, "message": "not valid JSON: the line ends before the value is complete (Expecting value)"},
+    ]
+    problems = get(api, "/api/hub/repos/hub-data/preview", path="rows.json").json()["problems"]
+    assert len(problems) == 1 and "line 4 column 12" in problems[0]["message"], problems
+
+
 def test_download_without_path_says_give_path(api, repo):
     for query in ({}, {"path": ""}):
         body = assert_error(get(api, "/api/hub/repos/my-model/download", **query), 400, "path")
