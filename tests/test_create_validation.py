@@ -1,6 +1,8 @@
 """Build 6, create → 400 (and 402): every rule names its field, and no run is stored."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from studio.services import set_plan
@@ -110,6 +112,21 @@ class TestGrpoSubmitRejections:
 
     def test_liger_on_pythia(self, api):
         self.grpo(api, {"use_liger": True}, base_model="EleutherAI/pythia-160m", field="config.use_liger")
+
+    def test_unsloth_with_more_than_one_gpu(self, api):
+        body = self.grpo(api, {"use_unsloth": True}, compute={"backend": "dstack", "accelerators": "H100:2"}, field="config.use_unsloth")
+        assert "single-GPU" in body["errors"][0]["message"] and "asked for 2" in body["errors"][0]["message"]
+
+
+@pytest.mark.parametrize(("method", "extra"), [("sft", {}), ("dpo", {"loss": {"type": "dpo"}}), ("distill", {"distillation": {"teacher_model": "org/teacher"}})])
+def test_qlora_on_more_than_one_gpu_is_400_and_a_patch_cannot_get_there(api, method, extra):
+    # Seed 002: QLoRA runs on a single GPU; for several, 16-bit LoRA.
+    config = {"load_in_4bit": True, "lora_rank": 16, **extra}
+    body = assert_refused(api, 400, "config.load_in_4bit", method=method, config=config, compute={"backend": "dstack", "accelerators": "GPU:4"})
+    assert "lora_rank without load_in_4bit" in json.dumps(body)
+    run = create(api, method=method, config=config, compute={"backend": "dstack", "accelerators": "H100:1"}).json()
+    assert_error(api.patch(f"/api/training-runs/{run['id']}", {"compute": {"accelerators": "H100:2"}}), 400, "config.load_in_4bit")
+    assert TrainingRun.objects.get(pk=run["id"]).compute["accelerators"] == "H100:1"
 
 
 def test_create_without_training_plan_returns_402(api, project, free_plan):

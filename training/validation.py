@@ -57,6 +57,7 @@ def validate_draft(draft: Draft) -> Draft:
     if not findings:
         findings += method.create_findings(draft)
         findings += liger_findings(draft)
+        findings += single_gpu_findings(draft)
     if findings:
         raise BadRequest("The run has invalid fields.", findings)
     draft.config = method.apply_defaults(draft.config)
@@ -119,6 +120,22 @@ def image_findings(draft: Draft, image_has) -> list[Finding]:
     return findings
 
 
+# Seed 002: what runs on one GPU only, with what to do instead.
+SINGLE_GPU = {
+    "use_liger": "liger kernels are single-GPU: remove use_liger or ask for one GPU",
+    "use_unsloth": "Unsloth is single-GPU: remove use_unsloth or ask for one GPU",
+    "load_in_4bit": "QLoRA (load_in_4bit) runs on one GPU: ask for one GPU, or for several train 16-bit LoRA (lora_rank without load_in_4bit)",
+}
+
+
+def single_gpu_findings(draft: Draft) -> list[Finding]:
+    """Seed 002's single-GPU options, for every method (400 at create and PATCH)."""
+    count = accelerators_of(draft.compute).count
+    if count <= 1:
+        return []
+    return [Finding(f"config.{key}", f"{why} (asked for {count})") for key, why in SINGLE_GPU.items() if draft.config.get(key)]
+
+
 def liger_findings(draft: Draft) -> list[Finding]:
     """Seed 002's liger restrictions, for every method (400 at create and PATCH). The model rule is the
     engine's own (training/engine/liger.py), so what Studio refuses and what the engine turns off agree."""
@@ -126,9 +143,6 @@ def liger_findings(draft: Draft) -> list[Finding]:
     if not config.get("use_liger"):
         return []
     findings = []
-    accel = accelerators_of(draft.compute)
-    if accel.count > 1:
-        findings.append(Finding("config.use_liger", f"liger kernels are single-GPU: remove use_liger or ask for one GPU (asked for {accel.count})"))
     if config.get("use_unsloth"):
         findings.append(Finding("config.use_liger", "use_liger cannot be combined with use_unsloth: pick one"))
     model_type = (model_config(draft.base_model, draft.project) or {}).get("model_type")
