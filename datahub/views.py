@@ -44,11 +44,6 @@ def page_path(path: str) -> str:
         raise NotFound(f"{path!r} is not a path in a repo: {exc.errors[0].message}.") from exc
 
 
-def can_write(actor, project) -> bool:
-    member = actor.membership(project)
-    return bool(member and member.can_write)
-
-
 def form_errors(exc: ApiError, fields: set[str], relabel: Callable[[Finding], Finding] = lambda f: f) -> dict[str, list[str]]:
     """A refusal's findings keyed by the form field they show beside (`relabel` turns the API's
     field paths into the form's); the rest go above the form ("general"), with the refusal's
@@ -67,7 +62,7 @@ def list_context(request: HttpRequest, form: dict | None = None) -> dict:
     if kind:
         repos = repos.filter(type=kind)
     return {"section": "hub", "project": project, "repos": list(repos[:500]), "types": RepoType.values, "kind": kind,
-            "writable": bool(project) and can_write(actor, project), "form": form or {"values": {"type": RepoType.DATASET}, "errors": {}}}
+            "writable": bool(project) and actor.can_write(project), "form": form or {"values": {"type": RepoType.DATASET}, "errors": {}}}
 
 
 @studio_page
@@ -137,7 +132,7 @@ def tree_context(request: HttpRequest, repo: Repo, revision: str, path: str = ""
         "section": "hub", "repo": repo, "tab": "files", "revision": revision, "commit": commit, "prefix": prefix.rstrip("/"),
         "crumbs": crumbs, "folders": [{"path": f, "name": f.rsplit("/", 1)[-1]} for f in sorted(folders)], "files": files,
         "missing": missing, "branches": branches, "tags": list(Tag.objects.filter(repo=repo)),
-        "writable": can_write(web_actor(request), repo.project), "branch_names": names,
+        "writable": web_actor(request).can_write(repo.project), "branch_names": names,
         "files_help": f"One or more files, committed together; at most {settings.DATA_UPLOAD_MAX_NUMBER_FILES} at a time (the upload API takes more).",
         "confirm_help": f"Type {repo.name} exactly.",
         "upload": forms.get("upload") or upload, "delete": forms.get("delete") or {"values": {}, "errors": {}},

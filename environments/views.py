@@ -19,11 +19,6 @@ FORK_FIELDS = {"catalogue", "name"}
 CONFIG_FIELDS = {"config"}
 
 
-def _can_write(actor, project) -> bool:
-    member = actor.membership(project)
-    return bool(member and member.can_write)
-
-
 def _environment_repos(project) -> list[dict[str, Any]]:
     from datahub.models import Repo, RepoType
 
@@ -39,7 +34,7 @@ def _catalogue_context(request: HttpRequest, project, fork_errors: dict | None =
         "entries": [services.catalogue_info(e) for e in services.catalogue()],
         "builtins": [{"name": k.removeprefix("builtin/"), "environment_id": f"{k}@main", "description": v} for k, v in services.ENGINE_BUILTINS.items()],
         "repos": _environment_repos(project),
-        "can_write": _can_write(actor, project),
+        "can_write": actor.can_write(project),
         "fork_errors": fork_errors or {},
         "fork_values": fork_values or {},
     }
@@ -87,7 +82,7 @@ def _repo_context(request: HttpRequest, project, name: str, *, config_text: str 
         "config_text": config_text,
         "errors": errors or {},
         "saved": saved,
-        "can_write": _can_write(web_actor(request), project),
+        "can_write": web_actor(request).can_write(project),
     }
 
 

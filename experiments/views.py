@@ -16,7 +16,7 @@ from experiments.services import create_experiment
 from studio.errors import ApiError, NotFound
 from studio.views import errors_by_field, studio_page, web_actor
 from training.queries import runs_for
-from training.views import MAX_POINTS, align, can_write, chart_series
+from training.views import MAX_POINTS, align, chart_series
 
 COMPARE_LIMIT = 12
 
@@ -25,7 +25,7 @@ def list_context(actor, values: dict | None = None, errors: dict | None = None, 
     project = actor.project
     experiments = Experiment.objects.filter(project=project).annotate(run_count=Count("runs")).order_by("-created_at", "-id") if project else []
     return {"section": "experiments", "project": project, "experiments": experiments, "form": {"values": values or {}, "errors": errors or {}},
-            "writable": bool(project) and can_write(actor, project), "created": created}
+            "writable": bool(project) and actor.can_write(project), "created": created}
 
 
 @studio_page
@@ -70,5 +70,5 @@ def experiment_detail(request: HttpRequest, experiment_id: int) -> HttpResponse:
     chart.update(id="compare-loss", title="Loss by step", empty=not chart["x"])
     repo = find_repo(experiment.project, experiment_repo_name(experiment))
     context = {"section": "experiments", "project": experiment.project, "experiment": experiment, "runs": runs, "repo": repo,
-               "charts": [chart], "compared": len(compared), "writable": can_write(actor, experiment.project)}
+               "charts": [chart], "compared": len(compared), "writable": actor.can_write(experiment.project)}
     return render(request, "experiments/detail.html", context)

@@ -28,6 +28,12 @@ class Actor:
             return None
         return Membership.objects.filter(project=project, user=self.user).first()
 
+    def can_write(self, project: Project) -> bool:
+        """Whether the pages offer this caller their forms and buttons in `project` (require_write
+        is the check that refuses)."""
+        member = self.membership(project)
+        return bool(member and member.can_write)
+
     def scoped_project_ids(self) -> list[int]:
         """Projects whose rows this caller may see at all (a token sees only its own)."""
         if self.token is not None:

@@ -133,11 +133,6 @@ def is_live(run: TrainingRun) -> bool:
     return run.status in ACTIVE_STATUSES or (run.status == Status.QUEUED and run.start_requested_at is not None)
 
 
-def can_write(actor, project) -> bool:
-    member = actor.membership(project)
-    return bool(member and member.can_write)
-
-
 def status_context(request: HttpRequest, run: TrainingRun, actor=None, error: ApiError | None = None) -> dict[str, Any]:
     actor = actor or web_actor(request)
     startable = run.status in (Status.QUEUED, Status.FAILED, Status.CANCELLED) and not is_live(run)
@@ -149,7 +144,7 @@ def status_context(request: HttpRequest, run: TrainingRun, actor=None, error: Ap
     return {
         "run": run,
         "live": is_live(run),
-        "writable": can_write(actor, run.project),
+        "writable": actor.can_write(run.project),
         "blockers": blockers,
         "action_error": None if isinstance(error, Unprocessable) else error,
         "failure_help": FAILURE_HELP.get(error_obj.get("code") or "", FAILURE_HELP["training_error"]) if run.status == Status.FAILED else "",
@@ -234,7 +229,7 @@ def runs(request: HttpRequest) -> HttpResponse:
     query = urlencode({k: v for k, v in filters.items() if v})
     context = {
         "section": "training", "project": project, "runs": list(page.object_list), "page": page, "filters": filters, "query": query,
-        "experiments": experiments, "statuses": Status.values, "methods": Method.choices, "writable": bool(project) and can_write(actor, project),
+        "experiments": experiments, "statuses": Status.values, "methods": Method.choices, "writable": bool(project) and actor.can_write(project),
     }
     parts = {"run-rows": "training/runs.html#rows", "run-list": "training/runs.html#list"}
     template = parts.get(request.htmx.target, "training/runs.html") if request.htmx else "training/runs.html"
@@ -403,7 +398,7 @@ def tab_context(request: HttpRequest, run: TrainingRun, tab: str) -> dict[str, A
         context.update(
             checkpoints=saved, prefixes=prefixes, committed=committed_prefixes(run, set(prefixes.values())),
             merged_steps={c.step for c in saved if c.kind == "merged"}, merging_steps=checkpoints.merging_steps(saved),
-            lora=config.get("lora_rank") is not None or bool(config.get("lora")), writable=can_write(web_actor(request), run.project),
+            lora=config.get("lora_rank") is not None or bool(config.get("lora")), writable=web_actor(request).can_write(run.project),
         )
     elif tab == "lineage":
         context["lineage"] = lineage_of(run)
