@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
+from django.test import Client
 
 from datahub import repos
 
@@ -41,6 +42,17 @@ def eager_celery():
     app.conf.task_always_eager = True
     yield app
     app.conf.task_always_eager = before
+
+
+@pytest.fixture
+def browser(users):
+    """A logged-in page client for a role: browser("owner")."""
+    def login(role: str) -> Client:
+        c = Client()
+        c.force_login(users[role])
+        return c
+
+    return login
 
 
 @pytest.fixture

@@ -2,20 +2,9 @@
 from __future__ import annotations
 
 import pytest
-from django.test import Client
 
 from datahub import commits, repos
 from tests.datahub.conftest import jsonl
-
-
-@pytest.fixture
-def browser(users):
-    def login(role: str) -> Client:
-        c = Client()
-        c.force_login(users[role])
-        return c
-
-    return login
 
 
 def test_repo_pages_show_files_commits_diff_and_preview(browser, project):

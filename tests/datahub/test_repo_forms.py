@@ -20,16 +20,6 @@ ROWS = [{"prompt": "2+2?", "completion": "4"}, {"prompt": "3+3?", "completion": 
 
 
 @pytest.fixture
-def browser(users):
-    def login(role: str) -> Client:
-        c = Client()
-        c.force_login(users[role])
-        return c
-
-    return login
-
-
-@pytest.fixture
 def ds(project):
     repo = repos.create_repo(project, "ds", "dataset")
     commits.commit_files(repo, "main", {"notes/readme.txt": b"hi", "config": b"{}"}, "seed")
