@@ -34,6 +34,23 @@ def test_unrunnable_numbers_are_400_on_their_field(api, config, field, says):
     assert TrainingRun.objects.count() == before
 
 
+@pytest.mark.parametrize(
+    ("config", "field", "says"),
+    [
+        ({"rollouts_per_prompt": 10**20}, "config.rollouts_per_prompt", "at most 65536"),
+        ({"max_response_length": 10**12}, "config.max_response_length", "at most 4194304"),
+        ({"trainer_blocks": 10**9}, "config.trainer_blocks", "at most 65536"),
+        ({"rollout_log_steps": 10**23}, "config.rollout_log_steps", "at most 100000000"),
+    ],
+)
+def test_unrunnable_grpo_numbers_are_400_on_their_field(api, config, field, says):
+    # 10**20 rollouts per prompt was stored, and the GPU estimate priced it at 2e20 GiB.
+    body = sft_body(method="grpo", dataset=None, config={"environment_id": "builtin/arith@main", **config})
+    found = assert_error(api.post("/api/training-runs", body), 400, field)
+    assert says in json.dumps(found), found
+    assert not TrainingRun.objects.exists()
+
+
 def test_the_api_refuses_nan_in_the_body_itself(api):
     # Python's json would read NaN; the API's parser refuses it before any field is looked at.
     body = assert_error(api.post("/api/training-runs", sft_body(config={"learning_rate": float("nan")})), 400, "body")

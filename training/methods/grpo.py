@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from studio.errors import Finding
 from training.compute import accelerators_of
-from training.methods.base import BOOL, INT0, INT1, POSITIVE, Draft, Key, TrainingMethod
+from training.methods.base import BOOL, COMMON_KEYS, MAX_STEPS, POSITIVE, Draft, Key, TrainingMethod
 
 JUDGE_KEYS = {
     "mode": Key("choice", choices=("external", "colocated")),
@@ -24,6 +24,9 @@ DEFAULTS = {
 }
 
 
+GPU_BLOCKS = Key("int", minimum=0, maximum=65_536)
+
+
 class GRPO(TrainingMethod):
     """Group Relative Policy Optimisation with rewards from an environment or a RULER judge."""
 
@@ -36,18 +39,19 @@ class GRPO(TrainingMethod):
         "environment_id": Key("str", nullable=True, hint='an environment ref like "builtin/arith@main"'),
         "ruler_task_args": Key("block", block=RULER_KEYS),
         "judge": Key("block", block=JUDGE_KEYS),
-        "inference_blocks": INT0,
-        "trainer_blocks": INT0,
-        "judge_blocks": INT0,
-        "rollouts_per_prompt": Key("int", minimum=2, hint="an integer ≥ 2 (the group size)"),
+        # Upper bounds as COMMON_KEYS': a value past them parses but can never run (base.py).
+        "inference_blocks": GPU_BLOCKS,
+        "trainer_blocks": GPU_BLOCKS,
+        "judge_blocks": GPU_BLOCKS,
+        "rollouts_per_prompt": Key("int", minimum=2, maximum=65_536, hint="an integer from 2 to 65536 (the group size)"),
         "kl_coef": POSITIVE,
-        "max_response_length": INT1,
-        "max_prompt_length": INT1,
+        "max_response_length": COMMON_KEYS["max_length"],
+        "max_prompt_length": COMMON_KEYS["max_length"],
         # "auto": the engine's own static-KV decode loop on a GPU, plain generate on the CPU.
         "rollout_engine": Key("choice", choices=("auto", "static", "generate")),
         "use_unsloth": BOOL,
         "global_batch_size": Key("any"),
-        "rollout_log_steps": INT1,
+        "rollout_log_steps": Key("int", minimum=1, maximum=MAX_STEPS),
     }
 
     def create_findings(self, draft: Draft) -> list[Finding]:
