@@ -26,6 +26,7 @@ from datahub import refs, repos
 from datahub.commits import FileSource, commit_files
 from datahub.models import Branch, Commit, Repo, RepoType
 from datahub.repos import MAIN, create_branch, get_or_create_repo
+from experiments.models import Experiment
 from studio.errors import Conflict, Finding
 
 log = logging.getLogger(__name__)
@@ -90,7 +91,8 @@ def delete_repo(repo: Repo) -> None:
     base_model, dataset, teacher, environment or RULER dataset (or a commit pinned from one at
     START), as its experiment's repo (its checkpoints go to branch run-<id>) or as the model repo
     its final weights are published to. Finished runs do not hold a repo: their pages keep the refs
-    and pinned commit ids as text, and show the repo as gone.
+    and pinned commit ids as text, and show the repo as gone. An experiment whose repo it was no
+    longer names it (Experiment.hub_repo is cleared); its next run creates the repo again.
     The check and the delete run under the repo's row lock; a run that names the repo after it is
     gone is refused by its own pre-start check."""
     from training.models import ACTIVE_STATUSES, Status, TrainingRun
@@ -103,6 +105,9 @@ def delete_repo(repo: Repo) -> None:
         if findings:
             raise Conflict(f"{repo.full_name} is used by {len(findings)} live run(s): it cannot be deleted until they no longer need it.", findings)
         repos.delete_repo(repo)
+        # hub_repo names the repo that exists (provision_experiment_repo sets it again on the
+        # experiment's next run), so the Experiments list and API never link to a deleted repo.
+        Experiment.objects.filter(project_id=repo.project_id, hub_repo=repo.full_name).update(hub_repo="")
 
 
 def repo_uses(run, repo: Repo) -> list[str]:

@@ -68,7 +68,8 @@ def experiment_detail(request: HttpRequest, experiment_id: int) -> HttpResponse:
         named[f"#{run.pk} {run.name}"] = chart_series(run.pk, ["loss"], MAX_POINTS).get("loss", [])
     chart = align(named)
     chart.update(id="compare-loss", title="Loss by step", empty=not chart["x"])
-    repo = find_repo(experiment.project, experiment_repo_name(experiment))
-    context = {"section": "experiments", "project": experiment.project, "experiment": experiment, "runs": runs, "repo": repo,
+    repo_name = experiment_repo_name(experiment)
+    repo = find_repo(experiment.project, repo_name)
+    context = {"section": "experiments", "project": experiment.project, "experiment": experiment, "runs": runs, "repo": repo, "repo_name": repo_name,
                "charts": [chart], "compared": len(compared), "writable": actor.can_write(experiment.project)}
     return render(request, "experiments/detail.html", context)

@@ -21,7 +21,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from datahub import repos as hub_repos
 from datahub import services as hub
-from datahub.models import TreeEntry
+from datahub.models import Branch, TreeEntry
 from environments import services as env_services
 from experiments.models import Experiment
 from studio.errors import ApiError, Conflict, Forbidden, PaymentRequired, Unprocessable
@@ -433,15 +433,20 @@ def committed_prefixes(run: TrainingRun, prefixes: set[str]) -> set[str]:
 
 
 def repository_of(run: TrainingRun, prefix: str) -> dict[str, Any]:
-    """The run's Data Hub branch: its files (optionally under one folder) and its commits."""
-    repo = hub_repos.find_repo(run.project, hub.experiment_repo_name(run.experiment))
+    """The run's Data Hub branch: its files (optionally under one folder) and its commits. Every
+    run's branch is made when the run is, so a missing repo or branch was deleted with the repo
+    (`gone`); a later run of the experiment makes the repo again, without this run's branch."""
+    repo_name = hub.experiment_repo_name(run.experiment)
+    repo = hub_repos.find_repo(run.project, repo_name)
     branch = hub.run_branch_name(run)
-    out: dict[str, Any] = {"repo": repo, "branch": branch, "prefix": prefix.strip("/"), "files": [], "commits": []}
+    out: dict[str, Any] = {"repo": repo, "repo_name": f"{run.project.slug}/{repo_name}", "branch": branch, "prefix": prefix.strip("/"),
+                           "files": [], "commits": [], "gone": repo is None}
     if repo is None:
         return out
     try:
         commits = hub_repos.history(repo, branch, 20)
     except hub_repos.RefNotFound:
+        out["gone"] = True
         return out
     files = sorted(hub_repos.tree(commits[0]).items()) if commits else []
     if out["prefix"]:
@@ -512,7 +517,9 @@ def lineage_of(run: TrainingRun) -> list[dict[str, Any]]:
     if run.parent_id:
         step = run.resume_checkpoint.step if run.resume_checkpoint_id else "?"
         items.append({"role": f"Resumed from (step {step})", "ref": f"run {run.parent_id}: {run.parent.name}", "kind": "", "pinned": None})
-    items.append({"role": "Output branch", "ref": f"{run.experiment.hub_repo or run.experiment.slug}@run-{run.pk}", "kind": "hub", "pinned": None})
+    repo_name, branch = hub.experiment_repo_name(run.experiment), hub.run_branch_name(run)
+    there = Branch.objects.filter(repo__project_id=run.project_id, repo__name=repo_name, name=branch).exists()
+    items.append({"role": "Output branch", "ref": f"{run.project.slug}/{repo_name}@{branch}", "kind": "hub", "pinned": None, "gone": not there})
     return items
 
 

@@ -3,6 +3,7 @@ blob bytes stay; a live run that uses the repo makes it a 409; finished runs sti
 from __future__ import annotations
 
 import io
+import re
 
 import pytest
 from django.test import Client
@@ -10,6 +11,7 @@ from django.test import Client
 from datahub import commits, repos, storage, uploads
 from datahub.models import Blob, Branch, Commit, Repo, Tag, TreeEntry, UploadSession
 from datahub.services import model_repo_name
+from experiments.models import Experiment
 from tests.conftest import assert_error, sft_body
 from tests.datahub.conftest import jsonl
 from training import services as training
@@ -148,3 +150,46 @@ def test_finished_run_pages_render_after_the_repos_it_used_are_deleted(api, proj
     assert browser.get(f"/experiments/{run.experiment_id}/").status_code == 200
     assert browser.get("/models/").status_code == 200
     assert api.get(f"/api/training-runs/{run_id}").status_code == 200
+
+
+HREF = re.compile(r'href="(/hub/[^"#?]*)')
+
+
+def dead_hub_links(browser: Client, html: str) -> list[str]:
+    """The Data Hub links on a page that do not open (each is followed)."""
+    return [href for href in sorted(set(HREF.findall(html))) if browser.get(href).status_code != 200]
+
+
+def test_deleting_an_experiment_repo_unlinks_it_until_the_next_run_recreates_it(api, project, users):
+    first = api.post("/api/training-runs", sft_body()).json()["id"]
+    run = TrainingRun.objects.select_related("experiment").get(pk=first)
+    assert run.experiment.hub_repo == "acme/experiment-default"
+    TrainingRun.objects.filter(pk=first).update(status=Status.COMPLETED)
+    assert api.delete("/api/hub/repos/experiment-default").status_code == 204
+
+    # one source of truth: the experiment no longer names the repo, in the list, its page and the API
+    assert Experiment.objects.get(pk=run.experiment_id).hub_repo == ""
+    assert api.get("/api/experiments").json()[0]["hub_repo"] == ""
+    browser = Client()
+    browser.force_login(users["viewer"])
+    pages = ["/experiments/", f"/experiments/{run.experiment_id}/", f"/training/runs/{first}/repository/", f"/training/runs/{first}/lineage/"]
+    for url in pages:
+        page = browser.get(url)
+        assert page.status_code == 200, url
+        html = page.content.decode()
+        assert not [h for h in HREF.findall(html) if "experiment-default" in h] and not dead_hub_links(browser, html), (url, dead_hub_links(browser, html))
+    tab = re.sub(r"<[^>]+>", "", browser.get(f"/training/runs/{first}/repository/").content.decode())
+    assert "no Data Hub repo yet" not in tab and "acme/experiment-default was deleted" in tab
+
+    # the experiment's next run creates the repo again, as the first did
+    second = api.post("/api/training-runs", sft_body(name="again")).json()["id"]
+    assert Experiment.objects.get(pk=run.experiment_id).hub_repo == "acme/experiment-default"
+    assert Branch.objects.filter(repo__project=project, repo__name="experiment-default", name=f"run-{second}").exists()
+    listing = browser.get("/experiments/").content.decode()
+    assert 'href="/hub/acme/experiment-default"' in listing and not dead_hub_links(browser, listing)
+    assert f"/hub/acme/experiment-default/tree/run-{second}" in browser.get(f"/training/runs/{second}/repository/").content.decode()
+    # the first run's branch went with the old repo: its page says so rather than link to it
+    for tab in ("repository", "lineage"):
+        html = browser.get(f"/training/runs/{first}/{tab}/").content.decode()
+        assert f"run-{first}" in html and not dead_hub_links(browser, html), (tab, dead_hub_links(browser, html))
+    assert f"run-{first}</code> is not in Data Hub repo" in browser.get(f"/training/runs/{first}/repository/").content.decode()
