@@ -35,13 +35,14 @@ def store_blob(source: FileSource) -> Blob:
     return store_staged(staged.path, staged.sha256, staged.size)
 
 
-def store_staged(path: Path, sha256: str, size: int) -> Blob:
-    """Move a staged local file into the blob storage (or drop it when the bytes are there)."""
+def store_staged(path: Path, sha256: str, size: int, keep_on_error: bool = False) -> Blob:
+    """Move a staged local file into the blob storage (or drop it when the bytes are there).
+    The Blob row is made only once all its bytes are stored (storage.put_staged, `keep_on_error`)."""
     blob = Blob.objects.filter(pk=sha256).first()
     if blob is not None and storage.blob_storage().exists(blob.storage_name):
         path.unlink(missing_ok=True)
         return blob
-    storage.put_staged(path, blob_path(sha256))
+    storage.put_staged(path, blob_path(sha256), keep_on_error)
     blob, _ = Blob.objects.get_or_create(sha256=sha256, defaults={"size": size})
     return blob
 

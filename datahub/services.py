@@ -13,7 +13,6 @@ A run's `[project/]repo@ref` refs (pre-start checks, pinning, engine inputs) are
 """
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import re
@@ -22,7 +21,7 @@ from typing import Any
 
 from django.db import transaction
 
-from datahub import refs, repos
+from datahub import refs, repos, storage
 from datahub.commits import FileSource, commit_files
 from datahub.models import Branch, Commit, Repo, RepoType
 from datahub.repos import MAIN, create_branch, get_or_create_repo
@@ -208,7 +207,7 @@ def commit_checkpoint(checkpoint_id: int) -> Commit | None:
         if checkpoint.kind in MODEL_KINDS and not earlier_merge:
             publish_model(run, checkpoint)  # the Models page shows the run's result, not an earlier step
     except OSError as exc:
-        if exc.errno != errno.ENOSPC:
+        if not storage.disk_full(exc):
             raise  # transient I/O: the task retries
         storage_full(run, checkpoint, exc)
         return None

@@ -9,6 +9,7 @@ Nothing here holds a whole file in memory: bytes move in CHUNK_SIZE pieces.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import tempfile
@@ -21,7 +22,23 @@ from django.conf import settings
 from django.core.files import File
 from django.core.files.storage import FileSystemStorage, Storage, storages
 
+from studio.errors import Finding, InsufficientStorage
+
 CHUNK_SIZE = 1024 * 1024
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # no space left; over a quota: the same to whoever writes
+
+
+def disk_full(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in DISK_FULL
+
+
+def disk_full_error(exc: BaseException | None, field: str, then: str) -> InsufficientStorage:
+    """The 507 for a write that met a full disk (`exc`, the OSError): nothing was committed, free
+    space, then `then`."""
+    return InsufficientStorage(
+        f"The Studio's disk is full ({getattr(exc, 'strerror', None) or 'no space left on device'}): nothing was committed.",
+        [Finding(field, f"the Studio's disk is full, so nothing was committed: free space on it (or ask your Studio admin to), then {then}")],
+    )
 
 
 def hub_root() -> Path:
@@ -83,10 +100,13 @@ def hash_file(path: Path) -> tuple[str, int]:
     return digest.hexdigest(), size
 
 
-def put_staged(staged_path: Path, name: str) -> None:
+def put_staged(staged_path: Path, name: str, keep_on_error: bool = False) -> None:
     """Move a staged file to `name` in the blob storage, unless those bytes are already there.
-    Content addressing makes a concurrent writer of the same name harmless: same bytes."""
+    Content addressing makes a concurrent writer of the same name harmless: same bytes.
+    The staged file is gone afterwards, unless the move failed and `keep_on_error` (an upload
+    session's file, which its client commits again once the storage has room)."""
     storage = blob_storage()
+    failed = False
     try:
         if storage.exists(name):
             return
@@ -94,6 +114,7 @@ def put_staged(staged_path: Path, name: str) -> None:
             with open(staged_path, "rb") as fh:
                 saved = storage.save(name, _StagedFile(fh, name=str(staged_path)))
         except BaseException:
+            failed = True
             # A save that failed part-way (a full disk) can leave a short file under the
             # content-addressed name, which would then pass exists() for bytes it does not hold.
             if storage.exists(name) and storage.size(name) != staged_path.stat().st_size:
@@ -102,7 +123,7 @@ def put_staged(staged_path: Path, name: str) -> None:
         if saved != name:  # lost a race to another writer of the same bytes
             storage.delete(saved)
     finally:
-        if staged_path.exists():
+        if staged_path.exists() and not (failed and keep_on_error):
             staged_path.unlink()
 
 

@@ -6,6 +6,7 @@ steps in one call for the repo page's Upload files form.
 """
 from __future__ import annotations
 
+import os
 import shutil
 import uuid
 from collections.abc import Iterable
@@ -16,7 +17,7 @@ from django.db import transaction
 
 from datahub import commits, repos, storage
 from datahub.models import Commit, Repo, TreeEntry, UploadFile, UploadSession
-from studio.errors import BadRequest, Conflict, Finding, NotFound
+from studio.errors import BadRequest, Conflict, Finding, InsufficientStorage, NotFound
 
 
 def staged_path(session_id) -> Path:
@@ -92,7 +93,8 @@ def get_upload(repo_ids: list[int] | None, upload_id: str) -> UploadSession:
 
 def write_chunk(session: UploadSession, index: int, offset: int, stream: IO[bytes], length: int | None) -> UploadFile:
     """Append the request body to file `index` at `offset` (which must equal what has arrived).
-    The row lock serialises two clients writing the same file."""
+    The row lock serialises two clients writing the same file. A full disk is a 507, and the
+    file is cut back to `offset`: the client sends the chunk again once space is freed."""
     with transaction.atomic():
         upload = UploadFile.objects.select_for_update().filter(session=session, index=index).first()
         if upload is None:
@@ -106,34 +108,49 @@ def write_chunk(session: UploadSession, index: int, offset: int, stream: IO[byte
                 [Finding("offset", f"use offset={upload.received}")],
             )
         part = part_path(session, index)
-        written = 0
-        with open(part, "r+b" if part.exists() else "wb") as out:
-            out.seek(offset)
-            out.truncate()
-            while True:
-                want = storage.CHUNK_SIZE if length is None else min(storage.CHUNK_SIZE, length - written)
-                if want <= 0:
-                    break
-                chunk = stream.read(want)
-                if not chunk:
-                    break
-                if offset + written + len(chunk) > upload.size:
-                    out.truncate(offset)
-                    raise BadRequest(
-                        f"File {index} is {upload.size} bytes and this chunk goes past its end.",
-                        [Finding("body", f"send at most {upload.size - offset} bytes at offset {offset}")],
-                    )
-                out.write(chunk)
-                written += len(chunk)
+        try:
+            written = _write_part(part, index, offset, stream, length, upload.size)
+        except OSError as exc:
+            if not storage.disk_full(exc):
+                raise
+            if part.exists():
+                os.truncate(part, offset)  # give back what this chunk took: the file is as it was before it
+            raise storage.disk_full_error(exc, "body", f"send this chunk again at offset {offset} (the upload session keeps what arrived before it)") from exc
         upload.received = offset + written
         upload.save(update_fields=["received"])
         return upload
 
 
+def _write_part(part: Path, index: int, offset: int, stream: IO[bytes], length: int | None, size: int) -> int:
+    """Write `stream` into the staged file at `offset`, dropping what lay beyond it; the bytes written."""
+    written = 0
+    with open(part, "r+b" if part.exists() else "wb") as out:
+        out.seek(offset)
+        out.truncate()
+        while True:
+            want = storage.CHUNK_SIZE if length is None else min(storage.CHUNK_SIZE, length - written)
+            if want <= 0:
+                break
+            chunk = stream.read(want)
+            if not chunk:
+                break
+            if offset + written + len(chunk) > size:
+                out.truncate(offset)
+                raise BadRequest(
+                    f"File {index} is {size} bytes and this chunk goes past its end.",
+                    [Finding("body", f"send at most {size - offset} bytes at offset {offset}")],
+                )
+            out.write(chunk)
+            written += len(chunk)
+    return written
+
+
 def commit_upload(session: UploadSession, user, message: str | None = None) -> Commit:
     """Hash every staged file into a blob, then commit them all at once. The session is claimed
     (open → committing) so two commit requests do not both work; the hashing runs outside any
-    transaction. Committing a committed session returns its commit (a retry is harmless)."""
+    transaction. Committing a committed session returns its commit (a retry is harmless).
+    A full blob storage is a 507 that leaves the session open with its staged files: a blob is
+    recorded only once all its bytes are stored, so committing again after space is freed works."""
     with transaction.atomic():
         session = UploadSession.objects.select_for_update().select_related("repo", "repo__project").get(pk=session.pk)
         if session.state == UploadSession.State.COMMITTED and session.commit_id:
@@ -151,8 +168,10 @@ def commit_upload(session: UploadSession, user, message: str | None = None) -> C
     try:
         blobs = {f.path: _blob_of(session, f) for f in files}
         commit = commits.commit_blobs(session.repo, session.branch, blobs, message or session.message, user, parent=session.parent or None)
-    except BaseException:
+    except BaseException as exc:
         UploadSession.objects.filter(pk=session.pk).update(state=UploadSession.State.OPEN)
+        if storage.disk_full(exc):
+            raise storage.disk_full_error(exc, "files", "commit this upload session again (it is still open, with every file it received)") from exc
         raise
     UploadSession.objects.filter(pk=session.pk).update(state=UploadSession.State.COMMITTED, commit=commit)
     discard_staged([session.pk])
@@ -172,7 +191,7 @@ def _blob_of(session: UploadSession, f: UploadFile):
         part.unlink(missing_ok=True)
         raise BadRequest(f"{f.path} arrived with sha256 {sha256}, not the {f.sha256} announced.",
                          [Finding(f"files[{f.index}].sha256", "the bytes were corrupted on the way: upload this file again from offset 0")])
-    blob = commits.store_staged(part, sha256, size)
+    blob = commits.store_staged(part, sha256, size, keep_on_error=True)
     UploadFile.objects.filter(pk=f.pk).update(blob=blob)
     return blob
 
@@ -181,12 +200,16 @@ def upload_files(repo: Repo, user, branch: str, files: list[tuple[str, int, IO[b
     """The session path in one call, for a caller that already holds every file's bytes (the repo
     page's Upload files form): create_upload → each file written at offset 0 → commit_upload.
     `files` is (path, size, stream) each. Refusals are those of the steps, naming files[i].path,
-    branch or path; on any error the session is aborted, so nothing is committed or left staged."""
+    branch or path; on any error the session is aborted, so nothing is committed or left staged
+    (and a full disk's 507 says to upload again, not to resume the session)."""
     session = create_upload(repo, user, branch, [{"path": path, "size": size} for path, size, _ in files], message)
     try:
         for index, (_, size, stream) in enumerate(files):
             write_chunk(session, index, 0, stream, size)
         return commit_upload(session, user)
+    except InsufficientStorage as exc:
+        abort_upload(session)
+        raise storage.disk_full_error(exc.__cause__, "files", "upload the files again") from exc.__cause__
     except BaseException:
         abort_upload(session)
         raise

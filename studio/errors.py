@@ -58,3 +58,9 @@ class Conflict(ApiError):
 class Unprocessable(ApiError):
     status = 422
     default_detail = "The run cannot start until these problems are fixed."
+
+
+class InsufficientStorage(ApiError):
+    """507: the Studio's own disk is full, so nothing could be stored (datahub.storage.disk_full)."""
+
+    status = 507

@@ -152,6 +152,41 @@ class Worker:
         return self.log_path.read_text(errors="replace")
 
 
+@pytest.fixture
+def small_disk(tmp_path):
+    """small_disk(size, name) mounts a real filesystem of `size` ("1m") at tmp_path/name, a tmpfs
+    (root can mount here), so a test fills a disk for real; unmounted afterwards. Skips where
+    mounting is not allowed."""
+    mounts: list[Path] = []
+
+    def mount(size: str, name: str = "disk") -> Path:
+        path = tmp_path / name
+        path.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here to fill a disk for real: {done.stderr.strip()}")
+        mounts.append(path)
+        return path
+
+    yield mount
+    for path in mounts:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def fill_disk(mount: Path) -> Path:
+    """Write a file on `mount` until its filesystem is full; delete the file to free the space."""
+    import errno
+
+    filler = mount / "filler"
+    with open(filler, "wb", buffering=0) as out:
+        try:
+            while out.write(b"\0" * 65536):
+                pass
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC, exc
+    return filler
+
+
 def wait_for(predicate, timeout: float = 60.0, interval: float = 0.2, message: str = "condition"):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -1,11 +1,9 @@
 """Disk full on blob storage (issue 9): the run fails with a clear message, the engine is stopped,
 and nothing half-written is visible — no commit on the run's branch, no short blob, no staged file.
 
-The full disk is real: a 1 MiB tmpfs mounted as the Data Hub's storage (root can mount here).
+The full disk is real: a 1 MiB tmpfs mounted as the Data Hub's storage (tests/conftest.py small_disk).
 """
 from __future__ import annotations
-
-import subprocess
 
 import pytest
 
@@ -18,16 +16,11 @@ pytestmark = pytest.mark.worker
 
 
 @pytest.fixture
-def full_disk(tmp_path, settings, monkeypatch):
-    mount = tmp_path / "hub"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here to fill a disk for real: {done.stderr.strip()}")
+def full_disk(small_disk, settings, monkeypatch):
+    mount = small_disk("1m", "hub")
     settings.DATAHUB_ROOT = mount
     monkeypatch.setenv("DATAHUB_ROOT", str(mount))  # the worker subprocess reads it from its environment
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=False)
+    return mount
 
 
 def test_a_full_blob_storage_fails_the_run_and_leaves_nothing_half_written(transactional_db, request, full_disk, api, tiny_models):
