@@ -123,3 +123,19 @@ def test_a_malformed_batch_is_a_400_naming_the_field(live_run):
     assert r.status_code == 400
     assert r.json()["errors"][0]["field"] == "metrics[0].step"
     assert not MetricPoint.objects.filter(run=run).exists()
+
+
+def test_a_completion_with_a_nul_does_not_cost_the_batch_its_metrics(transactional_db, live_server, live_run):
+    # The engine's reporter against the real ingest: a 400 for one NUL in a generated completion
+    # dropped the whole batch (that step's metrics, logs, progress and checkpoint).
+    from training.engine.reporter import Reporter
+
+    run, token = live_run
+    reporter = Reporter(f"{live_server.url}/api/ingest/runs/{run.pk}", token, flush_interval=0.05, echo=False).start()
+    reporter.rollout({"step": 3, "prompt": "1+1=", "completion": "2\x00\ud800", "reward": 0.5, "advantage": None, "components": {}})
+    reporter.metric(3, "loss", 0.25)
+    reporter.checkpoint(3, "/out/adapter", "adapter")
+    assert reporter.close(timeout=10)
+    assert list(Rollout.objects.filter(run=run).values_list("completion", flat=True)) == ["2\ufffd?"]
+    assert MetricPoint.objects.filter(run=run, step=3, key="loss").exists()
+    assert Checkpoint.objects.filter(run=run, step=3, kind="adapter").exists()

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import time
 
 from training.engine.reporter import Reporter
@@ -106,3 +107,19 @@ def test_close_gives_up_at_its_deadline_when_ingest_stays_down() -> None:
     start = time.monotonic()
     assert not rep.close(timeout=1.0)
     assert time.monotonic() - start < 3
+
+
+def test_text_studio_cannot_store_is_made_storable_so_the_batch_is_not_dropped(ingest: IngestStub) -> None:
+    # A tiny model's GRPO completion held a NUL: ingest answered 400 and the reporter dropped the whole
+    # batch, with that step's metrics, progress and the adapter checkpoint.
+    rep = Reporter(ingest.url, TOKEN, flush_interval=0.05).start()
+    rep.rollout({"step": 3, "prompt": "p\x00", "completion": "a\x00b\ud800", "reward": 0.5, "components": {"why": "x\x00"}})
+    rep.log("step 3: text \x00 here")
+    rep.status("failed", {"code": "training_error", "message": "bad \x00", "log_tail": ["t\ud800"]})
+    assert rep.close(timeout=5)
+    body = json.dumps(ingest.batches)
+    assert "\\u0000" not in body and "\\ud800" not in body
+    rollout = ingest.collect("rollouts")[0]
+    assert rollout["completion"] == "a\ufffdb?" and rollout["prompt"] == "p\ufffd" and rollout["components"] == {"why": "x\ufffd"}
+    assert "step 3: text \ufffd here" in ingest.collect("logs")
+    assert ingest.scalars("error")[0]["message"] == "bad \ufffd"

@@ -23,6 +23,19 @@ LOG_TAIL_LINES = 200
 BACKOFF_CAP_S = 10.0
 
 
+def storable(value: Any) -> Any:
+    """Text the model or a log produced, made storable: a NUL becomes U+FFFD and an unpaired surrogate
+    "?". Studio refuses both with a 400 (PostgreSQL cannot store them), and a 400 drops the whole batch:
+    one completion of a tiny or broken model would take that second's metrics, logs and checkpoints."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd").encode("utf-8", "replace").decode("utf-8")
+    if isinstance(value, dict):
+        return {storable(k): storable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [storable(v) for v in value]
+    return value
+
+
 class Superseded(RuntimeError):
     """The ingest endpoint refused this attempt's token (401/403)."""
 
@@ -72,7 +85,7 @@ class Reporter:
             self._dirty = True
 
     def log(self, line: str, *, echo: bool = True) -> None:
-        for part in str(line).splitlines() or [""]:
+        for part in storable(str(line)).splitlines() or [""]:
             self.log_tail.append(part)
             if self.echo and echo:
                 print(part, flush=True)
@@ -82,7 +95,7 @@ class Reporter:
         self._add("metrics", {"step": int(step), "key": key, "value": float(value)})
 
     def rollout(self, row: dict[str, Any]) -> None:
-        self._add("rollouts", row)
+        self._add("rollouts", storable(row))
 
     def checkpoint(self, step: int, path: str, kind: str) -> None:
         self._add("checkpoints", {"step": int(step), "path": str(path), "kind": kind})
@@ -101,7 +114,7 @@ class Reporter:
                 self._pending = self._empty()
             self._pending["status"] = status
             if error is not None:
-                self._pending["error"] = error
+                self._pending["error"] = storable(error)  # its message may quote what failed
             self._dirty = True
             self._lock.notify_all()
 
