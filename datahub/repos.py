@@ -134,6 +134,8 @@ def get_or_create_repo(project, name: str, type: str, user=None) -> Repo:
 
 
 def find_repo(project, name: str) -> Repo | None:
+    if "\x00" in name:
+        return None  # no repo has such a name, and PostgreSQL cannot compare text with a NUL (a 500)
     return Repo.objects.filter(project=project, name=name).select_related("project").first()
 
 
@@ -226,6 +228,17 @@ def resolve(repo: Repo, ref: str | None, *, field: str = "ref") -> Commit:
     A full 40-hex commit id of the repo wins over a branch or tag of that name (one made before
     check_ref_name refused such names): a ref pinned to a commit must always read that commit."""
     ref = ref or repo.default_branch
+    # No ref has a NUL, and PostgreSQL cannot compare text with one (it was a 500).
+    commit = _find_ref(repo, ref) if "\x00" not in ref else None
+    if commit is None:
+        raise RefNotFound(
+            f"{repo.full_name} has no branch, tag or commit {ref!r}.",
+            [Finding(field, "give a branch name, a tag, or a commit id of the repo")],
+        )
+    return commit
+
+
+def _find_ref(repo: Repo, ref: str) -> Commit | None:
     if FULL_COMMIT_RE.match(ref):
         commit = Commit.objects.filter(repo=repo, pk=ref).first()
         if commit is not None:
@@ -240,10 +253,7 @@ def resolve(repo: Repo, ref: str | None, *, field: str = "ref") -> Commit:
         found = list(Commit.objects.filter(repo=repo, id__startswith=ref)[:2])
         if len(found) == 1:
             return found[0]
-    raise RefNotFound(
-        f"{repo.full_name} has no branch, tag or commit {ref!r}.",
-        [Finding(field, "give a branch name, a tag, or a commit id of the repo")],
-    )
+    return None
 
 
 def tree(commit: Commit) -> dict[str, Blob]:
