@@ -14,7 +14,7 @@ from django.http import QueryDict
 from studio.errors import ApiError, Finding
 from training.compute import GPU_MEMORY_GIB, parse_accelerators
 from training.methods.base import Draft
-from training.refs import DATASET_TYPES, local_model_dir
+from training.refs import DATASET_TYPES, dataset_entries, local_model_dir
 
 METHOD_CHOICES = [("sft", "SFT"), ("dpo", "DPO"), ("grpo", "GRPO"), ("distill", "DISTILL")]
 PRECISION_CHOICES = [("", "Default (bf16)"), ("bf16", "BF16"), ("fp8", "FP8"), ("nvfp4", "NVFP4")]
@@ -198,9 +198,7 @@ def parse_run_form(data: QueryDict) -> ParsedRun:
             value = raw
         root, _, rest = name.partition(".")
         set_path(compute if root == "compute" else form_config, rest, value)
-    dataset: Any = (values.get("dataset") or "").strip() or None
-    if dataset and (values.get("dataset_type") or "").strip():
-        dataset = {"ref": dataset, "type": values["dataset_type"].strip()}
+    dataset = dataset_from_fields(values.get("dataset") or "", values.get("dataset_type") or "")
     parsed.kwargs = {
         "name": (values.get("name") or "").strip(),
         "method": method,
@@ -214,6 +212,21 @@ def parse_run_form(data: QueryDict) -> ParsedRun:
     if not parsed.kwargs["name"]:
         parsed.findings.append(Finding("name", "give the run a name"))
     return parsed
+
+
+def dataset_from_fields(refs: str, kind: str) -> Any:
+    """The Dataset field (one ref, or several separated by commas) and its entry type → a run's dataset."""
+    kind = kind.strip()
+    entries = [{"ref": ref, "type": kind} if kind else ref for ref in (r.strip() for r in refs.split(",")) if ref]
+    return None if not entries else entries[0] if len(entries) == 1 else entries
+
+
+def dataset_fields(dataset: Any) -> dict[str, str]:
+    """A run's dataset as the Dataset fields show it; entries of different types show no type (the
+    edit view keeps such a dataset unless its fields are changed)."""
+    entries = dataset_entries(dataset)
+    kinds = {entry.type or "" for entry in entries}
+    return {"dataset": ", ".join(entry.ref for entry in entries), "dataset_type": kinds.pop() if len(kinds) == 1 else ""}
 
 
 def draft_of_values(values: dict[str, Any], project=None) -> Draft:
@@ -246,9 +259,7 @@ def values_from_run(run) -> dict[str, Any]:
     """The form's values for an existing run: known fields pulled out, the rest as YAML."""
     config = json.loads(json.dumps(run.config or {}))
     values: dict[str, Any] = {"name": run.name, "method": run.method, "experiment": str(run.experiment_id),
-                              "base_model": run.base_model, "dataset": run.dataset if isinstance(run.dataset, str) else ""}
-    if isinstance(run.dataset, dict):
-        values.update(dataset=run.dataset.get("ref", ""), dataset_type=run.dataset.get("type") or "")
+                              "base_model": run.base_model, **dataset_fields(run.dataset)}
     for name, kind in fields_for(run.method, config.get("rl_mode")).items():
         root, _, rest = name.partition(".")
         source = run.compute if root == "compute" else config

@@ -326,6 +326,9 @@ def edit_run(request: HttpRequest, run_id: int) -> HttpResponse:
     kwargs = parsed.kwargs
     patch = {"name": kwargs["name"], "base_model": kwargs["base_model"], "dataset": kwargs["dataset"],
              "config": replacement_patch(run.config, kwargs["config"]), "compute": replacement_patch(run.compute, kwargs["compute"])}
+    shown = forms.dataset_fields(run.dataset)
+    if all((parsed.values.get(k) or "").strip() == shown[k] for k in shown):
+        del patch["dataset"]  # untouched: keep it exactly (the fields cannot show entries of different types)
     try:
         services.update_run(run, patch)
     except ApiError as exc:

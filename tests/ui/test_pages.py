@@ -532,6 +532,33 @@ def test_configuration_tab_shows_the_precision_the_run_trains_in(project, users,
     assert re.search(r'data-testid="precision">([^<]*)<', html).group(1) == shown
 
 
+def shown_fields(html: str) -> dict[str, str]:
+    """The edit form as a browser would post it untouched: inputs' values, selects' selected options."""
+    form = {name: value for name, value in re.findall(r'<input[^>]*name="([^"]+)"[^>]*value="([^"]*)"', html) if name != "csrfmiddlewaretoken"}
+    for name, body in re.findall(r'<select[^>]*name="([^"]+)"[^>]*>(.*?)</select>', html, re.S):
+        form[name] = (re.findall(r'<option value="([^"]*)"[^>]*selected', body) or [""])[0]
+    form["config_text"] = html.split('name="config_text"')[1].split(">", 1)[1].split("</textarea>")[0].strip("\n")
+    return {k: v.replace("&#x27;", "'").replace("&quot;", '"').replace("&amp;", "&") for k, v in form.items()}
+
+
+def test_saving_the_edit_form_untouched_keeps_a_list_of_datasets(project, users):
+    # The form showed a list dataset as an empty field, and saving it untouched set dataset to null.
+    mixed = [{"ref": "prefs@main", "type": "preference"}, "more-prefs@v2"]
+    run = make_run(project, users["owner"], "dpo", dataset=mixed)
+    client = client_for(users["owner"])
+    form = shown_fields(client.get(f"/training/runs/{run.pk}/edit/").content.decode())
+    assert form["dataset"] == "prefs@main, more-prefs@v2"
+    assert client.post(f"/training/runs/{run.pk}/edit/", form).status_code == 302
+    run.refresh_from_db()
+    assert run.dataset == mixed
+    # Changed, the field's comma-separated refs become the list, each with the chosen type.
+    response = client.post(f"/training/runs/{run.pk}/edit/", {**form, "dataset": "prefs@main, other@main", "dataset_type": "preference"})
+    assert response.status_code == 302
+    run.refresh_from_db()
+    assert run.dataset == [{"ref": "prefs@main", "type": "preference"}, {"ref": "other@main", "type": "preference"}]
+    assert shown_fields(client.get(f"/training/runs/{run.pk}/edit/").content.decode())["dataset_type"] == "preference"
+
+
 def test_editing_a_completed_run_says_to_create_a_new_one_not_to_stop_it(project, users, api):
     run = make_run(project, users["owner"], "sft", dataset="org/data")
     complete(run)
