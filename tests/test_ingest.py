@@ -139,3 +139,29 @@ def test_a_completion_with_a_nul_does_not_cost_the_batch_its_metrics(transaction
     assert list(Rollout.objects.filter(run=run).values_list("completion", flat=True)) == ["2\ufffd?"]
     assert MetricPoint.objects.filter(run=run, step=3, key="loss").exists()
     assert Checkpoint.objects.filter(run=run, step=3, kind="adapter").exists()
+
+
+def test_non_finite_numbers_from_the_engine_do_not_cost_the_batch(transactional_db, live_server, live_run):
+    # A diverged loss, a reward function that divides by zero, an ETA of inf: JSON and the ingest
+    # refuse NaN and Infinity, so the reporter must not send them, and the rest of the batch lands.
+    from training.engine.reporter import Reporter
+
+    run, token = live_run
+    reporter = Reporter(f"{live_server.url}/api/ingest/runs/{run.pk}", token, flush_interval=0.05, echo=False).start()
+    reporter.metric(4, "loss", float("nan"))
+    reporter.metric(5, "loss", float("inf"))
+    reporter.metric(4, "grad_norm", 1.5)
+    reporter.rollout({"step": 4, "prompt": "1/0=", "completion": "?", "reward": float("nan"), "advantage": None, "components": {}})
+    reporter.rollout({"step": 4, "prompt": "1+1=", "completion": "2", "reward": 1.0, "advantage": float("nan"), "components": {"ratio": float("inf")}})
+    reporter.progress({"step": 4, "max_steps": 10, "eta_s": float("inf")})
+    reporter.checkpoint(4, "/out/checkpoint-4", "checkpoint")
+    assert reporter.close(timeout=10)
+    assert list(MetricPoint.objects.filter(run=run).values_list("key", "value")) == [("grad_norm", 1.5)]
+    assert list(Rollout.objects.filter(run=run).values_list("completion", "reward", "advantage", "components")) == [("2", 1.0, None, {"ratio": None})]
+    run.refresh_from_db()
+    assert run.progress == {"step": 4, "max_steps": 10, "eta_s": None}
+    assert Checkpoint.objects.filter(run=run, step=4).exists()
+    # Said once in the run's log, where the user looks when a chart stops.
+    lines = list(LogLine.objects.filter(run=run).values_list("line", flat=True))
+    assert sum("loss is nan" in line or "loss is inf" in line for line in lines) == 1
+    assert any("a rollout's reward is nan" in line for line in lines)

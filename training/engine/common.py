@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -266,9 +265,7 @@ class StudioCallback(TrainerCallback):
         for key, value in logs.items():
             if key in _SUMMARY_KEYS or isinstance(value, bool) or not isinstance(value, (int, float)):
                 continue
-            if isinstance(value, float) and not math.isfinite(value):
-                continue
-            self.ctx.reporter.metric(state.global_step, key, value)
+            self.ctx.reporter.metric(state.global_step, key, value)  # a NaN loss is logged, not charted
             parts.append(f"{key}={value:.5g}")
         if parts and not all(p.startswith("epoch=") for p in parts):
             self.ctx.reporter.log(f"step {state.global_step}: " + " ".join(parts))

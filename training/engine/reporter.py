@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import json
+import math
 import sys
 import threading
 import time
@@ -25,8 +26,11 @@ BACKOFF_CAP_S = 10.0
 
 def storable(value: Any) -> Any:
     """Text the model or a log produced, made storable: a NUL becomes U+FFFD and an unpaired surrogate
-    "?". Studio refuses both with a 400 (PostgreSQL cannot store them), and a 400 drops the whole batch:
-    one completion of a tiny or broken model would take that second's metrics, logs and checkpoints."""
+    "?"; a float that is NaN or infinite (a reward component, an ETA) becomes null. Studio refuses all
+    three with a 400 (PostgreSQL and JSON cannot store them), and a 400 drops the whole batch: one
+    completion of a tiny or broken model would take that second's metrics, logs and checkpoints."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
     if isinstance(value, str):
         return value.replace("\x00", "\ufffd").encode("utf-8", "replace").decode("utf-8")
     if isinstance(value, dict):
@@ -69,6 +73,7 @@ class Reporter:
         self._drain_deadline: float | None = None
         self._last_post = 0.0
         self._gave_up = False
+        self._warned: set[str] = set()
         self._thread: threading.Thread | None = None
 
     # ---- producer side (any thread) -------------------------------------------------------------
@@ -92,10 +97,23 @@ class Reporter:
             self._add("logs", part)
 
     def metric(self, step: int, key: str, value: float) -> None:
-        self._add("metrics", {"step": int(step), "key": key, "value": float(value)})
+        value = float(value)
+        if not math.isfinite(value):  # a diverged loss, a NaN reward: said once, never charted
+            self._warn_once(key, f"step {step}: {key} is {value}; its non-finite values are not charted")
+            return
+        self._add("metrics", {"step": int(step), "key": key, "value": value})
 
     def rollout(self, row: dict[str, Any]) -> None:
+        reward = row.get("reward")
+        if isinstance(reward, float) and not math.isfinite(reward):
+            self._warn_once("rollout reward", f"step {row.get('step')}: a rollout's reward is {reward}; rollouts without a finite reward are not sent")
+            return
         self._add("rollouts", storable(row))
+
+    def _warn_once(self, what: str, line: str) -> None:
+        if what not in self._warned:
+            self._warned.add(what)
+            self.log(line)
 
     def checkpoint(self, step: int, path: str, kind: str) -> None:
         self._add("checkpoints", {"step": int(step), "path": str(path), "kind": kind})
@@ -119,7 +137,7 @@ class Reporter:
             self._lock.notify_all()
 
     def progress(self, progress: dict[str, Any]) -> None:
-        self._add("progress", progress)
+        self._add("progress", storable(progress))
 
     # ---- sender side -------------------------------------------------------------------------------
     def start(self) -> Reporter:
