@@ -55,3 +55,31 @@ def test_a_report_from_an_older_attempt_changes_nothing(run):
     TrainingRun.objects.filter(pk=run.pk).update(status=Status.RUNNING, attempt=3)
     assert transition(run.pk, Status.COMPLETED, attempt=2) is None
     assert TrainingRun.objects.get(pk=run.pk).status == Status.RUNNING
+
+
+def test_stop_before_a_worker_claims_the_start_withdraws_it_and_the_run_stays_queued(api, run, users):
+    from django.test import Client
+    from django.utils import timezone
+
+    from training import services
+
+    # START was asked for, but no worker has picked it up (they are busy or down): the page says
+    # "starting…" and offers STOP, which withdraws the request instead of answering 409.
+    TrainingRun.objects.filter(pk=run.pk).update(start_requested_at=timezone.now())
+    client = Client()
+    client.force_login(users["owner"])
+    page = client.get(f"/training/runs/{run.pk}/").content.decode()
+    assert "starting…" in page and 'id="stop-btn"' in page and "Withdraw the START" in page
+    r = api.post(f"/api/training-runs/{run.pk}/stop")
+    assert r.status_code == 200, r.content
+    assert r.json()["status"] == "queued"
+    run.refresh_from_db()
+    assert run.status == Status.QUEUED and run.start_requested_at is None and run.attempt == 0
+    assert LogLine.objects.filter(run=run, line__contains="START withdrawn").exists()
+    # The worker that comes late finds nothing to claim; the run can be started again later.
+    assert services.dispatch(run.pk) is False
+    assert TrainingRun.objects.get(pk=run.pk).status == Status.QUEUED
+    page = client.get(f"/training/runs/{run.pk}/").content.decode()
+    assert 'id="stop-btn"' not in page and 'id="start-btn"' in page
+    # A queued run that was never started has nothing to stop.
+    assert api.post(f"/api/training-runs/{run.pk}/stop").status_code == 409

@@ -92,6 +92,8 @@ def start_run(request: HttpRequest, run_id: int):
 
 @router.post("/{int:run_id}/stop", response=RunOut)
 def stop_run(request: HttpRequest, run_id: int):
+    """Abort the run's backend job and end it cancelled; before a worker has claimed its START, withdraw
+    the START instead (the run stays queued). 409 for a run with nothing to stop."""
     run = get_run_for(actor(request), run_id, write=True)
     return services.stop_run(run)
 

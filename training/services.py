@@ -204,6 +204,8 @@ def stop_run(run: TrainingRun) -> TrainingRun:
 
     with transaction.atomic():
         run = TrainingRun.objects.select_for_update().get(pk=run.pk)
+        if run.status == Status.QUEUED and run.start_requested_at is not None:
+            return withdraw_start(run)
         if not run.is_active:
             raise Conflict(f"Only a provisioning or running run can be stopped; this one is {run.status}.")
         run = status_service.transition(run.pk, Status.CANCELLED, note="stopped by user")
@@ -211,6 +213,17 @@ def stop_run(run: TrainingRun) -> TrainingRun:
         TrainingRun.objects.filter(pk=run.pk).update(start_requested_at=None)
         attempt, job_id = run.attempt, run.backend_job_id
         transaction.on_commit(lambda: stop_backend_job.delay(run.pk, attempt, job_id))
+    run.refresh_from_db()
+    return run
+
+
+def withdraw_start(run: TrainingRun) -> TrainingRun:
+    """STOP of a run whose START no worker has claimed yet (the workers are busy or down): the request
+    is withdrawn and the run stays queued, as before START. Call with the run's row locked: the
+    dispatch claims only a run whose start is still requested, so one of the two wins."""
+    TrainingRun.objects.filter(pk=run.pk).update(start_requested_at=None)
+    audit.record(AuditEvent.Action.STOPPED, run, details={"attempt": run.attempt, "withdrawn": True})
+    add_log(run, "[studio] START withdrawn by user before a worker claimed the run: it stays queued")
     run.refresh_from_db()
     return run
 
