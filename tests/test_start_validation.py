@@ -271,6 +271,22 @@ def test_patch_null_removes_a_key(api):
     assert r.json()["config"] == {"max_steps": 5}
 
 
+def test_patch_merges_a_dataset_object_like_config_and_compute(api):
+    """The contract: PATCH is a JSON merge patch of dataset too (RFC 7386), so an entry's type
+    changes alone and a null deletes it; a string or a list still replaces the dataset."""
+    run_id = make_run(api, dataset={"ref": "org/d", "type": "sft"})
+    r = api.patch(f"/api/training-runs/{run_id}", {"dataset": {"type": "preference"}})
+    assert r.status_code == 200, r.content
+    assert TrainingRun.objects.get(pk=run_id).dataset == {"ref": "org/d", "type": "preference"}
+    r = api.patch(f"/api/training-runs/{run_id}", {"dataset": {"type": None}})
+    assert r.status_code == 200, r.content
+    assert TrainingRun.objects.get(pk=run_id).dataset == {"ref": "org/d"}
+    r = api.patch(f"/api/training-runs/{run_id}", {"dataset": ["org/a", {"ref": "org/b", "type": "sft"}]})
+    assert TrainingRun.objects.get(pk=run_id).dataset == ["org/a", {"ref": "org/b", "type": "sft"}]
+    assert api.patch(f"/api/training-runs/{run_id}", {"dataset": None}).status_code == 200
+    assert TrainingRun.objects.get(pk=run_id).dataset is None
+
+
 def test_patch_that_breaks_a_rule_returns_400_and_keeps_the_run(api):
     run_id = make_run(api, method="dpo", config={"loss": {"type": "dpo"}, "lora_rank": 8})
     assert_error(api.patch(f"/api/training-runs/{run_id}", {"config": {"loss": None}}), 400, "config.loss.type")

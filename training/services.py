@@ -143,7 +143,7 @@ def update_run(run: TrainingRun, patch: dict) -> TrainingRun:
     draft = validate_draft(Draft(
         method=run.method,
         base_model=patch["base_model"] if "base_model" in patch else (run.base_model or None),
-        dataset=patch["dataset"] if "dataset" in patch else run.dataset,
+        dataset=merge_patch(run.dataset, patch["dataset"]) if "dataset" in patch else run.dataset,
         config=merge_patch(run.config, patch["config"]) if "config" in patch else run.config,
         compute=merge_patch(run.compute, patch["compute"]) if "compute" in patch else run.compute,
         project=run.project,
