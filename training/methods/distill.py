@@ -23,6 +23,17 @@ def top_k_finding(top_k: Any) -> Finding | None:
     return Finding("config.distillation.top_k", f"top_k must be an integer from 1 to {MAX_TOP_K} (default 64), got {top_k}")
 
 
+def zero_weights_findings(block: dict) -> list[Finding]:
+    """The loss is kd_weight × KD + ce_weight × CE: with both 0 the run would train on nothing.
+    `block` has its defaults applied (ce_weight 1 − kd_weight), so only both set to 0 are refused."""
+    kd, ce = block.get("kd_weight"), block.get("ce_weight")
+    if not (is_number(kd) and is_number(ce) and kd == 0 and ce == 0):
+        return []
+    why = ("kd_weight and ce_weight are both 0, so the loss is 0 and the run would train on nothing: give at least one "
+           "a weight above 0 (kd_weight 1 with ce_weight 0 for pure distillation)")
+    return [Finding("config.distillation.kd_weight", why), Finding("config.distillation.ce_weight", why)]
+
+
 class Distill(TrainingMethod):
     """SFT config plus a `distillation:` block naming the teacher; capture, then train."""
 
@@ -35,7 +46,7 @@ class Distill(TrainingMethod):
         block = draft.config.get("distillation")
         if not isinstance(block, dict) or not isinstance(block.get("teacher_model"), str) or not block["teacher_model"].strip():
             return [Finding("config.distillation.teacher_model", 'DISTILL needs a distillation block naming the teacher, e.g. {"distillation": {"teacher_model": "Qwen/Qwen3-1.7B"}}')]
-        return []
+        return zero_weights_findings(self.apply_defaults(draft.config)["distillation"])
 
     def apply_defaults(self, config: dict) -> dict:
         config = super().apply_defaults(config)
@@ -67,4 +78,4 @@ class Distill(TrainingMethod):
                 findings.append(Finding("config.distillation.ce_weight", f"with kd_weight {kd} > 1 the default 1 − kd_weight is negative: set ce_weight (0 for pure distillation)"))
         elif not (is_number(ce) and ce >= 0):
             findings.append(Finding("config.distillation.ce_weight", f"ce_weight must be 0 or more, got {ce}"))
-        return findings
+        return findings + zero_weights_findings(block)
