@@ -157,6 +157,33 @@ def test_max_prompt_length_defaults_only_with_unsloth(api):
     assert r.json()["config"]["max_prompt_length"] == 1024
 
 
+UNSLOTH_GRPO = {"environment_id": "builtin/arith@main", "use_unsloth": True}
+
+
+def test_turning_unsloth_off_takes_the_max_prompt_length_studio_filled_in_with_it(api):
+    run_id = create(api, method="grpo", dataset=None, config=UNSLOTH_GRPO).json()["id"]
+    # A patch that leaves use_unsloth on keeps the default.
+    assert api.patch(f"/api/training-runs/{run_id}", {"config": {"max_steps": 50}}).json()["config"]["max_prompt_length"] == 1024
+    r = api.patch(f"/api/training-runs/{run_id}", {"config": {"use_unsloth": False}})
+    assert r.status_code == 200, r.content
+    config = TrainingRun.objects.get(pk=run_id).config
+    assert config["use_unsloth"] is False and "max_prompt_length" not in config and config["max_steps"] == 50
+    # On again: the default is filled in again.
+    assert api.patch(f"/api/training-runs/{run_id}", {"config": {"use_unsloth": True}}).json()["config"]["max_prompt_length"] == 1024
+
+
+def test_turning_unsloth_off_keeps_a_max_prompt_length_the_user_set(api):
+    run_id = create(api, method="grpo", dataset=None, config={**UNSLOTH_GRPO, "max_prompt_length": 512}).json()["id"]
+    before = TrainingRun.objects.get(pk=run_id).config
+    body = assert_error(api.patch(f"/api/training-runs/{run_id}", {"config": {"use_unsloth": False}}), 400, "config.max_prompt_length")
+    assert "remove it" in body["errors"][0]["message"]
+    assert TrainingRun.objects.get(pk=run_id).config == before
+    # Naming it in the same patch is setting it: refused too, unless it is removed.
+    assert_error(api.patch(f"/api/training-runs/{run_id}", {"config": {"use_unsloth": False, "max_prompt_length": 1024}}), 400, "config.max_prompt_length")
+    r = api.patch(f"/api/training-runs/{run_id}", {"config": {"use_unsloth": False, "max_prompt_length": None}})
+    assert r.status_code == 200 and "max_prompt_length" not in r.json()["config"]
+
+
 def test_create_applies_distill_defaults_from_seed_001(api):
     r = create(api, method="distill", config={"distillation": {"teacher_model": "org/teacher"}})
     assert r.status_code == 201, r.content

@@ -79,6 +79,9 @@ class TrainingMethod:
     trl_config: ClassVar[str]
     keys: ClassVar[dict[str, Key]] = {}
     needs_dataset: ClassVar[bool] = True
+    # option → the defaults it implies, filled in while the option is on (GRPO: use_unsloth's
+    # max_prompt_length). They are stored like any default, and go with the option (see below).
+    implied_defaults: ClassVar[dict[str, dict[str, Any]]] = {}
 
     def known_keys(self) -> dict[str, Key]:
         return {**COMMON_KEYS, **self.keys}
@@ -118,7 +121,22 @@ class TrainingMethod:
             config["lora_alpha"] = config["lora_rank"]
         if isinstance(config.get("precision"), str):
             config["precision"] = config["precision"].lower()
+        for option, implied in self.implied_defaults.items():
+            if config.get(option):
+                for key, value in implied.items():
+                    config.setdefault(key, value)
         return config
+
+    def without_implied_defaults(self, config: dict) -> dict:
+        """A stored config less the values an option's default filled in, for a PATCH to merge into:
+        turning the option off then takes them with it instead of leaving a value that needs the
+        option, and apply_defaults fills them in again while it stays on. A value the user set to
+        anything else stays (and is refused if it needs the option). One the user set equal to the
+        default cannot be told apart, and dropping it loses nothing: the option brings it back."""
+        if not isinstance(config, dict):
+            return config
+        implied = {key: value for defaults in self.implied_defaults.values() for key, value in defaults.items()}
+        return {key: value for key, value in config.items() if not (key in implied and type(value) is type(implied[key]) and value == implied[key])}
 
     def start_findings(self, draft: Draft) -> list[Finding]:
         """Method-specific 422s at START."""

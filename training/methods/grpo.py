@@ -11,7 +11,7 @@ JUDGE_KEYS = {
     "api_key_secret": Key("str", nullable=True),
 }
 RULER_KEYS = {"dataset": Key("ref"), "system_prompt": Key("str")}
-# Seed 002's defaults. max_prompt_length (1024) applies only with use_unsloth.
+# Seed 002's defaults. max_prompt_length (1024) applies only with use_unsloth: GRPO.implied_defaults.
 DEFAULTS = {
     "rl_mode": "environment",
     "learning_rate": 1e-6,
@@ -34,6 +34,7 @@ class GRPO(TrainingMethod):
     label = "GRPO"
     trl_config = "GRPOConfig"
     needs_dataset = False  # prompts come from the environment or from ruler_task_args
+    implied_defaults = {"use_unsloth": {"max_prompt_length": 1024}}
     keys = {
         "rl_mode": Key("choice", choices=("environment", "ruler")),
         "environment_id": Key("str", nullable=True, hint='an environment ref like "builtin/arith@main"'),
@@ -66,10 +67,7 @@ class GRPO(TrainingMethod):
         return findings
 
     def apply_defaults(self, config: dict) -> dict:
-        config = super().apply_defaults({**DEFAULTS, **config})
-        if config.get("use_unsloth"):
-            config.setdefault("max_prompt_length", 1024)
-        return config
+        return super().apply_defaults({**DEFAULTS, **config})
 
     def start_findings(self, draft: Draft) -> list[Finding]:
         config, findings = draft.config, []
