@@ -83,6 +83,20 @@ def test_an_old_attempts_token_gets_403(live_run):
     assert not MetricPoint.objects.filter(run=run).exists()
 
 
+def test_a_restart_ends_the_failed_attempts_token_before_the_new_attempt_is_dispatched(api, live_run):
+    """START of a failed run wipes its series and queues it; until a worker dispatches the new
+    attempt (and issues its token), the old attempt's engine must not write into the wiped run."""
+    run, old = live_run
+    send(run.pk, old, {"batch_id": "a", "status": "running"})
+    send(run.pk, old, {"batch_id": "b", "status": "failed", "error": {"code": "training_error", "message": "boom"}})
+    assert api.post(f"/api/training-runs/{run.pk}/start").status_code == 202  # on_commit never fires here
+    assert TrainingRun.objects.get(pk=run.pk).status == Status.QUEUED
+    assert send(run.pk, old, {**BATCH, "batch_id": "late"}).status_code == 403
+    run.refresh_from_db()
+    assert run.status == Status.QUEUED and run.stage == "" and run.progress == {}
+    assert not MetricPoint.objects.filter(run=run).exists() and not Rollout.objects.filter(run=run).exists()
+
+
 def test_a_user_api_token_is_not_an_ingest_token(live_run, tokens):
     run, _ = live_run
     assert send(run.pk, tokens["owner"], BATCH).status_code == 403

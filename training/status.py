@@ -49,8 +49,11 @@ def transition(run_id: int, target: str, *, attempt: int | None = None, error: d
     if target == Status.FAILED:
         run.error, fields = error or {"code": "training_error", "message": "the run failed", "log_tail": []}, fields + ["error"]
     if target == Status.QUEUED:
+        # A restart ends the old attempt's ingest token now, not when a worker dispatches the next
+        # attempt: until then a left-over engine would write into the series the restart wiped.
         run.error, run.started_at, run.finished_at, run.stage, run.progress = None, None, None, "", {}
-        fields += ["error", "started_at", "finished_at", "stage", "progress"]
+        run.ingest_token_hash = ""
+        fields += ["error", "started_at", "finished_at", "stage", "progress", "ingest_token_hash"]
     run.save(update_fields=fields)
     LogLine.objects.create(run=run, attempt=run.attempt, line=f"[studio] status → {target}" + (f": {note}" if note else ""))
     return run
