@@ -28,6 +28,7 @@ from datahub.schemas import (
 )
 from studio.api import actor, body_schema, parse_body
 from studio.errors import BadRequest, Conflict, Finding, NotFound
+from studio.parsing import ascii_int
 
 router = Router(tags=["hub"])
 
@@ -267,13 +268,13 @@ def get_upload(request: HttpRequest, upload_id: str):
 def put_chunk(request: HttpRequest, upload_id: str, index: str):
     """Write the body at `offset` (the file's received count) of file `index`; send the chunks in order."""
     session = upload_or_404(request, upload_id, write=True)
-    if not index.isdigit():
+    number = ascii_int(index)
+    if number is None:
         raise NotFound(f"The upload session has no file {index!r}.")
     offset = query_int(request, "offset", None, 0)
     if offset is None:
         raise BadRequest("offset is required.", [Finding("offset", "give offset=<bytes already received>; GET the session to see it")])
-    length = request.META.get("CONTENT_LENGTH")
-    upload = uploads.write_chunk(session, int(index), offset, request, int(length) if length and length.isdigit() else None)
+    upload = uploads.write_chunk(session, number, offset, request, ascii_int(request.META.get("CONTENT_LENGTH")))
     return {"index": upload.index, "received": upload.received, "size": upload.size, "complete": upload.complete}
 
 

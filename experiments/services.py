@@ -8,6 +8,7 @@ from datahub.services import provision_experiment_repo
 from experiments.models import Experiment
 from studio.errors import BadRequest, Conflict, Finding
 from studio.models import Project
+from studio.parsing import ascii_int
 
 DEFAULT_EXPERIMENT = "default"
 
@@ -51,9 +52,9 @@ def find_experiment(project: Project, key: str | int) -> Experiment | None:
         return None  # no experiment has such a name, and PostgreSQL cannot compare text with a NUL
     if isinstance(key, bool):
         return None  # True is an int to Python, never an experiment id
-    # isdecimal and ascii: "²".isdigit() is True yet int("²") raises.
-    if isinstance(key, int) or (isinstance(key, str) and key.isascii() and key.isdecimal()):
-        found = qs.filter(pk=int(key)).first()
+    pk = key if isinstance(key, int) else ascii_int(key)
+    if pk is not None:
+        found = qs.filter(pk=pk).first()
         if found:
             return found
     if isinstance(key, str):

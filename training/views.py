@@ -25,6 +25,7 @@ from datahub.models import Branch, TreeEntry
 from environments import services as env_services
 from experiments.models import Experiment
 from studio.errors import ApiError, Conflict, Forbidden, PaymentRequired, Unprocessable
+from studio.parsing import ascii_int
 from studio.views import errors_by_field, studio_page, web_actor
 from training import checkpoints, forms, services
 from training.compute import accelerators_of
@@ -535,8 +536,9 @@ def rollout_groups(run: TrainingRun, request: HttpRequest) -> dict[str, Any]:
     steps = list(Rollout.objects.filter(run=run).order_by("step").values_list("step", flat=True).distinct())
     step = request.GET.get("step", "")
     notes: dict[str, str] = {}
-    # isascii: "²".isdigit() is True yet int("²") raises. A step is never negative.
-    chosen_step = int(step) if step.isascii() and step.isdigit() and int(step) in steps else None
+    chosen_step = ascii_int(step)  # a step is never negative
+    if chosen_step not in steps:
+        chosen_step = None
     if chosen_step is None and steps and step != "all":
         chosen_step = steps[-1]
         if step:

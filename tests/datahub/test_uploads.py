@@ -84,3 +84,21 @@ def test_negative_offset_says_the_allowed_range(api, dataset_repo):
     assert body["errors"][0]["message"] == "give offset of 0 or more"
     body = assert_error(api.get("/api/hub/repos/hub-data/commits", limit=0), 400, "limit")
     assert body["errors"][0]["message"] == "give limit between 1 and 500"
+
+
+def test_a_file_index_that_is_not_ascii_digits_is_404_and_writes_nothing(api, dataset_repo):
+    # "²".isdigit() is True yet int("²") raises (it was a 500); int("٠") is 0, so "٠" wrote to file 0.
+    upload_id = api.post("/api/hub/repos/hub-data/uploads", {"files": [{"path": "a.bin", "size": 4}]}).json()["id"]
+    for index in ("%C2%B2", "%D9%A0", "-0", "+0", "%200"):
+        response = put(api, upload_id, index, 0, b"abcd")
+        assert response.status_code == 404, (index, response.status_code, response.content[:300])
+        assert "has no file" in response.json()["detail"]
+    assert api.get(f"/api/hub/uploads/{upload_id}").json()["files"][0]["received"] == 0
+    assert put(api, upload_id, 0, 0, b"abcd").json()["complete"] is True
+
+
+def test_a_content_length_that_is_not_ascii_digits_is_not_a_500(api, dataset_repo):
+    upload_id = api.post("/api/hub/repos/hub-data/uploads", {"files": [{"path": "a.bin", "size": 4}]}).json()["id"]
+    response = api.client.put(f"/api/hub/uploads/{upload_id}/files/0?offset=0", data=b"abcd", content_type="application/octet-stream",
+                              HTTP_AUTHORIZATION=f"Bearer {api.token}", CONTENT_LENGTH="²")
+    assert response.status_code < 500, response.content[:300]

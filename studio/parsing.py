@@ -1,0 +1,12 @@
+"""Text from URLs, headers and forms read as numbers, the one way everywhere."""
+from __future__ import annotations
+
+from typing import Any
+
+
+def ascii_int(text: Any) -> int | None:
+    """The whole number `text` spells in ASCII digits (no sign, no spaces), else None.
+
+    str.isdigit() is not the test: "²".isdigit() is True yet int("²") raises (a 500), and int()
+    reads other scripts' digits ("٣" is 3), so one object would answer to several URLs."""
+    return int(text) if isinstance(text, str) and text.isascii() and text.isdecimal() else None
