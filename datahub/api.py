@@ -65,6 +65,16 @@ def query_ref(request: HttpRequest, key: str = "ref") -> str | None:
     return value
 
 
+REF_SCHEMA = {"type": "string", "maxLength": 200}
+
+
+def query_doc(*params: tuple[str, dict, str]) -> dict:
+    """openapi_extra naming the query values an endpoint reads by hand (query_ref, query_int,
+    request.GET): ninja cannot see them, so without this /api/openapi.json leaves them out."""
+    return {"parameters": [{"name": name, "in": "query", "required": False, "schema": schema, "description": text}
+                           for name, schema, text in params]}
+
+
 def files_of(entries) -> list[dict]:
     return [{"path": e.path, "size": e.blob.size, "sha256": e.blob.sha256} for e in entries]
 
@@ -80,7 +90,8 @@ def repo_out(r: Repo) -> dict:
 
 # ---- repos -------------------------------------------------------------------------------------
 
-@router.get("/repos", response=list[RepoOut])
+@router.get("/repos", response=list[RepoOut], openapi_extra=query_doc(
+    ("type", {"type": "string", "enum": list(RepoType.values)}, "only repos of this type")))
 def list_repos(request: HttpRequest):
     project = actor(request).require_project()
     qs = Repo.objects.filter(project=project).select_related("project")
@@ -161,14 +172,18 @@ def delete_tag(request: HttpRequest, name: str, tag: str):
     return 204, None
 
 
-@router.get("/repos/{name}/commits", response=list[CommitOut])
+@router.get("/repos/{name}/commits", response=list[CommitOut], openapi_extra=query_doc(
+    ("ref", REF_SCHEMA, "a branch, tag or commit id (default: the default branch)"),
+    ("limit", {"type": "integer", "minimum": 1, "maximum": 500, "default": 50}, "at most this many commits, newest first")))
 def list_commits(request: HttpRequest, name: str):
     repo = repo_or_404(request, name)
     limit = query_int(request, "limit", 50, 1, 500)
     return [commit_out(c) for c in repos.history(repo, query_ref(request), limit or 50)]
 
 
-@router.get("/repos/{name}/files", response=TreeOut)
+@router.get("/repos/{name}/files", response=TreeOut, openapi_extra=query_doc(
+    ("ref", REF_SCHEMA, "a branch, tag or commit id (default: the default branch)"),
+    ("path", {"type": "string"}, "only the files under this folder")))
 def list_files(request: HttpRequest, name: str):
     repo = repo_or_404(request, name)
     ref = query_ref(request) or repo.default_branch
@@ -180,7 +195,9 @@ def list_files(request: HttpRequest, name: str):
     return {"repo": repo.full_name, "ref": ref, "commit": commit.pk, "files": files_of(qs)}
 
 
-@router.get("/repos/{name}/download")
+@router.get("/repos/{name}/download", openapi_extra=query_doc(
+    ("path", {"type": "string"}, "the file (required)"),
+    ("ref", REF_SCHEMA, "a branch, tag or commit id (default: the default branch)")))
 def download(request: HttpRequest, name: str):
     """The file at `path` in `ref`, streamed."""
     repo = repo_or_404(request, name)
@@ -199,7 +216,9 @@ def download(request: HttpRequest, name: str):
     return resp
 
 
-@router.get("/repos/{name}/diff", response=DiffOut)
+@router.get("/repos/{name}/diff", response=DiffOut, openapi_extra=query_doc(
+    ("base", REF_SCHEMA, "the older ref (default: the default branch)"),
+    ("head", REF_SCHEMA, "the newer ref (default: the default branch)")))
 def diff(request: HttpRequest, name: str):
     """Files added, removed and changed between two refs (`base` → `head`)."""
     repo = repo_or_404(request, name)
@@ -218,7 +237,10 @@ def diff(request: HttpRequest, name: str):
     }
 
 
-@router.get("/repos/{name}/preview", response=PreviewOut)
+@router.get("/repos/{name}/preview", response=PreviewOut, openapi_extra=query_doc(
+    ("ref", REF_SCHEMA, "a branch, tag or commit id (default: the default branch)"),
+    ("path", {"type": "string"}, "the dataset file (default: the first one found)"),
+    ("limit", {"type": "integer", "minimum": 1, "maximum": 200, "default": 20}, "at most this many rows")))
 def preview(request: HttpRequest, name: str):
     """The first rows of a dataset file and its detected shape."""
     repo = repo_or_404(request, name)

@@ -151,3 +151,30 @@ def test_bidi_and_control_characters_in_a_path_are_refused_naming_it(api, repo, 
     assert "control characters" in body["errors"][0]["message"]
     with pytest.raises(BadRequest, match="not an allowed path"):
         commits.commit_files(repo, "main", {path: b"x"})
+
+
+HUB_QUERY_VALUES = {
+    "/api/hub/repos": {"type"},
+    "/api/hub/repos/{name}/commits": {"ref", "limit"},
+    "/api/hub/repos/{name}/files": {"ref", "path"},
+    "/api/hub/repos/{name}/download": {"ref", "path"},
+    "/api/hub/repos/{name}/diff": {"base", "head"},
+    "/api/hub/repos/{name}/preview": {"ref", "path", "limit"},
+}
+
+
+def test_openapi_names_the_query_values_each_hub_read_takes(api, repo):
+    """They are read by hand after the 404 check, so ninja cannot list them: /api/openapi.json must
+    still do, with the bounds the endpoint enforces."""
+    commits.commit_files(repo, "main", {"data.jsonl": jsonl([{"prompt": "a", "completion": "b"}])}, "data")
+    spec = api.client.get("/api/openapi.json").json()
+    for path, expected in HUB_QUERY_VALUES.items():
+        params = {p["name"]: p for p in spec["paths"][path]["get"].get("parameters", []) if p["in"] == "query"}
+        assert set(params) == expected, (path, sorted(params))
+        for name, param in params.items():
+            maximum = param["schema"].get("maximum")
+            if maximum is None:
+                continue
+            url = path.replace("{name}", "my-model")
+            assert get(api, url, **{name: maximum}).status_code == 200, (url, name)
+            assert_error(get(api, url, **{name: maximum + 1}), 400, name)
