@@ -13,6 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from studio.errors import Finding
 from training.compute import check_compute
 from training.engine import fit
 from training.methods import get_method
@@ -69,10 +70,13 @@ def fit_report(draft: Draft) -> FitReport:
     return report_of(fit_check(draft), draft.method, draft.config)
 
 
-def form_fit_report(draft: Draft) -> FitReport:
+def form_fit_report(draft: Draft, config_box: list[Finding] | None = None) -> FitReport:
     """For the NEW RUN form while it is being filled in: its config has not been through
     validate_draft yet, so the types are checked first, and a value of the wrong type (a `.inf`
-    max_length in the YAML box) gives "no estimate" and the field, never a 500."""
+    max_length in the YAML box) gives "no estimate" and the field, never a 500. `config_box`: why
+    the config box did not parse (forms.draft_of_values), which gives "no estimate" too."""
+    if config_box:
+        return FitReport("unknown", f"no GPU memory estimate until the config box is fixed: {config_box[0].message}", field=config_box[0].field)
     method = get_method(draft.method)
     findings = check_compute(draft.compute) + (method.check_types(draft.config) if method is not None else [])
     if findings:

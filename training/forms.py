@@ -229,13 +229,17 @@ def dataset_fields(dataset: Any) -> dict[str, str]:
     return {"dataset": ", ".join(entry.ref for entry in entries), "dataset_type": kinds.pop() if len(kinds) == 1 else ""}
 
 
-def draft_of_values(values: dict[str, Any], project=None) -> Draft:
-    """The form's values as the validator sees a run, for the live GPU memory estimate. Fields that do
-    not parse are left out (the engine's defaults stand in), as create_run would never see them."""
-    kwargs = parse_run_form(values).kwargs  # type: ignore[arg-type]  # a dict answers keys() and get() like a QueryDict
+def draft_of_values(values: dict[str, Any], project=None) -> tuple[Draft, list[Finding]]:
+    """The form's values as the validator sees a run, for the live GPU memory estimate, and what is
+    wrong with the config box. Fields that do not parse are left out (the engine's defaults stand in),
+    as create_run would never see them; a config box that does not parse is not left out: the estimate
+    of an empty box would be for another run."""
+    parsed = parse_run_form(values)  # type: ignore[arg-type]  # a dict answers keys() and get() like a QueryDict
+    kwargs = parsed.kwargs
     method = kwargs["method"] if kwargs["method"] in dict(METHOD_CHOICES) else "sft"
-    return Draft(method=method, base_model=kwargs["base_model"], dataset=kwargs["dataset"], config=kwargs["config"],
-                 compute=kwargs["compute"], project=project)
+    draft = Draft(method=method, base_model=kwargs["base_model"], dataset=kwargs["dataset"], config=kwargs["config"],
+                  compute=kwargs["compute"], project=project)
+    return draft, [finding for finding in parsed.findings if finding.field == "config_text"]
 
 
 def shown_value(name: str, kind: str, value: Any) -> Any:

@@ -257,7 +257,7 @@ def form_context(request: HttpRequest, project, values: dict[str, Any], errors: 
         "estimate_finding": top_k_finding_of(values) if distill else None,
         "environment_choices": environment_choices(project) if method == "grpo" else [],
         "teacher": forms.teacher_fit(values.get("config.distillation.teacher_model"), values.get("compute.accelerators"), project) if distill else None,
-        "fit": form_fit_report(forms.draft_of_values({**values, "method": method}, project)),
+        "fit": form_fit_report(*forms.draft_of_values({**values, "method": method}, project)),
     }
 
 

@@ -9,6 +9,8 @@ from django.test import Client
 
 from tests.test_fit import modal  # noqa: F401 - the fixture: a configured Modal connection
 from training import services
+from training.fit_report import form_fit_report
+from training.forms import draft_of_values
 
 pytestmark = pytest.mark.django_db
 
@@ -105,3 +107,16 @@ def test_a_cpu_run_shows_no_estimate(project, users):
                               config={}, compute={"backend": "local", "accelerators": "CPU"})
     html = client_for(users["owner"]).get(f"/training/runs/{run.pk}/").content.decode()
     assert 'data-testid="fit-estimate"' not in html
+
+
+@pytest.mark.parametrize(("config_text", "says"), [
+    ("lora_rank: [16\n", "this is not valid YAML or JSON (line 2, column 1): fix the syntax"),
+    ("a: &x 16\nlora_rank: *x\n", "aliases (*x) are not allowed in a run's config: write the value out"),
+])
+def test_a_config_box_that_does_not_parse_gives_no_estimate_and_says_why(project, users, config_text, says):
+    # It was estimated as if the box were empty: a full fine-tune, when the box asked for LoRA.
+    html = fit_part(client_for(users["owner"]), base_model="Qwen/Qwen2.5-0.5B-Instruct", **{"compute.accelerators": "L4", "config_text": config_text})
+    assert status_of(html) == "unknown", html
+    assert f"GPU memory: no GPU memory estimate until the config box is fixed: {says}" in html.replace("&#x27;", "'"), html
+    report = form_fit_report(*draft_of_values({**FORM, "base_model": "Qwen/Qwen2.5-0.5B-Instruct", "compute.accelerators": "L4", "config_text": config_text}))
+    assert report.status == "unknown" and report.field == "config_text"
