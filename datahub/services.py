@@ -178,15 +178,16 @@ def _enqueue(task, *args: Any) -> None:
 def commit_checkpoint(checkpoint_id: int) -> Commit | None:
     """Commit a checkpoint directory's files under checkpoints/step-<n>/ (or final/, merged/,
     adapter/) on the run's branch. Safe to run twice: an unchanged tree makes no commit."""
+    from training.backends.local import checkpoint_dir
     from training.models import Checkpoint
 
     checkpoint = Checkpoint.objects.select_related("run", "run__experiment", "run__project").filter(pk=checkpoint_id).first()
     if checkpoint is None:
         return None
     run = checkpoint.run
-    root = Path(checkpoint.path)
-    if not root.is_dir():
-        log.warning("run %s: checkpoint %s is not a local directory (%s): not committed", run.pk, checkpoint.pk, checkpoint.path)
+    root = checkpoint_dir(checkpoint)
+    if root is None:
+        log.warning("run %s: checkpoint %s is not a folder in its attempt's run folder on this machine (%s): not committed", run.pk, checkpoint.pk, checkpoint.path)
         return None
     earlier_merge = is_earlier_merge(checkpoint)
     prefix = checkpoint_prefix(checkpoint, earlier_merge)

@@ -5,7 +5,6 @@ import logging
 import subprocess
 import sys
 from datetime import datetime, timedelta
-from pathlib import Path
 
 from django.db import transaction
 from django.db.models import Q
@@ -13,7 +12,7 @@ from django.utils import timezone
 
 from datahub.services import create_run_branch, record_checkpoint
 from studio.errors import BadRequest, Conflict, Finding
-from training.backends.local import REPO_ROOT, engine_env
+from training.backends.local import REPO_ROOT, checkpoint_dir, engine_env
 from training.methods.base import lora_enabled
 from training.models import Checkpoint, TrainingRun
 from training.services import add_log, require_training_plan
@@ -86,8 +85,12 @@ def merge(checkpoint_id: int) -> Checkpoint | None:
 
 def _merge(checkpoint: Checkpoint) -> Checkpoint | None:
     run = checkpoint.run
-    out = Path(checkpoint.path).parent / f"merged-step-{checkpoint.step}"
-    command = [sys.executable, "-m", "training.engine.merge", "--base", run.base_model, "--adapter", checkpoint.path, "--out", str(out)]
+    adapter = checkpoint_dir(checkpoint)
+    if adapter is None:
+        add_log(run, f"[studio] merge of step {checkpoint.step} not done: its checkpoint is not a folder in the run's own folder on this machine")
+        return None
+    out = adapter.parent / f"merged-step-{checkpoint.step}"
+    command = [sys.executable, "-m", "training.engine.merge", "--base", run.base_model, "--adapter", str(adapter), "--out", str(out)]
     done = subprocess.run(command, cwd=REPO_ROOT, env=engine_env({}), capture_output=True, text=True, timeout=MERGE_TIMEOUT_SECONDS)
     if done.returncode != 0:
         tail = (done.stdout + done.stderr).strip().splitlines()[-5:]

@@ -104,13 +104,16 @@ def test_the_upload_form_on_a_full_disk_is_507_beside_files_and_leaves_nothing(b
     assert "data/train.bin" in repos.tree(repos.resolve(dataset_repo, "main"))
 
 
-def test_a_checkpoint_commit_on_a_full_disk_is_logged_and_stays_pending(api, users, full_hub, tmp_path, caplog):
+def test_a_checkpoint_commit_on_a_full_disk_is_logged_and_stays_pending(api, users, full_hub, tmp_path, settings, caplog):
     from django.test import Client
 
+    from training.backends.local import run_dir
+
+    settings.STUDIO_RUNS_DIR = tmp_path / "runs"
     run_id = api.post("/api/training-runs", sft_body()).json()["id"]
     TrainingRun.objects.filter(pk=run_id).update(status=Status.RUNNING)
-    saved = tmp_path / "checkpoint-2"
-    saved.mkdir()
+    saved = run_dir(run_id, 1) / "output" / "checkpoint-2"
+    saved.mkdir(parents=True)
     (saved / "model.safetensors").write_bytes(DATA)
     checkpoint = Checkpoint.objects.create(run_id=run_id, attempt=1, step=2, kind="checkpoint", path=str(saved))
     filler = fill_disk(full_hub)

@@ -8,16 +8,18 @@ from django.test import Client
 from datahub import repos, services, storage
 from datahub.models import Commit, Repo, blob_path
 from training import services as training
+from training.backends.local import run_dir
 from training.models import Checkpoint, MetricPoint
 
 
 @pytest.fixture
-def final_checkpoint(project, users, tmp_path):
-    weights = tmp_path / "final"
-    weights.mkdir()
+def final_checkpoint(project, users, tmp_path, settings):
+    settings.STUDIO_RUNS_DIR = tmp_path / "runs"
+    run = training.create_run(project, users["owner"], name="My SFT Run", method="sft", base_model="org/base", dataset="org/my-data")
+    weights = run_dir(run.pk, 1) / "output" / "final"
+    weights.mkdir(parents=True)
     (weights / "config.json").write_text('{"model_type": "llama"}')
     (weights / "model.safetensors").write_bytes(b"tiny weights")
-    run = training.create_run(project, users["owner"], name="My SFT Run", method="sft", base_model="org/base", dataset="org/my-data")
     run.status = "completed"
     run.save(update_fields=["status"])
     MetricPoint.objects.bulk_create([MetricPoint(run=run, key="loss", step=s, value=v) for s, v in ((1, 2.5), (2, 1.25))])

@@ -9,6 +9,7 @@ from datahub.models import Branch, Repo
 from studio import crypto
 from tests.conftest import assert_error, sft_body
 from tests.datahub.conftest import jsonl
+from training.backends.local import run_dir
 from training.models import TrainingRun
 
 
@@ -95,16 +96,18 @@ def test_chat_rows_for_dpo_are_the_wrong_shape(api, chat_data):
     assert any("prompt/chosen/rejected" in e["message"] for e in err["errors"])
 
 
-def test_checkpoints_are_committed_to_the_run_branch(api, project, chat_data, eager_celery, tmp_path, django_capture_on_commit_callbacks):
+def test_checkpoints_are_committed_to_the_run_branch(api, project, chat_data, eager_celery, tmp_path, settings, django_capture_on_commit_callbacks):
+    settings.STUDIO_RUNS_DIR = tmp_path / "runs"
     run_id = api.post("/api/training-runs", body()).json()["id"]
     TrainingRun.objects.filter(pk=run_id).update(ingest_token_hash=crypto.hash_token("ing_test"), attempt=1)
-    step = tmp_path / "out" / "checkpoint-10"
+    out = run_dir(run_id, 1) / "output"
+    step = out / "checkpoint-10"
     step.mkdir(parents=True)
     (step / "model.safetensors").write_bytes(b"w" * 1000)
     (step / "sub").mkdir()
     (step / "sub" / "state.json").write_text("{}")
     (step / "link").symlink_to("/etc/hostname")
-    final = tmp_path / "out" / "final"
+    final = out / "final"
     final.mkdir()
     (final / "model.safetensors").write_bytes(b"f" * 1000)
 

@@ -422,13 +422,15 @@ def test_an_unknown_new_run_part_is_a_readable_404(project, users):
     assert 'NEW RUN has no live part "bogus"' in html and "method, mode, preset, estimate, fit" in html
 
 
-def test_checkpoints_tab_links_committed_folders_and_shows_the_merge_state(project, users, tmp_path):
+def test_checkpoints_tab_links_committed_folders_and_shows_the_merge_state(project, users, tmp_path, settings):
     from datahub import services as hub
     from training import checkpoints
+    from training.backends.local import run_dir
 
+    settings.STUDIO_RUNS_DIR = tmp_path / "runs"
     run = make_run(project, users["owner"], "sft", dataset="org/data", config={"lora_rank": 8})
-    folder = tmp_path / "checkpoint-3"
-    folder.mkdir()
+    folder = run_dir(run.pk, 1) / "output" / "checkpoint-3"
+    folder.mkdir(parents=True)
     (folder / "adapter_model.safetensors").write_bytes(b"weights")
     saved = Checkpoint.objects.create(run=run, attempt=1, step=3, kind="checkpoint", path=str(folder))
     Checkpoint.objects.create(run=run, attempt=1, step=6, kind="checkpoint", path=str(tmp_path / "checkpoint-6"))  # not committed yet
