@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from decimal import Decimal
 from functools import wraps
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
@@ -12,6 +13,7 @@ from django.core.exceptions import PermissionDenied, RequestDataTooBig, TooManyF
 from django.db.models import Sum
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.urls import Resolver404, resolve
 from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
@@ -99,11 +101,25 @@ def switch_project(request: HttpRequest) -> HttpResponse:
     target = request.POST.get("next") or "/"
     if not url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}):
         target = "/"
-    elif target.startswith("/training/runs/"):
-        target = "/training/"  # that run belongs to the project we just left
-    elif target.startswith("/experiments/") and target.split("?")[0] != "/experiments/":
-        target = "/experiments/"
-    return redirect(target)
+    return redirect(landing_after_switch(target))
+
+
+def landing_after_switch(target: str) -> str:
+    """Where the project switcher lands: the page it was sent from, unless that page shows one object
+    (its URL names it: a run, an experiment, a Data Hub or environment repo), which belongs to the
+    project just left; then the list page of its section (/training/, /experiments/, /hub/, ...)."""
+    path = urlsplit(target).path
+    try:
+        match = resolve(path)
+    except Resolver404:
+        return "/"
+    if not match.kwargs:
+        return target
+    section = "/" + path.strip("/").split("/")[0] + "/"
+    try:
+        return section if not resolve(section).kwargs else "/"
+    except Resolver404:
+        return "/"
 
 
 @studio_page
