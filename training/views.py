@@ -21,7 +21,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from datahub import repos as hub_repos
 from datahub import services as hub
-from datahub.models import Branch, TreeEntry
+from datahub.models import Branch, Repo, TreeEntry
 from environments import services as env_services
 from experiments.models import Experiment
 from studio.errors import ApiError, Conflict, Forbidden, PaymentRequired, Unprocessable
@@ -33,7 +33,7 @@ from training.fit_report import fit_report, form_fit_report
 from training.methods import distill as distill_method
 from training.models import ACTIVE_STATUSES, Checkpoint, LogLine, Method, MetricPoint, Rollout, Status, TrainingRun
 from training.queries import filter_rollouts, get_run_for, runs_for, search_runs
-from training.refs import dataset_entries, ref_kind
+from training.refs import HUB_REF, dataset_entries, ref_kind
 from training.validation import start_findings
 
 MAX_POINTS = 500
@@ -512,6 +512,8 @@ def pin_state(run: TrainingRun, field: str, kind: str) -> dict[str, str]:
 
 
 def lineage_of(run: TrainingRun) -> list[dict[str, Any]]:
+    """Where the run's weights and data came from. `gone` says why a Data Hub ref is not linked
+    (mark_deleted_repos); its pin, if any, stays as the record of what was used."""
     items = [{"role": "Base model (weights)", "ref": run.base_model or "— not set", "kind": ref_kind(run.base_model) if run.base_model else "", "pinned": pinned_of(run, "base_model")}]
     for i, entry in enumerate(dataset_entries(run.dataset)):
         items.append({"role": "Dataset" + (f" {i + 1}" if i else ""), "ref": entry.ref, "kind": ref_kind(entry.ref), "pinned": pinned_of(run, dataset_field(run, i))})
@@ -521,10 +523,26 @@ def lineage_of(run: TrainingRun) -> list[dict[str, Any]]:
     if run.parent_id:
         step = run.resume_checkpoint.step if run.resume_checkpoint_id else "?"
         items.append({"role": f"Resumed from (step {step})", "ref": f"run {run.parent_id}: {run.parent.name}", "kind": "", "pinned": None})
+    mark_deleted_repos(run, items)
     repo_name, branch = hub.experiment_repo_name(run.experiment), hub.run_branch_name(run)
     there = Branch.objects.filter(repo__project_id=run.project_id, repo__name=repo_name, name=branch).exists()
-    items.append({"role": "Output branch", "ref": f"{run.project.slug}/{repo_name}@{branch}", "kind": "hub", "pinned": None, "gone": not there})
+    items.append({"role": "Output branch", "ref": f"{run.project.slug}/{repo_name}@{branch}", "kind": "hub", "pinned": None,
+                  "gone": "" if there else "deleted with its repo"})
     return items
+
+
+def mark_deleted_repos(run: TrainingRun, items: list[dict[str, Any]]) -> None:
+    """Set `gone` on the Data Hub refs that no longer open: their repo was deleted, or it is another
+    project's (a run can only use its own). One query for all of them."""
+    slug = run.project.slug
+    refs = [(item, match) for item in items if item["kind"] == "hub" and (match := HUB_REF.match(item["ref"]))]
+    names = {match["repo"] for _, match in refs if match["project"] in (None, slug)}
+    there = set(Repo.objects.filter(project_id=run.project_id, name__in=names).values_list("name", flat=True)) if names else set()
+    for item, match in refs:
+        if match["project"] not in (None, slug):
+            item["gone"] = f"not a repo of project {slug}"
+        elif match["repo"] not in there:
+            item["gone"] = "deleted"
 
 
 ROLLOUTS_SHOWN = 1000

@@ -193,3 +193,37 @@ def test_deleting_an_experiment_repo_unlinks_it_until_the_next_run_recreates_it(
         html = browser.get(f"/training/runs/{first}/{tab}/").content.decode()
         assert f"run-{first}" in html and not dead_hub_links(browser, html), (tab, dead_hub_links(browser, html))
     assert f"run-{first}</code> is not in Data Hub repo" in browser.get(f"/training/runs/{first}/repository/").content.decode()
+
+
+def lineage_of_run(browser: Client, run_id: int) -> tuple[str, int]:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as queries:
+        page = browser.get(f"/training/runs/{run_id}/lineage/")
+    assert page.status_code == 200
+    return page.content.decode(), len(queries)
+
+
+def test_lineage_links_only_the_refs_whose_repo_is_still_there(api, project, users, chat_data, base_repo):
+    other = repos.create_repo(project, "more-data", "dataset")
+    commits.commit_files(other, "main", {"train.jsonl": jsonl(ROWS)}, "data")
+    one = api.post("/api/training-runs", sft_body(name="one", base_model="base@main", dataset="chat-data@main")).json()["id"]
+    three = api.post("/api/training-runs", sft_body(name="three", base_model="base@main",
+                                                    dataset=["chat-data@main", "more-data@main", "acme/more-data@main"])).json()["id"]
+    TrainingRun.objects.filter(pk__in=[one, three]).update(status=Status.COMPLETED)
+    browser = Client()
+    browser.force_login(users["viewer"])
+    _, before = lineage_of_run(browser, three)
+    for name in ("base", "more-data"):
+        assert api.delete(f"/api/hub/repos/{name}").status_code == 204
+
+    html, queries = lineage_of_run(browser, three)
+    text = re.sub(r"<[^>]+>", "", html)
+    assert 'href="/hub/acme/chat-data/tree/main"' in html and not dead_hub_links(browser, html), dead_hub_links(browser, html)
+    for ref in ("base@main", "more-data@main", "acme/more-data@main"):
+        assert f"{ref} (deleted)" in text, ref
+    assert "chat-data@main (deleted)" not in text
+    # One query for all the refs' repos: three Data Hub datasets cost what one does, before and after.
+    _, one_ref = lineage_of_run(browser, one)
+    assert queries == before == one_ref, (queries, before, one_ref)
