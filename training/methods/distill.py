@@ -46,7 +46,7 @@ class Distill(TrainingMethod):
         block = draft.config.get("distillation")
         if not isinstance(block, dict) or not isinstance(block.get("teacher_model"), str) or not block["teacher_model"].strip():
             return [Finding("config.distillation.teacher_model", 'DISTILL needs a distillation block naming the teacher, e.g. {"distillation": {"teacher_model": "Qwen/Qwen3-1.7B"}}')]
-        return zero_weights_findings(self.apply_defaults(draft.config)["distillation"])
+        return []
 
     def apply_defaults(self, config: dict) -> dict:
         config = super().apply_defaults(config)
