@@ -39,6 +39,17 @@ RANGE_RE = re.compile(r"^bytes=(\d*)-(\d*)$")
 @dataclass(frozen=True)
 class Reader:
     project_ids: frozenset[int]
+    # A run's ingest token: the (repo id, commit) pairs its run pinned at START, and nothing else of
+    # its project (the token lives in the compute job's environment, which runs its environment's
+    # code). None: a member's token or session, which reads its projects whole.
+    pins: frozenset[tuple[str, str]] | None = None
+
+    def may_read(self, repo: Repo, commit: Commit | None = None) -> bool:
+        if repo.project_id not in self.project_ids:
+            return False
+        if self.pins is None:
+            return True
+        return any(name == repo.full_name and (commit is None or commit.pk == pinned) for name, pinned in self.pins)
 
 
 class HubError(Exception):
@@ -102,27 +113,32 @@ def ingest_reader(request: HttpRequest, token: str) -> Reader:
     from training.models import ACTIVE_STATUSES, TrainingRun
 
     check_auth_allowed(request)  # 429 for an address that keeps sending bad tokens
-    project_id = TrainingRun.objects.filter(ingest_token_hash=crypto.hash_token(token), status__in=ACTIVE_STATUSES).values_list("project_id", flat=True).first()
-    if project_id is None:
+    found = TrainingRun.objects.filter(ingest_token_hash=crypto.hash_token(token), status__in=ACTIVE_STATUSES).values_list("project_id", "pinned").first()
+    if found is None:
         note_auth_failure(request)
         raise HubError(401, None, "This run ingest token is not valid, or its run is no longer provisioning or running: start the run again for a new one.",
                        message_header="Invalid credentials in Authorization header")
-    return Reader(frozenset({project_id}))
+    project_id, pinned = found
+    pins = frozenset((pin["repo"], pin["commit"]) for pin in (pinned or {}).values() if isinstance(pin, dict) and "repo" in pin and "commit" in pin)
+    return Reader(frozenset({project_id}), pins)
 
 
-def repo_for(request: HttpRequest, namespace: str, name: str) -> Repo:
+def repo_for(request: HttpRequest, namespace: str, name: str) -> tuple[Repo, Reader]:
     reader = reader_for(request)
     repo = Repo.objects.select_related("project").filter(project__slug=namespace, name=name).first()
-    if repo is None or repo.project_id not in reader.project_ids:
+    if repo is None or not reader.may_read(repo):
         raise HubError(404, "RepoNotFound", f"Repository {namespace}/{name} not found.")
-    return repo
+    return repo, reader
 
 
-def commit_for(repo: Repo, revision: str | None) -> Commit:
+def commit_for(reader: Reader, repo: Repo, revision: str | None) -> Commit:
     try:
-        return repos.resolve(repo, revision or repo.default_branch)
+        commit = repos.resolve(repo, revision or repo.default_branch)
     except NotFound:
-        raise HubError(404, "RevisionNotFound", f"Invalid rev id: {revision}") from None
+        commit = None
+    if commit is None or not reader.may_read(repo, commit):
+        raise HubError(404, "RevisionNotFound", f"Invalid rev id: {revision}")
+    return commit
 
 
 # ---- JSON shapes -------------------------------------------------------------------------------
@@ -175,14 +191,16 @@ def repo_json(repo: Repo, commit: Commit) -> dict:
 @hub_view(["GET"])
 def repo_info(request: HttpRequest, kind: str, namespace: str, name: str, revision: str | None = None):
     """GET /api/{models,datasets}/{ns}/{name}[/revision/{rev}] → the repo at a commit."""
-    repo = repo_for(request, namespace, name)
-    return JsonResponse(repo_json(repo, commit_for(repo, revision)))
+    repo, reader = repo_for(request, namespace, name)
+    return JsonResponse(repo_json(repo, commit_for(reader, repo, revision)))
 
 
 @hub_view(["GET"])
 def repo_refs(request: HttpRequest, kind: str, namespace: str, name: str):
     """GET /api/{kind}/{ns}/{name}/refs → its branches and tags (huggingface_hub's list_repo_refs)."""
-    repo = repo_for(request, namespace, name)
+    repo, reader = repo_for(request, namespace, name)
+    if reader.pins is not None:
+        raise HubError(404, "RepoNotFound", f"Repository {namespace}/{name} not found.")  # an engine reads pinned commits, not refs
     return JsonResponse({
         "branches": [{"name": b.name, "ref": f"refs/heads/{b.name}", "targetCommit": b.head_id} for b in Branch.objects.filter(repo=repo)],
         "tags": [{"name": t.name, "ref": f"refs/tags/{t.name}", "targetCommit": t.commit_id} for t in Tag.objects.filter(repo=repo)],
@@ -198,8 +216,8 @@ COMMITS_LISTED = 1000  # the newest commits of a ref that list_repo_commits gets
 def repo_commits(request: HttpRequest, kind: str, namespace: str, name: str, revision: str):
     """GET /api/{kind}/{ns}/{name}/commits/{rev} → the ref's first-parent history, newest first
     (huggingface_hub's list_repo_commits)."""
-    repo = repo_for(request, namespace, name)
-    commit_for(repo, revision)  # the Hub's RevisionNotFound for a ref that is not there
+    repo, reader = repo_for(request, namespace, name)
+    commit_for(reader, repo, revision)  # the Hub's RevisionNotFound for a ref that is not there
     return JsonResponse([
         {"id": c.pk, "title": (c.message.splitlines() or [""])[0], "message": c.message,
          "authors": [{"user": c.author_name or "studio"}], "date": hf_date(c.created_at)}
@@ -212,12 +230,12 @@ def repo_tree(request: HttpRequest, kind: str, namespace: str, name: str, rest: 
     """GET /api/{kind}/{ns}/{name}/tree/{rev}[/{path}]?recursive=1[&cursor=...] → one page of files
     and folders, sorted by path, and a `Link: <...>; rel="next"` header while more remain (the Hub's
     cursor pagination, which huggingface_hub's list_repo_tree and HfFileSystem follow)."""
-    repo = repo_for(request, namespace, name)
+    repo, reader = repo_for(request, namespace, name)
     revision, _, path = rest.partition("/")
     cursor = request.GET.get("cursor")
     # A cursor pins the commit the first page listed, so a branch that moves between two pages
     # cannot mix two trees into one listing.
-    commit, after = decode_cursor(repo, cursor) if cursor is not None else (commit_for(repo, revision), None)
+    commit, after = decode_cursor(reader, repo, cursor) if cursor is not None else (commit_for(reader, repo, revision), None)
     prefix = repos.clean_path(path.rstrip("/")) + "/" if path.strip("/") else ""
     recursive = request.GET.get("recursive", "").lower() in ("1", "true")
     # Paths only for the whole listing (folders are derived from them); blobs only for the page.
@@ -263,7 +281,7 @@ def encode_cursor(commit_id: str, after: tuple[str, str]) -> str:
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
-def decode_cursor(repo: Repo, value: str) -> tuple[Commit, tuple[str, str]]:
+def decode_cursor(reader: Reader, repo: Repo, value: str) -> tuple[Commit, tuple[str, str]]:
     bad = BadRequest(f"The tree listing's cursor {value[:80]!r} is not valid.", [Finding(
         "cursor", 'pass the cursor from the previous page\'s Link: <...>; rel="next" header unchanged, or leave it out to list from the start')])
     try:
@@ -273,7 +291,7 @@ def decode_cursor(repo: Repo, value: str) -> tuple[Commit, tuple[str, str]]:
     if not (isinstance(data, list) and len(data) == 3 and all(isinstance(x, str) for x in data) and data[2] in ("file", "directory")):
         raise bad
     commit = Commit.objects.filter(repo=repo, pk=data[0]).first()
-    if commit is None:  # another repo's cursor, or a made-up commit
+    if commit is None or not reader.may_read(repo, commit):  # another repo's cursor, or a made-up commit
         raise bad
     return commit, (data[1], data[2])
 
@@ -281,8 +299,8 @@ def decode_cursor(repo: Repo, value: str) -> tuple[Commit, tuple[str, str]]:
 @hub_view(["POST"])
 def paths_info(request: HttpRequest, kind: str, namespace: str, name: str, revision: str):
     """POST /api/{kind}/{ns}/{name}/paths-info/{rev} (form: paths=..., expand=...)."""
-    repo = repo_for(request, namespace, name)
-    commit = commit_for(repo, revision)
+    repo, reader = repo_for(request, namespace, name)
+    commit = commit_for(reader, repo, revision)
     out = []
     for raw in requested_paths(request):
         path = repos.clean_path(raw.strip("/"), "paths")
@@ -314,9 +332,9 @@ def requested_paths(request: HttpRequest) -> list[str]:
 @hub_view(["GET", "HEAD"])
 def resolve_file(request: HttpRequest, namespace: str, name: str, revision: str, path: str, kind: str = "models"):
     """GET|HEAD /{ns}/{name}/resolve/{rev}/{path} (and /datasets/...): the file's bytes, streamed."""
-    repo = repo_for(request, namespace, name)
+    repo, reader = repo_for(request, namespace, name)
     path = repos.clean_path(path)
-    commit = commit_for(repo, revision)
+    commit = commit_for(reader, repo, revision)
     entry = repos.entry(commit, path)
     if entry is None:
         raise HubError(404, "EntryNotFound", f"{path} does not exist at {repo.full_name}@{commit.pk}", commit=commit.pk)

@@ -279,8 +279,9 @@ def test_ingest_token_reads_the_hub_without_counting_as_a_bad_api_token(client, 
     cache.clear()
     repo = repos.create_repo(project, "base", "model")
     commits.commit_files(repo, "main", {"config.json": b"{}"}, "base")
-    run = training.create_run(project, users["owner"], name="remote", method="sft", base_model="org/base", dataset="d@main")
-    TrainingRun.objects.filter(pk=run.pk).update(status="running", attempt=1, ingest_token_hash=crypto.hash_token("ing_remote"))
+    run = training.create_run(project, users["owner"], name="remote", method="sft", base_model="base@main", dataset="d@main")
+    pinned = {"base_model": {"ref": "base@main", "commit": repos.resolve(repo, "main").pk, "repo": "acme/base"}}
+    TrainingRun.objects.filter(pk=run.pk).update(status="running", attempt=1, ingest_token_hash=crypto.hash_token("ing_remote"), pinned=pinned)
     for _ in range(5):
         r = client.get("/hub/acme/base/resolve/main/config.json", HTTP_AUTHORIZATION="Bearer ing_remote")
         assert r.status_code == 200, r.content
@@ -288,6 +289,39 @@ def test_ingest_token_reads_the_hub_without_counting_as_a_bad_api_token(client, 
     assert r.status_code == 401 and r["X-Error-Message"] == "Invalid credentials in Authorization header"
     TrainingRun.objects.filter(pk=run.pk).update(status="completed")
     assert client.get("/hub/acme/base/resolve/main/config.json", HTTP_AUTHORIZATION="Bearer ing_remote").status_code == 401
+
+
+def test_ingest_token_reads_only_the_commits_its_run_pinned(client, project, users, tokens):
+    """The ingest token lives in the compute job's environment, beside the environment's own code:
+    it reads the repos and commits its run pinned at START, not the rest of the project."""
+    from studio import crypto
+    from training import services as training
+    from training.models import TrainingRun
+
+    base = repos.create_repo(project, "base", "model")
+    pinned_commit = commits.commit_files(base, "main", {"config.json": b"{}"}, "base")
+    secret = repos.create_repo(project, "private-data", "dataset")
+    commits.commit_files(secret, "main", {"train.jsonl": b'{"text": "not for this run"}'}, "data")
+    run = training.create_run(project, users["owner"], name="remote", method="sft", base_model="base@main", dataset="org/data")
+    pinned = {"base_model": {"ref": "base@main", "commit": pinned_commit.pk, "repo": "acme/base"}}
+    TrainingRun.objects.filter(pk=run.pk).update(status="running", attempt=1, ingest_token_hash=crypto.hash_token("ing_pinned"), pinned=pinned)
+    auth = {"HTTP_AUTHORIZATION": "Bearer ing_pinned"}
+    assert client.get(f"/hub/acme/base/resolve/{pinned_commit.pk}/config.json", **auth).status_code == 200
+    assert client.get(f"/hub/api/models/acme/base/revision/{pinned_commit.pk}", **auth).status_code == 200
+    assert client.get(f"/hub/api/models/acme/base/tree/{pinned_commit.pk}", **auth).status_code == 200
+    # another repo of the project: not found, as for an outsider
+    for url in ("/hub/datasets/acme/private-data/resolve/main/train.jsonl", "/hub/api/datasets/acme/private-data",
+                "/hub/api/datasets/acme/private-data/tree/main", "/hub/api/datasets/acme/private-data/refs"):
+        r = client.get(url, **auth)
+        assert r.status_code == 404 and r["X-Error-Code"] == "RepoNotFound", (url, r.status_code)
+    # the pinned repo at a commit made after START, or its refs: not found either
+    later = commits.commit_files(base, "main", {"config.json": b'{"later": 1}'}, "after start")
+    for url in (f"/hub/acme/base/resolve/{later.pk}/config.json", "/hub/acme/base/resolve/main/config.json", "/hub/api/models/acme/base/tree/main"):
+        r = client.get(url, **auth)
+        assert r.status_code == 404 and r["X-Error-Code"] == "RevisionNotFound", (url, r.status_code)
+    assert client.get("/hub/api/models/acme/base/refs", **auth).status_code == 404
+    # a member's token still reads the whole project
+    assert client.get("/hub/datasets/acme/private-data/resolve/main/train.jsonl", HTTP_AUTHORIZATION=f"Bearer {tokens['viewer']}").status_code == 200
 
 
 # ---- refs and commits --------------------------------------------------------------------------
