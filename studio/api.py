@@ -15,6 +15,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from ninja import NinjaAPI, Schema
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.openapi.docs import Swagger
+from pydantic import Field
 from pydantic import ValidationError as PydanticValidationError
 
 from studio.auth import Actor, StudioAuth
@@ -23,7 +24,40 @@ from studio.errors import ApiError, BadRequest, Finding, NotFound, Unauthorized
 S = TypeVar("S", bound=Schema)
 
 
-api = NinjaAPI(title="Studio API", version="1.0", urls_namespace="api", auth=StudioAuth(), docs=Swagger())
+class FindingOut(Schema):
+    field: str = Field(description='The field path, e.g. "config.loss.type" ("body" for the whole body)')
+    message: str = Field(description="What to do about it")
+
+
+class ErrorOut(Schema):
+    """The body of every 4xx."""
+
+    detail: str = Field(description="A sentence saying what is wrong")
+    errors: list[FindingOut] = Field(description="One finding per bad field; empty when no field is to blame")
+
+
+COMPONENTS = "#/components/schemas/{model}"
+ERROR_RESPONSE = {
+    "description": "The error body (401 → 404 → 403 → 402 → 409 → 400/422, the first that applies)",
+    "content": {"application/json": {"schema": {"$ref": COMPONENTS.format(model="ErrorOut")}}},
+}
+
+
+class StudioApi(NinjaAPI):
+    def get_openapi_schema(self, **kwargs: Any):
+        """Ninja's schema, plus the error body on every operation: errors leave through the
+        exception handlers below, never as an endpoint's return value, so ninja cannot see them."""
+        schema = super().get_openapi_schema(**kwargs)
+        error = ErrorOut.model_json_schema(ref_template=COMPONENTS)
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        components.update(error.pop("$defs", {}), ErrorOut=error)
+        for operations in schema["paths"].values():
+            for operation in operations.values():
+                operation["responses"].setdefault("4XX", ERROR_RESPONSE)
+        return schema
+
+
+api = StudioApi(title="Studio API", version="1.0", urls_namespace="api", auth=StudioAuth(), docs=Swagger())
 
 
 # The tags pydantic puts in an error's loc for each member of a union (`str | int` → "str", "int";

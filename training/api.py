@@ -9,7 +9,7 @@ from ninja import Field, Query, Router, Schema
 from ninja.pagination import LimitOffsetPagination, paginate
 
 from experiments.services import find_experiment
-from studio.api import actor, body_schema, parse_body
+from studio.api import ErrorOut, actor, body_schema, parse_body
 from training import checkpoints, metrics, services
 from training.fit_report import fit_report
 from training.models import Checkpoint, LogLine, Rollout
@@ -60,7 +60,7 @@ def list_runs(request: HttpRequest, filters: Query[RunFilters]):
     return search_runs(runs, filters.search)
 
 
-@router.post("", response={201: RunOut}, openapi_extra=body_schema(RunCreateIn))
+@router.post("", response={201: RunOut, 402: ErrorOut}, openapi_extra=body_schema(RunCreateIn))
 def create_run(request: HttpRequest):
     who = actor(request)
     project = who.require_project()
@@ -76,7 +76,7 @@ def get_run(request: HttpRequest, run_id: int):
     return get_run_for(actor(request), run_id)
 
 
-@router.patch("/{int:run_id}", response=RunOut, openapi_extra=body_schema(RunPatchIn))
+@router.patch("/{int:run_id}", response={200: RunOut, 409: ErrorOut}, openapi_extra=body_schema(RunPatchIn))
 def patch_run(request: HttpRequest, run_id: int):
     run = get_run_for(actor(request), run_id, write=True)
     services.require_patchable(run)  # 409 before any body error (the precedence)
@@ -84,13 +84,13 @@ def patch_run(request: HttpRequest, run_id: int):
     return services.update_run(run, patch.model_dump(exclude_unset=True))
 
 
-@router.post("/{int:run_id}/start", response={202: RunOut})
+@router.post("/{int:run_id}/start", response={202: RunOut, 402: ErrorOut, 409: ErrorOut, 422: ErrorOut})
 def start_run(request: HttpRequest, run_id: int):
     run = get_run_for(actor(request), run_id, write=True)
     return 202, services.start_run(run)
 
 
-@router.post("/{int:run_id}/stop", response=RunOut)
+@router.post("/{int:run_id}/stop", response={200: RunOut, 409: ErrorOut})
 def stop_run(request: HttpRequest, run_id: int):
     """Abort the run's backend job and end it cancelled; before a worker has claimed its START, withdraw
     the START instead (the run stays queued). 409 for a run with nothing to stop."""

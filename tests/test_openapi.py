@@ -1,0 +1,72 @@
+"""/api/openapi.json against what the API really answers: every operation documents the error body
+(the contract's {detail, errors: [{field, message}]}), with the statuses the contract names on the
+run endpoints, and real responses validate against the schemas the document gives them."""
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+from referencing import Registry, Resource
+from referencing.jsonschema import DRAFT202012
+
+from studio.services import set_plan
+from tests.conftest import sft_body
+from training.models import Status, TrainingRun
+
+
+@pytest.fixture
+def spec(api) -> dict:
+    return api.client.get("/api/openapi.json").json()
+
+
+def assert_documented(spec: dict, path: str, method: str, response) -> None:
+    """`response` validates against the schema /api/openapi.json gives its status (or its range)."""
+    responses = spec["paths"][path][method]["responses"]
+    status = str(response.status_code)
+    declared = responses.get(status) or responses.get(f"{status[0]}XX")
+    assert declared is not None, (method, path, status, sorted(responses))
+    schema = declared["content"]["application/json"]["schema"]
+    registry = Registry().with_resource("urn:openapi", Resource(contents=spec, specification=DRAFT202012))
+    schema = json.loads(json.dumps(schema).replace('"#/components/', '"urn:openapi#/components/'))
+    errors = [e.message for e in jsonschema.Draft202012Validator(schema, registry=registry).iter_errors(response.json())]
+    assert not errors, (method, path, status, errors, response.content[:300])
+
+
+def test_every_operation_documents_the_error_body(spec):
+    error = spec["components"]["schemas"]["ErrorOut"]
+    assert set(error["required"]) == {"detail", "errors"}
+    assert set(spec["components"]["schemas"]["FindingOut"]["required"]) == {"field", "message"}
+    for path, operations in spec["paths"].items():
+        for method, operation in operations.items():
+            four = operation["responses"].get("4XX")
+            assert four is not None, (method, path)
+            assert four["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/ErrorOut"}, (method, path)
+
+
+@pytest.mark.parametrize(("path", "method", "statuses"), [
+    ("/api/training-runs", "post", {"201", "402"}),
+    ("/api/training-runs/{run_id}", "patch", {"200", "409"}),
+    ("/api/training-runs/{run_id}/start", "post", {"202", "402", "409", "422"}),
+    ("/api/training-runs/{run_id}/stop", "post", {"200", "409"}),
+])
+def test_run_endpoints_name_the_statuses_of_the_contract(spec, path, method, statuses):
+    assert statuses <= set(spec["paths"][path][method]["responses"]), sorted(spec["paths"][path][method]["responses"])
+
+
+def test_real_errors_match_the_documented_error_body(spec, api, api_as, project, free_plan):
+    runs = "/api/training-runs"
+    one = f"{runs}/{{run_id}}"
+    assert_documented(spec, runs, "post", api.post(runs, sft_body(method="ppo")))  # 400
+    run_id = api.post(runs, sft_body(base_model=None)).json()["id"]
+    assert_documented(spec, one, "get", api_as(None).get(f"{runs}/{run_id}"))  # 401
+    assert_documented(spec, one, "get", api_as("outsider").get(f"{runs}/{run_id}"))  # 404
+    assert_documented(spec, one, "patch", api_as("viewer").patch(f"{runs}/{run_id}", {"name": "x"}))  # 403
+    assert_documented(spec, one + "/start", "post", api.post(f"{runs}/{run_id}/start"))  # 422
+    assert_documented(spec, one + "/stop", "post", api.post(f"{runs}/{run_id}/stop"))  # 409
+    TrainingRun.objects.filter(pk=run_id).update(status=Status.COMPLETED)
+    assert_documented(spec, one, "patch", api.patch(f"{runs}/{run_id}", {"name": "x"}))  # 409
+    set_plan(project, free_plan)
+    r = api.post(runs, sft_body())
+    assert r.status_code == 402
+    assert_documented(spec, runs, "post", r)
