@@ -184,6 +184,26 @@ def test_turning_unsloth_off_keeps_a_max_prompt_length_the_user_set(api):
     assert r.status_code == 200 and "max_prompt_length" not in r.json()["config"]
 
 
+def test_a_patch_works_out_again_the_defaults_that_follow_another_setting(api):
+    # lora_alpha defaults to lora_rank and ce_weight to 1 − kd_weight: a PATCH of the one they follow
+    # must not leave the old derived value behind (alpha 8 on rank 16 halves the adapter's scale).
+    run_id = create(api, config={"lora_rank": 8}).json()["id"]
+    config = api.patch(f"/api/training-runs/{run_id}", {"config": {"lora_rank": 16}}).json()["config"]
+    assert config["lora_rank"] == 16 and config["lora_alpha"] == 16
+    # An alpha the user chose stays.
+    run_id = create(api, config={"lora_rank": 8, "lora_alpha": 32}).json()["id"]
+    assert api.patch(f"/api/training-runs/{run_id}", {"config": {"lora_rank": 16}}).json()["config"]["lora_alpha"] == 32
+    run_id = create(api, method="distill", config={"distillation": {"teacher_model": "org/teacher", "kd_weight": 0.3}}).json()["id"]
+    block = api.patch(f"/api/training-runs/{run_id}", {"config": {"distillation": {"kd_weight": 0.8}}}).json()["config"]["distillation"]
+    assert block["kd_weight"] == 0.8 and block["ce_weight"] == 0.2 and block["teacher_model"] == "org/teacher"
+    run_id = create(api, method="distill", config={"distillation": {"teacher_model": "org/teacher", "kd_weight": 0.3, "ce_weight": 1}}).json()["id"]
+    assert api.patch(f"/api/training-runs/{run_id}", {"config": {"distillation": {"kd_weight": 0.8}}}).json()["config"]["distillation"]["ce_weight"] == 1
+    # A patch of something else leaves every stored value as it was.
+    before = TrainingRun.objects.get(pk=run_id).config
+    after = api.patch(f"/api/training-runs/{run_id}", {"config": {"max_steps": 7}}).json()["config"]
+    assert after == {**before, "max_steps": 7}
+
+
 def test_create_applies_distill_defaults_from_seed_001(api):
     r = create(api, method="distill", config={"distillation": {"teacher_model": "org/teacher"}})
     assert r.status_code == 201, r.content

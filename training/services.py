@@ -144,8 +144,8 @@ def update_run(run: TrainingRun, patch: dict) -> TrainingRun:
         method=run.method,
         base_model=patch["base_model"] if "base_model" in patch else (run.base_model or None),
         dataset=merge_patch(run.dataset, patch["dataset"]) if "dataset" in patch else run.dataset,
-        # merged into the config as the user wrote it: a default an option implied goes if the option does
-        config=merge_patch(method_or_400(run.method).without_implied_defaults(run.config), patch["config"]) if "config" in patch else run.config,
+        # merged into the config less its filled-in defaults, which are worked out again from the result
+        config=merge_patch(method_or_400(run.method).without_defaults(run.config), patch["config"]) if "config" in patch else run.config,
         compute=merge_patch(run.compute, patch["compute"]) if "compute" in patch else run.compute,
         project=run.project,
     ))

@@ -58,6 +58,39 @@ def lora_enabled(config: dict) -> bool:
     return bool(config.get("lora")) or config.get("lora_rank") is not None
 
 
+_MISSING = object()
+
+
+def _leaf_paths(config: dict, prefix: tuple = ()) -> list[tuple]:
+    paths: list[tuple] = []
+    for key, value in config.items():
+        paths += _leaf_paths(value, (*prefix, key)) if isinstance(value, dict) and value else [(*prefix, key)]
+    return paths
+
+
+def _at(config: Any, path: tuple) -> Any:
+    for key in path:
+        if not isinstance(config, dict) or key not in config:
+            return _MISSING
+        config = config[key]
+    return config
+
+
+def _without(config: dict, path: tuple) -> dict:
+    """A copy of `config` without the value at `path` (the dicts along it copied, the rest shared)."""
+    head, *rest = path
+    copy = dict(config)
+    if rest:
+        copy[head] = _without(copy[head], tuple(rest))
+    else:
+        del copy[head]
+    return copy
+
+
+def _same(a: Any, b: Any) -> bool:
+    return a is not _MISSING and type(a) is type(b) and a == b  # True is not 1, 1.0 is not 1
+
+
 @dataclass
 class Draft:
     """A run as validation sees it: the create body, or a stored run (with its project)."""
@@ -127,16 +160,21 @@ class TrainingMethod:
                     config.setdefault(key, value)
         return config
 
-    def without_implied_defaults(self, config: dict) -> dict:
-        """A stored config less the values an option's default filled in, for a PATCH to merge into:
-        turning the option off then takes them with it instead of leaving a value that needs the
-        option, and apply_defaults fills them in again while it stays on. A value the user set to
-        anything else stays (and is refused if it needs the option). One the user set equal to the
-        default cannot be told apart, and dropping it loses nothing: the option brings it back."""
+    def without_defaults(self, config: dict) -> dict:
+        """A stored config less every value apply_defaults would fill in anyway, for a PATCH to merge
+        into: a default that follows another setting (lora_alpha = lora_rank, ce_weight = 1 − kd_weight,
+        an option's implied_defaults) is worked out again from the patched config instead of keeping
+        the old one, and turning an option off takes its implied values with it. A value the user set
+        to anything else stays (and is refused if it needs what was turned off). One the user set equal
+        to its default cannot be told apart, and dropping it loses nothing: apply_defaults brings it back."""
         if not isinstance(config, dict):
             return config
-        implied = {key: value for defaults in self.implied_defaults.values() for key, value in defaults.items()}
-        return {key: value for key, value in config.items() if not (key in implied and type(value) is type(implied[key]) and value == implied[key])}
+        trimmed = config
+        for path in _leaf_paths(config):
+            trial = _without(trimmed, path)
+            if _same(_at(self.apply_defaults(trial), path), _at(config, path)):
+                trimmed = trial
+        return trimmed
 
     def start_findings(self, draft: Draft) -> list[Finding]:
         """Method-specific 422s at START."""
