@@ -8,6 +8,7 @@ from functools import wraps
 from urllib.parse import urlsplit
 
 from django.conf import settings
+from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
 from django.db.models import Sum
@@ -23,6 +24,7 @@ from studio.auth import SESSION_PROJECT_KEY, Actor, current_project_for_session
 from studio.errors import ApiError, Finding, Forbidden, NotFound
 from studio.models import Membership, Role
 from studio.queries import projects_for
+from studio.ratelimit import TooManyRequests, check_auth_allowed, note_auth_failure
 from training.compute import accelerators_of
 from training.models import ACTIVE_STATUSES, TrainingRun
 
@@ -82,6 +84,28 @@ def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
     else:
         sentence = "The request could not be understood: reload the page and try again."
     return render(request, "400.html", {"exception": sentence}, status=400)
+
+
+class LoginView(auth_views.LoginView):
+    """django.contrib.auth's login form under the per-address failure budget that API and ingest
+    tokens have (studio/ratelimit.py): a wrong password counts as a failure, and over the budget
+    every POST is a 429 (the right password too, so guessing learns nothing until the window ends)."""
+
+    redirect_authenticated_user = True
+
+    def post(self, request: HttpRequest, *args, **kwargs) -> HttpResponse:
+        try:
+            check_auth_allowed(request)
+        except TooManyRequests as exc:
+            refusal = f"Too many failed log-ins from this address: try again in {exc.retry_after} s."
+            response = self.render_to_response(self.get_context_data(refusal=refusal), status=429)
+            response["Retry-After"] = str(exc.retry_after)
+            return response
+        return super().post(request, *args, **kwargs)
+
+    def form_invalid(self, form) -> HttpResponse:
+        note_auth_failure(self.request)
+        return super().form_invalid(form)
 
 
 @login_required

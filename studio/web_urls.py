@@ -8,7 +8,7 @@ from studio import views
 
 urlpatterns = [
     path("", views.home, name="home"),
-    path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
+    path("login/", views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("projects/switch", views.switch_project, name="switch_project"),
     path("models/", datahub_views.models_page, name="models"),
