@@ -120,6 +120,8 @@ class LocalBackend(Backend):
     def submit(self, job: JobSpec) -> str:
         directory = run_dir(job.run_id, job.attempt)
         directory.mkdir(parents=True, exist_ok=True)
+        for folder in (directory.parent, directory):
+            folder.chmod(0o700)  # engine.log and the checkpoints are the project's, not other local users'
         job.output_dir = str(directory / "output")
         spec_path = directory / "spec.json"
         fd = os.open(spec_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
