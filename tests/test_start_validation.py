@@ -303,3 +303,19 @@ def test_unresolvable_hub_refs_return_422_naming_the_field(api):
     run_id = make_run(api, base_model="no-such-model@main", dataset="no-such-data@main")
     body = assert_start_refused(api, run_id, 422, "base_model")
     assert "dataset" in {e["field"] for e in body["errors"]}
+
+
+def test_choice_values_in_any_case_are_stored_in_lower_case_so_start_checks_them(api):
+    """A choice is accepted in any case ("RULER", as the seed writes it): it must be stored as the
+    rules and the engine read it, or START's RULER checks were skipped and the engine refused the
+    spec inside the job."""
+    run_id = make_run(api, method="grpo", dataset=None, config={"rl_mode": "RULER", "judge": {"mode": "External"}})
+    config = TrainingRun.objects.get(pk=run_id).config
+    assert (config["rl_mode"], config["judge"]["mode"]) == ("ruler", "external")
+    body = assert_start_refused(api, run_id, 422, "config.ruler_task_args.dataset")
+    assert {"config.ruler_task_args.system_prompt", "config.judge.endpoint", "config.judge.api_key_secret"} <= {e["field"] for e in body["errors"]}
+    run_id = make_run(api, method="dpo", config={"lora": True, "loss": {"type": "DPO"}, "precision": "BF16"}, compute={"backend": "Local"})
+    run = TrainingRun.objects.get(pk=run_id)
+    assert (run.config["loss"]["type"], run.config["precision"], run.compute["backend"]) == ("dpo", "bf16", "local")
+    r = api.patch(f"/api/training-runs/{run_id}", {"config": {"loss": {"type": "Dpo"}}})
+    assert r.status_code == 200 and r.json()["config"]["loss"]["type"] == "dpo"

@@ -5,7 +5,7 @@ import re
 from dataclasses import dataclass
 
 from studio.errors import Finding
-from training.keys import BOOL, TEXT, Key, check_block
+from training.keys import BOOL, TEXT, Key, check_block, normalise_block
 
 ACCELERATORS = re.compile(r"^(?P<type>[A-Za-z][A-Za-z0-9-]*)(?::(?P<count>\d+))?$")
 COMPUTE_KEYS = {
@@ -71,8 +71,7 @@ def check_compute(compute: dict) -> list[Finding]:
 
 
 def normalise_compute(compute: dict) -> dict:
-    compute = {"backend": "local", "spot": False, "region": None, **compute}
-    compute["backend"] = str(compute["backend"]).lower()
+    compute = normalise_block({"backend": "local", "spot": False, "region": None, **compute}, COMPUTE_KEYS)
     if not compute.get("accelerators"):
         compute["accelerators"] = "CPU" if compute["backend"] == "local" else "GPU:1"
     return compute

@@ -86,6 +86,15 @@ class Key:
             return check_block(path, value, self.block)
         return []
 
+    def normalised(self, value: Any) -> Any:
+        """`value` as it is stored, once check() passed: a choice in lower case (check() takes any
+        case, and the rules and the engine compare lower case), inside blocks too."""
+        if self.kind == "choice" and isinstance(value, str):
+            return value.lower()
+        if self.kind == "block" and self.block is not None and isinstance(value, dict):
+            return normalise_block(value, self.block)
+        return value
+
     def describe(self) -> str:
         if self.hint:
             return self.hint
@@ -117,6 +126,11 @@ def check_block(path: str, value: dict, keys: dict[str, Key]) -> list[Finding]:
         else:
             findings.extend(keys[name].check(f"{path}.{name}", item))
     return findings
+
+
+def normalise_block(value: dict, keys: dict[str, Key]) -> dict:
+    """A checked block with each known value as it is stored (Key.normalised)."""
+    return {name: keys[name].normalised(item) if name in keys else item for name, item in value.items()}
 
 
 INT1 = Key("int", minimum=1)

@@ -19,7 +19,7 @@ from training.backends import get_backend
 from training.compute import GPU_MEMORY_GIB, accelerators_of, check_compute, normalise_compute, precision_findings
 from training.engine import fit, liger
 from training.forms import hub_model_files
-from training.keys import json_findings
+from training.keys import json_findings, normalise_block
 from training.methods import NOT_YET_SUPPORTED, get_method
 from training.methods.base import Draft, TrainingMethod
 from training.refs import check_dataset, check_ref, dataset_entries, inside_local_roots, local_model_dir, ref_kind
@@ -55,6 +55,7 @@ def validate_draft(draft: Draft) -> Draft:
     findings += check_compute(draft.compute)
     findings += method.check_types(draft.config)
     if not findings:
+        draft.config = normalise_block(draft.config, method.known_keys())
         findings += method.create_findings(draft)
         findings += liger_findings(draft)
         findings += single_gpu_findings(draft)

@@ -152,8 +152,6 @@ class TrainingMethod:
             config["lora_rank"] = DEFAULT_LORA_RANK
         if config.get("lora_rank") is not None and config.get("lora_alpha") is None:
             config["lora_alpha"] = config["lora_rank"]
-        if isinstance(config.get("precision"), str):
-            config["precision"] = config["precision"].lower()
         for option, implied in self.implied_defaults.items():
             if config.get(option):
                 for key, value in implied.items():
