@@ -8,7 +8,7 @@ from ninja import Router, Schema
 from pydantic import ConfigDict, Field
 
 from environments import services
-from studio.api import actor, body_schema, parse_body
+from studio.api import FindingOut, actor, body_schema, parse_body
 
 router = Router(tags=["environments"])
 
@@ -25,7 +25,52 @@ class ConfigIn(Schema):
     config: dict[str, Any]
 
 
-@router.get("/catalogue")
+class CatalogueOut(Schema):
+    name: str
+    environment_id: str = Field(description='what config.environment_id takes, e.g. "builtin/gsm-maths@main"')
+    description: str
+    config: dict[str, Any] | None = Field(description="the package's CONFIG (null for the engine's own builtins)")
+    files: list[str]
+    forkable: bool
+
+
+class EnvironmentOut(Schema):
+    repo: str
+    environment_id: str
+    description: str
+
+
+class ForkOut(Schema):
+    repo: str
+    environment_id: str
+    commit: str
+    forked_from: str
+    config: dict[str, Any]
+
+
+class ConfigOut(Schema):
+    repo: str
+    environment_id: str
+    commit: str
+    config: dict[str, Any] | None = Field(description="CONFIG as config.py states it (null when it has none)")
+    files: list[str]
+
+
+class SavedConfigOut(Schema):
+    repo: str
+    environment_id: str
+    commit: str
+    config: dict[str, Any]
+
+
+class CheckOut(Schema):
+    repo: str
+    commit: str
+    backend: str
+    findings: list[FindingOut] = Field(description="what START would refuse (422), by field")
+
+
+@router.get("/catalogue", response=list[CatalogueOut])
 def list_catalogue(request: HttpRequest):
     actor(request).require_project()
     builtin = [{"name": k.removeprefix("builtin/"), "environment_id": f"{k}@main", "description": v, "config": None, "files": [], "forkable": False}
@@ -33,7 +78,7 @@ def list_catalogue(request: HttpRequest):
     return [{**services.catalogue_info(e), "forkable": True} for e in services.catalogue()] + builtin
 
 
-@router.post("/fork", response={201: dict}, openapi_extra=body_schema(ForkIn))
+@router.post("/fork", response={201: ForkOut}, openapi_extra=body_schema(ForkIn))
 def fork_environment(request: HttpRequest):
     who = actor(request)
     project = who.require_project()
@@ -42,7 +87,7 @@ def fork_environment(request: HttpRequest):
     return 201, services.fork(project, payload.catalogue, payload.name, payload.config, user=who.user)
 
 
-@router.get("")
+@router.get("", response=list[EnvironmentOut])
 def list_environments(request: HttpRequest):
     from datahub.models import Repo, RepoType
 
@@ -51,20 +96,20 @@ def list_environments(request: HttpRequest):
     return [{"repo": r.name, "environment_id": f"{r.name}@main", "description": r.description} for r in repos]
 
 
-@router.get("/{name}/config")
+@router.get("/{name}/config", response=ConfigOut)
 def get_config(request: HttpRequest, name: str, ref: str = "main"):
     project = actor(request).require_project()
     return services.repo_config(project, name, ref)
 
 
-@router.get("/{name}/check")
+@router.get("/{name}/check", response=CheckOut)
 def check_environment(request: HttpRequest, name: str, ref: str = "main", backend: str = "local"):
     """The pre-start package checks (no import): entry point, syntax, imports vs the trainer image."""
     project = actor(request).require_project()
     return services.check_repo(project, name, ref, backend)
 
 
-@router.put("/{name}/config", openapi_extra=body_schema(ConfigIn))
+@router.put("/{name}/config", response=SavedConfigOut, openapi_extra=body_schema(ConfigIn))
 def put_config(request: HttpRequest, name: str):
     who = actor(request)
     project = who.require_project()

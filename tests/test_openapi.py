@@ -70,3 +70,26 @@ def test_real_errors_match_the_documented_error_body(spec, api, api_as, project,
     r = api.post(runs, sft_body())
     assert r.status_code == 402
     assert_documented(spec, runs, "post", r)
+
+
+def test_every_json_success_response_has_a_schema(spec):
+    for path, operations in spec["paths"].items():
+        for method, operation in operations.items():
+            for status, response in operation["responses"].items():
+                if status.startswith("2") and status != "204" and path != "/api/hub/repos/{name}/download":
+                    assert "schema" in response.get("content", {}).get("application/json", {}), (method, path, status)
+
+
+def test_environment_responses_match_their_documented_schemas(spec, api, settings, tmp_path):
+    settings.DATAHUB_ROOT = tmp_path / "hub"
+    envs = "/api/environments"
+    assert_documented(spec, envs + "/catalogue", "get", api.get(envs + "/catalogue"))
+    fork = api.post(envs + "/fork", {"catalogue": "gsm-maths", "name": "maths"})
+    assert fork.status_code == 201, fork.content
+    assert spec["paths"][envs + "/fork"]["post"]["responses"]["201"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/ForkOut"}
+    assert_documented(spec, envs + "/fork", "post", fork)
+    assert_documented(spec, envs, "get", api.get(envs))
+    assert_documented(spec, envs + "/{name}/config", "get", api.get(envs + "/maths/config"))
+    assert_documented(spec, envs + "/{name}/check", "get", api.get(envs + "/maths/check"))
+    config = api.get(envs + "/maths/config").json()["config"]
+    assert_documented(spec, envs + "/{name}/config", "put", api.put(envs + "/maths/config", {"config": config}))
