@@ -319,3 +319,23 @@ def test_choice_values_in_any_case_are_stored_in_lower_case_so_start_checks_them
     assert (run.config["loss"]["type"], run.config["precision"], run.compute["backend"]) == ("dpo", "bf16", "local")
     r = api.patch(f"/api/training-runs/{run_id}", {"config": {"loss": {"type": "Dpo"}}})
     assert r.status_code == 200 and r.json()["config"]["loss"]["type"] == "dpo"
+
+
+def test_a_child_run_resumes_only_from_its_parents_own_run_folder(api, tmp_path):
+    from training.backends.local import run_dir
+    from training.models import Checkpoint
+
+    parent_id = make_run(api)
+    # An engine can report any path: one that points elsewhere on this machine (another project's
+    # checkpoint, say) must not be what a child run on the local backend loads.
+    elsewhere = tmp_path / "someone-elses" / "checkpoint-3"
+    elsewhere.mkdir(parents=True)
+    Checkpoint.objects.create(run_id=parent_id, attempt=1, step=3, path=str(elsewhere))
+    own = run_dir(parent_id, 1) / "checkpoint-6"
+    own.mkdir(parents=True)
+    Checkpoint.objects.create(run_id=parent_id, attempt=1, step=6, path=str(own))
+    refused = api.post(f"/api/training-runs/{parent_id}/checkpoints/3/resume").json()["id"]
+    body = assert_start_refused(api, refused, 422, "resume_checkpoint")
+    assert f"step 3 of run {parent_id} is not a checkpoint folder of that run" in body["errors"][-1]["message"]
+    fine = api.post(f"/api/training-runs/{parent_id}/checkpoints/6/resume").json()["id"]
+    assert "resume_checkpoint" not in [e["field"] for e in start(api, fine).json().get("errors", [])]

@@ -27,6 +27,7 @@ from studio.models import AuditEvent, Project
 from training import status as status_service
 from training.backends import get_backend
 from training.backends.base import BackendError, BackendUnavailable, JobSpec
+from training.backends.local import checkpoint_dir
 from training.compute import accelerators_of
 from training.methods.base import Draft
 from training.models import (
@@ -161,9 +162,21 @@ def draft_of(run: TrainingRun) -> Draft:
     return Draft(method=run.method, base_model=run.base_model or None, dataset=run.dataset, config=run.config, compute=run.compute, project=run.project)
 
 
-def start_blockers(run: TrainingRun) -> list[Finding]:
-    """What the Start button shows: the same findings START answers with 422."""
-    return start_findings(draft_of(run))
+def start_blockers(run: TrainingRun, draft: Draft | None = None) -> list[Finding]:
+    """What START answers with 422 and the Start button shows: the draft's findings (`draft`: the
+    run's, when the caller has one already) and the resume checkpoint's."""
+    return start_findings(draft or draft_of(run)) + resume_findings(run)
+
+
+def resume_findings(run: TrainingRun) -> list[Finding]:
+    """A child run resumes from its parent's saved step. On the local backend the engine reads that
+    path on this machine, and an engine can report any path: only a folder inside the parent
+    attempt's own run folder is resumed from (training.backends.local.checkpoint_dir)."""
+    checkpoint = run.resume_checkpoint if run.resume_checkpoint_id else None
+    if checkpoint is None or (run.compute or {}).get("backend", "local") != "local" or checkpoint_dir(checkpoint) is not None:
+        return []
+    return [Finding("resume_checkpoint", f"step {checkpoint.step} of run {checkpoint.run_id} is not a checkpoint folder of that run on this machine "
+                                         f"({checkpoint.path}): resume from another step, or start a new run")]
 
 
 def start_run(run: TrainingRun) -> TrainingRun:
@@ -179,7 +192,7 @@ def start_run(run: TrainingRun) -> TrainingRun:
         if run.is_active or (run.status == Status.QUEUED and run.start_requested_at):
             raise Conflict(f"This run is already {'starting' if run.status == Status.QUEUED else run.status}.")
         require_plan_capacity(project, run)
-        findings = start_findings(draft_of(run))
+        findings = start_blockers(run)
         if findings:
             raise Unprocessable(errors=findings)
         if run.status in (Status.FAILED, Status.CANCELLED):

@@ -34,7 +34,6 @@ from training.methods import distill as distill_method
 from training.models import ACTIVE_STATUSES, Checkpoint, LogLine, Method, MetricPoint, Rollout, Status, TrainingRun
 from training.queries import filter_rollouts, get_run_for, runs_for, search_runs
 from training.refs import HUB_REF, dataset_entries, ref_kind
-from training.validation import start_findings
 
 MAX_POINTS = 500
 LOG_TAIL = 200
@@ -138,7 +137,7 @@ def status_context(request: HttpRequest, run: TrainingRun, actor=None, error: Ap
     actor = actor or web_actor(request)
     startable = run.status in (Status.QUEUED, Status.FAILED, Status.CANCELLED) and not is_live(run)
     draft = services.draft_of(run)  # one draft: the Start button's findings and the estimate share its fit check
-    blockers = start_findings(draft) if startable else []
+    blockers = services.start_blockers(run, draft) if startable else []
     if isinstance(error, Unprocessable):
         blockers = error.errors
     error_obj = run.error or {}
