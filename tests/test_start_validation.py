@@ -219,6 +219,18 @@ def test_402_comes_before_422(api, project, free_plan):
     assert_start_refused(api, run_id, 402, None)
 
 
+def test_resume_without_training_plan_is_402_before_a_bad_step(api, project, free_plan):
+    """Resume creates a run, so the plan gate (402) comes before the step's 400, as for create."""
+    from training.models import Checkpoint
+
+    run_id = make_run(api)
+    Checkpoint.objects.create(run_id=run_id, attempt=1, step=3, path="/x/checkpoint-3")
+    set_plan(project, free_plan)
+    for step in (3, 4):
+        assert_error(api.post(f"/api/training-runs/{run_id}/checkpoints/{step}/resume"), 402)
+    assert TrainingRun.objects.count() == 1
+
+
 # ---- 409 ---------------------------------------------------------------------------------------
 
 def test_start_on_an_active_run_returns_409(api):

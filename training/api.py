@@ -136,12 +136,12 @@ def run_checkpoints(request: HttpRequest, run_id: int):
     return Checkpoint.objects.filter(run=run)
 
 
-@router.post("/{int:run_id}/checkpoints/{int:step}/resume", response={201: RunOut})
+@router.post("/{int:run_id}/checkpoints/{int:step}/resume", response={201: RunOut, 402: ErrorOut})
 def resume_from_checkpoint(request: HttpRequest, run_id: int, step: int):
     """A new queued run that continues from this saved step (weights, optimizer, scheduler, RNG)."""
     who = actor(request)
     run = get_run_for(who, run_id, write=True)
-    return 201, checkpoints.resume_run(run, checkpoints.checkpoint_of(run, step), who.user)
+    return 201, checkpoints.resume_run(run, step, who.user)
 
 
 @router.post("/{int:run_id}/checkpoints/{int:step}/merge", response={202: MergeOut})

@@ -42,10 +42,12 @@ def checkpoint_of(run: TrainingRun, step: int) -> Checkpoint:
 
 
 @transaction.atomic
-def resume_run(run: TrainingRun, checkpoint: Checkpoint, user) -> TrainingRun:
-    """A new queued run with the same settings that continues from `checkpoint` (weights, optimizer,
-    scheduler and RNG state). Lineage records the parent run and the step."""
+def resume_run(run: TrainingRun, step: int, user) -> TrainingRun:
+    """A new queued run with the same settings that continues from saved step `step` (weights,
+    optimizer, scheduler and RNG state). Lineage records the parent run and the step. The plan gate
+    comes first: resuming creates a run, and 402 precedes a bad step's 400 as it precedes create's."""
     require_training_plan(run.project)
+    checkpoint = checkpoint_of(run, step)
     child = TrainingRun.objects.create(
         project=run.project, experiment=run.experiment, created_by=user,
         name=f"{run.name} (from step {checkpoint.step})"[:200], method=run.method, base_model=run.base_model,

@@ -660,7 +660,7 @@ def resume_checkpoint(request: HttpRequest, run_id: int, step: int) -> HttpRespo
     actor = web_actor(request)
     run = get_run_for(actor, run_id, write=True)
     try:
-        child = checkpoints.resume_run(run, checkpoints.checkpoint_of(run, step), actor.user)
+        child = checkpoints.resume_run(run, step, actor.user)
     except ApiError as exc:
         messages.error(request, exc.detail)
         return redirect("training:run_tab", run_id=run.pk, tab="checkpoints")
