@@ -75,6 +75,10 @@ class StudioAuth:
     that says what is wrong when a token was sent but is malformed or not valid."""
 
     openapi_type = "http"
+    # What /api/openapi.json states (ninja reads it from an auth callable; without it the document
+    # said no operation needs credentials, and /api/docs had no way to send a token).
+    openapi_security_schema = {"type": "http", "scheme": "bearer",
+                               "description": "A project API token (manage.py createapitoken); a logged-in browser session works too"}
 
     def __call__(self, request: HttpRequest) -> Actor | None:
         header = request.headers.get("Authorization", "")

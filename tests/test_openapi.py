@@ -93,3 +93,12 @@ def test_environment_responses_match_their_documented_schemas(spec, api, setting
     assert_documented(spec, envs + "/{name}/check", "get", api.get(envs + "/maths/check"))
     config = api.get(envs + "/maths/config").json()["config"]
     assert_documented(spec, envs + "/{name}/config", "put", api.put(envs + "/maths/config", {"config": config}))
+
+
+def test_the_document_says_operations_need_a_bearer_token(spec):
+    assert spec["components"]["securitySchemes"]["StudioAuth"]["scheme"] == "bearer"
+    for path, operations in spec["paths"].items():
+        for method, operation in operations.items():
+            # the ingest API takes the attempt's own token, checked by the endpoint, not a user's
+            expected = None if path.startswith("/api/ingest/") else [{"StudioAuth": []}]
+            assert operation.get("security") == expected, (method, path)
