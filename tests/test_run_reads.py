@@ -245,3 +245,16 @@ def test_checkpoints_list_in_step_order(api, run):
 def test_reads_of_another_projects_run_are_404(api_as, run, suffix):
     MetricPoint.objects.create(run=run, key="loss", step=1, value=1.0)
     assert_error(api_as("outsider").get(f"/api/training-runs/{run.pk}{suffix}"), 404)
+
+
+def test_cost_reads_the_same_in_every_response(api, project):
+    """cost is the column's four decimals everywhere: create answered "0" where GET said "0.0000"."""
+    from decimal import Decimal
+
+    from tests.conftest import sft_body
+
+    created = api.post("/api/training-runs", sft_body()).json()
+    assert created["cost"] == "0.0000"
+    TrainingRun.objects.filter(pk=created["id"]).update(cost=Decimal("1.23456789"))
+    assert api.get(f"/api/training-runs/{created['id']}").json()["cost"] == "1.2346"
+    assert api.get("/api/training-runs").json()["items"][0]["cost"] == "1.2346"

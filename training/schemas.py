@@ -7,7 +7,10 @@ from typing import Annotated, Any, Literal
 from ninja import Schema
 from pydantic import BaseModel, ConfigDict, Field
 
-from training.models import Method, Status
+from training.models import Method, Status, TrainingRun
+
+# cost as its column stores it (four decimals), for a run that was not read back from the database too
+COST_PLACES = Decimal(1).scaleb(-TrainingRun._meta.get_field("cost").decimal_places)
 
 
 class RunCreateIn(Schema):
@@ -65,6 +68,10 @@ class RunOut(Schema):
     @staticmethod
     def resolve_project(obj) -> str:
         return obj.project.slug
+
+    @staticmethod
+    def resolve_cost(obj) -> Decimal:
+        return Decimal(obj.cost).quantize(COST_PLACES)
 
     @staticmethod
     def resolve_parent(obj) -> int | None:
