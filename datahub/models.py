@@ -13,7 +13,8 @@ from django.db import models
 
 from studio.models import Project
 
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+# \Z, not $: $ also matches before a trailing newline ("v1\n" was stored as a tag no ref could name).
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z"
 
 
 class RepoType(models.TextChoices):

@@ -120,6 +120,17 @@ def test_refused_repo_name_says_the_rule_it_breaks(api, name, says):
     assert not Repo.objects.filter(name=name).exists()
 
 
+def test_a_trailing_newline_is_not_part_of_a_repo_branch_or_tag_name(api, repo):
+    """`$` matches before a final newline: "nl\n" was stored as a repo (and "dev\n" as a branch, "v1\n"
+    as a tag) that no ref (repo@ref ends at \\Z) or /hub URL could name."""
+    assert_error(api.post("/api/hub/repos", {"name": "nl\n"}), 400, "name")
+    assert_error(api.post("/api/hub/repos/my-model/branches", {"name": "dev\n"}), 400, "name")
+    assert_error(api.post("/api/hub/repos/my-model/tags", {"name": "v1\n"}), 400, "name")
+    assert_error(get(api, "/api/hub/repos/my-model/commits", ref="main\n"), 400, "ref")
+    assert not Repo.objects.filter(name__startswith="nl").exists()
+    assert not repo.branches.filter(name__startswith="dev").exists() and not repo.tags.exists()
+
+
 def test_bad_jsonl_row_names_its_column_not_json_s_inner_line(api, dataset_repo):
     data = b'{"text": "a"}\n{"text": \n{"text": "c"} x\n'
     commits.commit_files(dataset_repo, "main", {"train.jsonl": data}, "data")
