@@ -79,8 +79,7 @@ NEW_REPO_FIELDS = {"name", "type"}
 def repo_create(request: HttpRequest) -> HttpResponse:
     """New repo: RepoIn and repos.create_repo, as POST /api/hub/repos."""
     actor = web_actor(request)
-    project = actor.require_project()
-    actor.require_write(project)
+    project = actor.require_writable_project()
     values = {"name": request.POST.get("name", "").strip(), "type": request.POST.get("type", "")}
     try:
         payload = validate_data(RepoIn, values)

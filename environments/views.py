@@ -51,8 +51,7 @@ def catalogue_page(request: HttpRequest) -> HttpResponse:
 @require_POST
 def fork(request: HttpRequest) -> HttpResponse:
     actor = web_actor(request)
-    project = actor.require_project()
-    actor.require_write(project)
+    project = actor.require_writable_project()
     catalogue_name = request.POST.get("catalogue", "").strip()
     name = request.POST.get("name", "").strip() or None
     try:
@@ -112,8 +111,7 @@ def _parse_config(text: str) -> tuple[dict[str, Any] | None, list[Finding]]:
 @require_POST
 def edit_config(request: HttpRequest, name: str) -> HttpResponse:
     actor = web_actor(request)
-    project = actor.require_project()
-    actor.require_write(project)
+    project = actor.require_writable_project()
     services.environment_repo(project, name)  # 404 before reading the form
     text = request.POST.get("config", "")
     template = "environments/repo.html#config_card" if request.htmx else "environments/repo.html"

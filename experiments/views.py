@@ -38,8 +38,7 @@ def experiment_list(request: HttpRequest) -> HttpResponse:
 @require_POST
 def experiment_create(request: HttpRequest) -> HttpResponse:
     actor = web_actor(request)
-    project = actor.require_project()
-    actor.require_write(project)
+    project = actor.require_writable_project()
     name = request.POST.get("name", "")
     try:
         experiment = create_experiment(project, name)

@@ -45,6 +45,12 @@ class Actor:
             raise NotFound("You are not a member of any project: ask an owner to add you.")
         return self.project
 
+    def require_writable_project(self) -> Project:
+        """The current project, for a page's form that changes something in it (404, then 403)."""
+        project = self.require_project()
+        self.require_write(project)
+        return project
+
     def require_write(self, project: Project) -> Membership:
         member = self.membership(project)
         if member is None:

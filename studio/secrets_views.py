@@ -38,8 +38,7 @@ def secrets_page(request: HttpRequest) -> HttpResponse:
 @require_POST
 def set_secret(request: HttpRequest) -> HttpResponse:
     actor = web_actor(request)
-    project = actor.require_project()
-    actor.require_write(project)
+    project = actor.require_writable_project()
     name = request.POST.get("name", "").strip()
     try:
         services.set_secret(project, name, request.POST.get("value", ""))
@@ -54,8 +53,7 @@ def set_secret(request: HttpRequest) -> HttpResponse:
 @require_POST
 def delete_secret(request: HttpRequest) -> HttpResponse:
     actor = web_actor(request)
-    project = actor.require_project()
-    actor.require_write(project)
+    project = actor.require_writable_project()
     name = request.POST.get("name", "")
     services.delete_secret(project, name)  # NotFound → 404
     messages.success(request, f"Deleted secret {name}.")

@@ -277,8 +277,7 @@ def top_k_finding_of(values: dict[str, Any]) -> str | None:
 @studio_page
 def new_run(request: HttpRequest) -> HttpResponse:
     actor = web_actor(request)
-    project = actor.require_project()
-    actor.require_write(project)
+    project = actor.require_writable_project()
     if request.method == "GET":
         method = request.GET.get("method") if request.GET.get("method") in Method.values else "sft"
         experiment = request.GET.get("experiment", "")
