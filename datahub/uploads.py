@@ -54,9 +54,15 @@ def create_upload(repo: Repo, user, branch: str, files: list[dict], message: str
         seen.add(path)
         rows.append((i, path, f["size"], f.get("sha256") or ""))
     check_file_folder_clash(repo, branch, [(i, p) for i, p, _, _ in rows])
-    session = UploadSession.objects.create(repo=repo, branch=branch, created_by=user, message=message or "", parent=parent or "")
-    UploadFile.objects.bulk_create([UploadFile(session=session, index=i, path=p, size=s, sha256=h) for i, p, s, h in rows])
-    session_dir(session)
+    with transaction.atomic():  # no session without its staging folder
+        session = UploadSession.objects.create(repo=repo, branch=branch, created_by=user, message=message or "", parent=parent or "")
+        UploadFile.objects.bulk_create([UploadFile(session=session, index=i, path=p, size=s, sha256=h) for i, p, s, h in rows])
+        try:
+            session_dir(session)
+        except OSError as exc:
+            if not storage.disk_full(exc):
+                raise
+            raise storage.disk_full_error(exc, "files", "create the upload session again") from exc
     return session
 
 

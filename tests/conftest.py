@@ -154,15 +154,17 @@ class Worker:
 
 @pytest.fixture
 def small_disk(tmp_path):
-    """small_disk(size, name) mounts a real filesystem of `size` ("1m") at tmp_path/name, a tmpfs
-    (root can mount here), so a test fills a disk for real; unmounted afterwards. Skips where
-    mounting is not allowed."""
+    """small_disk(size, name, inodes) mounts a real filesystem of `size` ("1m") at tmp_path/name, a
+    tmpfs (root can mount here), so a test fills a disk for real (or runs out of its `inodes`, where
+    a new folder fails as on a full ext4 disk); unmounted afterwards. Skips where mounting is not
+    allowed."""
     mounts: list[Path] = []
 
-    def mount(size: str, name: str = "disk") -> Path:
+    def mount(size: str, name: str = "disk", inodes: int | None = None) -> Path:
         path = tmp_path / name
         path.mkdir()
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True, text=True)
+        options = f"size={size}" + (f",nr_inodes={inodes}" if inodes else "")
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True, text=True)
         if done.returncode != 0:
             pytest.skip(f"cannot mount a tmpfs here to fill a disk for real: {done.stderr.strip()}")
         mounts.append(path)

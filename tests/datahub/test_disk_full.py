@@ -134,3 +134,21 @@ def test_a_checkpoint_commit_on_a_full_disk_is_logged_and_stays_pending(api, use
     assert commit_checkpoint.apply(args=[checkpoint.pk]).successful()
     assert TreeEntry.objects.filter(path="checkpoints/step-2/model.safetensors").exists()
     assert storage.blob_storage().exists(Blob.objects.get().storage_name)
+
+
+def test_a_new_upload_session_on_a_disk_out_of_room_is_507_and_leaves_no_session(api, dataset_repo, small_disk, settings):
+    # A full ext4 disk refuses a new folder too; here the tmpfs runs out of inodes, which fails
+    # mkdir with the same ENOSPC.
+    settings.DATAHUB_STAGING_DIR = staging = small_disk("1m", "staging-disk", inodes=64)
+    (staging / "uploads").mkdir()
+    n = 0
+    with pytest.raises(OSError):
+        while True:
+            (staging / f"f{n}").touch()
+            n += 1
+    before = UploadSession.objects.count()
+    assert_disk_full(api.post("/api/hub/repos/hub-data/uploads", {"files": [{"path": "train.bin", "size": 10}]}), "files", "create the upload session again")
+    assert UploadSession.objects.count() == before
+    for i in range(n):
+        (staging / f"f{i}").unlink()
+    assert api.post("/api/hub/repos/hub-data/uploads", {"files": [{"path": "train.bin", "size": 10}]}).status_code == 201
