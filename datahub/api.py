@@ -26,7 +26,7 @@ from datahub.schemas import (
     UploadIn,
     UploadOut,
 )
-from studio.api import actor, body_schema, parse_body
+from studio.api import ErrorOut, actor, body_schema, parse_body
 from studio.errors import BadRequest, Conflict, Finding, NotFound
 from studio.parsing import ascii_int
 
@@ -270,7 +270,7 @@ def upload_or_404(request: HttpRequest, upload_id: str, write: bool = False) -> 
     return session
 
 
-@router.post("/repos/{name}/uploads", response={201: UploadOut}, openapi_extra=body_schema(UploadIn))
+@router.post("/repos/{name}/uploads", response={201: UploadOut, 507: ErrorOut}, openapi_extra=body_schema(UploadIn))
 def create_upload(request: HttpRequest, name: str):
     repo = repo_or_404(request, name, write=True)
     payload = parse_body(request, UploadIn)
@@ -283,7 +283,7 @@ def get_upload(request: HttpRequest, upload_id: str):
     return upload_out(upload_or_404(request, upload_id))
 
 
-@router.put("/uploads/{upload_id}/files/{index}", response=ChunkOut, openapi_extra={
+@router.put("/uploads/{upload_id}/files/{index}", response={200: ChunkOut, 507: ErrorOut}, openapi_extra={
     "requestBody": {"required": True, "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
     "parameters": [{"name": "offset", "in": "query", "required": True, "schema": {"type": "integer", "minimum": 0}}],
 })
@@ -300,7 +300,7 @@ def put_chunk(request: HttpRequest, upload_id: str, index: str):
     return {"index": upload.index, "received": upload.received, "size": upload.size, "complete": upload.complete}
 
 
-@router.post("/uploads/{upload_id}/commit", response=CommitOut, openapi_extra=body_schema(UploadCommitIn))
+@router.post("/uploads/{upload_id}/commit", response={200: CommitOut, 507: ErrorOut}, openapi_extra=body_schema(UploadCommitIn))
 def commit_upload(request: HttpRequest, upload_id: str):
     session = upload_or_404(request, upload_id, write=True)
     # the body is optional: a bare POST commits with the message given when the session was made

@@ -49,6 +49,10 @@ def test_every_operation_documents_the_error_body(spec):
     ("/api/training-runs/{run_id}", "patch", {"200", "409"}),
     ("/api/training-runs/{run_id}/start", "post", {"202", "402", "409", "422"}),
     ("/api/training-runs/{run_id}/stop", "post", {"200", "409"}),
+    # A full disk while files come into the Data Hub (tests/datahub/test_disk_full.py).
+    ("/api/hub/repos/{name}/uploads", "post", {"201", "507"}),
+    ("/api/hub/uploads/{upload_id}/files/{index}", "put", {"200", "507"}),
+    ("/api/hub/uploads/{upload_id}/commit", "post", {"200", "507"}),
 ])
 def test_run_endpoints_name_the_statuses_of_the_contract(spec, path, method, statuses):
     assert statuses <= set(spec["paths"][path][method]["responses"]), sorted(spec["paths"][path][method]["responses"])
