@@ -64,7 +64,7 @@ def test_a_worker_killed_between_claim_and_submit_leaves_exactly_one_dstack_job(
 
 def test_a_redis_restart_mid_run_loses_and_duplicates_nothing(api, project, dstack_server, dstack_api, worker_factory, own_redis):
     make_dstack_connection(project, dstack_server, retry_window_seconds=600)
-    worker_factory("redis", REDIS_URL=own_redis.url, STUDIO_REDISPATCH_AFTER_SECONDS="1")
+    worker = worker_factory("redis", REDIS_URL=own_redis.url, STUDIO_REDISPATCH_AFTER_SECONDS="1")
     # START's own dispatch message goes to the machine's broker, which no worker of ours reads: a
     # lost message. The reconciler (beat → our Redis) dispatches the run anyway.
     first = start_run(api)
@@ -81,7 +81,12 @@ def test_a_redis_restart_mid_run_loses_and_duplicates_nothing(api, project, dsta
         beat(own_redis.url)
         return TrainingRun.objects.filter(pk=second).exclude(backend_job_id="").exists()
 
-    wait_for(reconciled, 90, interval=3, message="the worker to reconnect and dispatch the second run")
+    # Up to three minutes: the worker's reconnect back-off, then a submit to the suite's shared dstack
+    # server, which is slow late in a full run (this wait once ran out at 90 s there and never alone).
+    try:
+        wait_for(reconciled, 180, interval=3, message="the worker to reconnect and dispatch the second run")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n--- the worker's log ---\n{worker.log()[-6000:]}") from None
     for _ in range(3):
         beat(own_redis.url)
     time.sleep(3)
