@@ -10,6 +10,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
@@ -87,9 +88,14 @@ def test_the_embedded_studio_serves_and_trains(embedded_env, tmp_path):
         assert http("GET", f"{base}/api/openapi.json")[0] == 200
 
         status, run = http("POST", f"{base}/api/training-runs", token, {
-            "name": "embedded sft", "method": "sft", "base_model": built["student"], "dataset": built["sft"],
+            "name": "Über embedded sft", "method": "sft", "base_model": built["student"], "dataset": built["sft"],
             "config": {"max_steps": 5, "save_steps": 2, "learning_rate": 5e-3, "per_device_train_batch_size": 8, "max_length": 64}})
         assert status == 201, run
+        # The run list's search folds case for every letter on SQLite too, as on PostgreSQL (SQLite's
+        # own LIKE folds ASCII only and missed "Über" for "über").
+        for text in ("über", "ÜBER EMBEDDED"):
+            _, found = http("GET", f"{base}/api/training-runs?search={urllib.parse.quote(text)}", token)
+            assert [r["id"] for r in found["items"]] == [run["id"]], (text, found)
         # Three STARTs at once on the one SQLite file: one starts the run, the others are told it is
         # starting (409), none fails on "database is locked".
         with ThreadPoolExecutor(3) as pool:
