@@ -191,7 +191,7 @@ def list_files(request: HttpRequest, name: str):
     qs = TreeEntry.objects.filter(commit=commit).select_related("blob")
     prefix = request.GET.get("path")
     if prefix:
-        qs = qs.filter(path__startswith=repos.clean_path(prefix.rstrip("/")) + "/")
+        qs = qs.filter(repos.under(repos.clean_path(prefix.rstrip("/")) + "/"))
     return {"repo": repo.full_name, "ref": ref, "commit": commit.pk, "files": files_of(qs)}
 
 

@@ -239,7 +239,7 @@ def repo_tree(request: HttpRequest, kind: str, namespace: str, name: str, rest: 
     prefix = repos.clean_path(path.rstrip("/")) + "/" if path.strip("/") else ""
     recursive = request.GET.get("recursive", "").lower() in ("1", "true")
     # Paths only for the whole listing (folders are derived from them); blobs only for the page.
-    paths = list(TreeEntry.objects.filter(commit=commit, path__startswith=prefix).values_list("path", flat=True))
+    paths = list(TreeEntry.objects.filter(repos.under(prefix), commit=commit).values_list("path", flat=True))
     if prefix and not paths:
         raise HubError(404, "EntryNotFound", f"{path} does not exist at {commit.pk}", commit=commit.pk)
     items = sorted(tree_items(paths, prefix, recursive))  # Python's order, not the database collation's
@@ -307,7 +307,7 @@ def paths_info(request: HttpRequest, kind: str, namespace: str, name: str, revis
         entry = repos.entry(commit, path)
         if entry is not None:
             out.append(file_json(entry))
-        elif TreeEntry.objects.filter(commit=commit, path__startswith=path + "/").exists():
+        elif TreeEntry.objects.filter(repos.under(path + "/"), commit=commit).exists():
             out.append(folder_json(path))
     return JsonResponse(out, safe=False)
 

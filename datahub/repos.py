@@ -19,6 +19,9 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from django.db import IntegrityError, transaction
+from django.db.models import Q
+from django.db.models.functions import Substr
+from django.db.models.lookups import Exact
 from django.utils import timezone
 
 from datahub.models import NAME_PATTERN, Blob, Branch, Commit, Repo, RepoType, Tag, TreeEntry
@@ -262,6 +265,16 @@ def tree(commit: Commit) -> dict[str, Blob]:
 
 def entry(commit: Commit, path: str) -> TreeEntry | None:
     return TreeEntry.objects.filter(commit=commit, path=path).select_related("blob").first()
+
+
+def under(folder: str) -> Q:
+    """A filter for the tree entries whose path starts with `folder` ("data/"; "" for all), in the
+    path's own case on every database. startswith alone is LIKE, which SQLite (the embedded default)
+    compares without case: "DATA/" listed data/'s files there and an HF tree of a folder that does not
+    exist was not a 404. LIKE narrows on the index; the exact comparison of the head decides."""
+    if not folder:
+        return Q()
+    return Q(path__startswith=folder) & Q(Exact(Substr("path", 1, len(folder)), folder))
 
 
 def history(repo: Repo, ref: str | None = None, limit: int = 100) -> list[Commit]:

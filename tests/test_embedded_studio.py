@@ -113,6 +113,14 @@ def test_the_embedded_studio_serves_and_trains(embedded_env, tmp_path):
         wanted = {"checkpoints/step-2", "checkpoints/step-4", "final"}
         wait_for(lambda: branch_folders(tmp_path / "var" / "studio.sqlite3", f"run-{run['id']}") >= wanted, 60, interval=1,
                  message=f"{sorted(wanted)} on the run's branch")
+        # A folder is matched in its own case, as on PostgreSQL: SQLite's LIKE ignores case, and
+        # "CHECKPOINTS/STEP-2" listed checkpoints/step-2's files.
+        files = f"{base}/api/hub/repos/experiment-default/files?ref=run-{run['id']}&path="
+        assert http("GET", files + "checkpoints/step-2", token)[1]["files"]
+        assert http("GET", files + "CHECKPOINTS/STEP-2", token)[1]["files"] == []
+        hf_tree = f"{base}/hub/api/models/demo/experiment-default/tree/run-{run['id']}/"
+        assert http("GET", hf_tree + "checkpoints/step-2", token)[0] == 200
+        assert http("GET", hf_tree + "CHECKPOINTS/STEP-2", token)[0] == 404
     finally:
         os.killpg(studio.pid, signal.SIGINT)
         try:
