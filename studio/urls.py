@@ -1,16 +1,15 @@
 from __future__ import annotations
 
 from django.contrib import admin
-from django.templatetags.static import static
 from django.urls import include, path
-from django.views.generic import RedirectView
 
+from studio import views
 from studio.api import api
 
 urlpatterns = [
     # Pages without a <link rel="icon"> (the admin's, Django's) make the browser ask for /favicon.ico:
     # a 404 there is a console error on every admin page.
-    path("favicon.ico", RedirectView.as_view(url=static("img/favicon.svg"), permanent=True)),
+    path("favicon.ico", views.favicon),
     path("admin/", admin.site.urls),
     path("api/", api.urls),
     path("hub/", include("datahub.hf_urls")),

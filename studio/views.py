@@ -14,6 +14,7 @@ from django.core.exceptions import PermissionDenied, RequestDataTooBig, TooManyF
 from django.db.models import Sum
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.templatetags.static import static
 from django.urls import Resolver404, resolve
 from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
@@ -106,6 +107,12 @@ class LoginView(auth_views.LoginView):
     def form_invalid(self, form) -> HttpResponse:
         note_auth_failure(self.request)
         return super().form_invalid(form)
+
+
+def favicon(request: HttpRequest) -> HttpResponse:
+    """/favicon.ico → the Studio's icon, for pages without a <link rel="icon"> (the admin's): resolved
+    per request, as the hashed static name exists only once collectstatic has run."""
+    return redirect(static("img/favicon.svg"), permanent=True)
 
 
 @login_required
