@@ -5,7 +5,6 @@ from before a restart gets 403 and writes nothing.
 """
 from __future__ import annotations
 
-import json
 import logging
 
 from django.db import IntegrityError, connection, transaction
@@ -16,7 +15,7 @@ from pydantic import ValidationError as PydanticValidationError
 
 from datahub.services import record_checkpoint
 from studio import crypto
-from studio.api import _finite_float, _no_constant, body_schema, parse_body, unstorable
+from studio.api import body_schema, loads_json, parse_body, unstorable
 from studio.errors import Forbidden, Unauthorized
 from studio.ratelimit import check_auth_allowed, note_auth_failure
 from training import status as status_service
@@ -62,7 +61,7 @@ def parse_batch(request: HttpRequest) -> IngestBatchIn:
     body = request.body
     if body and b"\\u" not in body:
         try:
-            raw = json.loads(body, parse_constant=_no_constant, parse_float=_finite_float)
+            raw = loads_json(body)
             if isinstance(raw, dict):
                 # Metrics and logs are flat; only the free-form parts can be nested too deeply.
                 free = {"progress": raw.get("progress"), "rollouts": raw.get("rollouts"), "error": raw.get("error")}
