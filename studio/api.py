@@ -60,6 +60,37 @@ class StudioApi(NinjaAPI):
 api = StudioApi(title="Studio API", version="1.0", urls_namespace="api", auth=StudioAuth(), docs=Swagger())
 
 
+def query_names(operation: Any) -> frozenset[str]:
+    """The query parameters an operation takes: those of its signature (Query[...] and plain
+    values, pagination's included) and those it reads by hand and documents in openapi_extra."""
+    names = {name for model in operation.models if model.__ninja_param_source__ == "query"
+             for name in model.__ninja_flatten_map__}
+    extra = (operation.openapi_extra or {}).get("parameters", [])
+    return frozenset(names | {p["name"] for p in extra if p.get("in") == "query"})
+
+
+def refuse_unknown_query(run: Any) -> Any:
+    """A misspelt filter (`?stauts=failed`) must not quietly list every run. Applied to each
+    operation as it is bound: its parameters are read (after authentication, as ninja reads its
+    own, so 401 still comes first) only once every query name is one it takes."""
+    operation = run.__self__
+    known, read = query_names(operation), operation._get_values
+
+    def get_values(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        unknown = sorted(set(request.GET) - known)
+        if unknown:
+            takes = f"it takes {', '.join(sorted(known))}" if known else "it takes none"
+            raise BadRequest("The request has unknown query parameters.",
+                             [Finding(name, f"unknown query parameter: remove it ({takes})") for name in unknown[:20]])
+        return read(request, *args, **kwargs)
+
+    operation._get_values = get_values
+    return run
+
+
+api.add_decorator(refuse_unknown_query, mode="view")
+
+
 # The tags pydantic puts in an error's loc for each member of a union (`str | int` → "str", "int";
 # "list[...]", "function-after[...]"): they name a type, not a field, so a path leaves them out.
 UNION_TAG = re.compile(r"^(str|int|float|bool|bytes|none|[a-z_-]+\[.*\])$")
