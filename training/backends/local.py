@@ -156,7 +156,8 @@ class LocalBackend(Backend):
         # The one exit → error-code table, shared with dstack and Modal (training/backends/mapping.py).
         from training.backends.mapping import exit_result
 
-        return exit_result(result.get("returncode"), result.get("signal"), tail_lines(directory / "engine.log"))
+        # An exit.json without "oom_kills" (written before the runner recorded it) is unknown evidence.
+        return exit_result(result.get("returncode"), result.get("signal"), tail_lines(directory / "engine.log"), result.get("oom_kills"))
 
     def stop(self, run_id: int, attempt: int, job_id: str) -> None:
         parsed = parse_job_id(job_id)

@@ -17,15 +17,23 @@ OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory")
 SIGKILL_EXIT = 128 + signal.SIGKILL
 
 
-def exit_result(returncode: int | None, sig: int | None, log_tail: list[str]) -> PollResult:
-    """Map an engine exit (return code, or the signal that killed it) to a PollResult."""
+def exit_result(returncode: int | None, sig: int | None, log_tail: list[str], oom_kills: int | None = None) -> PollResult:
+    """Map an engine exit (return code, or the signal that killed it) to a PollResult.
+
+    `oom_kills` is how many OOM kills the kernel counted while the engine ran (the local runner
+    reads the counters): 0 means a SIGKILL came from someone else, None that nobody could tell."""
     tail = log_tail[-LOG_TAIL_LINES:]
     if returncode == 0 and not sig:
         return PollResult("succeeded", log_tail=tail)
-    if sig == signal.SIGKILL or returncode == SIGKILL_EXIT:
-        return PollResult("failed", ErrorCode.OOM, "the engine was killed (SIGKILL), most likely by the kernel's OOM killer: use a smaller model or batch", tail)
+    killed = sig == signal.SIGKILL or returncode == SIGKILL_EXIT
+    if killed and oom_kills:
+        return PollResult("failed", ErrorCode.OOM, "the engine was killed (SIGKILL) by the kernel's OOM killer (the kernel counted an OOM kill while the engine ran): it ran out of memory (the machine's, or its container's limit); use a smaller model, or lower per_device_train_batch_size or max_length", tail)
+    if killed and oom_kills is None:
+        return PollResult("failed", ErrorCode.OOM, "the engine was killed (SIGKILL), possibly by the kernel's OOM killer (no OOM-kill counter could be read to tell): use a smaller model, or lower per_device_train_batch_size or max_length", tail)
     if oom_in(tail):
         return PollResult("failed", ErrorCode.OOM, "the engine ran out of GPU memory: lower the batch size or max_length", tail)
+    if killed:
+        return PollResult("failed", ErrorCode.TRAINING_ERROR, "the engine was killed (SIGKILL) from outside the Studio, not out of memory as far as the kernel's OOM-kill counters show: find what killed it (a `kill -9`, a supervisor or job scheduler, a container runtime) and stop it, then start the run again", tail)
     how = f"signal {sig}" if sig else f"exit code {returncode}"
     return PollResult("failed", ErrorCode.TRAINING_ERROR, f"the engine stopped with {how}", tail)
 
