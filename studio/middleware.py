@@ -8,8 +8,12 @@ or 5xx under /api/ after the fact.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import suppress
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import render
+
+from datahub.storage import disk_full, disk_full_error
 
 API_PREFIX = "/api/"
 SENTENCES = {
@@ -44,3 +48,40 @@ class ApiErrorShapeMiddleware:
                     shaped[header] = response[header]
             return shaped
         return response
+
+
+class FullDiskFormMiddleware:
+    """A multipart form read on a full disk is a 507, not a 500.
+
+    Django spools each file of a form over FILE_UPLOAD_MAX_MEMORY_SIZE to FILE_UPLOAD_TEMP_DIR as
+    it parses the body, and the first to parse it is the CSRF check, before any view that could
+    answer. Placed before CsrfViewMiddleware, this parses the form first, and a full disk there
+    (ENOSPC, EDQUOT) answers as the Data Hub's own writes do: nothing was stored, free space, send
+    it again."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]):
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        if request.method == "POST" and request.content_type == "multipart/form-data":
+            try:
+                request.POST  # noqa: B018 (parsing is the point)
+            except OSError as exc:
+                if not disk_full(exc):
+                    raise
+                discard_spooled_files(request)
+                error = disk_full_error(exc, "files", "send the form again")
+                if request.path.startswith(API_PREFIX):
+                    return JsonResponse(error.body(), status=error.status)
+                return render(request, "507.html", {"detail": error.detail, "advice": error.errors[0].message}, status=error.status)
+        return self.get_response(request)
+
+
+def discard_spooled_files(request: HttpRequest) -> None:
+    """Close (so delete) the temp file a parse left half-written: Django would only at garbage
+    collection, holding the space the user is asked to free."""
+    for handler in request.upload_handlers:
+        spooled = getattr(handler, "file", None)
+        if spooled is not None:
+            with suppress(OSError):
+                spooled.close()

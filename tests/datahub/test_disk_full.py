@@ -152,3 +152,25 @@ def test_a_new_upload_session_on_a_disk_out_of_room_is_507_and_leaves_no_session
     for i in range(n):
         (staging / f"f{i}").unlink()
     assert api.post("/api/hub/repos/hub-data/uploads", {"files": [{"path": "train.bin", "size": 10}]}).status_code == 201
+
+
+def test_a_form_whose_files_meet_a_full_temp_disk_is_507_not_500(browser, dataset_repo, small_disk, settings):
+    """Django spools a form's file over FILE_UPLOAD_MAX_MEMORY_SIZE to FILE_UPLOAD_TEMP_DIR while it
+    parses the body, before any view runs: a full disk there is a 507 page, and nothing is stored."""
+    settings.FILE_UPLOAD_TEMP_DIR = temp = small_disk("1m", "temp-disk")
+    settings.FILE_UPLOAD_MAX_MEMORY_SIZE = 100_000  # so DATA (200 kB) is spooled to disk
+    filler = fill_disk(temp)
+    c = browser("member")
+    r = c.post("/hub/acme/hub-data/upload", {"files": [SimpleUploadedFile("train.bin", DATA)], "branch": "main", "folder": "data"})
+
+    assert r.status_code == 507
+    html = r.content.decode()
+    assert "disk is full" in html and "nothing was committed" in html and "send the form again" in html
+    assert repos.tree(repos.resolve(dataset_repo, "main")) == {} and not Blob.objects.exists()
+    assert not UploadSession.objects.exists()
+    assert files_under(temp) == {}  # the half-written temp file is gone
+
+    filler.unlink()
+    r = c.post("/hub/acme/hub-data/upload", {"files": [SimpleUploadedFile("train.bin", DATA)], "branch": "main", "folder": "data"})
+    assert r.status_code == 302
+    assert "data/train.bin" in repos.tree(repos.resolve(dataset_repo, "main"))
