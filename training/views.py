@@ -34,6 +34,7 @@ from training.methods import distill as distill_method
 from training.models import ACTIVE_STATUSES, Checkpoint, LogLine, Method, MetricPoint, Rollout, Status, TrainingRun
 from training.queries import filter_rollouts, get_run_for, runs_for, search_runs
 from training.refs import HUB_REF, dataset_entries, ref_kind
+from training.suggestions import RefSuggestions
 
 MAX_POINTS = 500
 LOG_TAIL = 200
@@ -255,6 +256,7 @@ def form_context(request: HttpRequest, project, values: dict[str, Any], errors: 
         "estimate": forms.storage_estimate(values.get("config.distillation.top_k"), values.get("distill_tokens")) if distill else None,
         "estimate_finding": top_k_finding_of(values) if distill else None,
         "environment_choices": environment_choices(project) if method == "grpo" else [],
+        "suggestions": RefSuggestions(project, method),
         "teacher": forms.teacher_fit(values.get("config.distillation.teacher_model"), values.get("compute.accelerators"), project) if distill else None,
         "fit": form_fit_report(*forms.draft_of_values({**values, "method": method}, project)),
     }

@@ -11,6 +11,7 @@ from django.core.management.base import BaseCommand
 
 from studio.models import Project
 from studio.services import create_api_token, create_plan, create_project
+from training.suggestions import demo_marker
 
 
 class Command(BaseCommand):
@@ -27,13 +28,13 @@ class Command(BaseCommand):
         create_plan("free", includes_training=False, max_concurrent_runs=0, max_gpus_per_run=0)
         team = create_plan("team", includes_training=True, max_concurrent_runs=2, max_gpus_per_run=8)
         project = Project.objects.filter(slug="demo").first() or create_project("demo", owner=user, plan=team)
-        models_dir = settings.VAR_DIR / "demo"
+        marker = demo_marker()  # NEW RUN suggests what it lists (training/suggestions.py)
+        models_dir = marker.parent
         try:
             from training.engine.tiny import build_demo_datasets, build_tiny_models
         except ImportError:
             self.stdout.write("the trainer engine is not installed: skipping the tiny demo models")
         else:
-            marker = models_dir / "built.json"
             if not marker.exists():
                 built = {**build_tiny_models(models_dir), **build_demo_datasets(models_dir / "datasets")}
                 marker.write_text(json.dumps(built, indent=2))

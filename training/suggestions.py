@@ -1,0 +1,97 @@
+"""What NEW RUN suggests in its model and dataset fields (the <datalist>s): the tiny demo models and
+datasets `manage.py bootstrapdemo` built, the current project's Data Hub repos as refs, and the base
+models of its recent runs. Every query is filtered by the one project and bounded: another project's
+names never reach the page, and a project with thousands of repos or runs renders the same few rows."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+from django.conf import settings
+from django.db.models import Max
+
+from datahub.models import Repo, RepoType
+from studio.models import Project
+from training.models import TrainingRun
+from training.refs import inside_local_roots
+
+REPO_LIMIT = 50  # per repo type, the newest
+RECENT_LIMIT = 20  # distinct base models, the most recently used first
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    value: str
+    label: str
+
+
+def demo_marker() -> Path:
+    """Where bootstrapdemo records what it built: {name: absolute path}, the tiny models' folders
+    (student, teacher) and a JSONL dataset per method (sft, sft_text, ..., dpo, distill, grpo)."""
+    return settings.VAR_DIR / "demo" / "built.json"
+
+
+def demo_built() -> dict[str, Path]:
+    """The demo's models and datasets that still exist and that runs may read (inside
+    STUDIO_LOCAL_ROOTS); empty when bootstrapdemo never built them (no engine, or not the embedded default)."""
+    try:
+        built = json.loads(demo_marker().read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(built, dict):
+        return {}
+    paths = {str(name): Path(value) for name, value in built.items() if isinstance(value, str)}
+    return {name: path for name, path in paths.items() if path.is_absolute() and path.exists() and inside_local_roots(path)}
+
+
+def _unique(items: list[Suggestion]) -> list[Suggestion]:
+    seen: set[str] = set()
+    return [item for item in items if not (item.value in seen or seen.add(item.value))]
+
+
+class RefSuggestions:
+    """Lazy: a part of the form that shows no datalist (the live estimates) reads nothing."""
+
+    def __init__(self, project: Project, method: str) -> None:
+        self.project, self.method = project, method
+
+    @cached_property
+    def demo(self) -> dict[str, Path]:
+        return demo_built()
+
+    @cached_property
+    def demo_models(self) -> list[Suggestion]:
+        # A model is a folder save_pretrained wrote: what START accepts as a local model path.
+        return [Suggestion(str(path), f"demo {name} model (bootstrapdemo)") for name, path in self.demo.items() if (path / "config.json").is_file()]
+
+    def repo_refs(self, repo_type: str) -> list[Suggestion]:
+        rows = Repo.objects.filter(project=self.project, type=repo_type).order_by("-created_at", "-id").values_list("name", "default_branch")[:REPO_LIMIT]
+        return [Suggestion(f"{name}@{branch}", f"Data Hub {repo_type} repo") for name, branch in sorted(rows)]
+
+    def recent_base_models(self) -> list[Suggestion]:
+        rows = (TrainingRun.objects.filter(project=self.project).exclude(base_model="").values("base_model")
+                .annotate(last=Max("created_at")).order_by("-last").values_list("base_model", flat=True)[:RECENT_LIMIT])
+        return [Suggestion(value, "used by a recent run") for value in rows]
+
+    @cached_property
+    def models(self) -> list[Suggestion]:
+        return _unique(self.demo_models + self.repo_refs(RepoType.MODEL) + self.recent_base_models())
+
+    @cached_property
+    def datasets(self) -> list[Suggestion]:
+        demo = [Suggestion(str(path), f"demo {name} dataset (bootstrapdemo)") for name, path in self.demo.items()
+                if path.is_file() and (name == self.method or name.startswith(f"{self.method}_"))]
+        return _unique(demo + self.repo_refs(RepoType.DATASET))
+
+    @property
+    def model_help(self) -> str:
+        example = self.demo_models[0].value if self.demo_models else "/data/models/my-model"
+        return f"An HF id (Qwen/Qwen2.5-0.5B-Instruct), a Data Hub repo@ref (my-model@main, project/repo@ref) or, on the local backend, a folder: {example}"
+
+    @property
+    def dataset_help(self) -> str:
+        example = next((str(path) for path in self.demo.values() if path.is_file()), "/data/my-data.jsonl")
+        return (f"An HF id (org/dataset), a Data Hub repo@ref (my-data@main) or, on the local backend, a file: {example}. "
+                "Several: separate with commas. GRPO takes its prompts from the environment or the RULER task instead.")
