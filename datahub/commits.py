@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from django.db import transaction
+from django.utils import timezone
 
 from datahub import storage
 from datahub.models import Blob, Branch, Commit, Repo, TreeEntry, blob_path
@@ -37,13 +38,29 @@ def store_blob(source: FileSource) -> Blob:
 
 def store_staged(path: Path, sha256: str, size: int, keep_on_error: bool = False) -> Blob:
     """Move a staged local file into the blob storage (or drop it when the bytes are there).
-    The Blob row is made only once all its bytes are stored (storage.put_staged, `keep_on_error`)."""
-    blob = Blob.objects.filter(pk=sha256).first()
-    if blob is not None and storage.blob_storage().exists(blob.storage_name):
-        path.unlink(missing_ok=True)
-        return blob
-    storage.put_staged(path, blob_path(sha256), keep_on_error)
-    blob, _ = Blob.objects.get_or_create(sha256=sha256, defaults={"size": size})
+    The Blob row is made only once all its bytes are stored (storage.put_staged, `keep_on_error`).
+
+    hub_gc (datahub.gc) may be removing these very bytes: it deletes a blob's bytes under a lock
+    on its row, and a stray file's under a row of that sha256 that it inserts for the while. So
+    the bytes are checked again here under the row's lock, and written again if they went; and the
+    row's used_at is set, so that the collector keeps the blob for its grace period while the
+    caller hashes its other files and commits (or records it on an upload file)."""
+    name = blob_path(sha256)
+    try:
+        if not Blob.objects.filter(pk=sha256).exists():
+            storage.put_staged(path, name, keep_on_error)  # slow I/O, outside the row lock
+        with transaction.atomic():
+            blob, created = Blob.objects.select_for_update().get_or_create(sha256=sha256, defaults={"size": size})
+            if not storage.blob_storage().exists(name):
+                storage.put_staged(path, name, keep_on_error)  # never stored, or the collector took them
+            if not created:
+                blob.used_at = timezone.now()
+                blob.save(update_fields=["used_at"])
+    except BaseException:
+        if not keep_on_error:
+            path.unlink(missing_ok=True)
+        raise
+    path.unlink(missing_ok=True)  # the bytes were there already
     return blob
 
 
@@ -78,6 +95,15 @@ def commit_blobs(repo: Repo, branch: str, blobs: Mapping[str, Blob], message: st
             raise RefNotFound(f"{repo.full_name} has no branch {branch!r}.", [Finding("branch", "commit to an existing branch, e.g. main")])
         if parent is not None and head.head_id != parent:
             raise Conflict(f"Branch {branch!r} moved since {parent[:10]}: it is now at {head.head_id[:10]}.", [Finding("parent", "reload the branch and commit again")])
+        # Lock the rows of the blobs this commit adds, in one order (no deadlock between two
+        # commits): hub_gc deletes a blob under its row lock after checking that no tree names it,
+        # so it waits for this transaction and then sees its tree entries; a blob it took before
+        # is missing here. NO KEY: the tree entries' foreign-key checks still share the rows.
+        adding = {blob.pk: path for path, blob in blobs.items()}
+        kept = set(Blob.objects.select_for_update(no_key=True).filter(pk__in=adding).order_by("pk").values_list("pk", flat=True))
+        if gone := [path for sha, path in adding.items() if sha not in kept]:
+            raise Conflict(f"The stored bytes of {gone[0]!r} were removed by the Data Hub's garbage collector (hub_gc) before this commit named them: nothing was committed.",
+                           [Finding("path", f"{path}: commit it again, which stores its bytes anew") for path in gone])
         current = {e.path: e.blob_id for e in TreeEntry.objects.filter(commit_id=head.head_id)}
         new = dict(current)
         for path in delete:

@@ -10,6 +10,7 @@ import uuid
 
 from django.conf import settings
 from django.db import models
+from django.utils import timezone
 
 from studio.models import Project
 
@@ -47,11 +48,16 @@ class Repo(models.Model):
 
 
 class Blob(models.Model):
-    """Bytes stored once, at blob_path(sha256) in the Data Hub storage."""
+    """Bytes stored once, at blob_path(sha256) in the Data Hub storage. They stay when the repos
+    that named them are deleted, until `manage.py hub_gc` (datahub.gc) removes the blobs no tree
+    and no unfinished upload names."""
 
     sha256 = models.CharField(max_length=64, primary_key=True)
     size = models.BigIntegerField()
     created_at = models.DateTimeField(auto_now_add=True)
+    # When a writer last stored or reused these bytes (commits.store_staged): hub_gc's grace
+    # period counts from here, which covers the time until the writer's commit names the blob.
+    used_at = models.DateTimeField(default=timezone.now)
 
     def __str__(self) -> str:
         return f"{self.sha256[:12]} ({self.size} B)"

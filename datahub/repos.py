@@ -203,7 +203,8 @@ def delete_repo(repo: Repo) -> None:
     bytes of its open sessions go once the transaction commits). Blobs stay: they are content
     addressed and shared by every repo of every project, and a commit elsewhere may be reusing
     one at this moment (store_staged skips bytes already there), so removing one here could leave
-    another repo's tree naming bytes that are gone. Re-uploading the same bytes reuses them.
+    another repo's tree naming bytes that are gone. Re-uploading the same bytes reuses them;
+    `manage.py hub_gc` (datahub.gc) removes those no repo uses, once past its grace period.
     Runs that use the repo are guarded by services.delete_repo."""
     from datahub.uploads import discard_staged  # uploads imports this module
 

@@ -100,16 +100,22 @@ def hash_file(path: Path) -> tuple[str, int]:
     return digest.hexdigest(), size
 
 
-def put_staged(staged_path: Path, name: str, keep_on_error: bool = False) -> None:
-    """Move a staged file to `name` in the blob storage, unless those bytes are already there.
+def put_staged(staged_path: Path, name: str, keep_on_error: bool = False) -> bool:
+    """Move a staged file to `name` in the blob storage and return True, unless those bytes are
+    already there: then False, and the staged file is left to the caller (commits.store_staged
+    keeps it until the blob's row holds, as hub_gc may remove bytes that no row names yet).
     Content addressing makes a concurrent writer of the same name harmless: same bytes.
-    The staged file is gone afterwards, unless the move failed and `keep_on_error` (an upload
+    After a move the staged file is gone, unless the move failed and `keep_on_error` (an upload
     session's file, which its client commits again once the storage has room)."""
     storage = blob_storage()
+    if storage.exists(name):
+        return False
     failed = False
     try:
-        if storage.exists(name):
-            return
+        # The stored file keeps the staged file's mtime (a rename, or a copy with copystat), and
+        # hub_gc's grace period for a file with no Blob row counts from it: from now, then, not
+        # from when an upload's last chunk arrived, perhaps days ago.
+        os.utime(staged_path)
         try:
             with open(staged_path, "rb") as fh:
                 saved = storage.save(name, _StagedFile(fh, name=str(staged_path)))
@@ -125,6 +131,7 @@ def put_staged(staged_path: Path, name: str, keep_on_error: bool = False) -> Non
     finally:
         if staged_path.exists() and not (failed and keep_on_error):
             staged_path.unlink()
+    return True
 
 
 def open_blob(name: str) -> IO[bytes]:
