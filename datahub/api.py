@@ -258,6 +258,7 @@ def upload_out(session: UploadSession) -> dict:
     return {
         "id": str(session.pk), "repo": session.repo.full_name, "branch": session.branch, "state": session.state,
         "commit": session.commit_id,
+        "reason": f"{uploads.aborted_detail(session)} To go on, {uploads.start_again(session)}." if session.state == UploadSession.State.ABORTED else None,
         "files": [{"index": f.index, "path": f.path, "size": f.size, "received": f.received, "complete": f.complete} for f in session.files.all()],
     }
 

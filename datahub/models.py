@@ -144,7 +144,10 @@ class UploadSession(models.Model):
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     state = models.CharField(max_length=16, choices=State.choices, default=State.OPEN)
     commit = models.ForeignKey(Commit, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    abort_reason = models.CharField(max_length=200, blank=True, help_text="Why the Studio aborted it (hub_gc), e.g. \"it had no activity for 7 days\"; blank when its client did.")
     created_at = models.DateTimeField(auto_now_add=True)
+    # The last activity: every chunk and every state change sets it (they write with update(), which
+    # auto_now does not see, so they set it themselves); hub_gc aborts an unfinished session idle too long.
     updated_at = models.DateTimeField(auto_now=True)
 
 

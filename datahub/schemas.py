@@ -110,6 +110,7 @@ class UploadOut(Schema):
     branch: str
     state: str
     commit: str | None
+    reason: str | None = Field(description="When state is aborted: why, and what to do (start a new upload session); else null")
     files: list[UploadFileOut]
 
 

@@ -3,6 +3,9 @@ their sizes → PUT each file's bytes in chunks at explicit offsets (resumable: 
 see what arrived) → commit. Chunks are staged on local disk; nothing is visible in any commit
 until the commit step, which refuses while any file is incomplete. upload_files runs the same
 steps in one call for the repo page's Upload files form.
+
+Every chunk and every state change sets the session's updated_at (its last activity): `manage.py
+hub_gc` aborts an open or committing session idle for --upload-days (expire_upload).
 """
 from __future__ import annotations
 
@@ -10,18 +13,26 @@ import os
 import shutil
 import uuid
 from collections.abc import Iterable
+from datetime import datetime
 from pathlib import Path, PurePosixPath
 from typing import IO
 
 from django.db import transaction
+from django.utils import timezone
 
 from datahub import commits, repos, storage
 from datahub.models import Commit, Repo, TreeEntry, UploadFile, UploadSession
 from studio.errors import BadRequest, Conflict, Finding, InsufficientStorage, NotFound
 
+UNFINISHED = (UploadSession.State.OPEN, UploadSession.State.COMMITTING)
+
+
+def uploads_dir() -> Path:
+    return storage.staging_dir() / "uploads"
+
 
 def staged_path(session_id) -> Path:
-    return storage.staging_dir() / "uploads" / str(session_id)
+    return uploads_dir() / str(session_id)
 
 
 def session_dir(session: UploadSession) -> Path:
@@ -107,7 +118,7 @@ def write_chunk(session: UploadSession, index: int, offset: int, stream: IO[byte
             raise NotFound(f"The upload session has no file {index}.")
         session = UploadSession.objects.get(pk=session.pk)
         if session.state != UploadSession.State.OPEN:
-            raise Conflict(f"This upload session is {session.state}: start a new one.")
+            raise not_open(session)
         if offset != upload.received:
             raise Conflict(
                 f"File {index} has {upload.received} bytes so far: send the next chunk at offset {upload.received}.",
@@ -124,6 +135,11 @@ def write_chunk(session: UploadSession, index: int, offset: int, stream: IO[byte
             raise storage.disk_full_error(exc, "body", f"send this chunk again at offset {offset} (the upload session keeps what arrived before it)") from exc
         upload.received = offset + written
         upload.save(update_fields=["received"])
+        # The chunk is activity (hub_gc aborts idle sessions). Touched last, so the session row is
+        # locked only until this commits (chunks of other files go on in parallel); if the session
+        # was aborted or expired while the bytes came, this rolls `received` back and says so.
+        if not UploadSession.objects.filter(pk=session.pk, state=UploadSession.State.OPEN).update(updated_at=timezone.now()):
+            raise not_open(UploadSession.objects.get(pk=session.pk))
         return upload
 
 
@@ -162,7 +178,7 @@ def commit_upload(session: UploadSession, user, message: str | None = None) -> C
         if session.state == UploadSession.State.COMMITTED and session.commit_id:
             return session.commit
         if session.state != UploadSession.State.OPEN:
-            raise Conflict(f"This upload session is {session.state}: {'wait for it' if session.state == UploadSession.State.COMMITTING else 'start a new one'}.")
+            raise not_open(session)
         files = list(session.files.all())
         missing = [f for f in files if not f.complete]
         if missing:
@@ -170,16 +186,17 @@ def commit_upload(session: UploadSession, user, message: str | None = None) -> C
                 "The upload is not complete: nothing was committed.",
                 [Finding(f"files[{f.index}]", f"{f.path} has {f.received} of {f.size} bytes: send the rest, then commit") for f in missing],
             )
-        UploadSession.objects.filter(pk=session.pk).update(state=UploadSession.State.COMMITTING)
+        UploadSession.objects.filter(pk=session.pk).update(state=UploadSession.State.COMMITTING, updated_at=timezone.now())
     try:
         blobs = {f.path: _blob_of(session, f) for f in files}
         commit = commits.commit_blobs(session.repo, session.branch, blobs, message or session.message, user, parent=session.parent or None)
     except BaseException as exc:
-        UploadSession.objects.filter(pk=session.pk).update(state=UploadSession.State.OPEN)
+        # Only from committing: a session that hub_gc expired meanwhile stays aborted (its staged files are gone).
+        UploadSession.objects.filter(pk=session.pk, state=UploadSession.State.COMMITTING).update(state=UploadSession.State.OPEN, updated_at=timezone.now())
         if storage.disk_full(exc):
             raise storage.disk_full_error(exc, "files", "commit this upload session again (it is still open, with every file it received)") from exc
         raise
-    UploadSession.objects.filter(pk=session.pk).update(state=UploadSession.State.COMMITTED, commit=commit)
+    UploadSession.objects.filter(pk=session.pk).update(state=UploadSession.State.COMMITTED, commit=commit, updated_at=timezone.now())
     discard_staged([session.pk])
     return commit
 
@@ -199,6 +216,7 @@ def _blob_of(session: UploadSession, f: UploadFile):
                          [Finding(f"files[{f.index}].sha256", "the bytes were corrupted on the way: upload this file again from offset 0")])
     blob = commits.store_staged(part, sha256, size, keep_on_error=True)
     UploadFile.objects.filter(pk=f.pk).update(blob=blob)
+    UploadSession.objects.filter(pk=session.pk).update(updated_at=timezone.now())  # a committer at work is active
     return blob
 
 
@@ -222,7 +240,41 @@ def upload_files(repo: Repo, user, branch: str, files: list[tuple[str, int, IO[b
 
 
 def abort_upload(session: UploadSession) -> None:
+    _abort(session.pk, state=UploadSession.State.OPEN)
+
+
+def expire_upload(session_id, idle_since: datetime, reason: str) -> bool:
+    """Abort an open or committing session with no activity since `idle_since` (hub_gc), as
+    abort_upload does, noting `reason` for its client. A committing session that idle lost its
+    committer (commit_upload touches the session for each file it stores): the blobs it stored are
+    then named by no unfinished upload, and hub_gc's grace period applies to them. The conditional
+    update is the claim: a chunk or a commit step that touched the session meanwhile keeps it."""
+    return _abort(session_id, reason, state__in=UNFINISHED, updated_at__lt=idle_since)
+
+
+def _abort(session_id, reason: str = "", **only_if) -> bool:
+    """Mark the session aborted when it matches `only_if`, and discard what it staged."""
     with transaction.atomic():
-        updated = UploadSession.objects.filter(pk=session.pk, state=UploadSession.State.OPEN).update(state=UploadSession.State.ABORTED)
+        updated = UploadSession.objects.filter(pk=session_id, **only_if).update(
+            state=UploadSession.State.ABORTED, abort_reason=reason, updated_at=timezone.now())
     if updated:
-        discard_staged([session.pk])
+        discard_staged([session_id])
+    return bool(updated)
+
+
+def not_open(session: UploadSession) -> Conflict:
+    """The 409 for a chunk or a commit sent to a session that is no longer open."""
+    if session.state == UploadSession.State.COMMITTING:
+        return Conflict("This upload session is being committed: wait for it (GET the session shows its commit when it is done).")
+    if session.state == UploadSession.State.COMMITTED:
+        return Conflict("This upload session is committed: start a new upload session to change the repo again.")
+    return Conflict(aborted_detail(session), [Finding("upload_id", start_again(session))])
+
+
+def aborted_detail(session: UploadSession) -> str:
+    because = f" because {session.abort_reason}" if session.abort_reason else ""
+    return f"This upload session was aborted{because}: nothing of it was committed, and the bytes it received are gone."
+
+
+def start_again(session: UploadSession) -> str:
+    return f"start a new upload session (POST /api/hub/repos/{session.repo.name}/uploads) and send the files again"
