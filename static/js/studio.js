@@ -19,6 +19,17 @@
     return Math.ceil(size) + 4;
   }
 
+  // uPlot's default labels keep at most three decimals, so a loss moving in the fourth (0.6931,
+  // 0.6932) read "0.693" on every tick: give each label the decimals its tick spacing needs.
+  function tickLabels(self, splits, axisIdx, foundSpace, foundIncr) {
+    var decimals = foundIncr > 0 ? Math.min(12, Math.max(0, -Math.floor(Math.log10(foundIncr) + 1e-9))) : 3;
+    return splits.map(function (v) { return v == null ? "" : v.toLocaleString(undefined, { minimumFractionDigits: decimals, maximumFractionDigits: decimals }); });
+  }
+
+  // Steps are whole numbers: no ticks at step 1.2, 1.4, ... on a short run.
+  var STEP_INCRS = [];
+  for (var m = 1; m <= 1e12; m *= 10) STEP_INCRS.push(m, 2 * m, 5 * m);
+
   function draw(root) {
     if (typeof uPlot === "undefined") return;
     var blocks = (root || document).querySelectorAll('script[type="application/json"][id$="chart-data"]');
@@ -40,7 +51,7 @@
         plots[chart.id] = new uPlot({
           width: width, height: 220, series: series,
           scales: { x: { time: false } },
-          axes: [{ label: "step" }, { size: axisSize }],
+          axes: [{ label: "step", incrs: STEP_INCRS }, { size: axisSize, values: tickLabels }],
           legend: { live: true }
         }, data, el);
         el.dataset.drawn = "true";

@@ -1,4 +1,6 @@
-"""Overview charts and the Checkpoints tab in a real browser: the y axis is wide enough for its labels; a merge is followed until it ends."""
+"""Overview charts and the Checkpoints tab in a real browser: the y axis is wide enough for its labels and
+its ticks tell apart values that differ past the third decimal, the step axis has whole steps only; a
+merge is followed until it ends."""
 from __future__ import annotations
 
 import pytest
@@ -30,6 +32,50 @@ def test_throughput_axis_labels_are_not_clipped(owner_page, project, users):
     room = page.evaluate(Y_AXIS_ROOM, "140,000")
     assert room["left"] >= room["needed"], room
     page.shot("throughput")
+
+
+# uPlot draws its tick labels on the canvas: record each chart's fillText calls (a redraw starts
+# with clearRect, which starts the list again), with the alignment that tells the axes apart
+# (the step axis' labels are centred under their ticks, the value axis' right-aligned).
+RECORD_TICK_LABELS = """(() => {
+  const drawn = new WeakMap();
+  window.tickLabels = (id) => {
+    const labels = drawn.get(document.querySelector('#' + id + ' canvas')) || [];
+    const numbers = (align) => labels.filter(l => l.align === align && /\\d/.test(l.text)).map(l => l.text);
+    return {steps: numbers('center'), values: numbers('right')};
+  };
+  const clear = CanvasRenderingContext2D.prototype.clearRect;
+  CanvasRenderingContext2D.prototype.clearRect = function (...args) { drawn.set(this.canvas, []); return clear.apply(this, args); };
+  const fill = CanvasRenderingContext2D.prototype.fillText;
+  CanvasRenderingContext2D.prototype.fillText = function (text, ...args) {
+    if (!drawn.has(this.canvas)) drawn.set(this.canvas, []);
+    drawn.get(this.canvas).push({text: String(text), align: this.textAlign});
+    return fill.call(this, text, ...args);
+  };
+})()"""
+
+
+def test_tick_labels_tell_close_values_apart_and_steps_are_whole(owner_page, project, users):
+    """A DPO loss that moves in the fourth decimal (0.69315 → 0.69275) used to read "0.693" on every
+    value tick, and a two-step run had ticks at steps 1.2, 1.4, ..."""
+    page = owner_page
+    page.add_init_script(RECORD_TICK_LABELS)
+    plateau = services.create_run(project, users["owner"], name="plateau", method="sft", base_model="org/base", dataset="my-data@main")
+    MetricPoint.objects.bulk_create([MetricPoint(run=plateau, key="loss", step=s, value=0.69315 - 0.00001 * s) for s in range(1, 41)])
+    short = services.create_run(project, users["owner"], name="short", method="sft", base_model="org/base", dataset="my-data@main")
+    MetricPoint.objects.bulk_create([MetricPoint(run=short, key="loss", step=s, value=v) for s, v in ((1, 6.2337), (2, 6.2476))])
+
+    page.goto(f"/training/runs/{plateau.pk}/")
+    expect(page.locator("#chart-0")).to_have_attribute("data-drawn", "true")
+    ticks = page.evaluate("tickLabels('chart-0')")
+    assert len(set(ticks["values"])) == len(ticks["values"]) >= 2, ticks
+    page.shot("plateau")
+
+    page.goto(f"/training/runs/{short.pk}/")
+    expect(page.locator("#chart-0")).to_have_attribute("data-drawn", "true")
+    ticks = page.evaluate("tickLabels('chart-0')")
+    assert ticks["steps"] == ["1", "2"], ticks
+    assert len(set(ticks["values"])) == len(ticks["values"]) >= 2, ticks
 
 
 def test_checkpoints_tab_follows_a_merge_until_it_ends(owner_page, project, users, tmp_path):
