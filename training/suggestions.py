@@ -80,10 +80,13 @@ class RefSuggestions:
         return _unique(self.demo_models + self.repo_refs(RepoType.MODEL) + self.recent_base_models())
 
     @cached_property
-    def datasets(self) -> list[Suggestion]:
-        demo = [Suggestion(str(path), f"demo {name} dataset (bootstrapdemo)") for name, path in self.demo.items()
+    def demo_datasets(self) -> list[Suggestion]:
+        return [Suggestion(str(path), f"demo {name} dataset (bootstrapdemo)") for name, path in self.demo.items()
                 if path.is_file() and (name == self.method or name.startswith(f"{self.method}_"))]
-        return _unique(demo + self.repo_refs(RepoType.DATASET))
+
+    @cached_property
+    def datasets(self) -> list[Suggestion]:
+        return _unique(self.demo_datasets + self.repo_refs(RepoType.DATASET))
 
     @property
     def model_help(self) -> str:
@@ -92,6 +95,8 @@ class RefSuggestions:
 
     @property
     def dataset_help(self) -> str:
-        example = next((str(path) for path in self.demo.values() if path.is_file()), "/data/my-data.jsonl")
+        # This method's demo file: another method's (SFT chats for DPO) would be refused at START.
+        example = self.demo_datasets[0].value if self.demo_datasets else "/data/my-data.jsonl"
         return (f"An HF id (org/dataset), a Data Hub repo@ref (my-data@main) or, on the local backend, a file: {example}. "
-                "Several: separate with commas. GRPO takes its prompts from the environment or the RULER task instead.")
+                "Several: separate with commas. GRPO: optional, rows with a prompt column; without it the environment makes "
+                "the prompts (RULER reads the prompts dataset in its card).")

@@ -371,7 +371,8 @@ def new_run_part(request: HttpRequest, part: str) -> HttpResponse:
             '<p class="alert alert-error" role="alert">NEW RUN has no live part "{}": the parts are {}. Open <a href="{}">NEW RUN</a> instead.</p>',
             part, ", ".join(names), reverse("training:new")))
     values["method"] = method
-    return render(request, f"training/new_run.html#{names[part]}", form_context(request, project, values))
+    context = {**form_context(request, project, values), "swap_dataset_help": part == "method"}
+    return render(request, f"training/new_run.html#{names[part]}", context)
 
 
 # ---- run detail --------------------------------------------------------------------------------

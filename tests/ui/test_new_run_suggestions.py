@@ -60,10 +60,17 @@ def test_after_bootstrapdemo_new_run_suggests_the_demo_model_and_the_methods_dem
     model_help = help_of(page, "f-base-model")
     assert "HF id" in model_help and "my-model@main" in model_help and built["student"] in model_help
     assert built["sft"] in help_of(page, "f-dataset")
+    # The help's local example is this method's demo dataset: DPO's is its preference pairs, not SFT's chats.
+    dpo_page = client.get("/training/new/", {"method": "dpo"}).content.decode()
+    assert built["dpo"] in help_of(dpo_page, "f-dataset") and built["sft"] not in help_of(dpo_page, "f-dataset")
 
     # The picker swaps the method card, and the datalist with it: DPO's demo rows are preference pairs.
+    # The dataset's help is outside the card: it comes along out of band.
     dpo = client.get("/training/new/method", {"method": "dpo"}).content.decode()
     assert options(dpo, "dataset-choices") == [built["dpo"]]
+    oob = re.search(r'<p class="help" id="f-dataset-help" hx-swap-oob="true">(.*?)</p>', dpo, re.S)
+    assert oob and built["dpo"] in htmllib.unescape(oob.group(1)), dpo[:3000]
+    assert 'hx-swap-oob' not in page  # the whole page has the help once, in its place
     distill = client.get("/training/new/method", {"method": "distill"}).content.decode()
     assert options(distill, "dataset-choices") == [built["distill"]]
     assert 'list="model-choices"' in distill.split('id="f-config-distillation-teacher-model"')[1].split(">")[0]

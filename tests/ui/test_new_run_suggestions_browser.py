@@ -28,5 +28,8 @@ def test_suggestions_reach_the_fields_and_follow_the_method_picker(owner_page, p
     page.get_by_label("Method").select_option("distill")
     expect(page.locator("#card-distill")).to_be_visible()
     assert suggested("Dataset") == [built["distill"]]
+    # The dataset's help follows the picker too: its local example is DISTILL's demo dataset now.
+    expect(page.get_by_label("Dataset", exact=True)).to_have_accessible_description(re.compile(re.escape(built["distill"])))
+    assert page.locator("#f-dataset-help").count() == 1
     assert suggested("Teacher model") == [built["student"], built["teacher"]]
     page.shot("distill-suggestions")
