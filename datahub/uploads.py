@@ -232,15 +232,26 @@ def upload_files(repo: Repo, user, branch: str, files: list[tuple[str, int, IO[b
             write_chunk(session, index, 0, stream, size)
         return commit_upload(session, user)
     except InsufficientStorage as exc:
-        abort_upload(session)
+        _abort(session.pk, state=UploadSession.State.OPEN)
         raise storage.disk_full_error(exc.__cause__, "files", "upload the files again") from exc.__cause__
     except BaseException:
-        abort_upload(session)
+        _abort(session.pk, state=UploadSession.State.OPEN)
         raise
 
 
 def abort_upload(session: UploadSession) -> None:
-    _abort(session.pk, state=UploadSession.State.OPEN)
+    """Abort an open session (the API's DELETE); an aborted one stays so, and a DELETE sent again is
+    fine. A session that is committed, or being committed, is a 409: its files are (or are about to
+    be) on the branch, and a 204 would tell the client they are not."""
+    if _abort(session.pk, state=UploadSession.State.OPEN):
+        return
+    session.refresh_from_db(fields=["state", "commit"])
+    if session.state == UploadSession.State.COMMITTED:
+        raise Conflict(f"This upload session is already committed, as {session.commit_id[:10]} on branch {session.branch}: there is nothing to abort.",
+                       [Finding("upload_id", "its files stay on the branch: to change them, commit again (a new upload session)")])
+    if session.state == UploadSession.State.COMMITTING:
+        raise Conflict("This upload session is being committed: it can no longer be aborted.",
+                       [Finding("upload_id", "wait for the commit: GET the session shows it when it is done")])
 
 
 def expire_upload(session_id, idle_since: datetime, reason: str) -> bool:

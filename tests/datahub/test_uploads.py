@@ -61,6 +61,27 @@ def test_viewer_and_outsider_cannot_write_chunks(api, api_as, dataset_repo):
     assert_error(put(api, upload_id, 0, 0, b"abcd"), 409)
 
 
+def test_abort_of_a_committed_upload_is_a_409_that_says_its_files_stay(api, dataset_repo):
+    """DELETE on a committed session used to answer 204 and change nothing: the client was told its
+    upload was aborted while its files stayed on the branch. Aborting an aborted one stays a 204."""
+    upload_id = api.post("/api/hub/repos/hub-data/uploads", {"files": [{"path": "a.bin", "size": 4}]}).json()["id"]
+    put(api, upload_id, 0, 0, b"abcd")
+    commit = api.post(f"/api/hub/uploads/{upload_id}/commit").json()["id"]
+    body = assert_error(api.delete(f"/api/hub/uploads/{upload_id}"), 409, "upload_id")
+    assert commit[:10] in body["detail"] and "main" in body["detail"], body
+    assert UploadSession.objects.get(pk=upload_id).state == "committed"
+    assert "a.bin" in repos.tree(repos.resolve(dataset_repo, "main"))
+
+    UploadSession.objects.filter(pk=upload_id).update(state=UploadSession.State.COMMITTING)  # a commit under way
+    assert_error(api.delete(f"/api/hub/uploads/{upload_id}"), 409, "upload_id")
+    assert UploadSession.objects.get(pk=upload_id).state == "committing"
+
+    other = api.post("/api/hub/repos/hub-data/uploads", {"files": [{"path": "b.bin", "size": 4}]}).json()["id"]
+    assert api.delete(f"/api/hub/uploads/{other}").status_code == 204
+    assert api.delete(f"/api/hub/uploads/{other}").status_code == 204
+    assert UploadSession.objects.get(pk=other).state == "aborted"
+
+
 def test_upload_that_makes_a_file_also_a_folder_is_refused_at_once_naming_the_file(api, dataset_repo):
     from datahub import commits
 
