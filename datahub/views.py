@@ -174,6 +174,8 @@ def repo_upload(request: HttpRequest, namespace: str, name: str) -> HttpResponse
 
         branch = values["branch"] if values["branch"] in repo.branches.values_list("name", flat=True) else repo.default_branch
         context = tree_context(request, repo, branch, upload={"values": values, "errors": form_errors(exc, UPLOAD_FIELDS, relabel)})
+        # The page comes back scrolled to the top, and the form's findings may be far below it.
+        messages.error(request, "Nothing was committed: see Upload files below.")
         return render(request, "datahub/repo.html", context, status=exc.status)
     messages.success(request, f"Committed {len(chosen)} file(s) to {payload.branch} as {commit.pk[:10]}.")
     if values["folder"]:
@@ -196,6 +198,7 @@ def repo_delete(request: HttpRequest, namespace: str, name: str) -> HttpResponse
         # a 409's findings name the API's path parameter, `name`: here they are about the repo as a whole
         errors = form_errors(exc, {"confirm"}, lambda f: Finding("general", f.message) if f.field == "name" else f)
         context = tree_context(request, repo, repo.default_branch, delete={"values": {"confirm": confirm}, "errors": errors})
+        messages.error(request, f"{repo.full_name} was not deleted: see Delete this repo below.")
         return render(request, "datahub/repo.html", context, status=exc.status)
     messages.success(request, f"Deleted {repo.full_name} with its branches, tags and commits.")
     return redirect("datahub:repos")

@@ -33,6 +33,14 @@ def field_errors(html: str, field: str) -> str:
     return re.sub(r"<[^>]+>", " ", found.group(1))
 
 
+def page_message(html: str) -> str:
+    """The message at the top of the page (base.html's messages), which a refused form at the
+    bottom of a long page needs: the re-rendered page opens scrolled to the top."""
+    found = re.search(r'<ul class="messages" role="status">(.*?)</ul>', html, re.S)
+    assert found, html[:3000]
+    return re.sub(r"<[^>]+>", " ", found.group(1))
+
+
 def general_errors(html: str) -> str:
     found = re.search(r'<div class="alert alert-error" role="alert">(.*?)</div>', html, re.S)
     assert found, html[:3000]
@@ -125,6 +133,7 @@ def test_upload_refusals_name_the_field_and_commit_nothing(browser, ds, hub_root
     r = browser("owner").post("/hub/acme/ds/upload", body)
     assert r.status_code == status, r.content[:2000]
     assert said in field_errors(r.content.decode(), field)
+    assert "Nothing was committed: see Upload files below" in page_message(r.content.decode())
     assert repos.resolve(ds, "main").pk == head and Commit.objects.filter(repo=ds).count() == 2
     assert Blob.objects.count() == blobs
     assert not UploadSession.objects.filter(repo=ds).exclude(state=UploadSession.State.ABORTED).exists()
@@ -161,6 +170,7 @@ def test_delete_form_with_the_wrong_name_typed_is_400_and_keeps_the_repo(browser
     r = browser("owner").post("/hub/acme/ds/delete", {"confirm": typed})
     assert r.status_code == 400
     assert "type ds to confirm" in field_errors(r.content.decode(), "confirm")
+    assert "acme/ds was not deleted: see Delete this repo below" in page_message(r.content.decode())
     assert Repo.objects.filter(pk=ds.pk).exists()
 
 
@@ -172,6 +182,7 @@ def test_delete_form_while_a_live_run_uses_the_repo_is_409_saying_what_to_do(bro
     assert r.status_code == 409
     said = general_errors(r.content.decode())
     assert "acme/ds is used by 1 live run" in said and f"run #{run.pk}" in said and "stop the run" in said
+    assert "acme/ds was not deleted" in page_message(r.content.decode())
     assert Repo.objects.filter(pk=ds.pk).exists()
 
 

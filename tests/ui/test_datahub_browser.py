@@ -56,6 +56,9 @@ def test_create_a_repo_upload_a_jsonl_and_delete_the_repo(owner_page, project, t
     confirm.fill("support")
     page.get_by_role("button", name="Delete this repo").click()
     expect(page.locator("#f-confirm-errors")).to_contain_text("type support-chats to confirm")
+    # The page comes back scrolled to the top, far from the form: the top says what happened.
+    expect(page.get_by_role("status")).to_contain_text("acme/support-chats was not deleted")
+    expect(page.get_by_role("status")).to_be_in_viewport()
     assert Repo.objects.filter(pk=repo.pk).exists()
     page.get_by_label("Type the repo name to confirm").fill("support-chats")
     page.get_by_role("button", name="Delete this repo").click()
