@@ -4,9 +4,33 @@ from __future__ import annotations
 import os
 
 from celery import Celery
+from celery.app.amqp import AMQP
+from kombu import Connection
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "studio.settings")
 
-app = Celery("studio")
+
+class BrokerConnection(Connection):
+    """kombu's Connection, whose default channel is closed once.
+
+    When the broker goes away, the worker's consumer collects the connection (closing its default
+    channel, then letting the transport go) and then closes it. kombu 5.7 keeps the closed channel,
+    so the close closes it again: with a task running (acks_late, so its message is unacked), the
+    redis channel restores that message through the transport already let go, raises
+    AttributeError, and the worker stops on an "Unrecoverable error" instead of reconnecting
+    (tests/backends/test_faults.py). A closed channel is forgotten here; the next use opens one."""
+
+    def _do_close_self(self) -> None:
+        try:
+            super()._do_close_self()
+        finally:
+            self._default_channel = None
+
+
+class StudioAMQP(AMQP):
+    Connection = BrokerConnection
+
+
+app = Celery("studio", amqp=StudioAMQP)
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
