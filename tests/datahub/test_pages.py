@@ -1,6 +1,8 @@
 """The repo browser pages: files at a ref, commits, compare, dataset preview; outsiders get 404."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from datahub import commits, repos
@@ -79,4 +81,7 @@ def test_tree_page_offers_preview_only_where_the_preview_works(browser, project)
     assert "Preview" not in c.get("/hub/acme/prefs/tree/main/.hidden").content.decode()
     assert c.get("/hub/acme/prefs/preview/main/.hidden/x.jsonl").status_code == 404
     assert "/hub/acme/prefs/preview/main/data/y.jsonl" in c.get("/hub/acme/prefs/tree/main/data").content.decode()
+    # Each Preview link names its file for a screen reader's list of links, as Download does.
+    assert re.search(r'preview/main/data/y\.jsonl">Preview<span class="visually-hidden"> data/y\.jsonl</span></a>',
+                     c.get("/hub/acme/prefs/tree/main/data").content.decode())
     assert c.get("/hub/acme/prefs/preview/main/data/y.jsonl").status_code == 200
