@@ -120,7 +120,7 @@ def create_repo(project, name: str, type: str = RepoType.MODEL, user=None, descr
         with transaction.atomic():
             repo = Repo.objects.create(project=project, name=name, type=type, created_by=user, description=description or "")
     except IntegrityError as exc:
-        raise Conflict(f"Project {project.slug} already has a repo {name!r}.", [Finding("name", "choose another name, or use the existing repo")]) from exc
+        raise Conflict(f"Project {project.slug} already has a repo {name!r}.", [Finding("name", f"{project.slug} already has a repo {name}: choose another name, or use the existing repo")]) from exc
     root = Commit.objects.create(id=new_commit_id(repo.pk, "initial"), repo=repo, author=user, author_name=_author_name(user), message="Initial commit")
     Branch.objects.create(repo=repo, name=MAIN, head=root)
     return repo

@@ -70,7 +70,7 @@ def test_new_repo_form_creates_the_repo_and_opens_its_page(browser, project, use
     ({"name": "a..b", "type": "model"}, 400, "name", "cannot contain &#x27;..&#x27;"),
     ({"name": "x" * 129, "type": "model"}, 400, "name", "at most 128 characters"),
     ({"name": "fine", "type": "spreadsheet"}, 400, "type", "model"),
-    ({"name": "ds", "type": "dataset"}, 409, "name", "choose another name"),
+    ({"name": "ds", "type": "dataset"}, 409, "name", "acme already has a repo ds: choose another name"),  # says why, beside the field
 ])
 def test_new_repo_form_refusals_name_the_field_and_store_nothing(browser, project, ds, values, status, field, said):
     before = set(Repo.objects.values_list("pk", flat=True))
