@@ -1,5 +1,5 @@
 """Start the whole Studio in one terminal: the embedded Redis (when REDIS_URL is not set), a Celery
-worker, Celery beat and the web server. Ctrl-C stops them all."""
+worker, Celery beat and the web server. A part that exits is started again; Ctrl-C stops them all."""
 from __future__ import annotations
 
 import os
@@ -7,6 +7,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from django.conf import settings
@@ -34,40 +37,82 @@ def start_embedded_redis(socket_path: Path) -> subprocess.Popen:
     raise CommandError("the embedded redis-server did not open its socket within 5 s")
 
 
+# A child that exits is started again, unless it exits this often: then something is wrong that a
+# restart will not mend (a port taken, a broken install), and the Studio stops, saying which.
+RESTARTS = 5
+RESTART_WINDOW_SECONDS = 300
+
+
+@dataclass
+class Child:
+    name: str
+    start: Callable[[], subprocess.Popen]
+    proc: subprocess.Popen | None = None
+    exits: deque = field(default_factory=deque)
+
+    def launch(self) -> None:
+        self.proc = self.start()
+
+    def exited(self, now: float) -> bool:
+        """Record an exit; False when it is one too many in the window."""
+        self.exits.append(now)
+        while self.exits and now - self.exits[0] > RESTART_WINDOW_SECONDS:
+            self.exits.popleft()
+        return len(self.exits) <= RESTARTS
+
+
 class Command(BaseCommand):
     help = "Run the embedded Studio: Redis (if REDIS_URL is unset), Celery worker + beat, and the web server."
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--addr", default=os.environ.get("STUDIO_ADDR", "127.0.0.1:8000"))
 
+    def say(self, line: str) -> None:
+        """A line now, also when stdout is a file (a log), where Python would hold it in its buffer."""
+        self.stdout.write(line)
+        self.stdout.flush()
+
     def handle(self, *args, **opts) -> None:
-        children: list[tuple[str, subprocess.Popen]] = []
         env = dict(os.environ)
+        python = sys.executable
+        children: list[Child] = []
+        if not os.environ.get("REDIS_URL"):
+            # Without persistence a restarted redis has lost its queue: the reconciler dispatches
+            # what was waiting there again (RECONCILE_INTERVAL_SECONDS).
+            children.append(Child("redis", lambda: start_embedded_redis(settings.EMBEDDED_REDIS_SOCKET)))
+            env["REDIS_URL"] = settings.REDIS_URL
+        env.setdefault("STUDIO_PUBLIC_URL", f"http://{opts['addr']}")
+        queue = settings.CELERY_TASK_DEFAULT_QUEUE
+        beat_schedule = settings.VAR_DIR / "celerybeat-schedule"
+        children += [
+            Child("worker", lambda: subprocess.Popen([python, "-m", "celery", "-A", "studio", "worker", "-Q", queue, "-c", "2", "--loglevel", "INFO"], env=env)),
+            Child("beat", lambda: subprocess.Popen([python, "-m", "celery", "-A", "studio", "beat", "--loglevel", "INFO", "-s", str(beat_schedule)], env=env)),
+            Child("web", lambda: subprocess.Popen([python, "manage.py", "runserver", "--noreload", opts["addr"]], env=env)),
+        ]
         try:
-            if not os.environ.get("REDIS_URL"):
-                children.append(("redis", start_embedded_redis(settings.EMBEDDED_REDIS_SOCKET)))
-                env["REDIS_URL"] = settings.REDIS_URL
-                self.stdout.write(f"embedded redis on {settings.EMBEDDED_REDIS_SOCKET}")
-            env.setdefault("STUDIO_PUBLIC_URL", f"http://{opts['addr']}")
-            python = sys.executable
-            queue = settings.CELERY_TASK_DEFAULT_QUEUE
-            children.append(("worker", subprocess.Popen([python, "-m", "celery", "-A", "studio", "worker", "-Q", queue, "-c", "2", "--loglevel", "INFO"], env=env)))
-            beat_schedule = settings.VAR_DIR / "celerybeat-schedule"
-            children.append(("beat", subprocess.Popen([python, "-m", "celery", "-A", "studio", "beat", "--loglevel", "INFO", "-s", str(beat_schedule)], env=env)))
-            children.append(("web", subprocess.Popen([python, "manage.py", "runserver", "--noreload", opts["addr"]], env=env)))
-            self.stdout.write(f"Studio is up: http://{opts['addr']}/  (API docs: /api/docs, admin: /admin/). Ctrl-C stops it.")
+            for child in children:
+                child.launch()
+                self.say(f"{child.name} started (pid {child.proc.pid})" + (f" on {settings.EMBEDDED_REDIS_SOCKET}" if child.name == "redis" else ""))
+            self.say(f"Studio is up: http://{opts['addr']}/  (API docs: /api/docs, admin: /admin/). Ctrl-C stops it.")
             while True:
-                for name, proc in children:
-                    if proc.poll() is not None:
-                        raise CommandError(f"{name} exited with {proc.returncode}; stopping the Studio")
+                for child in children:
+                    if child.proc.poll() is None:
+                        continue
+                    code = child.proc.returncode
+                    if not child.exited(time.monotonic()):
+                        raise CommandError(f"{child.name} exited with {code}, its {RESTARTS + 1}th exit in {RESTART_WINDOW_SECONDS // 60} minutes; "
+                                           "stopping the Studio (its output above says why)")
+                    child.launch()
+                    self.say(f"{child.name} exited with {code}; started it again (pid {child.proc.pid})")
                 time.sleep(0.5)
         except KeyboardInterrupt:
             self.stdout.write("stopping…")
         finally:
-            for _, proc in reversed(children):
+            running = [child.proc for child in reversed(children) if child.proc is not None]
+            for proc in running:
                 if proc.poll() is None:
                     proc.send_signal(signal.SIGTERM)
-            for _, proc in children:
+            for proc in running:
                 try:
                     proc.wait(timeout=15)
                 except subprocess.TimeoutExpired:
