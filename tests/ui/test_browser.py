@@ -89,6 +89,36 @@ def test_training_list_filters_and_updates_live(owner_page, project, users):
     page.shot("training-live")
 
 
+def test_back_after_filtering_shows_that_pages_filters_and_rows(owner_page, project, users):
+    """Back over the list's filter steps: each page's controls and rows agree with its URL. htmx's
+    history snapshots kept the rows of the step but the controls as first rendered (an empty Search
+    over a list filtered by it)."""
+    page = owner_page
+    services.create_run(project, users["owner"], name="alpha sft", method="sft", base_model="org/base", dataset="d@main")
+    services.create_run(project, users["owner"], name="beta sft", method="sft", base_model="org/base", dataset="d@main")
+    services.create_run(project, users["owner"], name="alpha dpo", method="dpo", base_model="org/base", dataset="d@main", config={"loss": {"type": "dpo"}, "lora_rank": 8})
+    page.goto("/training/")
+    expect(page.locator("#run-rows tr")).to_have_count(3)
+    page.get_by_label("Search").fill("alpha")
+    expect(page).to_have_url(re.compile(r"q=alpha"))
+    expect(page.locator("#run-rows tr")).to_have_count(2)
+    page.get_by_label("Method").select_option("dpo")
+    expect(page).to_have_url(re.compile(r"method=dpo"))
+    expect(page.locator("#run-rows tr")).to_have_count(1)
+
+    page.go_back()
+    expect(page).to_have_url(re.compile(r"/training/\?.*q=alpha"))
+    expect(page).not_to_have_url(re.compile(r"method=dpo"))
+    expect(page.get_by_label("Search")).to_have_value("alpha")
+    expect(page.get_by_label("Method")).to_have_value("")
+    expect(page.locator("#run-rows tr")).to_have_count(2)
+
+    page.go_back()
+    expect(page).to_have_url(re.compile(r"/training/$"))
+    expect(page.get_by_label("Search")).to_have_value("")
+    expect(page.locator("#run-rows tr")).to_have_count(3)
+
+
 def test_create_experiment_with_htmx(owner_page, project):
     page = owner_page
     page.get_by_role("link", name="Experiments", exact=True).click()
