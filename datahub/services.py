@@ -99,7 +99,7 @@ def delete_repo(repo: Repo) -> None:
     with transaction.atomic():
         repos.lock_refs(repo)
         live = TrainingRun.objects.filter(project_id=repo.project_id, status__in=(Status.QUEUED, *ACTIVE_STATUSES)).select_related("experiment")
-        findings = [Finding("name", f"run #{run.pk} ({run.name}, {run.status}) uses it as {', '.join(uses)}: {_free_repo_hint(run)}")
+        findings = [Finding("name", f"run #{run.pk} ({run.name}, {run.status}) uses it as {', '.join(uses)}: {_free_repo_hint(run, uses)}")
                     for run in live.order_by("pk") if (uses := repo_uses(run, repo))]
         if findings:
             raise Conflict(f"{repo.full_name} is used by {len(findings)} live run(s): it cannot be deleted until they no longer need it.", findings)
@@ -127,10 +127,13 @@ def repo_uses(run, repo: Repo) -> list[str]:
     return uses
 
 
-def _free_repo_hint(run) -> str:
+def _free_repo_hint(run, uses: list[str]) -> str:
     from training.models import Status
 
     if run.status == Status.QUEUED and run.start_requested_at is None:
+        if any(use.startswith("its experiment repo") for use in uses):
+            # Edit changes the run's refs and name, never its experiment: that repo stays its own.
+            return "start it and let it finish (or STOP it), then delete the repo"
         return "edit the run to use another repo, or start it and let it finish, then delete the repo"
     return "stop the run (STOP on its page) or wait for it to finish, then delete the repo"
 

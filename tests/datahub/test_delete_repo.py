@@ -107,7 +107,10 @@ def test_a_live_run_using_the_repo_makes_delete_409(api, project, users, chat_da
     body = assert_error(api.delete(f"/api/hub/repos/{name}"), 409, "name")
     message = body["errors"][0]["message"]
     assert f"run #{run.pk}" in message and said in message and "then delete the repo" in message, body
-    assert ("edit the run" in message) == (status == Status.QUEUED), message
+    # A queued run can be edited to name another repo, but not to leave its experiment (and so its experiment repo).
+    assert ("edit the run" in message) == (status == Status.QUEUED and use != "experiment"), message
+    if status == Status.QUEUED and use == "experiment":
+        assert "start it and let it finish (or STOP it)" in message, message
     assert Repo.objects.filter(project=project, name=name).exists()
     TrainingRun.objects.filter(pk=run.pk).update(status=Status.COMPLETED)
     assert api.delete(f"/api/hub/repos/{name}").status_code == 204
