@@ -297,7 +297,10 @@ def put_chunk(request: HttpRequest, upload_id: str, index: str):
     offset = query_int(request, "offset", None, 0)
     if offset is None:
         raise BadRequest("offset is required.", [Finding("offset", "give offset=<bytes already received>; GET the session to see it")])
-    upload = uploads.write_chunk(session, number, offset, request, ascii_int(request.META.get("CONTENT_LENGTH")))
+    length = ascii_int(request.META.get("CONTENT_LENGTH"))
+    if length is None:  # a chunked body: Django reads none of it, and the PUT would store nothing
+        raise BadRequest("The chunk has no Content-Length.", [Finding("body", "send the chunk with a Content-Length header (a Transfer-Encoding: chunked body is not read)")])
+    upload = uploads.write_chunk(session, number, offset, request, length)
     return {"index": upload.index, "received": upload.received, "size": upload.size, "complete": upload.complete}
 
 

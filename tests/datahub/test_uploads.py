@@ -82,6 +82,18 @@ def test_abort_of_a_committed_upload_is_a_409_that_says_its_files_stay(api, data
     assert UploadSession.objects.get(pk=other).state == "aborted"
 
 
+def test_a_chunk_without_content_length_is_a_400_not_an_empty_write(api, dataset_repo):
+    """A chunked (Transfer-Encoding) body reaches Django with no CONTENT_LENGTH, and Django reads no
+    bytes of it: the PUT answered 200 with nothing received, as if the client had sent nothing."""
+    upload_id = api.post("/api/hub/repos/hub-data/uploads", {"files": [{"path": "a.bin", "size": 4}]}).json()["id"]
+    r = api.client.put(f"/api/hub/uploads/{upload_id}/files/0?offset=0", data=b"abcd", content_type="application/octet-stream",
+                       HTTP_AUTHORIZATION=f"Bearer {api.token}", HTTP_TRANSFER_ENCODING="chunked", CONTENT_LENGTH="")
+    body = assert_error(r, 400, "body")
+    assert "Content-Length" in body["errors"][0]["message"], body
+    assert api.get(f"/api/hub/uploads/{upload_id}").json()["files"][0]["received"] == 0
+    assert put(api, upload_id, 0, 0, b"abcd").json()["complete"] is True  # the same chunk with its length
+
+
 def test_upload_that_makes_a_file_also_a_folder_is_refused_at_once_naming_the_file(api, dataset_repo):
     from datahub import commits
 
