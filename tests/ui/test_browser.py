@@ -27,8 +27,10 @@ OVERFLOW = "() => document.documentElement.scrollWidth - document.documentElemen
 
 
 def check_page(page) -> None:
-    """Every field labelled; nothing wider than the 1280 px viewport."""
+    """Every field labelled; nothing wider than the 1280 px viewport; no template syntax shown (a
+    {# comment #} that spans lines is text to Django)."""
     assert page.evaluate(UNLABELLED) == []
+    assert not re.search(r"\{[#%]|[#%]\}", page.locator("body").inner_text()), "template syntax on the page"
     assert page.evaluate(OVERFLOW) <= 0, "the page scrolls horizontally at 1280 px"
 
 
@@ -117,6 +119,7 @@ def test_back_after_filtering_shows_that_pages_filters_and_rows(owner_page, proj
     expect(page).to_have_url(re.compile(r"/training/$"))
     expect(page.get_by_label("Search")).to_have_value("")
     expect(page.locator("#run-rows tr")).to_have_count(3)
+    check_page(page)
 
 
 def test_create_experiment_with_htmx(owner_page, project):
