@@ -19,10 +19,17 @@
     return Math.ceil(size) + 4;
   }
 
+  // The decimals that write x exactly (0.00025 → 5, 2.5e-7 → 8), to 12 significant digits.
+  function fractionDigits(x) {
+    var parts = Number(x.toPrecision(12)).toString().split("e-");
+    var digits = (parts[0].split(".")[1] || "").length;
+    return parts.length > 1 ? digits + parseInt(parts[1], 10) : digits;
+  }
+
   // uPlot's default labels keep at most three decimals, so a loss moving in the fourth (0.6931,
-  // 0.6932) read "0.693" on every tick: give each label the decimals its tick spacing needs.
+  // 0.6932) read "0.693" on every tick: each label gets the decimals of the tick spacing.
   function tickLabels(self, splits, axisIdx, foundSpace, foundIncr) {
-    var decimals = foundIncr > 0 ? Math.min(12, Math.max(0, -Math.floor(Math.log10(foundIncr) + 1e-9))) : 3;
+    var decimals = foundIncr > 0 ? Math.min(20, fractionDigits(foundIncr)) : 3;
     return splits.map(function (v) { return v == null ? "" : v.toLocaleString(undefined, { minimumFractionDigits: decimals, maximumFractionDigits: decimals }); });
   }
 

@@ -70,6 +70,15 @@ def test_tick_labels_tell_close_values_apart_and_steps_are_whole(owner_page, pro
     ticks = page.evaluate("tickLabels('chart-0')")
     assert len(set(ticks["values"])) == len(ticks["values"]) >= 2, ticks
     page.shot("plateau")
+    # Exact too: a tick every 0.00025 reads 0.00025, 0.0005, ... (rounded to four decimals: 0.0003, 0.0005, 0.0008).
+    for run, top in ((plateau, 0.00075), (short, 0.0009)):
+        MetricPoint.objects.bulk_create([MetricPoint(run=run, key="tokens_per_s", step=s, value=top * s / 40) for s in range(1, 41)])
+    for run in (plateau, short):
+        page.goto(f"/training/runs/{run.pk}/")
+        expect(page.locator("#chart-1")).to_have_attribute("data-drawn", "true")
+        values = [float(v.replace(",", "")) for v in page.evaluate("tickLabels('chart-1')")["values"]]
+        steps = {round(b - a, 12) for a, b in zip(values, values[1:], strict=False)}
+        assert len(values) >= 2 and len(steps) == 1, values  # evenly spaced, as the ticks are
 
     page.goto(f"/training/runs/{short.pk}/")
     expect(page.locator("#chart-0")).to_have_attribute("data-drawn", "true")
