@@ -11,6 +11,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import time
 import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -140,4 +141,41 @@ def test_the_embedded_studio_serves_and_trains(embedded_env, tmp_path):
         try:
             studio.wait(timeout=30)
         except subprocess.TimeoutExpired:
+            os.killpg(studio.pid, signal.SIGKILL)
+
+
+def running(pid: int) -> bool:
+    """The process exists and is not a zombie waiting to be reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.mark.parametrize("stop", ["SIGTERM to runstudio", "SIGINT to its group"])
+def test_runstudio_stops_every_part_and_starts_none_again(embedded_env, tmp_path, stop):
+    """Started in the background by a script (SIGINT ignored, as a non-interactive shell leaves it):
+    a SIGTERM to runstudio alone, or a SIGINT to its whole group, stops every part, and runstudio
+    does not take the parts dying of that SIGINT for crashes to mend by starting them again."""
+    manage(embedded_env, "migrate", "--noinput")
+    log_path = tmp_path / "studio.log"
+    with log_path.open("wb") as log:
+        studio = subprocess.Popen([sys.executable, "manage.py", "runstudio", "--addr", f"127.0.0.1:{free_port()}"], cwd=REPO_ROOT,
+                                  env=embedded_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                  preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        wait_for(lambda: "Studio is up" in log_path.read_text(), 60, message="runstudio to start its parts")
+        parts = [int(pid) for pid in re.findall(r"started \(pid (\d+)\)", log_path.read_text())]
+        assert len(parts) == 4  # redis, worker, beat, web
+        time.sleep(3)  # the parts are up (celery installs its own signal handlers)
+        if stop == "SIGTERM to runstudio":
+            os.kill(studio.pid, signal.SIGTERM)
+        else:
+            os.killpg(studio.pid, signal.SIGINT)
+        studio.wait(timeout=60)
+        said = log_path.read_text()
+        assert "stopping" in said and "started it again" not in said, said[-2000:]
+        wait_for(lambda: not any(running(pid) for pid in parts), 30, message="every part to stop")
+    finally:
+        if studio.poll() is None:
             os.killpg(studio.pid, signal.SIGKILL)

@@ -37,6 +37,10 @@ def start_embedded_redis(socket_path: Path) -> subprocess.Popen:
     raise CommandError("the embedded redis-server did not open its socket within 5 s")
 
 
+def interrupt(signum: int, frame) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 # A child that exits is started again, unless it exits this often: then something is wrong that a
 # restart will not mend (a port taken, a broken install), and the Studio stops, saying which.
 RESTARTS = 5
@@ -89,6 +93,11 @@ class Command(BaseCommand):
             Child("beat", lambda: subprocess.Popen([python, "-m", "celery", "-A", "studio", "beat", "--loglevel", "INFO", "-s", str(beat_schedule)], env=env)),
             Child("web", lambda: subprocess.Popen([python, "manage.py", "runserver", "--noreload", opts["addr"]], env=env)),
         ]
+        # Stop everything on Ctrl-C, a SIGTERM (a service manager, `kill`) or a hang-up, also when the
+        # shell that started this in the background left SIGINT ignored: its parts still die of a
+        # group's SIGINT, and must not be started again then.
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, interrupt)
         try:
             for child in children:
                 child.launch()
@@ -105,9 +114,11 @@ class Command(BaseCommand):
                     child.launch()
                     self.say(f"{child.name} exited with {code}; started it again (pid {child.proc.pid})")
                 time.sleep(0.5)
-        except KeyboardInterrupt:
-            self.stdout.write("stopping…")
+        except KeyboardInterrupt as stop:
+            self.say(f"stopping ({stop.args[0] if stop.args else 'SIGINT'})…")
         finally:
+            for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                signal.signal(signum, signal.SIG_IGN)  # a second Ctrl-C must not cut the stopping short
             running = [child.proc for child in reversed(children) if child.proc is not None]
             for proc in running:
                 if proc.poll() is None:
