@@ -76,6 +76,8 @@ def test_list_filters_by_status_method_and_experiment(api, project):
     assert ids(experiment=str(sweep.pk)) == sorted(r.pk for r in dpo)
     assert ids(experiment="Sweep", method="sft") == []
     assert ids(experiment="no-such-experiment") == []
+    everything = sorted(r.pk for r in queued + failed + dpo)
+    assert ids(status="", method="", experiment="", search="") == everything  # an empty filter filters nothing
     assert api.get("/api/training-runs", status="failed").json()["count"] == 1
 
 

@@ -5,7 +5,7 @@ from decimal import Decimal
 from typing import Annotated, Any, Literal
 
 from ninja import Schema
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from training.models import Method, Status, TrainingRun
 
@@ -88,6 +88,12 @@ class RunFilters(Schema):
     method: Method | None = None
     experiment: str | None = None
     search: str | None = Field(None, max_length=100, description="Runs whose name or base model contains this text (any case)")
+
+    @field_validator("status", "method", "experiment", "search", mode="before")
+    @classmethod
+    def empty_is_no_filter(cls, value: Any) -> Any:
+        """`?status=` (a form's "any" choice, a script's unset variable) filters nothing."""
+        return None if value == "" else value
 
 
 class MetricsQuery(Schema):
