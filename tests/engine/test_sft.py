@@ -37,6 +37,8 @@ def test_sft_chat_full_finetune_through_the_cli_learns_and_reports(tiny, ingest:
     for key in ("tokens_per_s", "step_time_s", "eta_s", "grad_norm", "learning_rate"):
         assert len(metrics[key]) >= 20, key
     assert all(v > 0 for _, v in metrics["tokens_per_s"])
+    for key, points in metrics.items():  # one point a step: the trainer's end-of-training summary repeated epoch
+        assert len({step for step, _ in points}) == len(points), (key, points[-3:])
     progress = ingest.scalars("progress")
     assert progress[-1]["step"] == 20 and progress[-1]["max_steps"] == 20
     assert set(progress[-1]) == {"step", "max_steps", "tokens_per_s", "step_time_s", "eta_s"}

@@ -15,9 +15,6 @@ from .modeling import Device
 from .reporter import Reporter, Superseded
 from .spec import ENGINE_KEYS, Spec
 
-# Trainer's end-of-run summary; Studio charts per-step series only.
-_SUMMARY_KEYS = {"train_runtime", "train_samples_per_second", "train_steps_per_second", "total_flos", "train_loss"}
-
 
 @dataclass
 class Context:
@@ -259,11 +256,11 @@ class StudioCallback(TrainerCallback):
         self._check_superseded()
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
-        if not logs:
-            return
+        if not logs or "train_runtime" in logs:
+            return  # the trainer's end-of-training summary: averages, and the last step's epoch again
         parts = []
         for key, value in logs.items():
-            if key in _SUMMARY_KEYS or isinstance(value, bool) or not isinstance(value, (int, float)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
                 continue
             self.ctx.reporter.metric(state.global_step, key, value)  # a NaN loss is logged, not charted
             parts.append(f"{key}={value:.5g}")
