@@ -397,11 +397,19 @@ def test_checkpoint_tab_resume_makes_a_child_run_shown_in_lineage(users, run_wit
     assert child.resume_checkpoint.step == 3 and child.status == "queued"
     lineage = client.get(f"/training/runs/{child.pk}/lineage/").content.decode()
     assert f"run {run.pk}" in lineage and "step 3" in lineage
+    # The note explains the buttons there are: Resume, and Merge only where there is one (a LoRA run).
+    html = page.content.decode()
+    assert "Resume from here makes a new run" in html and ("Merge folds" in html) == ("/checkpoints/3/merge" in html)
+    full = make_run(run.project, users["owner"], "sft", dataset="org/data", config={"lora": False})
+    Checkpoint.objects.create(run=full, attempt=1, step=3, kind="checkpoint", path="/out/checkpoint-3")
+    html = client.get(f"/training/runs/{full.pk}/checkpoints/").content.decode()
+    assert "/checkpoints/3/merge" not in html and "Merge folds" not in html and "Resume from here makes" in html
 
 
 def test_viewer_sees_no_checkpoint_actions(users, run_with_checkpoint):
     page = client_for(users["viewer"]).get(f"/training/runs/{run_with_checkpoint.pk}/checkpoints/")
     assert page.status_code == 200 and b"/checkpoints/3/resume" not in page.content
+    assert b"Download lists" in page.content and b"Resume from here" not in page.content  # nor a note about them
     assert client_for(users["viewer"]).post(f"/training/runs/{run_with_checkpoint.pk}/checkpoints/3/resume").status_code == 403
     assert not TrainingRun.objects.filter(parent=run_with_checkpoint).exists()
 
