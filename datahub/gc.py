@@ -88,13 +88,21 @@ def idle_uploads(idle_since: datetime) -> QuerySet[UploadSession]:
     return UploadSession.objects.filter(state__in=UNFINISHED, updated_at__lt=idle_since)
 
 
+def spell(period: timedelta) -> str:
+    """7 days, 1.5 days, 36 hours, 1 minute: the largest unit the period fills at least once."""
+    seconds = period.total_seconds()
+    unit, size = next(((u, s) for u, s in (("day", 86400), ("hour", 3600), ("minute", 60)) if seconds >= s), ("second", 1))
+    value = round(seconds / size, 2)
+    return f"{value:g} {unit}{'' if value == 1 else 's'}"
+
+
 def collect(grace: timedelta = DEFAULT_GRACE, dry_run: bool = False, upload_idle: timedelta = DEFAULT_UPLOAD_IDLE) -> Report:
     """Abort the upload sessions idle for `upload_idle`, then remove the staging leftovers, the
     unused blobs and the stray files older than `grace` (change nothing on a dry run)."""
     now = timezone.now()
     cutoff = now - grace
     report = Report()
-    reason = f"it had no activity for {upload_idle / timedelta(days=1):g} days"
+    reason = f"it had no activity for {spell(upload_idle)}"
     expiring = list(idle_uploads(now - upload_idle).values_list("pk", flat=True))
     for session_id in expiring:
         size = _size(uploads.staged_path(session_id))

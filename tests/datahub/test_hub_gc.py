@@ -427,3 +427,11 @@ def test_a_chunk_whose_session_the_collector_aborts_while_it_arrives_is_a_409_an
     assert "error" not in client.collected and len(client.collected["value"].sessions) == 1, client.collected
     assert UploadFile.objects.get(session=session).received == 0
     assert UploadSession.objects.get(pk=session.pk).state == UploadSession.State.ABORTED
+
+
+@pytest.mark.parametrize("period, said", [
+    (timedelta(days=7), "7 days"), (timedelta(days=1), "1 day"), (timedelta(days=5.5), "5.5 days"), (timedelta(hours=36), "1.5 days"),
+    (timedelta(hours=1), "1 hour"), (timedelta(minutes=90), "1.5 hours"), (timedelta(seconds=0.864), "0.86 seconds"), (timedelta(0), "0 seconds"),
+])
+def test_periods_read_in_the_largest_unit_they_fill(period, said):
+    assert gc.spell(period) == said  # --upload-days 0.00001 read "1e-05 days"

@@ -48,5 +48,6 @@ class Command(BaseCommand):
             f"hub_gc {expired} {count(report.sessions, 'idle upload session(s)')} staged; "
             f"{verb} {count(report.staging, 'staging leftover(s)')}; "
             f"{verb} {count(report.blobs, 'unused blob(s)')}, and {count(report.strays, 'stray file(s)')} "
-            f"(grace period {hours:g} h, uploads idle {days:g} days{', dry run: nothing was removed or aborted' if dry else ''})"
+            f"(grace period {gc.spell(timedelta(hours=hours))}, uploads idle {gc.spell(timedelta(days=days))}"
+            f"{', dry run: nothing was removed or aborted' if dry else ''})"
         )
