@@ -57,7 +57,6 @@ DEFAULT_GRACE = timedelta(hours=24)
 DEFAULT_UPLOAD_IDLE = timedelta(days=7)
 BLOBS = "blobs"
 SHA256_RE = re.compile(r"[0-9a-f]{64}")
-UNFINISHED = uploads.UNFINISHED
 BATCH = 1000
 
 
@@ -77,7 +76,7 @@ def unused_blobs(cutoff: datetime, expiring: Collection = ()) -> QuerySet[Blob]:
     """Blobs last used before `cutoff` that no tree entry and no unfinished upload names (counting
     the sessions `expiring` as aborted already: a dry run's)."""
     in_tree = TreeEntry.objects.filter(blob=OuterRef("pk"))
-    uploading = UploadFile.objects.filter(blob=OuterRef("pk"), session__state__in=UNFINISHED)
+    uploading = UploadFile.objects.filter(blob=OuterRef("pk"), session__state__in=uploads.UNFINISHED)
     if expiring:
         uploading = uploading.exclude(session__in=expiring)
     return Blob.objects.filter(~Exists(in_tree), ~Exists(uploading), used_at__lt=cutoff)
@@ -85,7 +84,7 @@ def unused_blobs(cutoff: datetime, expiring: Collection = ()) -> QuerySet[Blob]:
 
 def idle_uploads(idle_since: datetime) -> QuerySet[UploadSession]:
     """Open or committing upload sessions with no activity since `idle_since`."""
-    return UploadSession.objects.filter(state__in=UNFINISHED, updated_at__lt=idle_since)
+    return UploadSession.objects.filter(state__in=uploads.UNFINISHED, updated_at__lt=idle_since)
 
 
 def spell(period: timedelta) -> str:
@@ -152,7 +151,7 @@ def staging_leftovers(cutoff: datetime) -> Iterator[tuple[Path, int]]:
     ids = list(folders)
     for start in range(0, len(ids), BATCH):
         chunk = ids[start:start + BATCH]
-        unfinished = set(UploadSession.objects.filter(pk__in=chunk, state__in=UNFINISHED).values_list("pk", flat=True))
+        unfinished = set(UploadSession.objects.filter(pk__in=chunk, state__in=uploads.UNFINISHED).values_list("pk", flat=True))
         for session_id in chunk:
             path = folders[session_id]
             if session_id not in unfinished and path.is_dir() and _mtime(path) < cutoff:

@@ -15,6 +15,8 @@ LOG_TAIL_LINES = 200
 OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory")
 # Exit statuses a shell reports for a process killed by a signal: 128 + signal number.
 SIGKILL_EXIT = 128 + signal.SIGKILL
+# What to change after the kernel's OOM killer took the engine.
+LESS_MEMORY = "use a smaller model, or lower per_device_train_batch_size or max_length"
 
 
 def exit_result(returncode: int | None, sig: int | None, log_tail: list[str], oom_kills: int | None = None) -> PollResult:
@@ -27,9 +29,9 @@ def exit_result(returncode: int | None, sig: int | None, log_tail: list[str], oo
         return PollResult("succeeded", log_tail=tail)
     killed = sig == signal.SIGKILL or returncode == SIGKILL_EXIT
     if killed and oom_kills:
-        return PollResult("failed", ErrorCode.OOM, "the engine was killed (SIGKILL) by the kernel's OOM killer (the kernel counted an OOM kill while the engine ran): it ran out of memory (the machine's, or its container's limit); use a smaller model, or lower per_device_train_batch_size or max_length", tail)
+        return PollResult("failed", ErrorCode.OOM, f"the engine was killed (SIGKILL) by the kernel's OOM killer (the kernel counted an OOM kill while the engine ran): it ran out of memory (the machine's, or its container's limit); {LESS_MEMORY}", tail)
     if killed and oom_kills is None:
-        return PollResult("failed", ErrorCode.OOM, "the engine was killed (SIGKILL), possibly by the kernel's OOM killer (no OOM-kill counter could be read to tell): use a smaller model, or lower per_device_train_batch_size or max_length", tail)
+        return PollResult("failed", ErrorCode.OOM, f"the engine was killed (SIGKILL), possibly by the kernel's OOM killer (no OOM-kill counter could be read to tell): {LESS_MEMORY}", tail)
     if oom_in(tail):
         return PollResult("failed", ErrorCode.OOM, "the engine ran out of GPU memory: lower the batch size or max_length", tail)
     if killed:
