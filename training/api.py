@@ -84,6 +84,16 @@ def patch_run(request: HttpRequest, run_id: int):
     return services.update_run(run, patch.model_dump(exclude_unset=True))
 
 
+@router.delete("/{int:run_id}", response={204: None, 409: ErrorOut})
+def delete_run(request: HttpRequest, run_id: int):
+    """Delete a run with its metrics, logs, rollouts, checkpoint records and run folder; what it
+    committed stays on branch run-<id> of its experiment's repo. 409, with each reason and what to do,
+    while it is live (STOP it first), its engine is exiting, a merge of one of its steps runs, or
+    another run was resumed from it."""
+    services.delete_run(get_run_for(actor(request), run_id, write=True))
+    return 204, None
+
+
 @router.post("/{int:run_id}/start", response={202: RunOut, 402: ErrorOut, 409: ErrorOut, 422: ErrorOut})
 def start_run(request: HttpRequest, run_id: int):
     run = get_run_for(actor(request), run_id, write=True)

@@ -15,7 +15,7 @@ from studio.errors import BadRequest, Conflict, Finding
 from training.backends.local import REPO_ROOT, checkpoint_dir, engine_env
 from training.methods.base import lora_enabled
 from training.models import Checkpoint, TrainingRun
-from training.services import add_log, require_training_plan
+from training.services import add_log, locked_run, require_training_plan
 
 log = logging.getLogger(__name__)
 RESUMABLE_KINDS = ("checkpoint",)
@@ -47,6 +47,7 @@ def resume_run(run: TrainingRun, step: int, user) -> TrainingRun:
     optimizer, scheduler and RNG state). Lineage records the parent run and the step. The plan gate
     comes first: resuming creates a run, and 402 precedes a bad step's 400 as it precedes create's."""
     require_training_plan(run.project)
+    run = locked_run(run)  # a DELETE of the parent waits, then sees the child (or this finds it gone)
     checkpoint = checkpoint_of(run, step)
     child = TrainingRun.objects.create(
         project=run.project, experiment=run.experiment, created_by=user,
@@ -57,11 +58,13 @@ def resume_run(run: TrainingRun, step: int, user) -> TrainingRun:
     return child
 
 
+@transaction.atomic
 def request_merge(run: TrainingRun, checkpoint: Checkpoint) -> None:
     """Queue the merge of a LoRA checkpoint into the base; the merged weights are committed to the
-    run's branch as a `merged` checkpoint."""
+    run's branch as a `merged` checkpoint. Under the run's row lock, as a DELETE checks for merges."""
     from training.tasks import merge_checkpoint
 
+    locked_run(run)
     if not lora_enabled(run.config):
         raise BadRequest("Only a LoRA run's checkpoints can be merged.", [Finding("step", "this run trains all weights: its checkpoints are already full models")])
     if Checkpoint.objects.filter(run=run, kind="merged", step=checkpoint.step).exists():

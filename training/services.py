@@ -8,7 +8,9 @@ which builds on this module and is never imported by it.
 from __future__ import annotations
 
 import logging
+import shutil
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -22,12 +24,12 @@ from environments.services import job_environment, judge_env
 from experiments.models import Experiment
 from experiments.services import default_experiment, find_experiment
 from studio import audit, crypto
-from studio.errors import BadRequest, Conflict, Finding, PaymentRequired, Unprocessable
+from studio.errors import BadRequest, Conflict, Finding, NotFound, PaymentRequired, Unprocessable
 from studio.models import AuditEvent, Project
 from training import status as status_service
 from training.backends import get_backend
 from training.backends.base import BackendError, BackendUnavailable, JobSpec
-from training.backends.local import checkpoint_dir
+from training.backends.local import checkpoint_dir, job_lingers
 from training.compute import accelerators_of
 from training.methods.base import Draft
 from training.models import (
@@ -73,6 +75,14 @@ def require_plan_capacity(project: Project, run: TrainingRun) -> None:
         raise PaymentRequired(
             f"The {plan.name} plan runs {plan.max_concurrent_runs} run(s) at once and {busy} are active: stop one, or upgrade in Settings → Billing."
         )
+
+
+def locked_run(run: TrainingRun) -> TrainingRun:
+    """The run's row, locked for this transaction; 404 when it was deleted meanwhile."""
+    locked = TrainingRun.objects.select_for_update().filter(pk=run.pk).first()
+    if locked is None:
+        raise NotFound(f"No training run {run.pk} in your projects: it was deleted.")
+    return locked
 
 
 # ---- create / patch ----------------------------------------------------------------------------
@@ -130,7 +140,7 @@ def require_patchable(run: TrainingRun) -> None:
 
 @transaction.atomic
 def update_run(run: TrainingRun, patch: dict) -> TrainingRun:
-    run = TrainingRun.objects.select_for_update().get(pk=run.pk)
+    run = locked_run(run)
     require_patchable(run)
     unknown = sorted(set(patch) - set(PATCHABLE))
     if unknown:
@@ -184,7 +194,7 @@ def start_run(run: TrainingRun) -> TrainingRun:
 
     with transaction.atomic():
         project = Project.objects.select_for_update(of=("self",)).select_related("plan").get(pk=run.project_id)
-        run = TrainingRun.objects.select_for_update().get(pk=run.pk)
+        run = locked_run(run)
         run.project = project
         require_training_plan(project)
         if run.status == Status.COMPLETED:
@@ -217,7 +227,7 @@ def stop_run(run: TrainingRun) -> TrainingRun:
     from training.tasks import stop_backend_job
 
     with transaction.atomic():
-        run = TrainingRun.objects.select_for_update().get(pk=run.pk)
+        run = locked_run(run)
         if run.status == Status.QUEUED and run.start_requested_at is not None:
             return withdraw_start(run)
         if not run.is_active:
@@ -240,6 +250,58 @@ def withdraw_start(run: TrainingRun) -> TrainingRun:
     add_log(run, "[studio] START withdrawn by user before a worker claimed the run: it stays queued")
     run.refresh_from_db()
     return run
+
+
+# ---- delete ------------------------------------------------------------------------------------
+
+def delete_run(run: TrainingRun) -> None:
+    """Delete a run that nothing needs any more: its row with its metrics, logs, rollouts and
+    checkpoint records, and (once that commits) its folder on this machine. What it committed stays
+    in the Data Hub on branch run-<id> of its experiment's repo, which can be deleted once the run
+    is gone. 409 with each reason while the run is live, its engine is still exiting, a merge of one
+    of its steps runs or another run was resumed from it (whose lineage points here)."""
+    with transaction.atomic():
+        run = locked_run(run)
+        findings = delete_blockers(run)
+        if findings:
+            raise Conflict(f"Run #{run.pk} ({run.name}) cannot be deleted yet.", findings)
+        audit.record(AuditEvent.Action.DELETED, run, details={"method": run.method, "status": run.status, "attempts": run.attempt})
+        run_id = run.pk
+        run.delete()
+        transaction.on_commit(lambda: remove_run_folder(run_id))
+
+
+def delete_blockers(run: TrainingRun) -> list[Finding]:
+    """Why `run` cannot be deleted now, each with what to do; [] when it can."""
+    from training.checkpoints import merging_steps
+
+    findings: list[Finding] = []
+    if run.is_active:
+        findings.append(Finding("status", f"the run is {run.status}: STOP it first, then delete it"))
+    elif run.status == Status.QUEUED and run.start_requested_at:
+        findings.append(Finding("status", "its START is waiting for a worker: STOP it (which withdraws the START), then delete it"))
+    elif run.backend_name == "local" and job_lingers(run.backend_job_id):
+        findings.append(Finding("status", "its engine is still exiting after the run ended: try again in a few seconds"))
+    for child in TrainingRun.objects.filter(parent=run).select_related("resume_checkpoint").order_by("pk"):
+        step = f"step {child.resume_checkpoint.step}" if child.resume_checkpoint_id else "a checkpoint"
+        findings.append(Finding("children", f"run #{child.pk} ({child.name}, {child.status}) was resumed from {step} of this run: "
+                                            f"delete run #{child.pk} first, since its lineage points here"))
+    for step in sorted(merging_steps(list(Checkpoint.objects.filter(run=run)))):
+        findings.append(Finding("checkpoints", f"step {step} is being merged: wait until it is listed as merged (or its merge fails), then delete"))
+    return findings
+
+
+def remove_run_folder(run_id: int) -> None:
+    """Remove a deleted run's folder under STUDIO_RUNS_DIR (its attempts' output, engine logs and
+    environment files). A failure is logged: the run is already gone and the folder holds nothing
+    another run reads."""
+    folder = Path(settings.STUDIO_RUNS_DIR) / str(run_id)
+    if not folder.is_dir() or folder.is_symlink():
+        return
+    try:
+        shutil.rmtree(folder)
+    except OSError:
+        log.exception("the folder of deleted run %s could not be removed: %s", run_id, folder)
 
 
 # ---- dispatch (Celery) -------------------------------------------------------------------------

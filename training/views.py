@@ -634,6 +634,11 @@ def _action(request: HttpRequest, run_id: int, service) -> HttpResponse:
     except (Unprocessable, Conflict, PaymentRequired, Forbidden) as exc:
         error = exc
         run.refresh_from_db()
+    return _status_response(request, run, actor, error)
+
+
+def _status_response(request: HttpRequest, run: TrainingRun, actor, error: ApiError | None) -> HttpResponse:
+    """After a run action: the status area (htmx) with the refusal, if any; else back to the run page."""
     if not request.htmx:
         if error is not None:
             messages.error(request, error.detail + "".join(f" {f.field}: {f.message}" for f in error.errors))
@@ -653,6 +658,28 @@ def start(request: HttpRequest, run_id: int) -> HttpResponse:
 @require_POST
 def stop(request: HttpRequest, run_id: int) -> HttpResponse:
     return _action(request, run_id, services.stop_run)
+
+
+@studio_page
+@require_POST
+def delete(request: HttpRequest, run_id: int) -> HttpResponse:
+    """"Delete run": services.delete_run, as the API's DELETE. Done, the runs list says what stays in
+    the Data Hub; refused, the status area names each reason."""
+    actor = web_actor(request)
+    run = get_run_for(actor, run_id, write=True)
+    done = (f"Run #{run.pk} ({run.name}) was deleted. What it committed stays on branch {hub.run_branch_name(run)} of "
+            f"{hub.experiment_repo_name(run.experiment)} in the Data Hub: delete that branch there if nothing needs it.")
+    try:
+        services.delete_run(run)
+    except Conflict as exc:
+        run.refresh_from_db()
+        return _status_response(request, run, actor, exc)
+    messages.success(request, done)
+    if request.htmx:
+        response = HttpResponse(status=204)
+        response.headers["HX-Redirect"] = reverse("training:runs")
+        return response
+    return redirect("training:runs")
 
 
 @studio_page

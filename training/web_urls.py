@@ -15,6 +15,7 @@ urlpatterns = [
     path("training/runs/<int:run_id>/live", views.run_live, name="live"),
     path("training/runs/<int:run_id>/start", views.start, name="start"),
     path("training/runs/<int:run_id>/stop", views.stop, name="stop"),
+    path("training/runs/<int:run_id>/delete", views.delete, name="delete"),
     path("training/runs/<int:run_id>/checkpoints/<int:step>/resume", views.resume_checkpoint, name="resume"),
     path("training/runs/<int:run_id>/checkpoints/<int:step>/merge", views.merge_checkpoint, name="merge"),
     path("training/runs/<int:run_id>/<slug:tab>/", views.run_detail, name="run_tab"),

@@ -74,6 +74,13 @@ def parse_job_id(job_id: str) -> tuple[str, int] | None:
     return (host, int(pid)) if pid.isdigit() else None
 
 
+def job_lingers(job_id: str) -> bool:
+    """Whether a local job's processes still run on this machine (a stopped engine takes up to
+    STUDIO_STOP_GRACE_SECONDS to exit, and writes to its run folder until then)."""
+    parsed = parse_job_id(job_id or "")
+    return parsed is not None and parsed[0] == socket.gethostname() and group_alive(parsed[1])
+
+
 def process_alive(pid: int) -> bool:
     """True while the process exists and is not a zombie waiting to be reaped."""
     try:

@@ -1,0 +1,176 @@
+"""DELETE /api/training-runs/{id} and the run page's "Delete run": a run nothing needs goes with its
+records and its folder; what it committed stays in the Data Hub; a run still needed is a 409 that
+says why and what to do."""
+from __future__ import annotations
+
+import socket
+import subprocess
+
+import pytest
+from django.test import Client
+
+from datahub.models import Branch
+from studio import crypto
+from studio.errors import NotFound
+from studio.models import AuditEvent
+from tests.conftest import assert_error, sft_body
+from training import services
+from training.backends.local import run_dir
+from training.models import Checkpoint, IngestBatch, LogLine, MetricPoint, Rollout, Status, TrainingRun
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def runs_root(settings, tmp_path):
+    settings.STUDIO_RUNS_DIR = tmp_path / "runs"
+    settings.DATAHUB_ROOT = tmp_path / "hub"
+    return settings.STUDIO_RUNS_DIR
+
+
+def ended_run(api, status=Status.FAILED, **body) -> TrainingRun:
+    """A run as an attempt leaves it: its series, a checkpoint in its folder and an ended status."""
+    run_id = api.post("/api/training-runs", sft_body(**body)).json()["id"]
+    TrainingRun.objects.filter(pk=run_id).update(status=status, attempt=1, ingest_token_hash=crypto.hash_token("ing_old"))
+    run = TrainingRun.objects.get(pk=run_id)
+    folder = run_dir(run_id, 1) / "output" / "checkpoint-2"
+    folder.mkdir(parents=True)
+    (folder / "model.safetensors").write_bytes(b"weights")
+    MetricPoint.objects.create(run=run, key="loss", step=1, value=0.5)
+    LogLine.objects.create(run=run, attempt=1, line="step 1")
+    Rollout.objects.create(run=run, step=1, prompt="p", completion="c", reward=1.0)
+    IngestBatch.objects.create(run=run, batch_id="b1")
+    Checkpoint.objects.create(run=run, attempt=1, step=2, path=str(folder))
+    return run
+
+
+def test_a_deleted_run_goes_with_its_records_and_folder_and_its_branch_can_go_after(api, runs_root, django_capture_on_commit_callbacks):
+    run = ended_run(api)
+    repo = f"experiment-{run.experiment.slug}"
+    assert_error(api.delete(f"/api/hub/repos/{repo}/branches/run-{run.pk}"), 409, "branch")  # held while the run exists
+    with django_capture_on_commit_callbacks(execute=True):
+        response = api.delete(f"/api/training-runs/{run.pk}")
+    assert response.status_code == 204, response.content
+    assert_error(api.get(f"/api/training-runs/{run.pk}"), 404)
+    for model in (MetricPoint, LogLine, Rollout, IngestBatch, Checkpoint):
+        assert not model.objects.filter(run_id=run.pk).exists(), model
+    assert not (runs_root / str(run.pk)).exists()
+    assert run.pk not in [r["id"] for r in api.get("/api/training-runs").json()["items"]]
+    event = AuditEvent.objects.get(action=AuditEvent.Action.DELETED, target_type="trainingrun", target_id=str(run.pk))
+    assert event.actor_name == "owner" and event.details == {"method": "sft", "status": "failed", "attempts": 1}
+    # What it committed stays in the Data Hub, and its branch is now the user's to delete.
+    assert Branch.objects.filter(repo__name=repo, name=f"run-{run.pk}").exists()
+    assert api.delete(f"/api/hub/repos/{repo}/branches/run-{run.pk}").status_code == 204
+    # Its old engine's token writes nothing.
+    late = Client().post(f"/api/ingest/runs/{run.pk}", data={"batch_id": "b2", "metrics": []}, content_type="application/json",
+                         HTTP_AUTHORIZATION="Bearer ing_old")
+    assert late.status_code == 403
+
+
+@pytest.mark.parametrize("status, start_requested, says", [
+    (Status.PROVISIONING, False, "STOP it first"),
+    (Status.RUNNING, False, "STOP it first"),
+    (Status.QUEUED, True, "withdraws the START"),
+])
+def test_a_live_run_is_refused_with_what_to_do(api, runs_root, status, start_requested, says):
+    run = ended_run(api)
+    TrainingRun.objects.filter(pk=run.pk).update(status=status, start_requested_at=run.created_at if start_requested else None)
+    body = assert_error(api.delete(f"/api/training-runs/{run.pk}"), 409, "status")
+    assert says in body["errors"][0]["message"]
+    assert TrainingRun.objects.filter(pk=run.pk).exists() and MetricPoint.objects.filter(run=run).exists()
+    assert (runs_root / str(run.pk)).is_dir()
+    assert not AuditEvent.objects.filter(action=AuditEvent.Action.DELETED).exists()
+
+
+def test_a_never_started_run_can_be_deleted_and_frees_its_experiment_repo(api, runs_root):
+    run_id = api.post("/api/training-runs", sft_body()).json()["id"]
+    repo = f"experiment-{TrainingRun.objects.get(pk=run_id).experiment.slug}"
+    assert_error(api.delete(f"/api/hub/repos/{repo}"), 409, "name")  # a queued run holds its experiment repo
+    assert api.delete(f"/api/training-runs/{run_id}").status_code == 204
+    assert api.delete(f"/api/hub/repos/{repo}").status_code == 204
+
+
+def test_a_run_another_was_resumed_from_is_refused_until_that_one_is_deleted(api, runs_root):
+    parent = ended_run(api, status=Status.COMPLETED)
+    child = api.post(f"/api/training-runs/{parent.pk}/checkpoints/2/resume").json()
+    body = assert_error(api.delete(f"/api/training-runs/{parent.pk}"), 409, "children")
+    assert f"run #{child['id']}" in body["errors"][0]["message"] and "step 2" in body["errors"][0]["message"]
+    assert api.delete(f"/api/training-runs/{child['id']}").status_code == 204
+    assert api.delete(f"/api/training-runs/{parent.pk}").status_code == 204
+
+
+def test_a_merge_in_flight_is_refused(api, runs_root):
+    from django.utils import timezone
+
+    run = ended_run(api, status=Status.COMPLETED)
+    Checkpoint.objects.filter(run=run, step=2).update(merge_requested_at=timezone.now())
+    body = assert_error(api.delete(f"/api/training-runs/{run.pk}"), 409, "checkpoints")
+    assert "step 2 is being merged" in body["errors"][0]["message"]
+
+
+def test_a_local_engine_still_exiting_is_refused_until_it_is_gone(api, runs_root):
+    run = ended_run(api, status=Status.CANCELLED)
+    engine = subprocess.Popen(["sleep", "60"], start_new_session=True)  # a real process group, as the runner's
+    try:
+        TrainingRun.objects.filter(pk=run.pk).update(backend_job_id=f"{socket.gethostname()}:{engine.pid}")
+        body = assert_error(api.delete(f"/api/training-runs/{run.pk}"), 409, "status")
+        assert "still exiting" in body["errors"][0]["message"]
+    finally:
+        engine.kill()
+        engine.wait()
+    assert api.delete(f"/api/training-runs/{run.pk}").status_code == 204
+
+
+def test_who_may_delete(api, api_as, runs_root):
+    run = ended_run(api)
+    assert_error(api_as("viewer").delete(f"/api/training-runs/{run.pk}"), 403)
+    assert_error(api_as("outsider").delete(f"/api/training-runs/{run.pk}"), 404)
+    assert_error(api_as(None).delete(f"/api/training-runs/{run.pk}"), 401)
+    assert TrainingRun.objects.filter(pk=run.pk).exists()
+    assert api_as("member").delete(f"/api/training-runs/{run.pk}").status_code == 204
+    assert_error(api.delete(f"/api/training-runs/{run.pk}"), 404)
+
+
+def test_an_action_on_a_run_deleted_meanwhile_is_a_404(api, runs_root):
+    run = ended_run(api)
+    stale = TrainingRun.objects.get(pk=run.pk)
+    services.delete_run(run)
+    for action in (services.start_run, services.stop_run, services.delete_run, lambda r: services.update_run(r, {"name": "x"})):
+        with pytest.raises(NotFound):
+            action(stale)
+
+
+# ---- the run page ------------------------------------------------------------------------------
+
+def client_for(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def test_the_run_page_deletes_and_lands_on_the_runs_list_saying_what_stays(api, users, runs_root):
+    run = ended_run(api, name="doomed run")
+    client = client_for(users["owner"])
+    assert 'id="delete-btn"' in client.get(f"/training/runs/{run.pk}/").content.decode()
+    viewer_page = client_for(users["viewer"]).get(f"/training/runs/{run.pk}/").content.decode()
+    assert 'id="delete-btn"' not in viewer_page
+    assert client_for(users["viewer"]).post(f"/training/runs/{run.pk}/delete").status_code == 403
+    response = client.post(f"/training/runs/{run.pk}/delete", HTTP_HX_REQUEST="true")
+    assert response.status_code == 204 and response.headers["HX-Redirect"] == "/training/"
+    listing = client.get("/training/").content.decode()
+    assert f"Run #{run.pk} (doomed run) was deleted" in listing and f"branch run-{run.pk}" in listing
+    assert not TrainingRun.objects.filter(pk=run.pk).exists()
+
+
+def test_the_run_page_shows_why_a_delete_was_refused_and_offers_none_while_live(api, users, runs_root):
+    parent = ended_run(api, status=Status.COMPLETED)
+    child = api.post(f"/api/training-runs/{parent.pk}/checkpoints/2/resume").json()
+    client = client_for(users["owner"])
+    response = client.post(f"/training/runs/{parent.pk}/delete", HTTP_HX_REQUEST="true")
+    html = response.content.decode()
+    assert response.status_code == 200 and 'id="run-status"' in html and f"run #{child['id']}" in html
+    # Without JavaScript: back to the run page with the refusal as a message.
+    followed = client.post(f"/training/runs/{parent.pk}/delete", follow=True).content.decode()
+    assert "cannot be deleted yet" in followed and f"run #{child['id']}" in followed
+    TrainingRun.objects.filter(pk=parent.pk).update(status=Status.RUNNING)
+    assert 'id="delete-btn"' not in client.get(f"/training/runs/{parent.pk}/").content.decode()
