@@ -133,8 +133,8 @@ def _free_repo_hint(run, uses: list[str]) -> str:
     if run.status == Status.QUEUED and run.start_requested_at is None:
         if any(use.startswith("its experiment repo") for use in uses):
             # Edit changes the run's refs and name, never its experiment: that repo stays its own.
-            return "start it and let it finish (or STOP it), then delete the repo"
-        return "edit the run to use another repo, or start it and let it finish, then delete the repo"
+            return f"delete run #{run.pk} if it is not needed (or start it and let it finish), then delete the repo"
+        return f"edit the run to use another repo, delete run #{run.pk}, or start it and let it finish, then delete the repo"
     return "stop the run (STOP on its page) or wait for it to finish, then delete the repo"
 
 

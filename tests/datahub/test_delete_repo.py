@@ -110,7 +110,7 @@ def test_a_live_run_using_the_repo_makes_delete_409(api, project, users, chat_da
     # A queued run can be edited to name another repo, but not to leave its experiment (and so its experiment repo).
     assert ("edit the run" in message) == (status == Status.QUEUED and use != "experiment"), message
     if status == Status.QUEUED and use == "experiment":
-        assert "start it and let it finish (or STOP it)" in message, message
+        assert f"delete run #{run.pk} if it is not needed" in message, message
     assert Repo.objects.filter(project=project, name=name).exists()
     TrainingRun.objects.filter(pk=run.pk).update(status=Status.COMPLETED)
     assert api.delete(f"/api/hub/repos/{name}").status_code == 204
