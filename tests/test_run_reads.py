@@ -154,8 +154,11 @@ def test_metrics_without_keys_returns_every_series(api, metric_run):
     assert len(series["loss"]) == 500  # under the default max_points: not downsampled
 
 
-def test_metrics_for_unknown_keys_is_empty(api, metric_run):
-    assert api.get(f"/api/training-runs/{metric_run.pk}/metrics", keys="nope").json() == {"series": {}}
+def test_metrics_answers_every_key_asked_for_with_an_empty_series_when_it_has_no_points(api, metric_run):
+    # A chart that asks for loss and a metric the engine has not reported yet gets both keys back.
+    assert api.get(f"/api/training-runs/{metric_run.pk}/metrics", keys="nope").json() == {"series": {"nope": []}}
+    series = api.get(f"/api/training-runs/{metric_run.pk}/metrics", keys="kd_loss,nope,kd_loss").json()["series"]
+    assert list(series) == ["kd_loss", "nope"] and series["nope"] == [] and len(series["kd_loss"]) == 10
 
 
 def test_metrics_max_points_two_keeps_first_and_last(api, metric_run):

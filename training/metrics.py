@@ -105,6 +105,8 @@ def series(run: TrainingRun, keys: list[str] | None, max_points: int) -> dict[st
         result = series_in_sql(run, keys, max_points)
     else:
         result = series_in_python(run, keys, max_points)
+    if keys:  # every key asked for is in the answer: one not reported (yet) is an empty series, not a missing one
+        result = {key: result.get(key, []) for key in sorted(set(keys))}
     if cache_key is not None:
         try:
             cache.set(cache_key, result, CACHE_SECONDS)
