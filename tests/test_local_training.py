@@ -10,9 +10,10 @@ from pathlib import Path
 from statistics import mean
 
 import pytest
+from django.http import QueryDict
 
 from tests.conftest import wait_for
-from training import reconciler
+from training import forms, reconciler
 from training.backends.local import group_alive, parse_job_id
 from training.models import LogLine, MetricPoint, Status, TrainingRun
 
@@ -65,9 +66,13 @@ def test_dpo_trains_and_margins_rise(api, studio_worker, tiny_models):
 
 
 def test_grpo_trains_and_reward_rises_on_builtin_arith(api, studio_worker, tiny_models):
+    # NEW RUN's "Quick try" preset, turned into a config exactly as the form turns it: its promise is this test.
+    form = QueryDict(mutable=True)
+    form.update({"name": "grpo", "method": "grpo", **forms.GRPO_QUICK_TRY, "config.environment_id": forms.DEMO_ENVIRONMENT})
+    preset = forms.parse_run_form(form).kwargs["config"]
+    assert preset == {"max_steps": 40, "learning_rate": 2e-2, "rollouts_per_prompt": 8, "max_response_length": 8, "environment_id": "builtin/arith@main"}
     run = run_to_the_end(api, {"name": "grpo", "method": "grpo", "base_model": tiny_models["student"],
-                               "config": {"max_steps": 40, "learning_rate": 2e-2, "lr_scheduler_type": "constant", "rollouts_per_prompt": 8,
-                                          "max_response_length": 6, "environment_id": "builtin/arith@main", "rollout_log_steps": 10, "heartbeat_interval_seconds": 2}})
+                               "config": {**preset, "rollout_log_steps": 10, "heartbeat_interval_seconds": 2}})
     reward = series(run, "reward")
     assert len(reward) == 40 and mean(reward[-10:]) > mean(reward[:10]) + 0.1, reward
     rollouts = run.rollouts.all()

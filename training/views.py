@@ -365,14 +365,22 @@ def new_run_part(request: HttpRequest, part: str) -> HttpResponse:
         values["config.distillation.ce_weight"] = "0"  # seed 001's preset: take cross-entropy out entirely
     elif part == "mode":
         values.update({k: v for k, v in forms.METHOD_DEFAULTS["grpo"].items() if not values.get(k)})
-    names = {"method": "method_fields", "mode": "grpo_mode", "preset": "distill_weights", "estimate": "distill_estimate", "fit": "fit_estimate"}
+    elif part == "quick":
+        values.update(forms.GRPO_QUICK_TRY)
+        if not values.get("config.environment_id"):
+            values["config.environment_id"] = forms.DEMO_ENVIRONMENT
+    names = {"method": "method_fields", "mode": "grpo_mode", "preset": "distill_weights", "quick": "grpo_numbers",
+             "estimate": "distill_estimate", "fit": "fit_estimate"}
     if part not in names:
         return HttpResponseNotFound(format_html(
             '<p class="alert alert-error" role="alert">NEW RUN has no live part "{}": the parts are {}. Open <a href="{}">NEW RUN</a> instead.</p>',
             part, ", ".join(names), reverse("training:new")))
     values["method"] = method
-    context = {**form_context(request, project, values), "swap_dataset_help": part == "method"}
-    return render(request, f"training/new_run.html#{names[part]}", context)
+    context = {**form_context(request, project, values), "swap_dataset_help": part == "method", "oob": part == "quick"}
+    response = render(request, f"training/new_run.html#{names[part]}", context)
+    if part == "quick":
+        response["HX-Trigger-After-Settle"] = "change"  # the GPU memory estimate listens for the form's change: it prices the new lengths
+    return response
 
 
 # ---- run detail --------------------------------------------------------------------------------

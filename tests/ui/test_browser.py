@@ -176,7 +176,13 @@ def test_new_run_for_each_method(owner_page, project, method):
         expect(page.get_by_label("Judge blocks (colocated judge)")).to_be_visible()
         page.get_by_label("RL mode").select_option("environment")
         expect(page.get_by_label("Environment", exact=True)).to_be_visible()
-        page.get_by_label("Environment", exact=True).fill("builtin/arith@main")
+        expect(page.get_by_label("Max response length")).to_have_value("2048")
+        # Quick try: short rollouts in both cards, the empty environment filled, and the GPU estimate asked again.
+        with page.expect_request(re.compile(r"/training/new/fit\?.*max_response_length=8")):
+            page.get_by_role("button", name=re.compile("^Quick try")).click()
+        expect(page.get_by_label("Max response length")).to_have_value("8")
+        expect(page.get_by_label("Max steps")).to_have_value("40")
+        expect(page.get_by_label("Environment", exact=True)).to_have_value("builtin/arith@main")
         expect(page.get_by_label("Inference blocks (vLLM)")).to_be_visible()
     check_page(page)
     page.shot(f"new-{method}")
@@ -188,6 +194,9 @@ def test_new_run_for_each_method(owner_page, project, method):
         assert run.config["distillation"]["ce_weight"] == 0 and run.config["distillation"]["teacher_model"] == "Qwen/Qwen2.5-72B-Instruct"
     if method == "dpo":
         assert run.config["loss"]["dpo_beta"] == 0.2
+    if method == "grpo":
+        assert {k: run.config[k] for k in ("max_steps", "learning_rate", "rollouts_per_prompt", "max_response_length", "environment_id")} == {
+            "max_steps": 40, "learning_rate": 2e-2, "rollouts_per_prompt": 8, "max_response_length": 8, "environment_id": "builtin/arith@main"}
     assert tab_names(page) == EXPECTED_TABS[method]
     for tab in EXPECTED_TABS[method]:
         page.locator("nav.tabs").get_by_role("link", name=tab, exact=True).click()

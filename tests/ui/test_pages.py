@@ -328,6 +328,32 @@ def test_environment_tab_describes_the_builtin(project, users):
     assert 'list="environment-choices"' in form and '<option value="builtin/arith@main">' in form
 
 
+def test_grpo_quick_try_fills_the_short_rollout_settings_and_keeps_what_was_typed(project, users):
+    client = client_for(users["owner"])
+    typed = {"method": "grpo", "name": "mine", "config.rl_mode": "environment", "config.environment_id": "", "config.kl_coef": "0.05",
+             "config.max_steps": "500", "config.rollouts_per_prompt": "16", "config.max_response_length": "2048", "config.precision": "bf16"}
+    response = client.get("/training/new/quick", typed, HTTP_HX_REQUEST="true")
+    html = response.content.decode()
+    assert response.status_code == 200 and response["HX-Trigger-After-Settle"] == "change"  # the GPU estimate re-prices the new lengths
+    assert html.lstrip().startswith('<div id="grpo-numbers"')
+    assert re.search(r'name="config.rollouts_per_prompt"[^>]*value="8"', html) and re.search(r'name="config.max_response_length"[^>]*value="8"', html)
+    assert re.search(r'name="config.kl_coef"[^>]*value="0.05"', html)  # not the preset's: kept
+    # The training parameters card and the empty environment are swapped out of band.
+    assert '<div id="train-params" class="grid-3" hx-swap-oob="true">' in html
+    assert re.search(r'name="config.max_steps"[^>]*value="40"', html) and re.search(r'name="config.learning_rate"[^>]*value="2e-2"', html)
+    assert re.search(r'<option value="bf16"[^>]*selected', html)
+    assert '<div id="grpo-mode" data-mode="environment" hx-swap-oob="true">' in html
+    assert re.search(r'name="config.environment_id"[^>]*value="builtin/arith@main"', html)
+    # An environment the user chose stays; a RULER run keeps its judge fields (no environment swap).
+    html = client.get("/training/new/quick", {**typed, "config.environment_id": "acme/maze@v2"}).content.decode()
+    assert re.search(r'name="config.environment_id"[^>]*value="acme/maze@v2"', html)
+    html = client.get("/training/new/quick", {**typed, "config.rl_mode": "ruler"}).content.decode()
+    assert 'id="grpo-mode"' not in html and 'value="8"' in html
+    # The form on the page has the button, inside the GRPO card.
+    form = client.get("/training/new/method", {"method": "grpo"}).content.decode()
+    assert 'hx-get="/training/new/quick"' in form and 'hx-target="#grpo-numbers"' in form
+
+
 @pytest.mark.parametrize("path", ["/training/", "/experiments/"])
 def test_list_pages_take_a_fixed_number_of_queries(project, users, django_assert_max_num_queries, path):
     for i in range(3):
@@ -427,7 +453,7 @@ def test_an_unknown_new_run_part_is_a_readable_404(project, users):
     response = client_for(users["owner"]).get("/training/new/bogus", {"method": "sft"})
     html = response.content.decode()
     assert response.status_code == 404
-    assert 'NEW RUN has no live part "bogus"' in html and "method, mode, preset, estimate, fit" in html
+    assert 'NEW RUN has no live part "bogus"' in html and "method, mode, preset, quick, estimate, fit" in html
 
 
 def test_checkpoints_tab_links_committed_folders_and_shows_the_merge_state(project, users, tmp_path, settings):
