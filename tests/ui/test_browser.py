@@ -313,6 +313,28 @@ def test_stop_asks_for_confirmation_and_shows_cancelled(owner_page, project, use
     page.shot("cancelled")
 
 
+def test_delete_asks_first_then_lands_on_the_list_saying_what_stays(owner_page, project, users):
+    run = services.create_run(project, users["owner"], name="to delete", method="sft", base_model="org/base", dataset="d@main")
+    status_service.transition(run.pk, Status.PROVISIONING)
+    status_service.transition(run.pk, Status.FAILED, error={"code": "TRAINING_ERROR", "message": "boom"})
+    page = owner_page
+    page.goto(f"/training/runs/{run.pk}/")
+    dialogs: list[str] = []
+    page.once("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    page.get_by_role("button", name="Delete run").click()
+    expect(page.get_by_test_id("run-status")).to_have_text("failed")  # dismissed: nothing happened
+    assert dialogs and "Delete to delete?" in dialogs[0] and f"branch run-{run.pk}" in dialogs[0]
+    assert TrainingRun.objects.filter(pk=run.pk).exists()
+    page.once("dialog", lambda d: d.accept())
+    page.get_by_role("button", name="Delete run").click()
+    expect(page).to_have_url(re.compile(r"/training/$"))
+    expect(page.locator("ul.messages")).to_contain_text(f"Run #{run.pk} (to delete) was deleted")
+    expect(page.get_by_role("link", name="to delete", exact=True)).to_have_count(0)
+    assert not TrainingRun.objects.filter(pk=run.pk).exists()
+    check_page(page)
+    page.shot("deleted")
+
+
 def test_live_start_to_completed_with_loss_chart(owner_page, project, studio_worker, tiny_models):
     """START a tiny SFT run on the local backend (real Celery worker + engine), watch it complete."""
     page = owner_page
