@@ -11,6 +11,8 @@ import math
 import re
 from typing import Any, TypeVar
 
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.http import Http404, HttpRequest, HttpResponse
 from ninja import NinjaAPI, Schema
 from ninja.errors import AuthenticationError, HttpError, ValidationError
@@ -19,7 +21,7 @@ from pydantic import Field
 from pydantic import ValidationError as PydanticValidationError
 
 from studio.auth import Actor, StudioAuth
-from studio.errors import ApiError, BadRequest, Finding, NotFound, Unauthorized
+from studio.errors import ApiError, BadRequest, Finding, NotFound, PayloadTooLarge, Unauthorized
 
 S = TypeVar("S", bound=Schema)
 
@@ -245,6 +247,17 @@ def on_auth_error(request: HttpRequest, exc: AuthenticationError) -> HttpRespons
 @api.exception_handler(HttpError)
 def on_http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
     return error_response(request, exc.status_code, {"detail": str(exc), "errors": []})
+
+
+@api.exception_handler(RequestDataTooBig)
+def on_body_too_large(request: HttpRequest, exc: RequestDataTooBig) -> HttpResponse:
+    """A JSON body over DATA_UPLOAD_MAX_MEMORY_SIZE: Django refuses to read it, which was a 500."""
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    size = request.META.get("CONTENT_LENGTH") or "?"
+    error = PayloadTooLarge(f"The request body ({size} bytes) is over the {limit} bytes one request may carry; nothing of it was stored.", [
+        Finding("body", f"send at most {limit} bytes: shorten the longest values, and put a file's content in the Data Hub "
+                        "(POST /api/hub/repos/{name}/uploads sends it in chunks) rather than in a JSON body")])
+    return error_response(request, 413, error.body())
 
 
 def on_not_found(request: HttpRequest, exc: Exception) -> HttpResponse:

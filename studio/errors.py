@@ -55,6 +55,12 @@ class Conflict(ApiError):
     status = 409
 
 
+class PayloadTooLarge(ApiError):
+    """413: the body is over DATA_UPLOAD_MAX_MEMORY_SIZE; nothing of it was read or stored."""
+
+    status = 413
+
+
 class Unprocessable(ApiError):
     status = 422
     default_detail = "The run cannot start until these problems are fixed."

@@ -300,3 +300,21 @@ def test_odd_experiment_keys_never_500(api, project, experiment):
     assert create.status_code == 400 and not TrainingRun.objects.exists()
     listed = api.client.get("/api/training-runs", {"experiment": str(experiment)}, HTTP_AUTHORIZATION=f"Bearer {api.token}")
     assert listed.status_code == 200 and listed.json()["count"] == 0
+
+
+@pytest.mark.parametrize("method, path", [
+    ("post", "/api/training-runs"), ("patch", "/api/training-runs/{run}"), ("post", "/api/hub/repos"), ("put", "/api/secrets/HF_TOKEN"),
+    ("post", "/api/experiments"), ("post", "/api/ingest/runs/{run}"),
+])
+def test_a_body_over_the_request_limit_is_413_naming_the_limit_and_stores_nothing(api, queued_run, settings, request, method, path):
+    # Django refuses to read a body over DATA_UPLOAD_MAX_MEMORY_SIZE (2.5 MiB by default); that was a 500.
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 10_000
+    who = request.getfixturevalue("ingest_api") if "ingest" in path else api  # (a running run: a PATCH of it is a 409 first)
+    before, logs = run_snapshot(queued_run.pk), LogLine.objects.filter(run=queued_run).count()
+    body = {**VALID_BATCH, "logs": ["x" * 100] * 200} if "ingest" in path else {"name": "big", "value": "v" * 20_000, "config": {"note": "n" * 20_000}}
+    response = send(who, method, path.format(run=queued_run.pk), body, None)
+    assert response.status_code == 413, response.content
+    error = response.json()
+    assert "over the 10000 bytes one request may carry" in error["detail"] and error["errors"][0]["field"] == "body"
+    assert "send at most 10000 bytes" in error["errors"][0]["message"]
+    assert run_snapshot(queued_run.pk) == before and LogLine.objects.filter(run=queued_run).count() == logs

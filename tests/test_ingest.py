@@ -179,3 +179,22 @@ def test_non_finite_numbers_from_the_engine_do_not_cost_the_batch(transactional_
     lines = list(LogLine.objects.filter(run=run).values_list("line", flat=True))
     assert sum("loss is nan" in line or "loss is inf" in line for line in lines) == 1
     assert any("a rollout's reward is nan" in line for line in lines)
+
+
+def test_a_backlog_over_the_request_limit_arrives_whole_and_in_order(transactional_db, live_server, live_run, settings):
+    # What an engine buffers while the Studio is down for a while: more than one request may carry.
+    # Sent whole it was a 500, retried forever, and no later batch (nor heartbeat) got through.
+    from training.engine.reporter import Reporter
+
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 50_000  # the reporter keeps under 2 MB; a Studio set lower answers 413
+    run, token = live_run
+    reporter = Reporter(f"{live_server.url}/api/ingest/runs/{run.pk}", token, flush_interval=0.05, echo=False)
+    reporter.status("running")
+    for step in range(3000):
+        reporter.metric(step, "loss", 1.0 / (step + 1))
+        reporter.log(f"step {step}: {'x' * 60}", echo=False)
+    assert reporter.start().close(timeout=60)
+    assert MetricPoint.objects.filter(run=run, key="loss").count() == 3000
+    lines = list(LogLine.objects.filter(run=run, line__startswith="step ").order_by("id").values_list("line", flat=True))
+    assert lines == [f"step {step}: {'x' * 60}" for step in range(3000)]
+    assert TrainingRun.objects.get(pk=run.pk).status == Status.RUNNING

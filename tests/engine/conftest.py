@@ -23,22 +23,26 @@ class IngestStub:
         self.attempts: list[dict[str, Any]] = []  # every request, with the status we answered
         self.responses: list[int] = []
         self.always: int | None = None
+        self.max_body: int | None = None  # a body over it is answered 413, as Studio answers one over its limit
         self.seen_ids: set[str] = set()
         self.lock = threading.Lock()
         stub = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 - http.server naming
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                size = int(self.headers["Content-Length"])
+                body = json.loads(self.rfile.read(size))
                 auth = self.headers.get("Authorization")
                 with stub.lock:
                     code = stub.responses.pop(0) if stub.responses else (stub.always or 200)
+                    if stub.max_body is not None and size > stub.max_body:
+                        code = 413
                     if auth != f"Bearer {TOKEN}":
                         code = 403
                     duplicate = body.get("batch_id") in stub.seen_ids
                     if code == 200:
                         stub.seen_ids.add(body.get("batch_id"))
-                    stub.attempts.append({"status": code, "body": body, "auth": auth, "duplicate": duplicate})
+                    stub.attempts.append({"status": code, "body": body, "auth": auth, "duplicate": duplicate, "size": size})
                 payload = json.dumps({"ok": code == 200, "duplicate": duplicate}).encode()
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")

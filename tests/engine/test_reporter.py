@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 import time
 
+from training.engine import reporter as reporter_module
 from training.engine.reporter import Reporter
 
 from .conftest import TOKEN, IngestStub
@@ -123,3 +124,56 @@ def test_text_studio_cannot_store_is_made_storable_so_the_batch_is_not_dropped(i
     assert rollout["completion"] == "a\ufffdb?" and rollout["prompt"] == "p\ufffd" and rollout["components"] == {"why": "x\ufffd"}
     assert "step 3: text \ufffd here" in ingest.collect("logs")
     assert ingest.scalars("error")[0]["message"] == "bad \ufffd"
+
+
+def backlog(rep: Reporter, lines: int) -> None:
+    """What an engine buffers while Studio is unreachable: logs, metrics, a checkpoint, then its end."""
+    rep.status("running")
+    for i in range(lines):
+        rep.log(f"step {i}: " + "x" * 40, echo=False)
+        rep.metric(i, "loss", 1.0 / (i + 1))
+    rep.checkpoint(lines, "/tmp/ckpt", "checkpoint")
+    rep.status("completed")
+
+
+def test_a_batch_too_large_for_studio_arrives_in_ordered_parts(ingest: IngestStub) -> None:
+    # Studio answers 413 to a body over its limit. Dropping the batch lost a backlog; resending it whole
+    # would be refused forever while the heartbeat starves. It goes as smaller batches, in order.
+    ingest.max_body = 20_000
+    rep = Reporter(ingest.url, TOKEN, flush_interval=0.05, echo=False)
+    backlog(rep, 2000)  # ≈ 200 kB, buffered before the sender starts
+    assert rep.start().close(timeout=30)
+    assert 413 in [a["status"] for a in ingest.attempts]
+    assert all(a["size"] <= 20_000 for a in ingest.attempts if a["status"] == 200)
+    assert ingest.collect("logs") == [f"step {i}: " + "x" * 40 for i in range(2000)] + ["saved checkpoint at step 2000: /tmp/ckpt"]
+    assert [m["step"] for m in ingest.collect("metrics")] == list(range(2000))
+    assert ingest.scalars("status") == ["running", "completed"]
+    # Each part keeps its place: the checkpoint after every metric, "completed" after all of it.
+    batches = ingest.batches
+    where = {key: max(i for i, b in enumerate(batches) if b[key]) for key in ("metrics", "logs", "checkpoints")}
+    ended = next(i for i, b in enumerate(batches) if b["status"] == "completed")
+    assert where["metrics"] <= where["checkpoints"] < ended and where["logs"] < ended == len(batches) - 1
+
+
+def test_a_batch_over_the_default_limit_is_split_before_it_is_sent(ingest: IngestStub, monkeypatch) -> None:
+    monkeypatch.setattr(reporter_module, "MAX_BATCH_BYTES", 10_000)
+    rep = Reporter(ingest.url, TOKEN, flush_interval=0.05, echo=False)
+    backlog(rep, 500)
+    assert rep.start().close(timeout=30)
+    assert [a["status"] for a in ingest.attempts if a["status"] != 200] == []  # no round trip wasted on a 413
+    assert max(a["size"] for a in ingest.attempts) <= 10_000 and len(ingest.batches) > 3
+    assert len(ingest.collect("logs")) == 501 and ingest.scalars("status") == ["running", "completed"]
+
+
+def test_a_lone_item_larger_than_studio_takes_is_dropped_and_the_rest_arrives(ingest: IngestStub, capsys) -> None:
+    ingest.max_body = 20_000
+    rep = Reporter(ingest.url, TOKEN, flush_interval=0.05, echo=False)
+    rep.status("running")
+    rep.log("before", echo=False)
+    rep.rollout({"step": 1, "prompt": "p", "completion": "y" * 50_000, "reward": 1.0})
+    rep.log("after", echo=False)
+    rep.status("completed")
+    assert rep.start().close(timeout=30)
+    assert ingest.collect("logs") == ["before", "after"] and ingest.collect("rollouts") == []
+    assert ingest.scalars("status") == ["running", "completed"]
+    assert "one of rollouts is" in capsys.readouterr().err

@@ -5,6 +5,8 @@ whatever is buffered every ``flush_interval`` seconds, and an empty batch at lea
 ``heartbeat_interval`` seconds so a long optimizer step still counts as alive. A batch that fails with a
 connection error or a 5xx is resent with the *same* batch_id (the server dedups), with exponential backoff.
 A 401/403 means this attempt was superseded: the reporter stops and the engine must exit.
+A batch too large for one request (a backlog left by an outage, a burst of long rollouts) goes as
+smaller batches, in order: resending it whole would be refused forever and starve the heartbeat.
 """
 
 from __future__ import annotations
@@ -22,6 +24,10 @@ from typing import Any
 
 LOG_TAIL_LINES = 200
 BACKOFF_CAP_S = 10.0
+# Under Studio's default request limit (Django's DATA_UPLOAD_MAX_MEMORY_SIZE, 2.5 MiB); a Studio set
+# lower answers 413, which splits the batch just the same.
+MAX_BATCH_BYTES = 2_000_000
+ITEM_KEYS = ("metrics", "logs", "rollouts", "checkpoints")
 
 
 def storable(value: Any) -> Any:
@@ -38,6 +44,23 @@ def storable(value: Any) -> Any:
     if isinstance(value, list):
         return [storable(v) for v in value]
     return value
+
+
+def split_batch(batch: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """Two batches that say what `batch` says, in its order: the first half of its items, then the
+    rest with its stage, status, error and progress (a status goes after the metrics it ends). Each
+    gets its own batch_id: nothing of `batch` was stored. None for a lone item with nothing else."""
+    items = [(key, item) for key in ITEM_KEYS for item in batch[key]]
+    rest = {key: batch[key] for key in batch if key not in ITEM_KEYS and key != "batch_id"}
+    if len(items) <= 1 and all(value is None for value in rest.values()):
+        return None
+    cut = (len(items) + 1) // 2
+    first: dict[str, Any] = {key: [] for key in ITEM_KEYS} | {key: None for key in rest}
+    second: dict[str, Any] = {key: [] for key in ITEM_KEYS} | rest
+    for i, (key, item) in enumerate(items):
+        (first if i < cut else second)[key].append(item)
+    first["batch_id"], second["batch_id"] = uuid.uuid4().hex, uuid.uuid4().hex
+    return first, second
 
 
 class Superseded(RuntimeError):
@@ -168,7 +191,7 @@ class Reporter:
                 batch = self._take()
                 self._in_flight = True
             try:
-                self._send_with_retry(batch)
+                self._send(batch)
             finally:
                 with self._lock:
                     self._in_flight = False
@@ -176,23 +199,37 @@ class Reporter:
             if self._stop.is_set() and not self._dirty:
                 return
 
-    def _send_with_retry(self, batch: dict[str, Any]) -> None:
+    def _send(self, batch: dict[str, Any]) -> None:
+        """Send `batch`, as smaller batches in order when it is too large for one request."""
+        body = json.dumps(batch).encode()
+        if len(body) <= MAX_BATCH_BYTES and self._send_with_retry(batch, body) != "too large":
+            return
+        halves = split_batch(batch)
+        if halves is None:
+            key = next((key for key in ITEM_KEYS if batch[key]), "its parts")
+            self._warn(f"reporter: one of {key} is {len(body)} bytes, more than Studio takes in a request; dropping it")
+            return
+        for half in halves:
+            if self.superseded.is_set() or self._gave_up:
+                return
+            self._send(half)
+
+    def _send_with_retry(self, batch: dict[str, Any], body: bytes) -> str:
         delay = 0.5
         while True:
-            outcome = self._post(batch)
-            if outcome in ("ok", "drop", "superseded"):
-                return
+            outcome = self._post(batch, body)
+            if outcome in ("ok", "drop", "superseded", "too large"):
+                return outcome
             deadline = self._drain_deadline
             if deadline is not None and time.monotonic() + delay > deadline:
                 self._warn(f"reporter: giving up on batch {batch['batch_id']} at shutdown")
                 self._gave_up = True
-                return
+                return "gave up"
             time.sleep(delay)
             delay = min(delay * 2, BACKOFF_CAP_S)
 
-    def _post(self, batch: dict[str, Any]) -> str:
+    def _post(self, batch: dict[str, Any], body: bytes) -> str:
         assert self.url is not None
-        body = json.dumps(batch).encode()
         req = urllib.request.Request(
             self.url,
             data=body,
@@ -211,6 +248,9 @@ class Reporter:
                 self._warn(f"reporter: ingest answered {exc.code}; this attempt was superseded")
                 self.superseded.set()
                 return "superseded"
+            if exc.code == 413:
+                self._warn(f"reporter: batch {batch['batch_id']} ({len(body)} bytes) is too large for Studio; sending it in parts")
+                return "too large"
             if exc.code >= 500 or exc.code == 429:
                 self._warn(f"reporter: ingest answered {exc.code}; retrying batch {batch['batch_id']}")
                 return "retry"
