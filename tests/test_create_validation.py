@@ -53,6 +53,9 @@ def test_distill_without_teacher_returns_400(api):
         ({"per_device_train_batch_size": 0}, "config.per_device_train_batch_size"),
         ({"max_steps": True}, "config.max_steps"),
         ({"seed": 1.5}, "config.seed"),
+        # 0 parses, but the engine refuses it after START (it was a failed run, not a 400).
+        ({"learning_rate": 0}, "config.learning_rate"),
+        ({"num_epochs": 0}, "config.num_epochs"),
     ],
 )
 def test_malformed_config_types_return_400(api, config, field):
@@ -81,6 +84,26 @@ def test_trl_config_field_passes_through(api):
     r = create(api, config={"warmup_steps": 3, "weight_decay": 0.01})
     assert r.status_code == 201, r.content
     assert r.json()["config"]["warmup_steps"] == 3
+
+
+@pytest.mark.parametrize(("method", "key", "value", "says"), [
+    ("sft", "output_dir", "/tmp/elsewhere", "its own folder"),
+    ("sft", "resume_from_checkpoint", "/tmp/ckpt", "/checkpoints/{step}/resume"),
+    ("dpo", "push_to_hub", True, "Data Hub branch"),
+    ("sft", "hub_token", "hf_x", "Data Hub branch"),
+    ("grpo", "report_to", "wandb", "stream to the Studio"),
+    ("sft", "model_init_kwargs", {"trust_remote_code": True}, "runs no code from its repo"),
+    ("grpo", "vllm_server_host", "10.0.0.9", "vllm_mode: colocate"),
+])
+def test_trl_fields_the_studio_sets_itself_are_refused_naming_what_to_do(api, method, key, value, says):
+    # They are fields of TRL's configs, so they used to pass through: output_dir wrote a run's
+    # checkpoints to any folder of the machine, outside its run folder and its Data Hub branch.
+    extra = {"loss": {"type": "dpo"}, "lora_rank": 8} if method == "dpo" else {}
+    body = assert_refused(api, 400, f"config.{key}", method=method, config={**extra, key: value}, dataset=None if method == "grpo" else "my-data@main")
+    assert "the Studio sets this itself" in body["errors"][0]["message"] and says in body["errors"][0]["message"]
+    run = create(api, config={"max_steps": 5}).json()
+    assert_error(api.patch(f"/api/training-runs/{run['id']}", {"config": {key: value}}), 400, f"config.{key}")
+    assert "output_dir" not in TrainingRun.objects.get(pk=run["id"]).config
 
 
 def test_unknown_key_inside_method_block_is_refused(api):

@@ -59,6 +59,7 @@ class Key:
     block: dict[str, Key] | None = None
     nullable: bool = False
     hint: str = ""
+    positive: bool = False  # minimum is exclusive: 0 itself is refused (a learning rate, an epoch count)
 
     def check(self, path: str, value: Any) -> list[Finding]:
         if value is None:
@@ -78,6 +79,8 @@ class Key:
             return [Finding(path, f"must be {self.describe()}, got {shown(value)}")]
         if isinstance(value, float) and not math.isfinite(value):
             return [Finding(path, f"must be a finite number, got {value}")]
+        if self.positive and value <= 0:
+            return [Finding(path, f"must be greater than 0, got {value}: {self.describe()}")]
         if self.minimum is not None and value < self.minimum:
             return [Finding(path, f"must be at least {limit(self.minimum)}, got {value}")]
         if self.maximum is not None and value > self.maximum:

@@ -88,3 +88,18 @@ def test_resume_from_checkpoint_matches_an_uninterrupted_run(tiny, ingest: Inges
     assert any(not torch.equal(a[k], base[k]) for k in a)
     worst = max((a[k] - b[k]).abs().max().item() for k in a)
     assert worst <= 1e-5, worst
+
+
+def test_settings_the_studio_owns_are_ignored_by_the_engine_too(tiny, ingest: IngestStub, tmp_path: Path) -> None:
+    # Studio refuses them at create; a spec from elsewhere (an older Studio, a hand-written one) must
+    # still not write a run's checkpoints outside its own folder or report to another tracker.
+    elsewhere = tmp_path.parent / f"{tmp_path.name}-elsewhere"
+    out = tmp_path / "run"
+    cfg = {**SFT_CONFIG, "max_steps": 2, "save_steps": 1, "output_dir": str(elsewhere), "report_to": "tensorboard"}
+    assert run_inprocess(make_spec("sft", tiny["student"], [tiny["sft_text"]], out, cfg, ingest)) == 0
+    assert not elsewhere.exists()
+    assert {c["step"] for c in ingest.collect("checkpoints") if c["kind"] == "checkpoint"} == {1, 2}
+    assert all(c["path"].startswith(str(out)) for c in ingest.collect("checkpoints"))
+    logs = ingest.collect("logs")
+    assert any(line.startswith("config.output_dir: set by the Studio") for line in logs)
+    assert any(line.startswith("config.report_to: set by the Studio") for line in logs)

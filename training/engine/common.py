@@ -13,7 +13,7 @@ from transformers import TrainerCallback
 from . import perf
 from .modeling import Device
 from .reporter import Reporter, Superseded
-from .spec import ENGINE_KEYS, Spec
+from .spec import ENGINE_KEYS, STUDIO_MANAGED, Spec
 
 
 @dataclass
@@ -64,7 +64,9 @@ def build_config(config_cls: type, ctx: Context, **method_kwargs: Any) -> Any:
     for key, value in c.items():
         if key in ENGINE_KEYS:
             continue
-        if key in fields:
+        if key in STUDIO_MANAGED:
+            ctx.reporter.log(f"config.{key}: set by the Studio ({STUDIO_MANAGED[key]}); ignored")
+        elif key in fields:
             kwargs[key] = value
         else:
             ctx.reporter.log(f"config.{key}: not a {config_cls.__name__} field; ignored")

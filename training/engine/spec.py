@@ -50,6 +50,23 @@ ENGINE_KEYS = {
     "gradient_checkpointing",
 }
 
+_HUB = "what a run makes is committed to its Data Hub branch (run-<id>); nothing is pushed anywhere else"
+_TRACKING = "metrics, logs and rollouts stream to the Studio"
+_LOADING = "the engine loads the model itself, and runs no code from its repo"
+_VLLM_SERVER = "a run's job reaches no vLLM server outside it (use vllm_mode: colocate)"
+# TRL/transformers fields the Studio sets itself, or that would reach outside the run's folder and its
+# Data Hub branch (another folder on the machine, another hub, a tracker, a server): refused at create,
+# and never passed through by the engine (a spec from elsewhere). The value says what to do instead.
+STUDIO_MANAGED = {
+    "output_dir": "each run writes under its own folder, and its checkpoints go to its Data Hub branch",
+    "resume_from_checkpoint": "resume from a saved step with POST /api/training-runs/{id}/checkpoints/{step}/resume (Resume on the Checkpoints tab)",
+    "push_to_hub": _HUB, "hub_model_id": _HUB, "hub_token": _HUB, "hub_strategy": _HUB, "hub_private_repo": _HUB,
+    "hub_always_push": _HUB, "hub_revision": _HUB, "log_completions_hub_repo": _HUB,
+    "report_to": _TRACKING, "trackio_space_id": _TRACKING, "trackio_bucket_id": _TRACKING, "trackio_static_space_id": _TRACKING,
+    "model_init_kwargs": _LOADING, "trust_remote_code": _LOADING,
+    "vllm_server_host": _VLLM_SERVER, "vllm_server_port": _VLLM_SERVER, "vllm_server_base_url": _VLLM_SERVER, "vllm_group_port": _VLLM_SERVER,
+}
+
 
 class SpecError(ValueError):
     """A spec that cannot be run; the message starts with the offending field's path."""

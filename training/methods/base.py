@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from studio.errors import Finding
+from training.engine.spec import STUDIO_MANAGED
 from training.keys import BOOL, INT0, INT1, POSITIVE, PRECISIONS, TEXT, Key, check_block, is_number, json_findings  # noqa: F401 - re-exported for methods
 
 TRL_FIELDS_FILE = Path(__file__).with_name("trl_fields.json")
@@ -29,9 +30,9 @@ def trl_config_fields() -> dict[str, frozenset[str]]:
 MAX_STEPS = 10**8
 SEED_MAX = 2**32 - 1  # numpy.random.seed's range, which the trainer seeds from config.seed
 COMMON_KEYS: dict[str, Key] = {
-    "num_epochs": Key("number", minimum=0, maximum=10_000, hint="a positive number of epochs, at most 10000"),
+    "num_epochs": Key("number", minimum=0, positive=True, maximum=10_000, hint="a positive number of epochs, at most 10000"),
     "max_steps": Key("int", minimum=1, maximum=MAX_STEPS),
-    "learning_rate": Key("number", minimum=0, maximum=1, hint="a positive number, at most 1 (typical: 1e-5 to 1e-3)"),
+    "learning_rate": Key("number", minimum=0, positive=True, maximum=1, hint="a positive number, at most 1 (typical: 1e-5 to 1e-3)"),
     "per_device_train_batch_size": Key("int", minimum=1, maximum=65_536),
     "gradient_accumulation_steps": Key("int", minimum=1, maximum=65_536),
     "max_length": Key("int", minimum=1, maximum=2**22),
@@ -129,6 +130,8 @@ class TrainingMethod:
         for name, value in config.items():
             if name in known:
                 findings.extend(known[name].check(f"config.{name}", value))
+            elif name in STUDIO_MANAGED:
+                findings.append(Finding(f"config.{name}", f"the Studio sets this itself: {STUDIO_MANAGED[name]}; remove it"))
             elif name not in passthrough:
                 findings.append(
                     Finding(
