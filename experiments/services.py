@@ -4,6 +4,7 @@ from __future__ import annotations
 from django.db import IntegrityError, transaction
 from django.utils.text import slugify
 
+from datahub.models import Repo, RepoType
 from datahub.services import provision_experiment_repo
 from experiments.models import Experiment
 from studio.errors import BadRequest, Conflict, Finding
@@ -22,6 +23,12 @@ def create_experiment(project: Project, name: str) -> Experiment:
         # The slug names the experiment's Data Hub repo (experiment-<slug>), which allows ASCII only.
         raise BadRequest(errors=[Finding("name", f"{name!r} has no ASCII letter or digit: the name becomes a Data Hub repo name, which keeps only "
                                                  "ASCII letters, digits, '-' and '_' (spaces become '-'); use at least one of a-z or 0-9, e.g. tone-sweep")])
+    repo_name = f"experiment-{slug}"
+    clash = Repo.objects.filter(project=project, name=repo_name).exclude(type=RepoType.EXPERIMENT).first()
+    if clash is not None:
+        # The experiment would adopt it: its runs would commit their models to branches of that repo.
+        raise Conflict(f"Project {project.slug} has a {clash.type} repo {repo_name!r}, the name this experiment's Data Hub repo needs.", [
+            Finding("name", f"choose another experiment name, or rename or delete the {clash.type} repo {repo_name} in the Data Hub first")])
     try:
         with transaction.atomic():
             experiment = Experiment.objects.create(project=project, name=name, slug=slug)

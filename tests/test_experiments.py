@@ -33,6 +33,15 @@ def test_duplicate_name_is_409_naming_the_field(api, project, second):
     assert Experiment.objects.filter(project=project).count() == 1
 
 
+def test_a_repo_of_another_type_holding_the_experiments_repo_name_is_409_and_stays_as_it_was(api, project):
+    # The experiment adopted it: its runs committed their models to branches of the user's dataset repo.
+    assert api.post("/api/hub/repos", {"name": "experiment-foo", "type": "dataset"}).status_code == 201
+    error = assert_error(api.post("/api/experiments", {"name": "Foo"}), 409, "name")
+    assert "dataset repo 'experiment-foo'" in error["detail"] and "rename or delete the dataset repo experiment-foo" in error["errors"][0]["message"]
+    assert not Experiment.objects.filter(project=project, slug="foo").exists()
+    assert api.get("/api/hub/repos/experiment-foo").json()["type"] == "dataset"
+
+
 def test_same_name_in_another_project_is_fine(api, api_as):
     assert api.post("/api/experiments", {"name": "Sweep"}).status_code == 201
     assert api_as("outsider").post("/api/experiments", {"name": "Sweep"}).status_code == 201
