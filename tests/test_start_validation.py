@@ -184,6 +184,21 @@ def test_a_data_hub_model_without_config_json_is_refused_at_start(api, project, 
     assert any("weights-only@main has no config.json at its root" in e["message"] for e in body["errors"]), body
 
 
+def test_a_bare_name_that_is_a_data_hub_repo_is_refused_at_start_saying_to_add_the_ref(api, project, users):
+    # "qa-data" reads as an HF id: the engine looked for it on the Hub and the run failed after START.
+    from datahub.repos import create_repo
+
+    create_repo(project, "qa-data", "dataset", users["owner"])
+    create_repo(project, "my-model", "model", users["owner"])
+    run_id = make_run(api, base_model="my-model", dataset=["qa-data", {"ref": "other-data"}])
+    body = assert_start_refused(api, run_id, 422, "dataset[0]")
+    found = {e["field"]: e["message"] for e in body["errors"]}
+    assert "write qa-data@main" in found["dataset[0]"] and "dataset repo qa-data" in found["dataset[0]"]
+    assert "write my-model@main" in found["base_model"] and "or the HF id with its org (org/my-model)" in found["base_model"]
+    assert "dataset[1].ref" not in found  # no repo of that name: an HF id, as before
+    assert TrainingRun.objects.get(pk=run_id).status == Status.QUEUED
+
+
 def test_all_findings_are_reported_at_once(api):
     run_id = make_run(api, method="dpo", base_model=None, dataset=None, config={"loss": {"type": "dpo", "dpo_beta": 0}, "per_device_train_batch_size": 3})
     body = assert_start_refused(api, run_id, 422, "base_model")

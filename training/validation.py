@@ -12,7 +12,8 @@ from typing import Any
 from django.conf import settings
 
 from datahub.datasets import local_findings
-from datahub.refs import dataset_findings, ref_findings
+from datahub.models import Repo
+from datahub.refs import dataset_findings, dataset_refs, ref_findings
 from environments.services import environment_findings
 from studio.errors import BadRequest, Finding
 from training.backends import get_backend
@@ -99,7 +100,23 @@ def start_findings(draft: Draft) -> list[Finding]:
     if draft.project is not None:
         findings += ref_findings(draft.project, draft.base_model, draft.config)
         findings += dataset_findings(draft.project, draft.method, draft.dataset)
+        findings += bare_repo_name_findings(draft)
     return findings
+
+
+def bare_repo_name_findings(draft: Draft) -> list[Finding]:
+    """A model or dataset written as a bare name (no org, no @ref) that is also one of the project's
+    Data Hub repos: it reads as a Hugging Face id, so the engine looked for it on the Hub and the run
+    failed after START. Almost surely the repo was meant; an HF id written with its org still works."""
+    teacher = (draft.config.get("distillation") or {}).get("teacher_model") if isinstance(draft.config.get("distillation"), dict) else None
+    named = [("base_model", draft.base_model), ("config.distillation.teacher_model", teacher), *dataset_refs(draft.dataset)]
+    bare = {field: value for field, value in named if isinstance(value, str) and ref_kind(value) == "hf" and "/" not in value}
+    if not bare:
+        return []
+    repos = dict(Repo.objects.filter(project=draft.project, name__in=set(bare.values())).values_list("name", "type"))
+    return [Finding(field, f"{value} reads as a Hugging Face id, and this project has a Data Hub {repos[value]} repo {value}: "
+                           f"write {value}@main (or @<branch, tag or commit>) to use the repo, or the HF id with its org (org/{value})")
+            for field, value in bare.items() if value in repos]
 
 
 def image_findings(draft: Draft, image_has) -> list[Finding]:
