@@ -84,6 +84,13 @@ def refuse_unknown_query(run: Any) -> Any:
             takes = f"it takes {', '.join(sorted(known))}" if known else "it takes none"
             raise BadRequest("The request has unknown query parameters.",
                              [Finding(name, f"unknown query parameter: remove it ({takes})") for name in unknown[:20]])
+        # ?status=completed&status=queued read as status=queued alone: the list looked filtered by both.
+        repeated = sorted(name for name in request.GET if len(request.GET.getlist(name)) > 1)
+        if repeated:
+            raise BadRequest("The request repeats query parameters that take one value.", [
+                Finding(name, f"given {len(request.GET.getlist(name))} times, and only one value is read: give it once"
+                              + (" (several keys go in one, comma-separated: keys=loss,kd_loss)" if name == "keys" else ""))
+                for name in repeated[:20]])
         return read(request, *args, **kwargs)
 
     operation._get_values = get_values

@@ -34,6 +34,16 @@ def test_a_misspelt_filter_is_400_naming_it_and_what_the_endpoint_takes(api, run
     assert [r["status"] for r in api.get("/api/training-runs", status="failed").json()["items"]] == ["failed"]
 
 
+def test_a_repeated_parameter_is_400_naming_it_rather_than_reading_only_the_last(api, runs):
+    # ?status=failed&status=queued answered with the queued runs alone, as if filtered by both.
+    body = assert_error(api.client.get("/api/training-runs?status=failed&status=queued", HTTP_AUTHORIZATION=f"Bearer {api.token}"), 400, "status")
+    assert "given 2 times, and only one value is read: give it once" in body["errors"][0]["message"]
+    run = runs[0]
+    body = assert_error(api.client.get(f"/api/training-runs/{run.pk}/metrics?keys=loss&keys=entropy", HTTP_AUTHORIZATION=f"Bearer {api.token}"), 400, "keys")
+    assert "keys=loss,kd_loss" in body["errors"][0]["message"]
+    assert api.get(f"/api/training-runs/{run.pk}/metrics", keys="loss,entropy").status_code == 200
+
+
 def test_every_unknown_name_is_named_once(api, runs):
     body = assert_error(api.get("/api/training-runs", b="1", a="2", status="failed"), 400)
     assert [e["field"] for e in body["errors"]] == ["a", "b"]
