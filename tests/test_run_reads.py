@@ -194,7 +194,7 @@ def test_logs_full(api, log_run):
     assert body["lines"] == [f"line {i}" for i in range(300)] and body["total"] == 300
 
 
-@pytest.mark.parametrize("query, field", [({"tail": "0"}, "tail"), ({"tail": "x"}, "tail"), ({"full": "perhaps"}, "full")])
+@pytest.mark.parametrize("query, field", [({"tail": "0"}, "tail"), ({"tail": "x"}, "tail"), ({"full": "perhaps"}, "full"), ({"full": "true", "tail": "2"}, "tail")])
 def test_logs_with_bad_query_is_400(api, log_run, query, field):
     assert_error(api.get(f"/api/training-runs/{log_run.pk}/logs", **query), 400, field)
 

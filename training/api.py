@@ -10,6 +10,7 @@ from ninja.pagination import LimitOffsetPagination, paginate
 
 from experiments.services import find_experiment
 from studio.api import ErrorOut, actor, body_schema, parse_body
+from studio.errors import BadRequest, Finding
 from training import checkpoints, metrics, services
 from training.fit_report import fit_report
 from training.models import Checkpoint, LogLine, Rollout
@@ -132,6 +133,8 @@ def run_rollouts(request: HttpRequest, run_id: int, query: Query[RolloutQuery]):
 @router.get("/{int:run_id}/logs", response=LogsOut)
 def run_logs(request: HttpRequest, run_id: int, query: Query[LogsQuery]):
     run = get_run_for(actor(request), run_id)
+    if query.full and "tail" in request.GET:
+        raise BadRequest("tail and full=true ask for different things.", [Finding("tail", "full=true returns every line: drop tail, or drop full to get the last lines")])
     lines = LogLine.objects.filter(run=run)
     total = lines.count()
     if query.full:
