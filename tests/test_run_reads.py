@@ -75,7 +75,9 @@ def test_list_filters_by_status_method_and_experiment(api, project):
     assert ids(experiment="sweep") == sorted(r.pk for r in dpo)
     assert ids(experiment=str(sweep.pk)) == sorted(r.pk for r in dpo)
     assert ids(experiment="Sweep", method="sft") == []
-    assert ids(experiment="no-such-experiment") == []
+    # An unknown experiment is a 400 as at create, not an empty list that reads as "no runs there yet".
+    body = assert_error(get(api, "/api/training-runs", {"experiment": "no-such-experiment"}), 400, "experiment")
+    assert "No experiment 'no-such-experiment'" in body["detail"]
     everything = sorted(r.pk for r in queued + failed + dpo)
     assert ids(status="", method="", experiment="", search="") == everything  # an empty filter filters nothing
     assert api.get("/api/training-runs", status="failed").json()["count"] == 1

@@ -8,7 +8,6 @@ from django.http import HttpRequest
 from ninja import Field, Query, Router, Schema
 from ninja.pagination import LimitOffsetPagination, paginate
 
-from experiments.services import find_experiment
 from studio.api import ErrorOut, actor, body_schema, parse_body
 from studio.errors import BadRequest, Finding
 from training import checkpoints, metrics, services
@@ -56,8 +55,8 @@ def list_runs(request: HttpRequest, filters: Query[RunFilters]):
     if filters.method:
         runs = runs.filter(method=filters.method)
     if filters.experiment:
-        experiment = find_experiment(project, filters.experiment)
-        runs = runs.filter(experiment=experiment) if experiment else runs.none()
+        # An unknown one is a 400 as at create, not an empty list that reads as "no runs there yet".
+        runs = runs.filter(experiment=services.resolve_experiment(project, filters.experiment))
     return search_runs(runs, filters.search)
 
 
