@@ -299,7 +299,8 @@ def test_odd_experiment_keys_never_500(api, project, experiment):
     assert_4xx_with_field_paths(create)
     assert create.status_code == 400 and not TrainingRun.objects.exists()
     listed = api.client.get("/api/training-runs", {"experiment": str(experiment)}, HTTP_AUTHORIZATION=f"Bearer {api.token}")
-    assert listed.status_code == 200 and listed.json()["count"] == 0
+    assert_4xx_with_field_paths(listed)
+    assert listed.status_code == 400 and listed.json()["errors"][0]["field"] == "experiment"  # no such experiment, as at create
 
 
 @pytest.mark.parametrize("method, path", [

@@ -298,6 +298,25 @@ def test_patch_null_removes_a_key(api):
     assert r.json()["config"] == {"max_steps": 5}
 
 
+def test_patch_null_for_config_or_compute_puts_back_the_defaults_as_it_does_for_base_model(api):
+    # RFC 7386: null deletes the member. base_model: null did; config: null and compute: null were a 400.
+    run_id = make_run(api, method="dpo", config={"loss": {"type": "dpo", "dpo_beta": 0.3}, "lora_rank": 8, "max_steps": 5},
+                      compute={"backend": "local", "accelerators": "CPU", "region": "here"})
+    body = api.patch(f"/api/training-runs/{run_id}", {"compute": None}).json()
+    assert body["compute"] == {"backend": "local", "accelerators": "CPU", "region": None, "spot": False}  # the defaults, as at create
+    error = assert_error(api.patch(f"/api/training-runs/{run_id}", {"config": None}), 400, "config.loss")  # DPO's own rule, as at create
+    assert TrainingRun.objects.get(pk=run_id).config["loss"]["dpo_beta"] == 0.3, error
+    sft = make_run(api, config={"max_steps": 5, "seed": 3})
+    assert api.patch(f"/api/training-runs/{sft}", {"config": None}).json()["config"] == TrainingRun.objects.get(pk=make_run(api, config={})).config
+
+
+def test_a_run_name_with_a_newline_is_refused_naming_the_character(api):
+    run_id = make_run(api)
+    body = assert_error(api.patch(f"/api/training-runs/{run_id}", {"name": "two\nlines"}), 400, "name")
+    assert "U+000A" in body["errors"][0]["message"]
+    assert_error(api.post("/api/training-runs", sft_body(name="tab\there")), 400, "name")
+
+
 def test_patch_merges_a_dataset_object_like_config_and_compute(api):
     """The contract: PATCH is a JSON merge patch of dataset too (RFC 7386), so an entry's type
     changes alone and a null deletes it; a string or a list still replaces the dataset."""

@@ -151,14 +151,17 @@ def update_run(run: TrainingRun, patch: dict) -> TrainingRun:
         if bad_name:
             raise BadRequest("The patch has invalid fields.", bad_name)
         name = name.strip()
+    config, compute = run.config, run.compute
+    # null deletes the member (RFC 7386), as it does base_model: config and compute go back to their defaults.
+    if "config" in patch:  # merged into the config less its filled-in defaults, which are worked out again from the result
+        config = {} if patch["config"] is None else merge_patch(method_or_400(run.method).without_defaults(run.config), patch["config"])
+    if "compute" in patch:
+        compute = {} if patch["compute"] is None else merge_patch(run.compute, patch["compute"])
     draft = validate_draft(Draft(
         method=run.method,
         base_model=patch["base_model"] if "base_model" in patch else (run.base_model or None),
         dataset=merge_patch(run.dataset, patch["dataset"]) if "dataset" in patch else run.dataset,
-        # merged into the config less its filled-in defaults, which are worked out again from the result
-        config=merge_patch(method_or_400(run.method).without_defaults(run.config), patch["config"]) if "config" in patch else run.config,
-        compute=merge_patch(run.compute, patch["compute"]) if "compute" in patch else run.compute,
-        project=run.project,
+        config=config, compute=compute, project=run.project,
     ))
     run.name, run.base_model, run.dataset, run.config, run.compute = name, draft.base_model or "", draft.dataset, draft.config, draft.compute
     run.save(update_fields=["name", "base_model", "dataset", "config", "compute"])

@@ -73,6 +73,9 @@ def name_findings(name: Any) -> list[Finding]:
         return [Finding("name", "give the run a name (1 to 200 characters)")]
     if len(name.strip()) > NAME_MAX:
         return [Finding("name", f"a run name has at most {NAME_MAX} characters; this one has {len(name.strip())}")]
+    control = next((c for c in name.strip() if ord(c) < 32 or 0x7F <= ord(c) <= 0x9F), None)
+    if control is not None:
+        return [Finding("name", f"a run name is one line of text: remove the control character U+{ord(control):04X} (a newline or tab, say)")]
     return []
 
 
