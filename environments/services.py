@@ -112,9 +112,15 @@ def required_config_keys(init: ast.Module) -> dict[str, int]:
     """The CONFIG keys load_environment cannot do without: each `cfg["key"]` it reads (key → line),
     where `cfg` is CONFIG, its **kwargs, or a name the function assigns from either (the catalogue's
     `cfg = {**CONFIG, **kwargs}`). A key it also reads with `.get("key")` is optional."""
+    keys, optional = _config_reads(init)
+    return {key: line for key, line in keys.items() if key not in optional}
+
+
+def _config_reads(init: ast.Module) -> tuple[dict[str, int], set[str]]:
+    """The keys load_environment reads from its config as `cfg["key"]` (key → line) and as `cfg.get("key")`."""
     entry = next((n for n in init.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == "load_environment"), None)
     if entry is None:
-        return {}
+        return {}, set()
     sources = {"CONFIG"} | ({entry.args.kwarg.arg} if entry.args.kwarg else set())
     for node in ast.walk(entry):
         if isinstance(node, ast.Assign) and any(isinstance(n, ast.Name) and n.id in sources for n in ast.walk(node.value)):
@@ -129,7 +135,52 @@ def required_config_keys(init: ast.Module) -> dict[str, int]:
               and isinstance(node.func.value, ast.Name) and node.func.value.id in sources
               and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
             optional.add(node.args[0].value)  # `if cfg.get("k"): ... cfg["k"]` reads it only when it is there
-    return {key: line for key, line in keys.items() if key not in optional}
+    return keys, optional
+
+
+def config_findings(reference: dict[str, Any] | None, config: dict[str, Any], files: dict[str, bytes], field: str = "config") -> list[Finding]:
+    """A new CONFIG checked against the one it replaces (`reference`: the catalogue's, or the repo's) and
+    the package it configures: the run loads it with load_environment(**CONFIG), so a wrong type
+    failed the run with a bare TypeError, a misspelt key was silently unused, and a data file the
+    package does not have failed it with FileNotFoundError."""
+    init = parsed_init(files)
+    findings = missing_config_findings(init, config, field)
+    reads, optional = _config_reads(init) if init is not None else ({}, set())
+    known = set(reference or {}) | set(reads) | optional
+    root = package_prefix(files) or ""
+    for key in sorted(set(config) - known) if init is not None else []:
+        findings.append(Finding(f"{field}.{key}", f"load_environment does not read {key!r}: remove it, or use one of {', '.join(sorted(known))}"))
+    for key, was in (reference or {}).items():
+        if key in config:
+            findings += _same_shape(f"{field}.{key}", was, config[key])
+            now = config[key]
+            if (isinstance(was, str) and root + was in files and isinstance(now, str) and now != was
+                    and not PurePosixPath(now).is_absolute() and root + now not in files):
+                findings.append(Finding(f"{field}.{key}", f"the package has no file {now!r} (it has {was!r}): name one of its files, or push the file to the repo first"))
+    return findings
+
+
+def _same_shape(path: str, was: Any, now: Any) -> list[Finding]:
+    """`now` has the JSON type of `was` (None in `was` takes anything), and so do an object's members."""
+    kinds = ((bool, "true or false"), ((int, float), "a number"), (str, "a string"), (list, "a list"), (dict, "an object"))
+    if was is None:
+        return []
+    for types, name in kinds:
+        if isinstance(was, types):
+            if not isinstance(now, types) or (types is not bool and isinstance(now, bool)):
+                return [Finding(path, f"must be {name}, as it is now ({was!r}); got {now!r}")]
+            break
+    if isinstance(was, dict) and isinstance(now, dict):
+        return [f for key in was if key in now for f in _same_shape(f"{path}.{key}", was[key], now[key])]
+    return []
+
+
+def merged_config(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`over` on `base`, objects merged member by member (a fork that changes one weight keeps the others)."""
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = merged_config(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
 
 
 def missing_config_findings(init: ast.Module | None, config: dict[str, Any] | None, field: str) -> list[Finding]:
@@ -403,7 +454,10 @@ def fork(project, catalogue_name: str, name: str | None = None, config: dict[str
         raise NotFound(f"The catalogue has no environment {catalogue_name!r}.", [Finding("catalogue", f"use one of {', '.join(e.name for e in catalogue())}")])
     repo_name = name or entry.name
     files = entry.files()
-    merged = {**entry.config(), **(config or {})}
+    merged = merged_config(entry.config(), config or {})
+    wrong = config_findings(entry.config(), merged, files)
+    if wrong:
+        raise BadRequest(f"This CONFIG does not fit {entry.environment_id}.", wrong)
     files[CONFIG_FILE] = render_config(merged).encode()
     repo = create_repo(project, repo_name, RepoType.ENVIRONMENT, user=user, description=f"Forked from {entry.environment_id}")
     commit = commit_files(repo, "main", files, message=f"Fork {entry.environment_id} from the Studio catalogue", author=user)
@@ -453,8 +507,8 @@ def update_config(project, name: str, config: dict[str, Any], user=None) -> dict
     repo = environment_repo(project, name)
     current = repo_config(project, name)
     prefix = package_prefix({p: b"" for p in current["files"]}) or ""
-    missing = missing_config_findings(parsed_init(hub_package_files(resolve(repo, "main"))), config, "config")
-    if missing:
-        raise BadRequest("This CONFIG lacks keys the environment reads (a PUT replaces the whole CONFIG).", missing)
+    wrong = config_findings(current["config"], config, hub_package_files(resolve(repo, "main")))
+    if wrong:
+        raise BadRequest("This CONFIG does not fit the environment (a PUT replaces the whole CONFIG).", wrong)
     commit = commit_files(repo, "main", {prefix + CONFIG_FILE: render_config(config).encode()}, message="Edit CONFIG", author=user)
     return {"repo": repo.name, "environment_id": f"{repo.name}@main", "commit": commit.pk, "config": config}

@@ -234,3 +234,31 @@ def test_start_and_the_check_refuse_a_package_whose_config_lacks_a_key_it_reads(
 def test_every_catalogue_fork_passes_the_config_check(api, project, entry):
     fork = api.post("/api/environments/fork", {"catalogue": entry}).json()
     assert api.get(f"/api/environments/{fork['repo']}/check").json()["findings"] == []
+
+
+def test_a_fork_merges_nested_config_and_refuses_what_does_not_fit_the_package(api, project):
+    # It replaced `weights` whole (tool_use and format went), took {"correct": "x"}, and the run then
+    # failed with a bare TypeError; a misspelt key was silently unused; a missing data file failed it.
+    body = api.post("/api/environments/fork", {"catalogue": "calculator", "name": "calc4", "config": {"weights": {"correct": 0.5}}}).json()
+    assert body["config"]["weights"] == {"correct": 0.5, "tool_use": 0.2, "format": 0.1}
+    cases = [
+        ({"weights": {"correct": "x"}}, "config.weights.correct", "must be a number, as it is now (0.7); got 'x'"),
+        ({"max_tool_calls": "many"}, "config.max_tool_calls", "must be a number"),
+        ({"max_tool_call": 5}, "config.max_tool_call", "load_environment does not read 'max_tool_call'"),
+        ({"data_file": "nope.jsonl"}, "config.data_file", "the package has no file 'nope.jsonl' (it has 'data.jsonl')"),
+    ]
+    for config, field, says in cases:
+        error = assert_error(api.post("/api/environments/fork", {"catalogue": "calculator", "name": "calc5", "config": config}), 400, field)
+        assert says in error["errors"][0]["message"], error
+    assert not Repo.objects.filter(project=project, name="calc5").exists()
+
+
+def test_a_config_put_of_the_wrong_type_or_an_unread_key_is_400_and_changes_nothing(api, project):
+    api.post("/api/environments/fork", {"catalogue": "calculator", "name": "calc2"})
+    before = api.get("/api/environments/calc2/config").json()
+    for change, field in (({"max_tool_calls": "many"}, "config.max_tool_calls"), ({"data_file": "nope.jsonl"}, "config.data_file"),
+                          ({"temperature": 0.3}, "config.temperature")):
+        assert_error(api.put("/api/environments/calc2/config", {"config": {**before["config"], **change}}), 400, field)
+    assert api.get("/api/environments/calc2/config").json()["commit"] == before["commit"]
+    # A value of the same type, and null for an optional key (max_examples: None reads as "no limit"), save.
+    assert api.put("/api/environments/calc2/config", {"config": {**before["config"], "max_tool_calls": 1, "max_examples": 4}}).status_code == 200
