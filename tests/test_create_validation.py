@@ -73,6 +73,8 @@ def test_malformed_top_level_fields_return_400(api):
     assert_refused(api, 400, "dataset", dataset="org/data\n")
     assert_refused(api, 400, "dataset[0]", dataset=["my-data@main\n"])
     assert_refused(api, 400, "name", name="")
+    body = assert_refused(api, 400, "dataset", dataset="/data/" + "d" * 600)  # base_model's 500 already held; dataset had no limit
+    assert "at most 500 characters" in body["errors"][0]["message"]
 
 
 def test_unknown_config_key_is_refused_naming_it(api):

@@ -32,9 +32,14 @@ def ref_kind(value: str) -> str:
     return "hf"
 
 
+REF_MAX = 500  # as base_model's schema: a ref, an id or a path, not a document
+
+
 def check_ref(field: str, value: Any) -> list[Finding]:
     if not isinstance(value, str) or not value.strip():
         return [Finding(field, "give a Data Hub ref (repo@ref), an HF id (org/name) or a local path")]
+    if len(value) > REF_MAX:
+        return [Finding(field, f"a ref, HF id or path has at most {REF_MAX} characters; this one has {len(value)}")]
     kind = ref_kind(value)
     if kind == "hub" and not HUB_REF.match(value):
         return [Finding(field, f'"{value}" is not a Data Hub ref: write [project/]repo@ref, e.g. my-data@main')]

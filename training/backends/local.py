@@ -111,13 +111,17 @@ class LocalBackend(Backend):
     name = "local"
 
     def check(self, project, compute: dict) -> list[Finding]:
+        # This machine has no region and no spot market: a run that asks for either would get neither.
+        findings = [Finding(f"compute.{key}", f"the local backend trains on the Studio's machine, so {what}: remove it, or pick dstack or modal")
+                    for key, what in (("region", "a region does not apply"), ("spot", "there are no spot instances"))
+                    if compute.get(key)]
         accel = accelerators_of(compute)
         if accel.is_cpu:
-            return []
+            return findings
         available = local_gpu_count()
         if accel.count > available:
-            return [Finding("compute.accelerators", f"the local backend has {available} GPU(s) and this run asks for {accel.count}: use CPU here, or a remote backend")]
-        return []
+            findings.append(Finding("compute.accelerators", f"the local backend has {available} GPU(s) and this run asks for {accel.count}: use CPU here, or a remote backend"))
+        return findings
 
     def image_has(self, module: str) -> bool:
         from training.validation import local_image_has
