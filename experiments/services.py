@@ -12,6 +12,7 @@ from studio.models import Project
 from studio.parsing import ascii_int
 
 DEFAULT_EXPERIMENT = "default"
+NAME_MAX = 200  # Experiment.name's column
 
 
 def create_experiment(project: Project, name: str) -> Experiment:
@@ -19,6 +20,8 @@ def create_experiment(project: Project, name: str) -> Experiment:
     slug = slugify(name)[:100]
     if not name:
         raise BadRequest(errors=[Finding("name", "give the experiment a name, e.g. tone-sweep")])
+    if len(name) > NAME_MAX:  # the API's schema says so too; the page's form comes straight here
+        raise BadRequest(errors=[Finding("name", f"an experiment name has at most {NAME_MAX} characters; this one has {len(name)}")])
     if not slug:
         # The slug names the experiment's Data Hub repo (experiment-<slug>), which allows ASCII only.
         raise BadRequest(errors=[Finding("name", f"{name!r} has no ASCII letter or digit: the name becomes a Data Hub repo name, which keeps only "
@@ -33,8 +36,9 @@ def create_experiment(project: Project, name: str) -> Experiment:
         with transaction.atomic():
             experiment = Experiment.objects.create(project=project, name=name, slug=slug)
     except IntegrityError as exc:
+        cut = " (names are told apart by the first 100 characters of their slug)" if len(slugify(name)) > 100 else ""
         raise Conflict(
-            f"Project {project.slug} already has an experiment {slug!r}.",
+            f"Project {project.slug} already has an experiment {slug!r}{cut}.",
             [Finding("name", "choose another name, or use the existing experiment")],
         ) from exc
     provision_experiment_repo(experiment)

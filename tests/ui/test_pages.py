@@ -243,6 +243,12 @@ def test_experiment_create_via_htmx_and_compare_page(project, users):
     assert response.status_code == 201 and "tone sweep" in response.content.decode()
     dup = client.post("/experiments/create", {"name": "tone sweep"}, HTTP_HX_REQUEST="true")
     assert dup.status_code == 409 and "f-name-errors" in dup.content.decode()
+    # The API's schema capped names at 200; the page's form did not (PostgreSQL then failed the insert).
+    long = client.post("/experiments/create", {"name": "x" * 300}, HTTP_HX_REQUEST="true")
+    assert long.status_code == 400 and "at most 200 characters; this one has 300" in long.content.decode()
+    assert client.post("/experiments/create", {"name": "y" * 150 + "a"}, HTTP_HX_REQUEST="true").status_code == 201
+    cut = client.post("/experiments/create", {"name": "y" * 150 + "b"}, HTTP_HX_REQUEST="true")
+    assert cut.status_code == 409 and "first 100 characters of their slug" in cut.content.decode()
     experiment = project.experiments.get(slug="tone-sweep")
     run = make_run(project, users["owner"], "sft", experiment=experiment.pk)
     MetricPoint.objects.bulk_create([MetricPoint(run=run, key="loss", step=s, value=2.0 - s / 100) for s in range(50)])
