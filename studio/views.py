@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from decimal import Decimal
 from functools import wraps
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
 from django.conf import settings
 from django.contrib.auth import views as auth_views
@@ -13,12 +13,13 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
 from django.db.models import Sum
 from django.http import Http404, HttpRequest, HttpResponse
-from django.shortcuts import redirect, render
+from django.shortcuts import redirect, render, resolve_url
 from django.templatetags.static import static
 from django.urls import Resolver404, resolve
 from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
+from django_htmx.http import HttpResponseClientRedirect
 
 from studio import services
 from studio.auth import SESSION_PROJECT_KEY, Actor, current_project_for_session
@@ -35,12 +36,25 @@ def web_actor(request: HttpRequest) -> Actor:
     return Actor(user=request.user, project=current_project_for_session(request))
 
 
+def login_redirect(request: HttpRequest) -> HttpResponse:
+    """Where an anonymous request goes: the login page, then back. An htmx request (a poll, a
+    button) would follow a plain redirect inside its XMLHttpRequest and swap the login form into
+    its fragment, so it is told to load the login page in place of the whole page (HX-Redirect),
+    with `next` the page it came from rather than the fragment's own URL."""
+    if not request.htmx:
+        return auth_views.redirect_to_login(request.get_full_path())
+    page = request.htmx.current_url_abs_path  # None from another origin: never send anyone there
+    login_url = resolve_url(settings.LOGIN_URL)
+    return HttpResponseClientRedirect(f"{login_url}?{urlencode({'next': page})}" if page else login_url)
+
+
 def studio_page(view: Callable) -> Callable:
     """Login required; a NotFound from a lookup is a 404 page and a Forbidden a 403 page."""
 
-    @login_required
     @wraps(view)
     def wrapper(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+        if not request.user.is_authenticated:
+            return login_redirect(request)
         try:
             response = view(request, *args, **kwargs)
         except NotFound as exc:

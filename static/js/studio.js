@@ -1,5 +1,6 @@
 /* Studio: draws uPlot charts from <script type="application/json" id="chart-data"> blocks that
-   the server renders (and HTMX re-renders while a run is live). No other behaviour lives here. */
+   the server renders (and HTMX re-renders while a run is live), and the few page-wide rules for
+   HTMX swaps below (error answers, log boxes, focus, stale banners). No other behaviour lives here. */
 (function () {
   "use strict";
   var COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#4b5563", "#db2777"];
@@ -77,4 +78,141 @@
   document.addEventListener("DOMContentLoaded", function () { draw(document); });
   document.addEventListener("htmx:afterSettle", function (evt) { draw(evt.target.parentNode || document); });
   window.addEventListener("resize", resize);
+})();
+
+
+(function () {
+  "use strict";
+
+  // ---- htmx error answers without a partial ------------------------------------------------------
+  // Findings (400/402/409/422) come back as a partial and swap into their target (htmx-config in
+  // base.html). Any other error answer (a 403 or 404 page, a CSRF refusal, a 5xx, a whole page or
+  // nothing at any error status) would change nothing on screen: say in one announced banner what
+  // happened, with the error page's own sentence and links when it has them.
+  var HINTS = {
+    404: "It may have been deleted since this page was loaded (in another tab, or by a teammate): reload the page to see what is there now."
+  };
+
+  function isPartial(detail) {
+    var body = detail.xhr.responseText || "";
+    return detail.shouldSwap && body.trim() !== "" && !/<html[\s>]/i.test(body);
+  }
+
+  function errorBanner(status, html) {
+    var box = document.createElement("div");
+    box.id = "request-error";
+    box.className = "alert alert-error request-error";
+    box.setAttribute("role", "alert");
+    var card = new DOMParser().parseFromString(html || "", "text/html").querySelector("main [role=alert]");
+    var hint = document.createElement("p");
+    hint.textContent = HINTS[status] || "";
+    if (card) {
+      Array.prototype.forEach.call(card.children, function (child) {
+        var node;
+        if (/^H[1-6]$/.test(child.tagName)) {  // the error page's title: not a heading of this page
+          node = document.createElement("p");
+          node.appendChild(document.createElement("strong")).textContent = child.textContent.trim();
+        } else {
+          node = document.importNode(child, true);
+        }
+        if (hint.textContent && node.querySelector("a")) { box.appendChild(hint); hint = document.createElement("p"); }
+        box.appendChild(node);
+      });
+    } else {
+      var sentence = status === 404 ? "What this acted on was not found." : status === 403 ? "The Studio refused this." : "The Studio could not do this (HTTP " + status + ").";
+      box.appendChild(document.createElement("p")).textContent = sentence;
+      if (!hint.textContent) hint.textContent = "Reload the page and try again; if it keeps happening, tell your administrator.";
+    }
+    if (hint.textContent) box.appendChild(hint);
+    var dismiss = box.appendChild(document.createElement("button"));
+    dismiss.type = "button";
+    dismiss.className = "btn-link";
+    dismiss.textContent = "Dismiss";
+    dismiss.addEventListener("click", function () { box.remove(); });
+    return box;
+  }
+
+  function showRequestError(status, html) {
+    var main = document.getElementById("main");
+    if (!main) return;
+    var box = errorBanner(status, html);
+    var old = document.getElementById("request-error");
+    if (old && old.textContent === box.textContent) return;  // a poll failing again: announce it once
+    if (old) old.replaceWith(box); else main.insertBefore(box, main.firstChild);
+  }
+
+  document.addEventListener("htmx:beforeSwap", function (evt) {
+    var xhr = evt.detail.xhr;
+    if (!xhr || xhr.status < 400 || isPartial(evt.detail)) return;
+    evt.detail.shouldSwap = false;
+    showRequestError(xhr.status, xhr.responseText);
+  });
+
+  // ---- log boxes follow their newest line ----------------------------------------------------------
+  // A log box (pre.log) shows its end, where the newest lines are, when the page opens and each time
+  // polling replaces it; unless the reader has scrolled up to read, whose place is then kept.
+  var logPlaces = {};
+
+  function rememberLogs() {
+    logPlaces = {};
+    document.querySelectorAll("pre.log[id]").forEach(function (el) {
+      var atEnd = el.scrollHeight - el.scrollTop - el.clientHeight < 24;
+      logPlaces[el.id] = atEnd ? null : el.scrollTop;
+    });
+  }
+
+  function placeLogs(root) {
+    var logs = Array.prototype.slice.call(root.querySelectorAll("pre.log"));
+    if (root.matches && root.matches("pre.log")) logs.push(root);
+    logs.forEach(function (el) {
+      var kept = el.id ? logPlaces[el.id] : null;
+      el.scrollTop = kept == null ? el.scrollHeight : kept;
+    });
+  }
+
+  // ---- focus survives a swap -------------------------------------------------------------------------
+  // htmx puts focus back on a swapped-in element with the same id; any other focused control that a
+  // swap replaces (a tab link, a Filter button) leaves focus on <body>, and keyboard and screen-reader
+  // users start again from the top. Land on its twin in the new content (same tag, text and link),
+  // else the new content's current item, its first heading, or the new content itself.
+  var focused = null;
+
+  function twinOf(root, lost) {
+    var candidates = [root].concat(Array.prototype.slice.call(root.querySelectorAll(lost.tagName)));
+    return candidates.filter(function (el) {
+      return el.tagName === lost.tagName && el.textContent.trim() === lost.textContent.trim() && el.getAttribute("href") === lost.getAttribute("href");
+    })[0] || root.querySelector('[aria-current="page"]') || root.querySelector("h1, h2, h3") || root;
+  }
+
+  function restoreFocus(root) {
+    var lost = focused;
+    focused = null;
+    if (!lost || document.body.contains(lost) || (document.activeElement && document.activeElement !== document.body)) return;
+    var next = twinOf(root, lost);
+    if (next.tabIndex < 0 && !next.hasAttribute("tabindex")) next.setAttribute("tabindex", "-1");
+    next.focus({ preventScroll: true });
+  }
+
+  document.addEventListener("htmx:beforeSwap", function () {
+    rememberLogs();
+    focused = document.activeElement !== document.body ? document.activeElement : null;
+  });
+  document.addEventListener("htmx:afterSwap", function (evt) {
+    placeLogs(evt.target);
+    restoreFocus(evt.target);
+  });
+
+  // ---- banners of the last page load ---------------------------------------------------------------
+  // "Run x is queued. Press START when it is ready." describes the run as it was when the page loaded:
+  // once the server says the run changed (HX-Trigger: run-changed), it no longer applies.
+  document.addEventListener("run-changed", function () {
+    document.querySelectorAll("#main > .messages").forEach(function (el) { el.remove(); });
+  });
+
+  document.addEventListener("DOMContentLoaded", function () {
+    placeLogs(document);
+    // A form sent back with errors: focus its error summary, which says what to fix.
+    var summary = document.querySelector("[data-error-summary]");
+    if (summary) summary.focus();
+  });
 })();
