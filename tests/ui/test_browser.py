@@ -382,3 +382,23 @@ def test_live_stop_a_running_run(owner_page, project, studio_worker, tiny_models
     run.refresh_from_db()
     assert run.status == Status.CANCELLED
     page.shot("stopped")
+
+
+def test_deleting_a_secret_asks_first(owner_page, project, users):
+    from studio.models import ProjectSecret
+    from studio.services import set_secret
+
+    set_secret(project, "JUDGE_KEY", "sk-test")
+    page = owner_page
+    page.goto("/settings/secrets/")
+    asked: list[str] = []
+    page.once("dialog", lambda d: (asked.append(d.message), d.dismiss()))
+    page.get_by_role("button", name="Delete secret JUDGE_KEY").click()
+    expect(page.get_by_role("button", name="Delete secret JUDGE_KEY")).to_be_visible()
+    assert asked and "Delete secret JUDGE_KEY?" in asked[0] and ProjectSecret.objects.filter(project=project, name="JUDGE_KEY").exists()
+    page.once("dialog", lambda d: d.accept())
+    page.get_by_role("button", name="Delete secret JUDGE_KEY").click()
+    expect(page.locator("ul.messages")).to_contain_text("Deleted secret JUDGE_KEY.")
+    expect(page.get_by_role("button", name="Delete secret JUDGE_KEY")).to_have_count(0)
+    assert not ProjectSecret.objects.filter(project=project, name="JUDGE_KEY").exists()
+    check_page(page)
