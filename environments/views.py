@@ -58,7 +58,8 @@ def fork(request: HttpRequest) -> HttpResponse:
         result = services.fork(project, catalogue_name, name, None, user=request.user)
     except ApiError as exc:
         errors = errors_by_field(exc, FORK_FIELDS)
-        errors.setdefault("general", []).insert(0, exc.detail)
+        if not set(errors) - {"general"}:  # a finding beside its field already says it: the sentence would repeat it
+            errors.setdefault("general", []).insert(0, exc.detail)
         context = _catalogue_context(request, project, fork_errors={catalogue_name: errors}, fork_values={catalogue_name: name or ""})
         return render(request, "environments/catalogue.html", context, status=exc.status)
     messages.success(request, f"Forked {result['forked_from']} into {result['repo']}: it is your project's own now, edit its CONFIG below.")

@@ -56,6 +56,7 @@ def test_fork_creates_the_repo_and_its_page_shows_config(project, users):
     assert 'href="/environments/my-maths/"' in listing
     again = client.post("/environments/fork", {"catalogue": "gsm-maths", "name": "my-maths"})  # the name is taken
     assert again.status_code == 409 and 'role="alert"' in again.content.decode()
+    assert again.content.decode().count("already has a repo") == 1  # beside the name, not again in a general alert
     bad = client.post("/environments/fork", {"catalogue": "gsm-maths", "name": "no spaces"})
     assert bad.status_code == 400 and 'id="fork-gsm-maths-errors"' in bad.content.decode()
 
@@ -71,11 +72,17 @@ def test_editing_config_saves_a_commit(project, users):
     assert after["config"]["max_examples"] == 5 and after["commit"] != before["commit"]
     partial = client.post("/environments/mc/config", {"config": json.dumps({**config, "max_examples": 7})}, HTTP_HX_REQUEST="true")
     assert partial.status_code == 200 and partial.content.decode().lstrip().startswith('<section class="card" id="config-card"')
-    assert env_services.repo_config(project, "mc")["config"]["max_examples"] == 7
+    head = env_services.repo_config(project, "mc")
+    assert head["config"]["max_examples"] == 7
+    # The Head commit row above the card follows the save (it showed the old commit until a reload).
+    assert f'<code id="env-head" hx-swap-oob="true">{head["commit"][:10]}</code>' in partial.content.decode()
     broken = client.post("/environments/mc/config", {"config": "{not json"})
     assert broken.status_code == 400 and 'id="f-config-errors"' in broken.content.decode()
     assert client.post("/environments/mc/config", {"config": "[1, 2]"}).status_code == 400
-    assert env_services.repo_config(project, "mc")["config"]["max_examples"] == 7
+    head = env_services.repo_config(project, "mc")
+    assert head["config"]["max_examples"] == 7
+    # The Head commit row above the card follows the save (it showed the old commit until a reload).
+    assert f'<code id="env-head" hx-swap-oob="true">{head["commit"][:10]}</code>' in partial.content.decode()
 
 
 @pytest.mark.parametrize(
