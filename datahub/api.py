@@ -7,11 +7,13 @@ Bodies are parsed after the permission checks (parse_body), query values by hand
 from __future__ import annotations
 
 from django.http import FileResponse, HttpRequest
+from django.utils.http import urlencode
 from ninja import Router
 
 from datahub import datasets, repos, services, storage, uploads
 from datahub.models import Blob, Branch, Commit, Repo, RepoType, Tag, TreeEntry, UploadSession
 from datahub.schemas import (
+    MAX_FILE_SIZE,
     BranchIn,
     ChunkOut,
     CommitOut,
@@ -144,7 +146,8 @@ def create_branch(request: HttpRequest, name: str):
 
 @router.delete("/repos/{name}/branches/{branch}", response={204: None})
 def delete_branch(request: HttpRequest, name: str, branch: str):
-    """Delete a branch; its commits stay. 409 for the default branch and for a run's branch."""
+    """Delete a branch; its commits stay. 409 for the default branch, for a run's branch and while
+    a live run (queued, provisioning, running) names it in a `repo@branch` ref."""
     repo = repo_or_404(request, name, write=True)
     services.delete_branch(repo, branch)
     return 204, None
@@ -166,9 +169,9 @@ def create_tag(request: HttpRequest, name: str):
 
 @router.delete("/repos/{name}/tags/{tag}", response={204: None})
 def delete_tag(request: HttpRequest, name: str, tag: str):
-    """Delete a tag; the commit it named stays."""
+    """Delete a tag; the commit it named stays. 409 while a live run names it in a `repo@tag` ref."""
     repo = repo_or_404(request, name, write=True)
-    repos.delete_tag(repo, tag)
+    services.delete_tag(repo, tag)
     return 204, None
 
 
@@ -191,7 +194,14 @@ def list_files(request: HttpRequest, name: str):
     qs = TreeEntry.objects.filter(commit=commit).select_related("blob")
     prefix = request.GET.get("path")
     if prefix:
-        qs = qs.filter(repos.under(repos.clean_path(prefix.rstrip("/")) + "/"))
+        folder = repos.clean_path(prefix.rstrip("/"))
+        if repos.entry(commit, folder) is not None:
+            # as the tree page says: a file is fetched, not listed (an empty list read as an empty folder)
+            parent = folder.rpartition("/")[0]
+            raise BadRequest(f"{folder} is a file at {ref}, not a folder.", [Finding("path", (
+                f"{folder} is a file: fetch it with GET /api/hub/repos/{repo.name}/download?{urlencode({'path': folder, 'ref': ref})}, "
+                f"or list its folder with {urlencode({'path': parent}) if parent else 'no path (the repo root)'}"))])
+        qs = qs.filter(repos.under(folder + "/"))
     return {"repo": repo.full_name, "ref": ref, "commit": commit.pk, "files": files_of(qs)}
 
 
@@ -256,7 +266,7 @@ def preview(request: HttpRequest, name: str):
 
 def upload_out(session: UploadSession) -> dict:
     return {
-        "id": str(session.pk), "repo": session.repo.full_name, "branch": session.branch, "state": session.state,
+        "id": str(session.pk), "repo": session.repo_full_name, "branch": session.branch, "state": session.state,
         "commit": session.commit_id,
         "reason": f"{uploads.aborted_detail(session)} To go on, {uploads.start_again(session)}." if session.state == UploadSession.State.ABORTED else None,
         "files": [{"index": f.index, "path": f.path, "size": f.size, "received": f.received, "complete": f.complete} for f in session.files.all()],
@@ -267,12 +277,14 @@ def upload_or_404(request: HttpRequest, upload_id: str, write: bool = False) -> 
     who = actor(request)
     session = uploads.get_upload(who.scoped_project_ids(), upload_id)
     if write:
-        who.require_write(session.repo.project)
+        who.require_write(session.project)
     return session
 
 
 @router.post("/repos/{name}/uploads", response={201: UploadOut, 507: ErrorOut}, openapi_extra=body_schema(UploadIn))
 def create_upload(request: HttpRequest, name: str):
+    """Start an upload session for `files` (path and size each; a file is at most 4 TiB) on `branch`;
+    with `parent`, its commit step requires the branch to still be at that commit."""
     repo = repo_or_404(request, name, write=True)
     payload = parse_body(request, UploadIn)
     session = uploads.create_upload(repo, actor(request).user, payload.branch, [f.model_dump() for f in payload.files], payload.message, payload.parent)
@@ -286,7 +298,7 @@ def get_upload(request: HttpRequest, upload_id: str):
 
 @router.put("/uploads/{upload_id}/files/{index}", response={200: ChunkOut, 507: ErrorOut}, openapi_extra={
     "requestBody": {"required": True, "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
-    "parameters": [{"name": "offset", "in": "query", "required": True, "schema": {"type": "integer", "minimum": 0}}],
+    "parameters": [{"name": "offset", "in": "query", "required": True, "schema": {"type": "integer", "minimum": 0, "maximum": MAX_FILE_SIZE}}],
 })
 def put_chunk(request: HttpRequest, upload_id: str, index: str):
     """Write the body at `offset` (the file's received count) of file `index`; send the chunks in order."""
@@ -294,7 +306,7 @@ def put_chunk(request: HttpRequest, upload_id: str, index: str):
     number = ascii_int(index)
     if number is None:
         raise NotFound(f"The upload session has no file {index!r}.")
-    offset = query_int(request, "offset", None, 0)
+    offset = query_int(request, "offset", None, 0, MAX_FILE_SIZE)
     if offset is None:
         raise BadRequest("offset is required.", [Finding("offset", "give offset=<bytes already received>; GET the session to see it")])
     length = ascii_int(request.META.get("CONTENT_LENGTH"))

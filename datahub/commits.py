@@ -64,6 +64,14 @@ def store_staged(path: Path, sha256: str, size: int, keep_on_error: bool = False
     return blob
 
 
+class BranchMoved(Conflict):
+    """A commit's `parent` is no longer its branch's head (optimistic concurrency)."""
+
+    def __init__(self, branch: str, parent: str, head: str) -> None:
+        super().__init__(f"Branch {branch!r} moved since {parent[:10]}: it is now at {head[:10]}.", [Finding("parent", "reload the branch and commit again")])
+        self.branch, self.parent, self.head = branch, parent, head
+
+
 def commit_files(repo: Repo, branch: str, files: Mapping[str, FileSource] | None = None, message: str = "", author=None,
                  delete: Iterable[str] = (), create_branch_from: str | None = None, parent: str | None = None) -> Commit:
     """Commit `files` ({path: bytes | file-like | local path}) and deletions to `branch`.
@@ -94,7 +102,7 @@ def commit_blobs(repo: Repo, branch: str, blobs: Mapping[str, Blob], message: st
         if head is None:
             raise RefNotFound(f"{repo.full_name} has no branch {branch!r}.", [Finding("branch", "commit to an existing branch, e.g. main")])
         if parent is not None and head.head_id != parent:
-            raise Conflict(f"Branch {branch!r} moved since {parent[:10]}: it is now at {head.head_id[:10]}.", [Finding("parent", "reload the branch and commit again")])
+            raise BranchMoved(branch, parent, head.head_id)
         # Lock the rows of the blobs this commit adds, in one order (no deadlock between two
         # commits): hub_gc deletes a blob under its row lock after checking that no tree names it,
         # so it waits for this transaction and then sees its tree entries; a blob it took before

@@ -137,18 +137,28 @@ class UploadSession(models.Model):
         ABORTED = "aborted"
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    repo = models.ForeignKey(Repo, on_delete=models.CASCADE, related_name="uploads")
+    # Deleting the repo aborts its unfinished sessions and keeps them (repo becomes null), so their
+    # client is told why (abort_reason) rather than "no such upload session"; project and repo_name
+    # still say whose session it is and which repo it was for.
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+")
+    repo = models.ForeignKey(Repo, null=True, blank=True, on_delete=models.SET_NULL, related_name="uploads")
+    repo_name = models.CharField(max_length=128)
     branch = models.CharField(max_length=96)
     message = models.TextField(blank=True)
     parent = models.CharField(max_length=40, blank=True, help_text="When set, the commit step requires the branch to still be here.")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     state = models.CharField(max_length=16, choices=State.choices, default=State.OPEN)
     commit = models.ForeignKey(Commit, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
-    abort_reason = models.CharField(max_length=200, blank=True, help_text="Why the Studio aborted it (hub_gc), e.g. \"it had no activity for 7 days\"; blank when its client did.")
+    abort_reason = models.CharField(max_length=200, blank=True, help_text="Why the Studio aborted it (hub_gc, a deleted repo), e.g. \"it had no activity for 7 days\"; blank when its client did.")
     created_at = models.DateTimeField(auto_now_add=True)
     # The last activity: every chunk and every state change sets it (they write with update(), which
     # auto_now does not see, so they set it themselves); hub_gc aborts an unfinished session idle too long.
     updated_at = models.DateTimeField(auto_now=True)
+
+    @property
+    def repo_full_name(self) -> str:
+        """The repo's `<project>/<name>`, also once the repo is deleted."""
+        return f"{self.project.slug}/{self.repo_name}"
 
 
 class UploadFile(models.Model):

@@ -24,7 +24,7 @@ from django.db.models.functions import Substr
 from django.db.models.lookups import Exact
 from django.utils import timezone
 
-from datahub.models import NAME_PATTERN, Blob, Branch, Commit, Repo, RepoType, Tag, TreeEntry
+from datahub.models import NAME_PATTERN, Blob, Branch, Commit, Repo, RepoType, Tag, TreeEntry, UploadSession
 from studio.errors import BadRequest, Conflict, Finding, NotFound
 
 MAIN = "main"
@@ -199,18 +199,24 @@ def delete_tag(repo: Repo, name: str) -> None:
 
 
 def delete_repo(repo: Repo) -> None:
-    """Delete `repo` with its branches, tags, commits, tree entries and upload sessions (the staged
-    bytes of its open sessions go once the transaction commits). Blobs stay: they are content
+    """Delete `repo` with its branches, tags, commits and tree entries. Its unfinished (open or
+    committing) upload sessions are aborted, not deleted, so their client's next call says the repo
+    was deleted rather than "no such upload session"; its finished ones go. The staged bytes of
+    all of them go once the transaction commits. Blobs stay: they are content
     addressed and shared by every repo of every project, and a commit elsewhere may be reusing
     one at this moment (store_staged skips bytes already there), so removing one here could leave
     another repo's tree naming bytes that are gone. Re-uploading the same bytes reuses them;
     `manage.py hub_gc` (datahub.gc) removes those no repo uses, once past its grace period.
     Runs that use the repo are guarded by services.delete_repo."""
-    from datahub.uploads import discard_staged  # uploads imports this module
+    from datahub.uploads import UNFINISHED, discard_staged  # uploads imports this module
 
     with transaction.atomic():
         lock_refs(repo)
         sessions = list(repo.uploads.values_list("pk", flat=True))
+        # A committer at work sees the abort when its commit finds no branch (uploads.commit_upload).
+        repo.uploads.filter(state__in=UNFINISHED).update(
+            state=UploadSession.State.ABORTED, abort_reason=f"its repo {repo.full_name} was deleted"[:200], updated_at=timezone.now())
+        repo.uploads.exclude(state=UploadSession.State.ABORTED).delete()
         # Refs first: they PROTECT the commits the repo's cascade deletes. Deleting a branch row
         # waits for a commit moving that branch (commit_blobs holds its row lock), so the cascade
         # below sees that commit too; a commit that comes after finds no branch (a 404).

@@ -4,7 +4,14 @@ from datetime import datetime
 from typing import Any, Literal
 
 from ninja import Schema
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
+
+# The largest file an upload session takes: 4 TiB. Far above any real model file (a 405B model's
+# whole fp16 weights in one GGUF are ~0.8 TiB; safetensors shards are a few GB), and far below what
+# a bigint column holds (8 EiB), which a larger size reached as a 500 on the INSERT.
+MAX_FILE_SIZE = 4 * 1024**4
+MAX_FILE_SIZE_TEXT = "4 TiB (4398046511104 bytes)"
 
 
 class RepoIn(Schema):
@@ -84,8 +91,17 @@ class PreviewOut(Schema):
 class UploadFileIn(Schema):
     model_config = ConfigDict(extra="forbid")
     path: str = Field(min_length=1, max_length=1024)
-    size: int = Field(ge=0)
+    size: int = Field(ge=0, description=f"The file's size in bytes, at most {MAX_FILE_SIZE_TEXT}",
+                      json_schema_extra={"maximum": MAX_FILE_SIZE})
     sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
+
+    @field_validator("size")
+    @classmethod
+    def at_most_max_file_size(cls, value: int) -> int:
+        if value > MAX_FILE_SIZE:
+            raise PydanticCustomError("file_too_large", "a file is at most {limit}: split a larger one into parts (e.g. safetensors shards) and upload each",
+                                      {"limit": MAX_FILE_SIZE_TEXT})
+        return value
 
 
 class UploadIn(Schema):

@@ -7,7 +7,8 @@ written by datahub.repos and datahub.commits):
 - record_checkpoint: a reported checkpoint's directory is committed to `run-<id>` by a Celery task.
 - publish_model: a run's final or merged weights become a model repo with a card (the Models page).
 - storage_full: a full blob storage fails the run with what to do.
-- delete_repo: a repo goes only while no live run uses it (repo_uses says how a run does).
+- delete_repo / delete_branch / delete_tag: a repo, branch or tag goes only while no live run
+  uses it (repo_uses / ref_uses say how a run does).
 
 A run's `[project/]repo@ref` refs (pre-start checks, pinning, engine inputs) are datahub.refs.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,7 @@ from django.db import transaction
 
 from datahub import refs, repos, storage
 from datahub.commits import FileSource, commit_files
-from datahub.models import Branch, Commit, Repo, RepoType
+from datahub.models import Branch, Commit, Repo, RepoType, Tag
 from datahub.repos import MAIN, create_branch, get_or_create_repo
 from experiments.models import Experiment
 from studio.errors import Conflict, Finding
@@ -74,13 +76,30 @@ def branch_run(repo: Repo, name: str):
 
 
 def delete_branch(repo: Repo, name: str) -> None:
-    """Delete a branch, except the default branch and a training run's branch while the run exists
-    (its checkpoints are committed there, and the run page links to it): both 409."""
+    """Delete a branch, except the default branch, a training run's branch while the run exists
+    (its checkpoints are committed there, and the run page links to it) and a branch a live run
+    names in a `repo@branch` ref (ref_uses): each a 409. The API's DELETE and the repo page's
+    Delete branch both call this."""
     run = branch_run(repo, name)
     if run is not None:
         raise Conflict(f"Branch {name!r} holds the checkpoints of run #{run.pk} ({run.name}): it cannot be deleted while the run exists.",
                        [Finding("branch", f"keep the branch, or delete run #{run.pk} first")])
-    repos.delete_branch(repo, name)
+    with transaction.atomic():
+        repos.lock_refs(repo)  # as delete_repo: the check and the delete under the repo's row lock
+        # a branch that is not there (404) or the default branch (409) is repos.delete_branch's to say
+        if Branch.objects.filter(repo=repo, name=name).exclude(name=repo.default_branch).exists():
+            _refuse_while_live_runs_use(repo, lambda run: ref_uses(run, repo, name), f"Branch {name!r} of {repo.full_name}", "the branch", "branch")
+        repos.delete_branch(repo, name)
+
+
+def delete_tag(repo: Repo, name: str) -> None:
+    """Delete a tag (repos.delete_tag), except one a live run names in a `repo@tag` ref: a 409, as
+    delete_branch."""
+    with transaction.atomic():
+        repos.lock_refs(repo)
+        if Tag.objects.filter(repo=repo, name=name).exists():  # else repos.delete_tag's 404
+            _refuse_while_live_runs_use(repo, lambda run: ref_uses(run, repo, name), f"Tag {name!r} of {repo.full_name}", "the tag", "tag")
+        repos.delete_tag(repo, name)
 
 
 def delete_repo(repo: Repo) -> None:
@@ -94,19 +113,37 @@ def delete_repo(repo: Repo) -> None:
     longer names it (Experiment.hub_repo is cleared); its next run creates the repo again.
     The check and the delete run under the repo's row lock; a run that names the repo after it is
     gone is refused by its own pre-start check."""
-    from training.models import ACTIVE_STATUSES, Status, TrainingRun
-
     with transaction.atomic():
         repos.lock_refs(repo)
-        live = TrainingRun.objects.filter(project_id=repo.project_id, status__in=(Status.QUEUED, *ACTIVE_STATUSES)).select_related("experiment")
-        findings = [Finding("name", f"run #{run.pk} ({run.name}, {run.status}) uses it as {', '.join(uses)}: {_free_repo_hint(run, uses)}")
-                    for run in live.order_by("pk") if (uses := repo_uses(run, repo))]
-        if findings:
-            raise Conflict(f"{repo.full_name} is used by {len(findings)} live run(s): it cannot be deleted until they no longer need it.", findings)
+        _refuse_while_live_runs_use(repo, lambda run: repo_uses(run, repo), repo.full_name, "the repo", "name")
         repos.delete_repo(repo)
         # hub_repo names the repo that exists (provision_experiment_repo sets it again on the
         # experiment's next run), so the Experiments list and API never link to a deleted repo.
         Experiment.objects.filter(project_id=repo.project_id, hub_repo=repo.full_name).update(hub_repo="")
+
+
+def _refuse_while_live_runs_use(repo: Repo, uses_of: Callable[[Any], list[str]], what: str, it: str, field: str) -> None:
+    """A 409 naming each live run (queued, provisioning, running) of the repo's project that
+    `uses_of` says uses the thing being deleted (`what`: "acme/data", "Branch 'dev' of acme/data"),
+    what for, and what to do before deleting `it` ("the repo"); `field` is the finding's field."""
+    from training.models import ACTIVE_STATUSES, Status, TrainingRun
+
+    live = TrainingRun.objects.filter(project_id=repo.project_id, status__in=(Status.QUEUED, *ACTIVE_STATUSES)).select_related("experiment")
+    findings = [Finding(field, f"run #{run.pk} ({run.name}, {run.status}) uses it as {', '.join(uses)}: {_free_repo_hint(run, uses, it)}")
+                for run in live.order_by("pk") if (uses := uses_of(run))]
+    if findings:
+        raise Conflict(f"{what} is used by {len(findings)} live run(s): it cannot be deleted until they no longer need it.", findings)
+
+
+def ref_uses(run, repo: Repo, ref: str) -> list[str]:
+    """The fields of `run` whose Data Hub ref names branch or tag `ref` of `repo` (`repo@ref`, also
+    with its project): [] when none does. A commit pinned at START is not a use: commits outlive
+    the branches and tags that named them."""
+    from training.refs import HUB_REF
+
+    return [field.removesuffix(".ref") for field, value in refs.run_refs(run.base_model, run.dataset, run.config)
+            if (match := HUB_REF.match(value)) and match["repo"] == repo.name and match["project"] in (None, repo.project.slug)
+            and match["ref"] == ref]
 
 
 def repo_uses(run, repo: Repo) -> list[str]:
@@ -127,15 +164,17 @@ def repo_uses(run, repo: Repo) -> list[str]:
     return uses
 
 
-def _free_repo_hint(run, uses: list[str]) -> str:
+def _free_repo_hint(run, uses: list[str], it: str = "the repo") -> str:
+    """What to do so that `run` no longer holds `it` ("the repo", "the branch", "the tag")."""
     from training.models import Status
 
     if run.status == Status.QUEUED and run.start_requested_at is None:
         if any(use.startswith("its experiment repo") for use in uses):
             # Edit changes the run's refs and name, never its experiment: that repo stays its own.
-            return f"delete run #{run.pk} if it is not needed (or start it and let it finish), then delete the repo"
-        return f"edit the run to use another repo, delete run #{run.pk}, or start it and let it finish, then delete the repo"
-    return "stop the run (STOP on its page) or wait for it to finish, then delete the repo"
+            return f"delete run #{run.pk} if it is not needed (or start it and let it finish), then delete {it}"
+        other = "another repo" if it == "the repo" else "another branch, tag or commit id"
+        return f"edit the run to use {other}, delete run #{run.pk}, or start it and let it finish, then delete {it}"
+    return f"stop the run (STOP on its page) or wait for it to finish, then delete {it}"
 
 
 CHECKPOINT_DIRS = {"final": "final", "merged": "merged", "adapter": "adapter"}

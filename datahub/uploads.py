@@ -66,7 +66,8 @@ def create_upload(repo: Repo, user, branch: str, files: list[dict], message: str
         rows.append((i, path, f["size"], f.get("sha256") or ""))
     check_file_folder_clash(repo, branch, [(i, p) for i, p, _, _ in rows])
     with transaction.atomic():  # no session without its staging folder
-        session = UploadSession.objects.create(repo=repo, branch=branch, created_by=user, message=message or "", parent=parent or "")
+        session = UploadSession.objects.create(project_id=repo.project_id, repo=repo, repo_name=repo.name, branch=branch, created_by=user,
+                                               message=message or "", parent=parent or "")
         UploadFile.objects.bulk_create([UploadFile(session=session, index=i, path=p, size=s, sha256=h) for i, p, s, h in rows])
         try:
             session_dir(session)
@@ -101,9 +102,9 @@ def get_upload(repo_ids: list[int] | None, upload_id: str) -> UploadSession:
         key = uuid.UUID(str(upload_id))
     except ValueError:
         raise NotFound("No such upload session.") from None
-    qs = UploadSession.objects.select_related("repo", "repo__project").filter(pk=key)
-    session = qs.first()
-    if session is None or (repo_ids is not None and session.repo.project_id not in repo_ids):
+    # project, not repo: a session of a deleted repo is kept (aborted) to tell its client why
+    session = UploadSession.objects.select_related("project", "repo").filter(pk=key).first()
+    if session is None or (repo_ids is not None and session.project_id not in repo_ids):
         raise NotFound("No such upload session.")
     return session
 
@@ -174,7 +175,7 @@ def commit_upload(session: UploadSession, user, message: str | None = None) -> C
     A full blob storage is a 507 that leaves the session open with its staged files: a blob is
     recorded only once all its bytes are stored, so committing again after space is freed works."""
     with transaction.atomic():
-        session = UploadSession.objects.select_for_update().select_related("repo", "repo__project").get(pk=session.pk)
+        session = UploadSession.objects.select_for_update(of=("self",)).select_related("repo", "project").get(pk=session.pk)
         if session.state == UploadSession.State.COMMITTED and session.commit_id:
             return session.commit
         if session.state != UploadSession.State.OPEN:
@@ -191,10 +192,19 @@ def commit_upload(session: UploadSession, user, message: str | None = None) -> C
         blobs = {f.path: _blob_of(session, f) for f in files}
         commit = commits.commit_blobs(session.repo, session.branch, blobs, message or session.message, user, parent=session.parent or None)
     except BaseException as exc:
-        # Only from committing: a session that hub_gc expired meanwhile stays aborted (its staged files are gone).
-        UploadSession.objects.filter(pk=session.pk, state=UploadSession.State.COMMITTING).update(state=UploadSession.State.OPEN, updated_at=timezone.now())
+        # Only from committing: a session that hub_gc expired, or whose repo was deleted, meanwhile
+        # stays aborted (its staged files are gone), and its client is told that instead.
+        reopened = UploadSession.objects.filter(pk=session.pk, state=UploadSession.State.COMMITTING).update(state=UploadSession.State.OPEN, updated_at=timezone.now())
+        if not reopened and isinstance(exc, Exception):
+            raise not_open(UploadSession.objects.select_related("project", "repo").get(pk=session.pk)) from exc
         if storage.disk_full(exc):
             raise storage.disk_full_error(exc, "files", "commit this upload session again (it is still open, with every file it received)") from exc
+        if isinstance(exc, commits.BranchMoved):
+            # The session's parent is fixed when it is made, so committing it again cannot succeed.
+            raise Conflict(f"{exc.detail} This upload session was made for parent {exc.parent[:10]}, which cannot change: nothing was committed.",
+                           [Finding("parent", f"start a new upload session (POST /api/hub/repos/{session.repo_name}/uploads) with "
+                                              f"\"parent\": \"{exc.head}\" (the branch's head now) or no parent, send the files to it and commit "
+                                              f"it; then DELETE this one (/api/hub/uploads/{session.pk})")]) from exc
         raise
     UploadSession.objects.filter(pk=session.pk).update(state=UploadSession.State.COMMITTED, commit=commit, updated_at=timezone.now())
     discard_staged([session.pk])
@@ -288,4 +298,7 @@ def aborted_detail(session: UploadSession) -> str:
 
 
 def start_again(session: UploadSession) -> str:
-    return f"start a new upload session (POST /api/hub/repos/{session.repo.name}/uploads) and send the files again"
+    if session.repo_id is None:
+        return (f"create the repo again if it is still wanted (POST /api/hub/repos with name {session.repo_name}), then start a new "
+                f"upload session (POST /api/hub/repos/{session.repo_name}/uploads) and send the files again")
+    return f"start a new upload session (POST /api/hub/repos/{session.repo_name}/uploads) and send the files again"

@@ -2,10 +2,11 @@
 branches, the diff of two commits' file lists, and a dataset file's preview. Served under /hub/
 next to the HF-compatible API, with the Hub's own URL shapes (/hub/<project>/<repo>/tree/<rev>).
 
-Writers also get three forms, each the API's own path: New repo (RepoIn, repos.create_repo),
-Upload files (UploadIn, uploads.upload_files: the upload-session steps) and Delete
-(services.delete_repo). A refusal re-renders the page with its status and the findings beside
-their fields; readers see no form and get a 403 for a POST."""
+Writers also get four forms, each the API's own path: New repo (RepoIn, repos.create_repo),
+Upload files (UploadIn, uploads.upload_files: the upload-session steps), a branch's Delete
+(services.delete_branch) and Delete of the repo (services.delete_repo). A refusal re-renders the
+page with its status and the findings beside their fields; readers see no form and get a 403 for
+a POST."""
 from __future__ import annotations
 
 import re
@@ -15,6 +16,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from datahub import datasets, services, uploads
@@ -135,6 +137,7 @@ def tree_context(request: HttpRequest, repo: Repo, revision: str, path: str = ""
         "files_help": f"One or more files, committed together; at most {settings.DATA_UPLOAD_MAX_NUMBER_FILES} at a time (the upload API takes more).",
         "confirm_help": f"Type {repo.name} exactly.",
         "upload": forms.get("upload") or upload, "delete": forms.get("delete") or {"values": {}, "errors": {}},
+        "branch_delete": forms.get("branch_delete") or {"errors": {}},
     }
 
 
@@ -202,6 +205,34 @@ def repo_delete(request: HttpRequest, namespace: str, name: str) -> HttpResponse
         return render(request, "datahub/repo.html", context, status=exc.status)
     messages.success(request, f"Deleted {repo.full_name} with its branches, tags and commits.")
     return redirect("datahub:repos")
+
+
+@studio_page
+@require_POST
+def branch_delete(request: HttpRequest, namespace: str, name: str, branch: str) -> HttpResponse:
+    """A branch's Delete (it asks first: hx-confirm): services.delete_branch, as the API's DELETE,
+    with its refusals (the default branch, a run's branch, a branch a live run names) shown above
+    the Branches table; htmx swaps that table alone."""
+    repo = repo_for_page(request, namespace, name)
+    web_actor(request).require_write(repo.project)
+    try:
+        services.delete_branch(repo, branch)
+    except ApiError as exc:
+        if isinstance(exc, NotFound):
+            raise
+        # the findings name the API's path parameter, `branch`: here the table as a whole shows them
+        errors = form_errors(exc, set(), lambda f: Finding("general", f.message))
+        context = tree_context(request, repo, repo.default_branch, branch_delete={"errors": errors})
+        if request.htmx:
+            return render(request, "datahub/repo.html#branches", context, status=exc.status)
+        messages.error(request, f"Branch {branch} was not deleted: see Branches below.")
+        return render(request, "datahub/repo.html", context, status=exc.status)
+    messages.success(request, f"Deleted branch {branch} of {repo.full_name}: its commits stay readable by commit id.")
+    if request.htmx:
+        response = HttpResponse(status=204)
+        response.headers["HX-Redirect"] = reverse("datahub:repo", args=[repo.project.slug, repo.name])
+        return response
+    return redirect("datahub:repo", repo.project.slug, repo.name)
 
 
 @studio_page

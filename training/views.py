@@ -410,6 +410,7 @@ def tab_context(request: HttpRequest, run: TrainingRun, tab: str) -> dict[str, A
         prefixes = {c.pk: hub.checkpoint_prefix(c, hub.is_earlier_merge(c, last_step)) for c in saved}
         context.update(
             checkpoints=saved, prefixes=prefixes, committed=committed_prefixes(run, set(prefixes.values())),
+            branch_gone=not branch_exists(run),
             merged_steps={c.step for c in saved if c.kind == "merged"}, merging_steps=checkpoints.merging_steps(saved),
             lora=config.get("lora_rank") is not None or bool(config.get("lora")), writable=web_actor(request).can_write(run.project),
         )
@@ -426,6 +427,12 @@ def tab_context(request: HttpRequest, run: TrainingRun, tab: str) -> dict[str, A
     elif tab == "repository":
         context.update(repository_of(run, request.GET.get("path", "")))
     return context
+
+
+def branch_exists(run: TrainingRun) -> bool:
+    """Whether the run's Data Hub branch is there: made with the run, it goes only with its repo
+    (as repository_of and lineage_of say), and then no checkpoint of the run will be committed."""
+    return Branch.objects.filter(repo__project_id=run.project_id, repo__name=hub.experiment_repo_name(run.experiment), name=hub.run_branch_name(run)).exists()
 
 
 def committed_prefixes(run: TrainingRun, prefixes: set[str]) -> set[str]:

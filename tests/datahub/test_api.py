@@ -189,3 +189,16 @@ def test_openapi_names_the_query_values_each_hub_read_takes(api, repo):
             url = path.replace("{name}", "my-model")
             assert get(api, url, **{name: maximum}).status_code == 200, (url, name)
             assert_error(get(api, url, **{name: maximum + 1}), 400, name)
+
+
+def test_listing_the_files_of_a_path_that_is_a_file_is_a_400_saying_how_to_fetch_it(api, repo):
+    """It was 200 with no files, which reads as an empty folder."""
+    commits.commit_files(repo, "main", {"config.json": b"{}", "w/model.bin": b"1" * 10}, "weights")
+    for path, listed in (("w/model.bin", "path=w"), ("config.json", "no path (the repo root)")):
+        body = assert_error(get(api, "/api/hub/repos/my-model/files", path=path, ref="main"), 400, "path")
+        message = body["errors"][0]["message"]
+        assert f"{path} is a file" in message and f"/api/hub/repos/my-model/download?path={path.replace('/', '%2F')}&ref=main" in message, body
+        assert f"list its folder with {listed}" in message, body
+    # a folder still lists, with or without its trailing slash
+    for path in ("w", "w/"):
+        assert [f["path"] for f in get(api, "/api/hub/repos/my-model/files", path=path).json()["files"]] == ["w/model.bin"]

@@ -1,6 +1,8 @@
 """/api/hub branches and tags: names that cannot shadow a commit or each other, and deleting them."""
 from __future__ import annotations
 
+import pytest
+
 from datahub import commits, repos
 from datahub.models import Branch, Tag
 from tests.conftest import assert_error
@@ -94,3 +96,55 @@ def test_a_runs_branch_cannot_be_deleted_while_the_run_exists(api, project):
     assert api.delete(f"/api/hub/repos/{repo_name}/branches/run-{run_id + 1000}").status_code == 204
     TrainingRun.objects.filter(pk=run_id).delete()
     assert api.delete(f"/api/hub/repos/{repo_name}/branches/run-{run_id}").status_code == 204
+
+
+LIVE_REF_CASES = {
+    "dataset": dict(dataset="hub-data@{ref}"),
+    "dataset entry with project": dict(dataset=[{"ref": "acme/hub-data@{ref}", "type": "chat"}]),
+    "base model": dict(base_model="hub-data@{ref}"),
+}
+
+
+def run_naming(project, users, **fields):
+    from tests.conftest import sft_body
+    from training import services as training
+
+    body = sft_body(**fields)
+    return training.create_run(project, users["owner"], name=body["name"], method=body["method"], base_model=body["base_model"],
+                               dataset=body["dataset"], config=body["config"])
+
+
+@pytest.mark.parametrize("kind", ["branches", "tags"])
+@pytest.mark.parametrize("case", LIVE_REF_CASES)
+@pytest.mark.parametrize("status", ["queued", "provisioning", "running"])
+def test_a_branch_or_tag_a_live_run_names_cannot_be_deleted(api, project, users, dataset_repo, kind, case, status):
+    """Deleting the repo was refused for such a run, but deleting the branch (qa-data@from-sha) went
+    through and the run could no longer start."""
+    from training.models import TrainingRun
+
+    (repos.create_branch if kind == "branches" else repos.create_tag)(dataset_repo, "from-sha", "main")
+    fields = {key: (value.format(ref="from-sha") if isinstance(value, str) else [{**value[0], "ref": value[0]["ref"].format(ref="from-sha")}])
+              for key, value in LIVE_REF_CASES[case].items()}
+    run = run_naming(project, users, **fields)
+    TrainingRun.objects.filter(pk=run.pk).update(status=status)
+    field = {"branches": "branch", "tags": "tag"}[kind]
+    body = assert_error(api.delete(f"/api/hub/repos/hub-data/{kind}/from-sha"), 409, field)
+    message = body["errors"][0]["message"]
+    assert "'from-sha' of acme/hub-data is used by 1 live run" in body["detail"], body
+    assert f"run #{run.pk}" in message and f"then delete the {field}" in message, body
+    assert ("edit the run to use another branch, tag or commit id" in message) == (status == "queued"), message
+    assert (Branch if kind == "branches" else Tag).objects.filter(repo=dataset_repo, name="from-sha").exists()
+    # another ref of the same repo is not held by the run, and a finished run holds none
+    (repos.create_branch if kind == "branches" else repos.create_tag)(dataset_repo, "other", "main")
+    assert api.delete(f"/api/hub/repos/hub-data/{kind}/other").status_code == 204
+    TrainingRun.objects.filter(pk=run.pk).update(status="completed")
+    assert api.delete(f"/api/hub/repos/hub-data/{kind}/from-sha").status_code == 204
+
+
+def test_a_missing_branch_or_tag_a_live_run_names_is_still_a_404(api, project, users, dataset_repo):
+    run_naming(project, users, dataset="hub-data@gone")
+    assert_error(api.delete("/api/hub/repos/hub-data/branches/gone"), 404)
+    assert_error(api.delete("/api/hub/repos/hub-data/tags/gone"), 404)
+    run_naming(project, users, dataset="hub-data@main")
+    body = assert_error(api.delete("/api/hub/repos/hub-data/branches/main"), 409, "branch")
+    assert "default branch" in body["detail"], body

@@ -1,5 +1,5 @@
-"""DELETE /api/hub/repos/{name}: writers only; its branches, tags, commits and upload sessions go,
-blob bytes stay; a live run that uses the repo makes it a 409; finished runs still display."""
+"""DELETE /api/hub/repos/{name}: writers only; its branches, tags and commits go, its unfinished
+upload sessions are aborted, blob bytes stay; a live run that uses the repo makes it a 409; finished runs still display."""
 from __future__ import annotations
 
 import io
@@ -54,7 +54,8 @@ def test_delete_removes_the_repo_and_its_history_but_keeps_shared_blobs(api, pro
     assert not Commit.objects.filter(pk__in=commit_ids).exists()
     assert not TreeEntry.objects.filter(commit_id__in=commit_ids).exists()
     assert not Branch.objects.filter(repo_id=chat_data.pk).exists() and not Tag.objects.filter(repo_id=chat_data.pk).exists()
-    assert not UploadSession.objects.filter(pk=session.pk).exists()
+    # the open session stays, aborted, to tell its client why (test_uploads: a session of a deleted repo)
+    assert UploadSession.objects.get(pk=session.pk).state == UploadSession.State.ABORTED
     assert not staged.exists(), "the open session's staged chunks are removed"
     # blobs stay: no row or byte is garbage-collected, shared or not
     assert set(Blob.objects.values_list("sha256", flat=True)) == blobs
@@ -230,3 +231,32 @@ def test_lineage_links_only_the_refs_whose_repo_is_still_there(api, project, use
     # One query for all the refs' repos: three Data Hub datasets cost what one does, before and after.
     _, one_ref = lineage_of_run(browser, one)
     assert queries == before == one_ref, (queries, before, one_ref)
+
+
+def test_checkpoints_tab_says_deleted_with_its_repo_not_commit_pending(api, project, users):
+    """After the experiment repo went, every checkpoint read "Download: commit pending", a commit
+    that can no longer come; the Repository and Lineage tabs already said "deleted with its repo"."""
+    from training.models import Checkpoint
+
+    run_id = api.post("/api/training-runs", sft_body()).json()["id"]
+    run = TrainingRun.objects.get(pk=run_id)
+    Checkpoint.objects.create(run=run, attempt=1, step=10, path="/ckpt/10")
+    Checkpoint.objects.create(run=run, attempt=1, step=20, path="/ckpt/20")
+    commits.commit_files(repos.find_repo(project, "experiment-default"), f"run-{run_id}", {"checkpoints/step-10/w.bin": b"w"}, "step 10")
+    browser = Client()
+    browser.force_login(users["viewer"])
+
+    def actions() -> dict[int, str]:
+        html = browser.get(f"/training/runs/{run_id}/checkpoints/").content.decode()
+        rows = re.findall(r'<tr data-checkpoint="checkpoint-(\d+)">(.*?)</tr>', html, re.S)
+        return {int(step): re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", row)) for step, row in rows}
+
+    before = actions()
+    assert "Download step 10" in before[10] and "commit pending" in before[20], before
+    TrainingRun.objects.filter(pk=run_id).update(status=Status.COMPLETED)
+    assert api.delete("/api/hub/repos/experiment-default").status_code == 204
+    after = actions()
+    assert all("Download: deleted with its repo" in text and "pending" not in text for text in after.values()), after
+    # a later run of the experiment makes the repo again, without this run's branch: still gone
+    api.post("/api/training-runs", sft_body(name="again"))
+    assert all("deleted with its repo" in text for text in actions().values()), actions()

@@ -85,3 +85,21 @@ def test_tree_page_offers_preview_only_where_the_preview_works(browser, project)
     assert re.search(r'preview/main/data/y\.jsonl">Preview<span class="visually-hidden"> data/y\.jsonl</span></a>',
                      c.get("/hub/acme/prefs/tree/main/data").content.decode())
     assert c.get("/hub/acme/prefs/preview/main/data/y.jsonl").status_code == 200
+
+
+def test_repo_tabs_are_a_list_like_the_other_pages_tabs_with_the_current_one_marked(browser, project):
+    """nav.tabs held bare links, which studio.css (`.tabs ul`, as on a run's page) does not lay out
+    as a tab strip: they stacked as full-width blocks."""
+    repo = repos.create_repo(project, "prefs", "dataset")
+    first = repos.resolve(repo, "main")
+    second = commits.commit_files(repo, "main", {"a.jsonl": jsonl([{"text": "a"}])}, "a")
+    c = browser("viewer")
+    for url, current in (("/hub/acme/prefs", "Files"), ("/hub/acme/prefs/commits/main", "Commits"),
+                         ("/hub/acme/prefs/preview/main/a.jsonl", "Files"), (f"/hub/acme/prefs/compare/{first.pk}...{second.pk}", "Compare")):
+        html = c.get(url).content.decode()
+        nav = re.search(r'<nav class="tabs" aria-label="Repo">\s*<ul>(.*?)</ul>\s*</nav>', html, re.S)
+        assert nav, (url, html[:2000])
+        items = re.findall(r"<li><a href=\"([^\"]+)\"( aria-current=\"page\")?>([^<]+)</a></li>", nav.group(1))
+        assert [label for _, _, label in items][:2] == ["Files", "Commits"], (url, nav.group(1))
+        assert [label for _, marked, label in items if marked] == [current], (url, nav.group(1))
+        assert all(href.startswith("/hub/acme/prefs") for href, _, _ in items), items

@@ -197,3 +197,72 @@ def test_more_files_than_a_form_takes_is_a_400_page_saying_the_limit(users, ds, 
     assert r.status_code == 400
     assert "choose at most 3 in Files" in r.content.decode()
     assert repos.resolve(ds, "main").message == "seed" and not UploadSession.objects.filter(repo=ds).exists()
+
+
+# ---- Delete branch -----------------------------------------------------------------------------
+
+def branches_table(html: str) -> str:
+    found = re.search(r'<section class="card" id="branches".*?</section>', html, re.S)
+    assert found, html[:3000]
+    return found.group(0)
+
+
+def test_writers_get_a_delete_form_for_each_branch_but_the_default_that_asks_first(browser, ds):
+    repos.create_branch(ds, "dev", "main")
+    repos.create_tag(ds, "v1", "main")
+    table = branches_table(browser("member").get("/hub/acme/ds").content.decode())
+    assert 'action="/hub/acme/ds/branches/dev/delete"' in table and 'hx-post="/hub/acme/ds/branches/dev/delete"' in table
+    assert 'hx-confirm="Delete branch dev of acme/ds?' in table
+    assert "/branches/main/delete" not in table and "default branch" in table
+    assert 'id="branches"' not in browser("viewer").get("/hub/acme/ds").content.decode()
+
+
+@pytest.mark.parametrize("htmx", [False, True])
+def test_delete_branch_form_deletes_it_and_keeps_its_commits(browser, ds, htmx):
+    repos.create_branch(ds, "dev", "main")
+    dev = commits.commit_files(ds, "dev", {"dev.txt": b"dev"}, "on dev")
+    c = browser("member")
+    r = c.post("/hub/acme/ds/branches/dev/delete", **({"HTTP_HX_REQUEST": "true"} if htmx else {}))
+    if htmx:
+        assert r.status_code == 204 and r["HX-Redirect"] == "/hub/acme/ds"
+    else:
+        assert r.status_code == 302 and r["Location"] == "/hub/acme/ds"
+    assert not ds.branches.filter(name="dev").exists()
+    assert repos.resolve(ds, dev.pk) == dev  # its commits stay
+    page = c.get("/hub/acme/ds").content.decode()
+    assert "Deleted branch dev of acme/ds" in page_message(page) and 'data-branch="dev"' not in page
+
+
+@pytest.mark.parametrize("htmx", [False, True])
+def test_delete_branch_form_refusals_say_why_and_keep_the_branch(browser, project, users, ds, htmx):
+    """The same refusals as the API's DELETE: the default branch, a run's branch, a branch a live run names."""
+    repos.create_branch(ds, "from-sha", "main")
+    body = sft_body(dataset="ds@from-sha")
+    run = training.create_run(project, users["owner"], name=body["name"], method="sft", base_model=body["base_model"], dataset=body["dataset"])
+    experiment_repo = f"experiment-{run.experiment.slug}"
+    headers = {"HTTP_HX_REQUEST": "true"} if htmx else {}
+    c = browser("owner")
+    for url, said in (("/hub/acme/ds/branches/from-sha/delete", f"run #{run.pk}"),
+                      ("/hub/acme/ds/branches/main/delete", "default branch"),
+                      (f"/hub/acme/{experiment_repo}/branches/run-{run.pk}/delete", f"delete run #{run.pk} first")):
+        r = c.post(url, **headers)
+        assert r.status_code == 409, (url, r.status_code)
+        html = r.content.decode()
+        if htmx:  # the Branches table alone, swapped in place
+            assert html.lstrip().startswith('<section class="card" id="branches"'), html[:300]
+        else:
+            assert "was not deleted: see Branches below" in page_message(html)
+        assert said in general_errors(branches_table(html)), (url, html[:3000])
+    assert set(ds.branches.values_list("name", flat=True)) == {"main", "from-sha"}
+    assert Repo.objects.get(name=experiment_repo).branches.filter(name=f"run-{run.pk}").exists()
+    TrainingRun.objects.filter(pk=run.pk).update(status=Status.COMPLETED)
+    assert c.post("/hub/acme/ds/branches/from-sha/delete").status_code == 302
+    assert set(ds.branches.values_list("name", flat=True)) == {"main"}
+
+
+def test_viewers_and_outsiders_cannot_delete_a_branch(browser, ds):
+    repos.create_branch(ds, "dev", "main")
+    assert browser("viewer").post("/hub/acme/ds/branches/dev/delete").status_code == 403
+    assert browser("outsider").post("/hub/acme/ds/branches/dev/delete").status_code == 404
+    assert browser("owner").post("/hub/acme/ds/branches/nope/delete").status_code == 404
+    assert ds.branches.filter(name="dev").exists()

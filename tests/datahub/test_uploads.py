@@ -3,8 +3,11 @@ from __future__ import annotations
 
 import hashlib
 
-from datahub import repos
-from datahub.models import UploadSession
+import pytest
+
+from datahub import repos, uploads
+from datahub.models import UploadFile, UploadSession
+from datahub.schemas import MAX_FILE_SIZE
 from tests.conftest import assert_error
 
 
@@ -114,7 +117,7 @@ def test_upload_that_makes_a_file_also_a_folder_is_refused_at_once_naming_the_fi
 def test_negative_offset_says_the_allowed_range(api, dataset_repo):
     upload_id = api.post("/api/hub/repos/hub-data/uploads", {"files": [{"path": "a.bin", "size": 4}]}).json()["id"]
     body = assert_error(put(api, upload_id, 0, -1, b"abcd"), 400, "offset")
-    assert body["errors"][0]["message"] == "give offset of 0 or more"
+    assert body["errors"][0]["message"] == "give offset between 0 and 4398046511104"
     body = assert_error(api.get("/api/hub/repos/hub-data/commits", limit=0), 400, "limit")
     assert body["errors"][0]["message"] == "give limit between 1 and 500"
 
@@ -135,3 +138,76 @@ def test_a_content_length_that_is_not_ascii_digits_is_not_a_500(api, dataset_rep
     response = api.client.put(f"/api/hub/uploads/{upload_id}/files/0?offset=0", data=b"abcd", content_type="application/octet-stream",
                               HTTP_AUTHORIZATION=f"Bearer {api.token}", CONTENT_LENGTH="²")
     assert response.status_code < 500, response.content[:300]
+
+
+@pytest.mark.parametrize("size", [2**63, 2**63 - 1, 2**64, MAX_FILE_SIZE + 1])
+def test_a_file_size_over_4_tib_is_a_400_naming_it_and_stores_nothing(api, dataset_repo, size):
+    """2**63 reached the INSERT and was a 500 (bigint out of range); 2**63 - 1 (8 EiB) was accepted."""
+    body = assert_error(api.post("/api/hub/repos/hub-data/uploads", {"files": [{"path": "ok.bin", "size": 1}, {"path": "x", "size": size}]}),
+                        400, "files[1].size")
+    message = body["errors"][0]["message"]
+    assert "at most 4 TiB (4398046511104 bytes)" in message and "split" in message, body
+    assert not UploadSession.objects.exists() and not UploadFile.objects.exists()
+
+
+def test_a_file_of_exactly_4_tib_can_be_announced_and_the_limit_is_documented(api, dataset_repo):
+    r = api.post("/api/hub/repos/hub-data/uploads", {"files": [{"path": "huge.gguf", "size": MAX_FILE_SIZE}]})
+    assert r.status_code == 201, r.content
+    assert UploadFile.objects.get(session_id=r.json()["id"]).size == MAX_FILE_SIZE
+    spec = api.get("/api/openapi.json").json()
+    body = spec["paths"]["/api/hub/repos/{name}/uploads"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert body["$defs"]["UploadFileIn"]["properties"]["size"]["maximum"] == MAX_FILE_SIZE
+    put_chunk = next(op for path, ops in spec["paths"].items() if path.endswith("/files/{index}") for op in ops.values())
+    assert next(p for p in put_chunk["parameters"] if p["name"] == "offset")["schema"]["maximum"] == MAX_FILE_SIZE
+
+
+def test_an_offset_past_the_largest_file_is_a_400_not_a_conflict(api, dataset_repo):
+    upload_id = api.post("/api/hub/repos/hub-data/uploads", {"files": [{"path": "a.bin", "size": 4}]}).json()["id"]
+    for offset in (MAX_FILE_SIZE + 1, 2**63, 10**30):
+        assert_error(put(api, upload_id, 0, offset, b"abcd"), 400, "offset")
+    assert api.get(f"/api/hub/uploads/{upload_id}").json()["files"][0]["received"] == 0
+
+
+def test_a_commit_on_a_session_with_a_stale_parent_says_to_start_a_new_session(api, dataset_repo):
+    """The session's parent is fixed when it is made: "reload the branch and commit again" could
+    never work. The session stays open with what it received (nothing is lost)."""
+    from datahub import commits
+
+    parent = repos.resolve(dataset_repo, "main").pk
+    upload_id = api.post("/api/hub/repos/hub-data/uploads", {"files": [{"path": "a.bin", "size": 4}], "parent": parent}).json()["id"]
+    put(api, upload_id, 0, 0, b"abcd")
+    moved = commits.commit_files(dataset_repo, "main", {"other.txt": b"x"}, "someone else")
+    body = assert_error(api.post(f"/api/hub/uploads/{upload_id}/commit"), 409, "parent")
+    message = body["errors"][0]["message"]
+    assert "reload the branch" not in message, body
+    assert "start a new upload session (POST /api/hub/repos/hub-data/uploads)" in message and moved.pk in message, body
+    assert repos.resolve(dataset_repo, "main") == moved
+    assert api.get(f"/api/hub/uploads/{upload_id}").json()["state"] == "open"
+    # doing what it says works
+    again = api.post("/api/hub/repos/hub-data/uploads", {"files": [{"path": "a.bin", "size": 4}], "parent": moved.pk}).json()["id"]
+    put(api, again, 0, 0, b"abcd")
+    assert api.post(f"/api/hub/uploads/{again}/commit").status_code == 200
+    assert api.delete(f"/api/hub/uploads/{upload_id}").status_code == 204
+
+
+def test_a_session_of_a_deleted_repo_says_the_repo_was_deleted(api, api_as, dataset_repo, django_capture_on_commit_callbacks):
+    """The session went with its repo, and the client's next call was a bare 404 "No such upload session"."""
+    upload_id = api.post("/api/hub/repos/hub-data/uploads", {"files": [{"path": "a.bin", "size": 4}]}).json()["id"]
+    put(api, upload_id, 0, 0, b"ab")
+    committed = api.post("/api/hub/repos/hub-data/uploads", {"files": [{"path": "b.bin", "size": 1}]}).json()["id"]
+    put(api, committed, 0, 0, b"b")
+    assert api.post(f"/api/hub/uploads/{committed}/commit").status_code == 200
+    with django_capture_on_commit_callbacks(execute=True):
+        assert api.delete("/api/hub/repos/hub-data").status_code == 204
+    assert not uploads.staged_path(upload_id).exists()
+
+    for response in (put(api, upload_id, 0, 2, b"cd"), api.post(f"/api/hub/uploads/{upload_id}/commit")):
+        body = assert_error(response, 409, "upload_id")
+        assert "because its repo acme/hub-data was deleted" in body["detail"], body
+        assert "POST /api/hub/repos" in body["errors"][0]["message"], body
+    got = api.get(f"/api/hub/uploads/{upload_id}").json()
+    assert got["state"] == "aborted" and got["repo"] == "acme/hub-data" and "acme/hub-data was deleted" in got["reason"], got
+    assert api.delete(f"/api/hub/uploads/{upload_id}").status_code == 204  # aborting it again is fine
+    assert api_as("outsider").get(f"/api/hub/uploads/{upload_id}").status_code == 404  # still only its project's to see
+    assert api_as("viewer").delete(f"/api/hub/uploads/{upload_id}").status_code == 403
+    assert_error(api.get(f"/api/hub/uploads/{committed}"), 404)  # a finished session went with the repo
