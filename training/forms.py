@@ -98,6 +98,15 @@ def initial_values(method: str = "sft", experiment: str = "") -> dict[str, Any]:
             "config_text": DEFAULT_CONFIG_TEXT.get(method, ""), **METHOD_DEFAULTS.get(method, {})}
 
 
+def other_methods_values(values: dict[str, Any], method: str) -> list[tuple[str, Any]]:
+    """What was typed in the cards of other methods than `method`, which the picker's swap removes:
+    carried along as hidden inputs, so switching DPO → SFT → DPO keeps β and reference-free instead of
+    starting from the defaults again. The form reads only the picked method's fields on submit."""
+    shown = fields_for(method, values.get("config.rl_mode"))
+    others = {name for fields in (*METHOD_FIELDS.values(), *GRPO_MODE_FIELDS.values()) for name in fields}
+    return [(name, values[name]) for name in sorted(others - set(shown)) if values.get(name) not in (None, "")]
+
+
 def with_method_defaults(values: dict[str, Any], method: str) -> dict[str, Any]:
     """Switching the picker: keep what was typed, fill the new method's card with its defaults."""
     merged = {**METHOD_DEFAULTS.get(method, {}), **{k: v for k, v in values.items() if v not in (None, "")}}

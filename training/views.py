@@ -377,6 +377,8 @@ def new_run_part(request: HttpRequest, part: str) -> HttpResponse:
             part, ", ".join(names), reverse("training:new")))
     values["method"] = method
     context = {**form_context(request, project, values), "swap_dataset_help": part == "method", "oob": part == "quick"}
+    if part == "method":
+        context["carried"] = forms.other_methods_values(values, method)
     response = render(request, f"training/new_run.html#{names[part]}", context)
     if part == "quick":
         response["HX-Trigger-After-Settle"] = "change"  # the GPU memory estimate listens for the form's change: it prices the new lengths

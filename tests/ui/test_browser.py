@@ -402,3 +402,25 @@ def test_deleting_a_secret_asks_first(owner_page, project, users):
     expect(page.get_by_role("button", name="Delete secret JUDGE_KEY")).to_have_count(0)
     assert not ProjectSecret.objects.filter(project=project, name="JUDGE_KEY").exists()
     check_page(page)
+
+
+def test_switching_the_method_away_and_back_keeps_what_was_typed_in_its_card(owner_page, project):
+    page = owner_page
+    page.goto("/training/new/")
+    picker = page.get_by_label("Method", exact=True)
+    picker.select_option("dpo")
+    page.get_by_label("β (dpo_beta)").fill("0.3")
+    page.get_by_label("Reference-free (score without a frozen reference copy)").check()
+    picker.select_option("sft")
+    expect(page.locator("#method-fields")).to_have_attribute("data-method", "sft")
+    expect(page.get_by_label("β (dpo_beta)")).to_have_count(0)
+    picker.select_option("dpo")
+    expect(page.locator("#method-fields")).to_have_attribute("data-method", "dpo")
+    expect(page.get_by_label("β (dpo_beta)")).to_have_value("0.3")  # was back to the default 0.1
+    expect(page.get_by_label("Reference-free (score without a frozen reference copy)")).to_be_checked()
+    # What the SFT card does not show is not part of an SFT run.
+    picker.select_option("sft")
+    fill_common(page, "carried")
+    page.get_by_role("button", name="Create run").click()
+    expect(page.get_by_test_id("run-status")).to_have_text("queued")
+    assert "loss" not in project.runs.get(name="carried").config
