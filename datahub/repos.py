@@ -109,6 +109,8 @@ def new_commit_id(*parts: Any) -> str:
     payload = json.dumps([*parts, timezone.now().isoformat(), uuid.uuid4().hex], default=str, sort_keys=True)
     return hashlib.sha1(payload.encode()).hexdigest()  # noqa: S324 - an id, not a security boundary
 
+EXPERIMENT_PREFIX = "experiment-"
+
 
 @transaction.atomic
 def create_repo(project, name: str, type: str = RepoType.MODEL, user=None, description: str = "") -> Repo:
@@ -116,6 +118,9 @@ def create_repo(project, name: str, type: str = RepoType.MODEL, user=None, descr
     check_name(name, "name", "repo name")
     if type not in RepoType.values:
         raise BadRequest(f"Unknown repo type {type!r}.", [Finding("type", f"type must be one of {', '.join(RepoType.values)}")])
+    if name.startswith(EXPERIMENT_PREFIX) and type != RepoType.EXPERIMENT:
+        # An experiment's runs commit to experiment-<slug>: they would commit their models into this repo.
+        raise BadRequest(f"{name!r} is an experiment's repo name.", [Finding("name", f"names starting {EXPERIMENT_PREFIX} are kept for the experiments' own repos: choose another name")])
     try:
         with transaction.atomic():
             repo = Repo.objects.create(project=project, name=name, type=type, created_by=user, description=description or "")

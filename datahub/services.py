@@ -42,6 +42,9 @@ def experiment_repo_name(experiment) -> str:
 def provision_experiment_repo(experiment) -> Repo:
     """Make sure `experiment` has its Data Hub repo `experiment-<slug>` and record its id."""
     repo = get_or_create_repo(experiment.project, experiment_repo_name(experiment), RepoType.EXPERIMENT)
+    if repo.type != RepoType.EXPERIMENT:  # one made before such names were kept for experiments
+        raise Conflict(f"{repo.full_name} is a {repo.type} repo, not experiment {experiment.name}'s.",
+                       [Finding("experiment", f"rename or delete the {repo.type} repo {repo.name} in the Data Hub, then commit again")])
     if experiment.hub_repo != repo.full_name:
         experiment.hub_repo = repo.full_name
         experiment.save(update_fields=["hub_repo"])

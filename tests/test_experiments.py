@@ -35,7 +35,14 @@ def test_duplicate_name_is_409_naming_the_field(api, project, second):
 
 def test_a_repo_of_another_type_holding_the_experiments_repo_name_is_409_and_stays_as_it_was(api, project):
     # The experiment adopted it: its runs committed their models to branches of the user's dataset repo.
-    assert api.post("/api/hub/repos", {"name": "experiment-foo", "type": "dataset"}).status_code == 201
+    error = assert_error(api.post("/api/hub/repos", {"name": "experiment-foo", "type": "dataset"}), 400, "name")
+    assert "kept for the experiments' own repos" in error["errors"][0]["message"]
+    # One made before such names were kept:
+    from datahub.models import Repo
+    from datahub.repos import create_repo
+
+    create_repo(project, "experiment-foo", "experiment")
+    Repo.objects.filter(project=project, name="experiment-foo").update(type="dataset")
     error = assert_error(api.post("/api/experiments", {"name": "Foo"}), 409, "name")
     assert "dataset repo 'experiment-foo'" in error["detail"] and "rename or delete the dataset repo experiment-foo" in error["errors"][0]["message"]
     assert not Experiment.objects.filter(project=project, slug="foo").exists()
@@ -134,3 +141,15 @@ def test_a_name_without_ascii_letters_or_digits_says_what_is_allowed(api, projec
     message = body["errors"][0]["message"]
     assert "ASCII letters, digits, '-' and '_'" in message and "Data Hub repo name" in message and "e.g. tone-sweep" in message
     assert not Experiment.objects.filter(project=project).exists()
+
+
+def test_a_run_never_commits_into_a_repo_of_another_type_named_as_its_experiments(api, project):
+    # The experiment's repo was deleted, and a dataset repo of that name made before the name was kept.
+    from datahub.models import Repo
+    from datahub.services import run_repo
+    from studio.errors import Conflict
+
+    run = TrainingRun.objects.get(pk=api.post("/api/training-runs", sft_body(experiment=api.post("/api/experiments", {"name": "foo"}).json()["id"])).json()["id"])
+    Repo.objects.filter(project=project, name="experiment-foo").update(type="dataset")
+    with pytest.raises(Conflict, match="is a dataset repo, not experiment foo's"):
+        run_repo(run)
