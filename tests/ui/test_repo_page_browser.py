@@ -1,50 +1,18 @@
-"""The repo page in a real browser (Debian's chromium, as tests/ui): its tabs are a tab strip, and a
-writer deletes a branch from the Branches table once the confirm dialog is accepted. Screenshots
-land in var/test-artifacts/ui/."""
+"""The Data Hub repo page in a real browser: its tabs are a tab strip, and a writer deletes a branch
+from the Branches table once the confirm dialog is accepted. Screenshots land in var/test-artifacts/ui/."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 from playwright.sync_api import expect
 
 from datahub import commits, repos
 from tests.conftest import sft_body
-from tests.ui.conftest import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, login
 from training import services as training
 from training.models import Status, TrainingRun
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(scope="module")
-def chromium():
-    """Debian's chromium, as tests/ui's `browser` (tests/datahub's own `browser` is a test client)."""
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no chromium at {CHROMIUM}: apt-get install -y chromium")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        yield browser
-        browser.close()
-
-
-@pytest.fixture
-def page(chromium, live_server, project, request):
-    """A page logged in as the owner of project acme."""
-    context = chromium.new_context(viewport={"width": 1280, "height": 900}, base_url=live_server.url)
-    context.set_default_timeout(10_000)
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.shots = ARTIFACTS / re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.name)
-    page.shots.mkdir(parents=True, exist_ok=True)
-    login(page)
-    yield page
-    context.close()
-    assert not errors, f"JavaScript errors on the page: {errors}"
 
 
 @pytest.fixture
@@ -54,7 +22,8 @@ def ds(project):
     return repo
 
 
-def test_repo_tabs_are_a_strip_with_the_current_tab_marked(page, ds):
+def test_repo_tabs_are_a_strip_with_the_current_tab_marked(owner_page, ds):
+    page = owner_page
     for url, current in (("/hub/acme/ds", "Files"), ("/hub/acme/ds/commits/main", "Commits")):
         page.goto(url)
         tabs = page.get_by_role("navigation", name="Repo")
@@ -63,10 +32,11 @@ def test_repo_tabs_are_a_strip_with_the_current_tab_marked(page, ds):
         a, b = files.bounding_box(), history.bounding_box()
         assert a["y"] == b["y"] and b["x"] >= a["x"] + a["width"], (a, b)  # side by side, not stacked
         assert a["width"] < 200 and b["width"] < 200, (a, b)  # each as wide as its label, not the page
-        page.screenshot(path=str(page.shots / f"{current.lower()}.png"))
+        page.shot(current.lower())
 
 
-def test_delete_a_branch_asks_first_then_deletes_it(page, project, users, ds):
+def test_delete_a_branch_asks_first_then_deletes_it(owner_page, project, users, ds):
+    page = owner_page
     repos.create_branch(ds, "dev", "main")
     repos.create_branch(ds, "from-sha", "main")
     body = sft_body(dataset="ds@from-sha")
@@ -95,4 +65,4 @@ def test_delete_a_branch_asks_first_then_deletes_it(page, project, users, ds):
     expect(page.locator("#branches").get_by_role("alert")).to_contain_text(f"run #{run.pk}")
     expect(page.locator("#branches").get_by_role("alert")).to_contain_text("then delete the branch")
     assert ds.branches.filter(name="from-sha").exists()
-    page.screenshot(path=str(page.shots / "refused.png"), full_page=True)
+    page.shot("refused")
