@@ -131,6 +131,46 @@ def test_completed_after_stop_does_not_resurrect_the_run(live_run):
     assert LogLine.objects.filter(run=run, line="flushed at stop").exists()
 
 
+def ended(run, status: str, seconds_ago: float) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    TrainingRun.objects.filter(pk=run.pk).update(status=status, finished_at=timezone.now() - timedelta(seconds=seconds_ago), stage="train",
+                                                 progress={"step": 5, "max_steps": 10})
+
+
+def test_a_stopped_run_takes_its_engines_last_flush_but_no_end_of_training_artifacts(live_run):
+    # A token kept after STOP published a "final" model for a cancelled run and rewrote its stage and progress.
+    run, token = live_run
+    ended(run, Status.CANCELLED, 3)
+    late = {**BATCH, "status": None, "stage": "merge", "progress": {"step": 99},
+            "checkpoints": [{"step": 4, "path": "/out/checkpoint-4", "kind": "checkpoint"}, {"step": 9, "path": "/out/final", "kind": "final"}]}
+    assert send(run.pk, token, late).status_code == 200
+    run.refresh_from_db()
+    assert run.status == Status.CANCELLED and run.stage == "train" and run.progress == {"step": 5, "max_steps": 10}
+    assert list(Checkpoint.objects.filter(run=run).values_list("kind", flat=True)) == ["checkpoint"]  # saved before the stop: resumable
+    assert MetricPoint.objects.filter(run=run).count() == 2 and LogLine.objects.filter(run=run, line="step 2").exists()
+    assert LogLine.objects.filter(run=run, line__contains="a final checkpoint (step 9) reported after the run was cancelled is not recorded").exists()
+
+
+@pytest.mark.parametrize("status", [Status.CANCELLED, Status.COMPLETED, Status.FAILED])
+def test_reports_a_minute_after_the_run_ended_are_a_409_and_store_nothing(live_run, status):
+    run, token = live_run
+    ended(run, status, 61)
+    r = send(run.pk, token, {**BATCH, "status": None})
+    assert r.status_code == 409 and r.json()["errors"][0]["field"] == "status" and "reports are closed" in r.json()["detail"]
+    assert not MetricPoint.objects.filter(run=run).exists() and not Checkpoint.objects.filter(run=run).exists()
+    assert not LogLine.objects.filter(run=run, line="step 1").exists()
+
+
+def test_progress_holds_numbers_only(live_run):
+    run, token = live_run
+    r = send(run.pk, token, {**BATCH, "progress": {"step": "x", "max_steps": {"a": 1}}})
+    assert r.status_code == 400 and {e["field"] for e in r.json()["errors"]} >= {"progress.step"}
+    assert TrainingRun.objects.get(pk=run.pk).progress == {}
+
+
 def test_a_malformed_batch_is_a_400_naming_the_field(live_run):
     run, token = live_run
     r = send(run.pk, token, {"batch_id": "a", "metrics": [{"step": "x", "key": "loss", "value": 1}]})

@@ -6,6 +6,7 @@ from before a restart gets 403 and writes nothing.
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 
 from django.db import IntegrityError, connection, transaction
 from django.http import HttpRequest
@@ -15,11 +16,11 @@ from pydantic import ValidationError as PydanticValidationError
 
 from datahub.services import record_checkpoint
 from studio import crypto
-from studio.api import body_schema, loads_json, parse_body, unstorable
-from studio.errors import Forbidden, Unauthorized
+from studio.api import ErrorOut, body_schema, loads_json, parse_body, unstorable
+from studio.errors import Conflict, Finding, Forbidden, Unauthorized
 from studio.ratelimit import check_auth_allowed, note_auth_failure
 from training import status as status_service
-from training.models import Checkpoint, ErrorCode, IngestBatch, LogLine, MetricPoint, Rollout, Status, TrainingRun
+from training.models import TERMINAL_STATUSES, Checkpoint, ErrorCode, IngestBatch, LogLine, MetricPoint, Rollout, Status, TrainingRun
 from training.schemas import IngestBatchIn, IngestOut
 
 log = logging.getLogger(__name__)
@@ -38,9 +39,24 @@ def run_for_token(request: HttpRequest, run_id: int) -> TrainingRun:
     return run
 
 
-@router.post("/runs/{int:run_id}", response=IngestOut, openapi_extra=body_schema(IngestBatchIn))
+# After a run ends its engine may still be flushing: its last lines after a STOP (SIGTERM grace) or a
+# batch being retried. Past this window the attempt's reports are closed (409, nothing stored): a token
+# kept after the run must not add to, or publish a model for, a run that is over.
+LATE_REPORTS = timedelta(seconds=60)
+# What only a run that trained to its end produces; from a run that was stopped or failed it is refused.
+END_OF_TRAINING_KINDS = ("final", "adapter", "merged")
+
+
+def require_open(run: TrainingRun) -> None:
+    if run.status in TERMINAL_STATUSES and run.finished_at and timezone.now() - run.finished_at > LATE_REPORTS:
+        raise Conflict(f"Run {run.pk} is {run.status} since {run.finished_at:%Y-%m-%d %H:%M:%S} UTC: this attempt's reports are closed.", [
+            Finding("status", f"an engine reports until its run ends and for {LATE_REPORTS.seconds} s after; START the run again for a new attempt")])
+
+
+@router.post("/runs/{int:run_id}", response={200: IngestOut, 409: ErrorOut}, openapi_extra=body_schema(IngestBatchIn))
 def ingest(request: HttpRequest, run_id: int):
     run = run_for_token(request, run_id)
+    require_open(run)
     batch = parse_batch(request)
     try:
         with transaction.atomic():
@@ -86,16 +102,20 @@ def insert_metric_points(run_id: int, rows: list[tuple[int, str, float]]) -> Non
 
 def apply_batch(run: TrainingRun, batch: IngestBatchIn) -> None:
     """Call inside the transaction that recorded the batch id, so a batch lands whole or not at all."""
-    attempt = run.attempt
+    attempt, ended = run.attempt, run.status in TERMINAL_STATUSES
     insert_metric_points(run.pk, [(m.step, m.key, m.value) for m in batch.metrics])
-    LogLine.objects.bulk_create([LogLine(run=run, attempt=attempt, line=line) for line in batch.logs], batch_size=5000)
-    Rollout.objects.bulk_create([Rollout(run=run, **r.model_dump()) for r in batch.rollouts], batch_size=1000)
+    lines = list(batch.logs)
     for reported in batch.checkpoints:
+        if ended and run.status != Status.COMPLETED and reported.kind in END_OF_TRAINING_KINDS:
+            lines.append(f"[studio] a {reported.kind} checkpoint (step {reported.step}) reported after the run was {run.status} is not recorded")
+            continue
         record_checkpoint(run, Checkpoint.objects.create(run=run, attempt=attempt, **reported.model_dump()))
+    LogLine.objects.bulk_create([LogLine(run=run, attempt=attempt, line=line) for line in lines], batch_size=5000)
+    Rollout.objects.bulk_create([Rollout(run=run, **r.model_dump()) for r in batch.rollouts], batch_size=1000)
     changes = {"last_heartbeat_at": timezone.now()}
-    if batch.stage is not None:
+    if batch.stage is not None and not ended:  # a run that ended keeps the stage and progress it ended with
         changes["stage"] = batch.stage
-    if batch.progress is not None:
+    if batch.progress is not None and not ended:
         changes["progress"] = batch.progress
     TrainingRun.objects.filter(pk=run.pk).update(**changes)
     if batch.status:

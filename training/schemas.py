@@ -189,7 +189,8 @@ class IngestBatchIn(BaseModel):
     stage: str | None = Field(None, max_length=32)
     status: Literal["running", "completed", "failed"] | None = None
     error: IngestError | None = None
-    progress: dict[str, Any] | None = None
+    # step, max_steps, tokens_per_s, step_time_s, eta_s, mfu, gpu_memory_gb: numbers the run page shows
+    progress: dict[Annotated[str, Field(max_length=64)], int | float | None] | None = Field(None, max_length=64)
 
 
 class IngestOut(Schema):

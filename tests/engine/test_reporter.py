@@ -60,6 +60,17 @@ def test_forbidden_marks_superseded_and_stops_sending(ingest: IngestStub) -> Non
     assert n == 1 and len(ingest.attempts) == 1  # no retry of a 403, nothing after it
 
 
+def test_a_run_that_ended_a_while_ago_stops_the_reporter_like_a_superseded_attempt(ingest: IngestStub) -> None:
+    ingest.always = 409  # Studio closes an attempt's reports a minute after its run ended
+    rep = Reporter(ingest.url, TOKEN, flush_interval=0.05).start()
+    rep.log("still training")
+    assert _wait(rep.superseded.is_set)
+    rep.log("after")
+    time.sleep(0.3)
+    rep.close(timeout=1)
+    assert len(ingest.attempts) == 1
+
+
 def test_statuses_reported_while_a_batch_is_retried_all_arrive_in_order(ingest: IngestStub) -> None:
     # Ingest is slow to come up: "running" and then "completed" are both reported while the first
     # batch is still being retried. One batch carries one status, so the later one must not replace

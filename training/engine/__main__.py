@@ -1,6 +1,6 @@
 """`python -m training.engine --spec run.json`: run one training attempt and report it to Studio.
 
-Exit codes: 0 completed, 1 training failed (reported), 2 bad spec, 3 superseded (ingest said 401/403),
+Exit codes: 0 completed, 1 training failed (reported), 2 bad spec, 3 superseded (ingest said 401/403, or 409: its run ended),
 143 stopped by SIGTERM after flushing.
 """
 

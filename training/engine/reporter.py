@@ -4,7 +4,8 @@ Stdlib only (urllib), so it works in any container. One background thread owns t
 whatever is buffered every ``flush_interval`` seconds, and an empty batch at least every
 ``heartbeat_interval`` seconds so a long optimizer step still counts as alive. A batch that fails with a
 connection error or a 5xx is resent with the *same* batch_id (the server dedups), with exponential backoff.
-A 401/403 means this attempt was superseded: the reporter stops and the engine must exit.
+A 401/403 means this attempt was superseded, a 409 that its run ended a while ago: the reporter stops
+and the engine must exit.
 A batch too large for one request (a backlog left by an outage, a burst of long rollouts) goes as
 smaller batches, in order: resending it whole would be refused forever and starve the heartbeat.
 """
@@ -244,8 +245,8 @@ class Reporter:
             return "ok"
         except urllib.error.HTTPError as exc:
             self._last_post = time.monotonic()
-            if exc.code in (401, 403):
-                self._warn(f"reporter: ingest answered {exc.code}; this attempt was superseded")
+            if exc.code in (401, 403, 409):  # 409: the run ended a while ago and its reports are closed
+                self._warn(f"reporter: ingest answered {exc.code}; this attempt was superseded or its run has ended")
                 self.superseded.set()
                 return "superseded"
             if exc.code == 413:
