@@ -388,3 +388,32 @@ def test_a_child_run_resumes_only_from_its_parents_own_run_folder(api, tmp_path)
     assert f"step 3 of run {parent_id} is not a checkpoint folder of that run" in body["errors"][-1]["message"]
     fine = api.post(f"/api/training-runs/{parent_id}/checkpoints/6/resume").json()["id"]
     assert "resume_checkpoint" not in [e["field"] for e in start(api, fine).json().get("errors", [])]
+
+
+def test_a_resumed_run_trains_the_same_model_and_adapter_past_its_step(api, project, settings, tmp_path):
+    # A PATCH of the child's model or adapter failed the engine on a size mismatch; a max_steps at or
+    # below the step it resumes from trained nothing, "completed" and published a model.
+    from training.backends.local import run_dir
+    from training.models import Checkpoint
+
+    settings.STUDIO_RUNS_DIR = str(tmp_path / "runs")
+    parent_id = make_run(api, config={"max_steps": 30, "lora_rank": 8})
+    TrainingRun.objects.filter(pk=parent_id).update(status=Status.COMPLETED)
+    for step in (10, 30):
+        folder = run_dir(parent_id, 1) / f"checkpoint-{step}"
+        folder.mkdir(parents=True)
+        Checkpoint.objects.create(run_id=parent_id, attempt=1, step=step, path=str(folder))
+    last = api.post(f"/api/training-runs/{parent_id}/checkpoints/30/resume").json()["id"]
+    body = assert_start_refused(api, last, 422, "config.max_steps")
+    assert f"step 30 of run #{parent_id} is where this run starts, and max_steps is 30: raise max_steps above 30" in body["errors"][0]["message"]
+    assert api.patch(f"/api/training-runs/{last}", {"config": {"max_steps": 60}}).status_code == 200
+    assert start(api, last).status_code == 202
+
+    child = api.post(f"/api/training-runs/{parent_id}/checkpoints/10/resume").json()["id"]
+    assert api.patch(f"/api/training-runs/{child}", {"base_model": "org/other-model", "config": {"lora_rank": 16}}).status_code == 200
+    body = assert_start_refused(api, child, 422, "base_model")
+    found = {e["field"]: e["message"] for e in body["errors"]}
+    parent_model = TrainingRun.objects.get(pk=parent_id).base_model
+    assert f"step 10 of run #{parent_id} trained {parent_model}: set base_model back to it" in found["base_model"]
+    assert "saved an adapter with lora_rank 8: set it back, or start a new run with lora_rank 16" in found["config.lora_rank"]
+    assert TrainingRun.objects.get(pk=child).status == Status.QUEUED

@@ -186,10 +186,33 @@ def resume_findings(run: TrainingRun) -> list[Finding]:
     path on this machine, and an engine can report any path: only a folder inside the parent
     attempt's own run folder is resumed from (training.backends.local.checkpoint_dir)."""
     checkpoint = run.resume_checkpoint if run.resume_checkpoint_id else None
-    if checkpoint is None or (run.compute or {}).get("backend", "local") != "local" or checkpoint_dir(checkpoint) is not None:
+    if checkpoint is None:
         return []
-    return [Finding("resume_checkpoint", f"step {checkpoint.step} of run {checkpoint.run_id} is not a checkpoint folder of that run on this machine "
-                                         f"({checkpoint.path}): resume from another step, or start a new run")]
+    findings = resumed_shape_findings(run, checkpoint)
+    if (run.compute or {}).get("backend", "local") == "local" and checkpoint_dir(checkpoint) is None:
+        findings.append(Finding("resume_checkpoint", f"step {checkpoint.step} of run {checkpoint.run_id} is not a checkpoint folder of that run on this machine "
+                                                     f"({checkpoint.path}): resume from another step, or start a new run"))
+    return findings
+
+
+def resumed_shape_findings(run: TrainingRun, checkpoint: Checkpoint) -> list[Finding]:
+    """A resumed run continues the saved step's weights and optimizer: it must train the same model
+    with the same adapter (a PATCH of either failed the engine on a size mismatch), and go past that
+    step (a max_steps at or below it trained nothing and still published a model)."""
+    findings: list[Finding] = []
+    what = f"step {checkpoint.step} of run #{checkpoint.run_id}"
+    parent = TrainingRun.objects.filter(pk=checkpoint.run_id).only("base_model", "config").first()
+    if parent is not None:
+        if (run.base_model or "") != (parent.base_model or ""):
+            findings.append(Finding("base_model", f"{what} trained {parent.base_model}: set base_model back to it, or start a new run to train {run.base_model or 'another model'}"))
+        mine, theirs = run.config or {}, parent.config or {}
+        for key in ("lora_rank", "load_in_4bit"):
+            if mine.get(key) != theirs.get(key):
+                findings.append(Finding(f"config.{key}", f"{what} saved an adapter with {key} {theirs.get(key)}: set it back, or start a new run with {key} {mine.get(key)}"))
+    max_steps = (run.config or {}).get("max_steps")
+    if isinstance(max_steps, int) and max_steps <= checkpoint.step:
+        findings.append(Finding("config.max_steps", f"{what} is where this run starts, and max_steps is {max_steps}: raise max_steps above {checkpoint.step} to train further"))
+    return findings
 
 
 def start_run(run: TrainingRun) -> TrainingRun:
