@@ -108,6 +108,18 @@ def test_trl_fields_the_studio_sets_itself_are_refused_naming_what_to_do(api, me
     assert "output_dir" not in TrainingRun.objects.get(pk=run["id"]).config
 
 
+@pytest.mark.parametrize(("method", "key", "use"), [
+    ("grpo", "max_completion_length", "max_response_length"), ("grpo", "num_generations", "rollouts_per_prompt"), ("grpo", "beta", "kl_coef"),
+    ("dpo", "beta", "loss.dpo_beta"), ("sft", "num_train_epochs", "num_epochs"), ("distill", "use_liger_kernel", "use_liger"),
+])
+def test_trl_fields_set_from_a_studio_key_are_refused_naming_the_key(api, method, key, use):
+    # GRPO's max_completion_length beside max_response_length: the rollouts used one, the trainer the other.
+    extra = {"grpo": {"environment_id": "builtin/arith@main"}, "dpo": {"loss": {"type": "dpo"}, "lora_rank": 8},
+             "distill": {"distillation": {"teacher_model": "org/teacher"}}}.get(method, {})
+    body = assert_refused(api, 400, f"config.{key}", method=method, config={**extra, key: 4})
+    assert f"sets TRL's {key} from {use}: use {use} instead" in body["errors"][0]["message"]
+
+
 def test_unknown_key_inside_method_block_is_refused(api):
     assert_refused(api, 400, "config.loss.gamma", method="dpo", config={"loss": {"type": "dpo", "gamma": 1}})
 

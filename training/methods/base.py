@@ -107,10 +107,20 @@ class Draft:
     memo: dict = field(default_factory=dict, repr=False, compare=False)
 
 
+# TRL fields the engine sets from a Studio key: passed through as well, one overrode the other and the
+# run trained with a mix (GRPO's max_completion_length beside max_response_length was ignored by the
+# rollouts and obeyed by the trainer). Each is refused naming the key to use.
+TRL_ALIASES = {
+    "num_train_epochs": "num_epochs", "use_liger_kernel": "use_liger", "activation_checkpointing": "gradient_checkpointing",
+    "save_strategy": "save_steps", "use_cpu": "compute.accelerators",
+}
+
+
 class TrainingMethod:
     name: ClassVar[str]
     label: ClassVar[str]
     trl_config: ClassVar[str]
+    trl_aliases: ClassVar[dict[str, str]] = {}  # the method's own, beside TRL_ALIASES
     keys: ClassVar[dict[str, Key]] = {}
     needs_dataset: ClassVar[bool] = True
     # option → the defaults it implies, filled in while the option is on (GRPO: use_unsloth's
@@ -132,6 +142,8 @@ class TrainingMethod:
                 findings.extend(known[name].check(f"config.{name}", value))
             elif name in STUDIO_MANAGED:
                 findings.append(Finding(f"config.{name}", f"the Studio sets this itself: {STUDIO_MANAGED[name]}; remove it"))
+            elif name in (aliases := {**TRL_ALIASES, **self.trl_aliases}):
+                findings.append(Finding(f"config.{name}", f"{self.label} sets TRL's {name} from {aliases[name]}: use {aliases[name]} instead"))
             elif name not in passthrough:
                 findings.append(
                     Finding(

@@ -21,6 +21,7 @@ class DPO(TrainingMethod):
     name = "dpo"
     label = "DPO"
     trl_config = "DPOConfig"
+    trl_aliases = {"beta": "loss.dpo_beta"}
     keys = {"loss": Key("block", block=LOSS_KEYS)}
 
     def create_findings(self, draft: Draft) -> list[Finding]:

@@ -33,6 +33,7 @@ class GRPO(TrainingMethod):
     name = "grpo"
     label = "GRPO"
     trl_config = "GRPOConfig"
+    trl_aliases = {"num_generations": "rollouts_per_prompt", "max_completion_length": "max_response_length", "beta": "kl_coef"}
     needs_dataset = False  # prompts come from the environment or from ruler_task_args
     implied_defaults = {"use_unsloth": {"max_prompt_length": 1024}}
     keys = {
