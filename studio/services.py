@@ -62,6 +62,9 @@ def create_api_token(user, project: Project, *, name: str = "") -> tuple[ApiToke
     """Make a token for `user` in `project`; returns the row and the plaintext (shown once)."""
     if not Membership.objects.filter(project=project, user=user).exists():
         raise BadRequest(errors=[Finding("user", f"{user} is not a member of project {project.slug}")])
+    limit = ApiToken._meta.get_field("name").max_length
+    if len(name) > limit:
+        raise BadRequest(errors=[Finding("name", f"a token's name has at most {limit} characters; this one has {len(name)}")])
     plaintext = crypto.new_token(TOKEN_PREFIX)
     token = ApiToken.objects.create(
         project=project, user=user, name=name, prefix=plaintext[:10], token_hash=crypto.hash_token(plaintext)
@@ -126,4 +129,4 @@ def get_user(username: str):
     try:
         return User.objects.get(username=username)
     except User.DoesNotExist as exc:
-        raise NotFound(f"No user named {username!r}.") from exc
+        raise NotFound(f"No user named {username!r}: create it first (manage.py createuser {username}).") from exc

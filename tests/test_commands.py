@@ -52,10 +52,59 @@ def test_createplan_again_updates_the_plan(db):
 
 
 @pytest.mark.parametrize("option", ["--max-gpus", "--max-concurrent-runs"])
-def test_createplan_with_a_negative_limit_is_a_command_error(db, option):
+@pytest.mark.parametrize("value", ["-1", "99999999999999999999"])  # the second was an OverflowError traceback
+def test_createplan_with_a_limit_out_of_range_is_a_command_error(db, option, value):
     with pytest.raises(CommandError, match=option.lstrip("-").replace("-", "[-_ ]")):
-        run("createplan", "pro", option, "-1")
+        run("createplan", "pro", option, value)
     assert not Plan.objects.filter(name="pro").exists()
+
+
+def test_createplan_on_an_existing_plan_changes_only_what_it_is_given(db):
+    # `createplan team --no-training` reset the team's 4 concurrent runs to the default 2.
+    run("createplan", "team", "--max-concurrent-runs", "4", "--max-gpus", "16")
+    output = run("createplan", "team", "--no-training")
+    plan = Plan.objects.get(name="team")
+    assert (plan.includes_training, plan.max_concurrent_runs, plan.max_gpus_per_run) == (False, 4, 16)
+    assert "plan team updated: training=no, 4 concurrent run(s), 16 GPU(s) per run" in output
+    run("createplan", "team", "--training")
+    assert Plan.objects.get(name="team").includes_training is True
+    with pytest.raises(CommandError):
+        run("createplan", "team", "--training", "--no-training")
+
+
+@pytest.mark.parametrize("name", ["", "bad name!!", "Team", "x" * 65])
+def test_createplan_with_a_bad_name_is_a_command_error(db, name):
+    with pytest.raises(CommandError, match="is not a plan name"):
+        run("createplan", name)
+    assert not Plan.objects.exists()
+
+
+# ---- createuser ----------------------------------------------------------------------------------
+
+def test_createuser_makes_a_user_who_can_log_in_and_the_readme_chain_works(db, monkeypatch):
+    # The README's Administration commands began with `createproject acme --owner alice`, and no
+    # command made alice: "No user named 'alice'", and every command after it failed too.
+    monkeypatch.setenv("STUDIO_USER_PASSWORD", "a long enough password")
+    assert "user alice created" in run("createuser", "alice", "--email", "alice@example.com")
+    assert Client().login(username="alice", password="a long enough password")
+    user = get_user_model().objects.get(username="alice")
+    assert not user.is_staff and not user.is_superuser
+    run("createplan", "team", "--max-concurrent-runs", "4", "--max-gpus", "8")
+    run("createproject", "acme", "--owner", "alice", "--plan", "team")
+    token = run("createapitoken", "alice", "--project", "acme").strip().splitlines()[-1]
+    assert Api(Client(), token).get("/api/training-runs").status_code == 200
+    with pytest.raises(CommandError, match="exists already"):
+        run("createuser", "alice")
+    monkeypatch.setenv("STUDIO_USER_PASSWORD", "short")
+    with pytest.raises(CommandError, match="that password will not do"):
+        run("createuser", "bob")
+    with pytest.raises(CommandError, match="is not a username"):
+        run("createuser", "no spaces!")
+
+
+def test_a_command_naming_a_user_who_does_not_exist_says_how_to_make_one(db):
+    with pytest.raises(CommandError, match=r"create it first \(manage.py createuser alice\)"):
+        run("createproject", "acme", "--owner", "alice")
 
 
 # ---- createproject -------------------------------------------------------------------------------
@@ -142,6 +191,13 @@ def test_createapitoken_unknown_user_is_a_command_error(alice):
     run("createproject", "acme", "--owner", "alice")
     with pytest.raises(CommandError, match="bob"):
         run("createapitoken", "bob", "--project", "acme")
+    assert not ApiToken.objects.exists()
+
+
+def test_createapitoken_with_an_overlong_name_is_a_command_error(alice):
+    run("createproject", "acme", "--owner", "alice")
+    with pytest.raises(CommandError, match="at most 100 characters; this one has 500"):
+        run("createapitoken", "alice", "--project", "acme", "--name", "n" * 500)
     assert not ApiToken.objects.exists()
 
 

@@ -45,4 +45,5 @@ class Command(BaseCommand):
             _, plaintext = create_api_token(user, project, name="demo")
             (settings.VAR_DIR / "demo-token").write_text(plaintext + "\n")
             self.stdout.write(f"API token for project demo (also in var/demo-token): {plaintext}")
-        self.stdout.write(f"Log in at http://127.0.0.1:8000/admin/ as {username} / {password}; API docs at /api/docs")
+        base = f"http://{os.environ.get('STUDIO_ADDR', '127.0.0.1:8000')}"  # where runstudio serves
+        self.stdout.write(f"Log in at {base}/ as {username} / {password}; the admin console for plans is {base}/admin/, the API docs {base}/api/docs")
