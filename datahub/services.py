@@ -193,10 +193,13 @@ def checkpoint_prefix(checkpoint, earlier_merge: bool) -> str:
 
 
 def is_earlier_merge(checkpoint, last_step: int | None = None) -> bool:
-    """A merged checkpoint of a step before the run's highest checkpoint step (`last_step` when the
-    caller already knows it)."""
+    """A merged checkpoint a person asked for (Merge), or, for one recorded before merges said so, of
+    a step before the run's highest checkpoint step (`last_step` when the caller already knows it).
+    By the step alone, a Merge of the newest step of a run still training read as the run's result."""
     if checkpoint.kind != "merged":
         return False
+    if checkpoint.requested:
+        return True
     if last_step is None:
         from django.db.models import Max
 

@@ -101,7 +101,7 @@ def _merge(checkpoint: Checkpoint) -> Checkpoint | None:
         tail = (done.stdout + done.stderr).strip().splitlines()[-5:]
         add_log(run, f"[studio] merge of step {checkpoint.step} failed: " + " | ".join(tail))
         return None
-    merged = Checkpoint.objects.create(run=run, attempt=checkpoint.attempt, step=checkpoint.step, kind="merged", path=str(out))
+    merged = Checkpoint.objects.create(run=run, attempt=checkpoint.attempt, step=checkpoint.step, kind="merged", path=str(out), requested=True)
     record_checkpoint(run, merged)
     add_log(run, f"[studio] step {checkpoint.step} merged into the base: {out}")
     return merged

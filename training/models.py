@@ -151,6 +151,10 @@ class Checkpoint(models.Model):
     # Set while a merge of this step is queued or running (training.checkpoints); in the request's
     # transaction, so a request that rolls back leaves no mark behind.
     merge_requested_at = models.DateTimeField(null=True, blank=True)
+    # A merged checkpoint a person asked for (Merge on the Checkpoints tab), not the engine's own
+    # result: it goes beside its step on the run's branch and never onto the Models page, also while
+    # the run is still training and that step is its newest.
+    requested = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["step", "id"]

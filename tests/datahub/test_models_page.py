@@ -81,3 +81,30 @@ def test_models_page_lists_the_model_for_members_only(project, users, final_chec
     assert name not in outsider
     assert browser(users["outsider"]).get(f"/hub/acme/{name}").status_code == 404
     assert Client().get("/models/").status_code == 302
+
+
+def test_a_merge_of_the_newest_step_of_a_run_still_training_lands_beside_that_step(project, users, final_checkpoint):
+    # By the step alone, a Merge of step 100 while 100 was the newest read as the run's own result:
+    # it went into merged/ (overwritten at the end), onto the Models page, and its Download never worked.
+    run = final_checkpoint.run
+    Checkpoint.objects.filter(pk=final_checkpoint.pk).delete()
+    run.status = "running"
+    run.save(update_fields=["status"])
+    step = run_dir(run.pk, 1) / "output" / "checkpoint-100"
+    merged_dir = run_dir(run.pk, 1) / "output" / "merged-step-100"
+    for folder in (step, merged_dir):
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text('{"model_type": "llama"}')
+    Checkpoint.objects.create(run=run, attempt=1, step=100, kind="checkpoint", path=str(step))
+    merged = Checkpoint.objects.create(run=run, attempt=1, step=100, kind="merged", path=str(merged_dir), requested=True)
+    services.commit_checkpoint(merged.pk)
+    files = repos.tree(repos.resolve(repos.find_repo(project, "experiment-default"), f"run-{run.pk}"))
+    assert "checkpoints/step-100/merged/config.json" in files and not any(path.startswith("merged/") for path in files)
+    assert not Repo.objects.filter(project=project, type="model").exists()
+    page = browser(users["owner"]).get(f"/training/runs/{run.pk}/checkpoints/").content.decode()
+    assert "commit pending" not in page and "checkpoints/step-100/merged" in page
+    # The engine's own merge at the run's last step is still the run's result.
+    final = Checkpoint.objects.create(run=run, attempt=1, step=100, kind="merged", path=str(merged_dir))
+    services.commit_checkpoint(final.pk)
+    assert "merged/config.json" in repos.tree(repos.resolve(repos.find_repo(project, "experiment-default"), f"run-{run.pk}"))
+    assert Repo.objects.filter(project=project, type="model").exists()
