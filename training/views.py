@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import OrderedDict
+from datetime import timedelta
 from typing import Any
 from urllib.parse import urlencode
 
@@ -16,6 +17,7 @@ from django.db.models import Q
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseNotFound
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.html import format_html
 from django.views.decorators.http import require_GET, require_POST
 
@@ -28,6 +30,7 @@ from studio.errors import ApiError, Conflict, Forbidden, PaymentRequired, Unproc
 from studio.parsing import ascii_int
 from studio.views import errors_by_field, studio_page, web_actor
 from training import checkpoints, forms, services
+from training.backends.local import checkpoint_dir
 from training.compute import accelerators_of
 from training.fit_report import fit_report, form_fit_report
 from training.methods import distill as distill_method
@@ -410,10 +413,15 @@ def tab_context(request: HttpRequest, run: TrainingRun, tab: str) -> dict[str, A
         saved = list(Checkpoint.objects.filter(run=run))
         last_step = max((c.step for c in saved), default=0)
         prefixes = {c.pk: hub.checkpoint_prefix(c, hub.is_earlier_merge(c, last_step)) for c in saved}
+        committed, branch_gone, merging = committed_prefixes(run, set(prefixes.values())), not branch_exists(run), checkpoints.merging_steps(saved)
+        # New steps while it trains, a merge in flight, a commit that lands in a moment: the table follows
+        # them. Only a step whose folder is on this machine gets committed, and within minutes.
+        recent = timezone.now() - timedelta(minutes=5)
+        pending = not branch_gone and any(prefixes[c.pk] not in committed and c.created_at > recent and checkpoint_dir(c) is not None for c in saved)
         context.update(
-            checkpoints=saved, prefixes=prefixes, committed=committed_prefixes(run, set(prefixes.values())),
-            branch_gone=not branch_exists(run),
-            merged_steps={c.step for c in saved if c.kind == "merged"}, merging_steps=checkpoints.merging_steps(saved),
+            checkpoints=saved, prefixes=prefixes, committed=committed, branch_gone=branch_gone,
+            merged_steps={c.step for c in saved if c.kind == "merged"}, merging_steps=merging, refreshing=bool(merging) or is_live(run) or pending,
+            save_steps=config.get("save_steps"), live=is_live(run),
             lora=config.get("lora_rank") is not None or bool(config.get("lora")), writable=web_actor(request).can_write(run.project),
         )
     elif tab == "lineage":
@@ -720,7 +728,7 @@ def merge_checkpoint(request: HttpRequest, run_id: int, step: int) -> HttpRespon
     run = get_run_for(web_actor(request), run_id, write=True)
     try:
         checkpoints.request_merge(run, checkpoints.checkpoint_of(run, step))
-        messages.info(request, f"Merging step {step} into the base: it appears here as a merged checkpoint when done.")
+        messages.info(request, f"Merge of step {step} into the base requested: the table below says Merging… until it is done, then lists it as a merged checkpoint.")
     except ApiError as exc:
         messages.error(request, exc.detail)
     return redirect("training:run_tab", run_id=run.pk, tab="checkpoints")

@@ -496,6 +496,30 @@ def test_checkpoints_tab_links_committed_folders_and_shows_the_merge_state(proje
     assert 'data-testid="merged-3"' in poll and "/checkpoints/3/merge" not in poll and "/checkpoints/6/merge" in poll
 
 
+def test_the_checkpoints_table_follows_a_run_while_it_trains_and_a_commit_about_to_land(project, users, tmp_path, settings):
+    from datahub import services as hub
+    from training.backends.local import run_dir
+
+
+    # It refreshed only during a merge: new steps and their Download links needed a reload.
+    settings.STUDIO_RUNS_DIR = tmp_path / "runs"
+    run = make_run(project, users["owner"], "sft", dataset="org/data", config={"save_steps": 40})
+    client, url = client_for(users["owner"]), f"/training/runs/{run.pk}/checkpoints/"
+    assert "every 3s" not in client.get(url).content.decode()  # queued: nothing to follow
+    TrainingRun.objects.filter(pk=run.pk).update(status=Status.RUNNING)
+    html = client.get(url).content.decode()
+    assert 'hx-trigger="every 3s"' in html and "No checkpoints yet: one is saved every 40 steps." in html
+    TrainingRun.objects.filter(pk=run.pk).update(status=Status.COMPLETED)
+    folder = run_dir(run.pk, 1) / "output" / "checkpoint-40"
+    folder.mkdir(parents=True)
+    (folder / "model.safetensors").write_bytes(b"weights")
+    saved = Checkpoint.objects.create(run=run, attempt=1, step=40, kind="checkpoint", path=str(folder))
+    assert 'hx-trigger="every 3s"' in client.get(url).content.decode()  # its commit is on its way
+    hub.commit_checkpoint(saved.pk)
+    poll = client.get(url, HTTP_HX_REQUEST="true", HTTP_HX_TARGET="checkpoint-table").content.decode()
+    assert "?path=checkpoints/step-40" in poll and "every 3s" not in poll
+
+
 @pytest.mark.parametrize("end", [Status.FAILED, Status.CANCELLED])
 def test_a_run_that_ended_before_training_shows_how_long_it_went(project, users, end):
     from datetime import timedelta
