@@ -74,6 +74,9 @@ METHOD_DEFAULTS: dict[str, dict[str, Any]] = {
              "config.judge.mode": "external"},
 }
 
+# What a blank learning rate trains at: TRL's default for the method's config (the engine's for GRPO).
+LEARNING_RATE_DEFAULTS = {"sft": "2e-5", "dpo": "1e-6", "grpo": "1e-6", "distill": "2e-5"}
+
 # GRPO's "Quick try" preset: seed 002's defaults (8 × up-to-2048-token rollouts) take minutes a step on a
 # CPU. These finish 40 steps on the tiny demo model in seconds, and with a full fine-tune the arith reward
 # rises from ≈ 0.15 to ≈ 0.5 (tests/test_local_training.py). With LoRA it stays flat there: the demo

@@ -249,6 +249,8 @@ def form_context(request: HttpRequest, project, values: dict[str, Any], errors: 
         "section": "training", "project": project, "run": run,
         "form": {"values": values, "errors": errors or {}},
         "method": method,
+        "lr_default": forms.LEARNING_RATE_DEFAULTS.get(method, ""),
+        "lr_help": f"Blank trains at {forms.LEARNING_RATE_DEFAULTS.get(method, '')}, the default for {method.upper()}.",
         "rl_mode": values.get("config.rl_mode") or "environment",
         "experiments": [("", "Project default")] + [(str(e.pk), e.name) for e in Experiment.objects.filter(project=project).order_by("name")],
         "choices": {"method": forms.METHOD_CHOICES, "precision": forms.PRECISION_CHOICES, "backend": forms.BACKEND_CHOICES,

@@ -408,7 +408,12 @@ def test_switching_the_method_away_and_back_keeps_what_was_typed_in_its_card(own
     page = owner_page
     page.goto("/training/new/")
     picker = page.get_by_label("Method", exact=True)
+    expect(page.get_by_label("Learning rate")).to_have_attribute("placeholder", "2e-5")
     picker.select_option("dpo")
+    # A blank learning rate trains at the method's default, which the field now says (it showed 2e-4 for all).
+    expect(page.get_by_label("Learning rate")).to_have_attribute("placeholder", "1e-6")
+    expect(page.get_by_label("Learning rate")).to_have_accessible_description(re.compile("Blank trains at 1e-6, the default for DPO"))
+    page.get_by_label("Max steps").fill("12")
     page.get_by_label("β (dpo_beta)").fill("0.3")
     page.get_by_label("Reference-free (score without a frozen reference copy)").check()
     picker.select_option("sft")
@@ -418,6 +423,7 @@ def test_switching_the_method_away_and_back_keeps_what_was_typed_in_its_card(own
     expect(page.locator("#method-fields")).to_have_attribute("data-method", "dpo")
     expect(page.get_by_label("β (dpo_beta)")).to_have_value("0.3")  # was back to the default 0.1
     expect(page.get_by_label("Reference-free (score without a frozen reference copy)")).to_be_checked()
+    expect(page.get_by_label("Max steps")).to_have_value("12")  # the training card, swapped with the method, keeps it
     # What the SFT card does not show is not part of an SFT run.
     picker.select_option("sft")
     fill_common(page, "carried")
