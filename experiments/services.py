@@ -36,10 +36,12 @@ def create_experiment(project: Project, name: str) -> Experiment:
         with transaction.atomic():
             experiment = Experiment.objects.create(project=project, name=name, slug=slug)
     except IntegrityError as exc:
-        cut = " (names are told apart by the first 100 characters of their slug)" if len(slugify(name)) > 100 else ""
+        # Names are told apart by their slug: "bad name?" clashes with "bad name!", which the list shows by name.
+        existing = Experiment.objects.filter(project=project, slug=slug).values_list("name", flat=True).first() or slug
+        cut = ", the first 100 characters of both slugs" if len(slugify(name)) > 100 else ""
         raise Conflict(
-            f"Project {project.slug} already has an experiment {slug!r}{cut}.",
-            [Finding("name", "choose another name, or use the existing experiment")],
+            f"Project {project.slug} already has an experiment {existing!r}, whose slug {slug!r} this name shares{cut}.",
+            [Finding("name", f"choose a name that differs in letters or digits, or use the existing experiment {existing!r}")],
         ) from exc
     provision_experiment_repo(experiment)
     return experiment

@@ -116,6 +116,8 @@ def run_charts(run: TrainingRun) -> list[dict[str, Any]]:
     for i, (title, ks) in enumerate(spec):
         chart = align(OrderedDict((k, data.get(k, [])) for k in ks))
         chart.update(id=f"chart-{i}", title=title, empty=not chart["x"])
+        if chart["empty"] and ks == ["kl"] and not (run.config or {}).get("kl_coef"):
+            chart["empty_note"] = "No KL: it is measured against a reference model, which a run with kl_coef 0 does not load."
         charts.append(chart)
     return charts
 

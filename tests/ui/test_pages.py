@@ -248,7 +248,11 @@ def test_experiment_create_via_htmx_and_compare_page(project, users):
     assert long.status_code == 400 and "at most 200 characters; this one has 300" in long.content.decode()
     assert client.post("/experiments/create", {"name": "y" * 150 + "a"}, HTTP_HX_REQUEST="true").status_code == 201
     cut = client.post("/experiments/create", {"name": "y" * 150 + "b"}, HTTP_HX_REQUEST="true")
-    assert cut.status_code == 409 and "first 100 characters of their slug" in cut.content.decode()
+    assert cut.status_code == 409 and "the first 100 characters of both slugs" in cut.content.decode()
+    # A clash names the experiment the list shows, not a slug nobody typed.
+    client.post("/experiments/create", {"name": "bad name!"}, HTTP_HX_REQUEST="true")
+    clash = client.post("/experiments/create", {"name": "bad name?"}, HTTP_HX_REQUEST="true").content.decode()
+    assert "already has an experiment &#x27;bad name!&#x27;, whose slug &#x27;bad-name&#x27; this name shares" in clash
     experiment = project.experiments.get(slug="tone-sweep")
     run = make_run(project, users["owner"], "sft", experiment=experiment.pk)
     MetricPoint.objects.bulk_create([MetricPoint(run=run, key="loss", step=s, value=2.0 - s / 100) for s in range(50)])
@@ -648,3 +652,12 @@ def test_a_viewer_is_told_why_new_run_is_not_for_them_on_a_studio_page(project, 
     assert 'href="/training/"' in html and "Log out" in html  # the Studio's page, with its navigation
     missing = client.get("/no/such/page/")
     assert missing.status_code == 404 and "There is nothing at this address." in missing.content.decode()
+
+
+def test_a_grpo_run_without_kl_says_why_its_kl_chart_is_empty(project, users):
+    run = make_run(project, users["owner"], "grpo")  # kl_coef 0, seed 002's default
+    MetricPoint.objects.create(run=run, key="reward", step=1, value=0.5)
+    html = client_for(users["owner"]).get(f"/training/runs/{run.pk}/").content.decode()
+    assert "No KL: it is measured against a reference model, which a run with kl_coef 0 does not load." in html
+    with_kl = make_run(project, users["owner"], "grpo", name="with kl", config={**METHOD_BODIES["grpo"]["config"], "kl_coef": 0.05})
+    assert "No KL:" not in client_for(users["owner"]).get(f"/training/runs/{with_kl.pk}/").content.decode()
