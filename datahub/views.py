@@ -101,13 +101,18 @@ def repo_tree(request: HttpRequest, namespace: str, name: str, revision: str | N
     return render(request, "datahub/repo.html", context, status=404 if context["missing"] else 200)
 
 
+def natural_key(name: str) -> list:
+    """checkpoints/step-40 before step-120: the digits in a name compare as numbers."""
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part.lower()) for part in re.split(r"(\d+)", name) if part]
+
+
 def tree_context(request: HttpRequest, repo: Repo, revision: str, path: str = "", **forms: dict) -> dict:
     """The Files tab at `revision` (under folder `path`), with the writer's Upload and Delete forms
     (`forms` gives a refused one its values and findings)."""
     commit = resolve(repo, revision)
     prefix = page_path(path.strip("/")) + "/" if path.strip("/") else ""
     files, folders = [], set()
-    for path_, blob in sorted(tree(commit).items()):
+    for path_, blob in sorted(tree(commit).items(), key=lambda item: natural_key(item[0])):
         if not path_.startswith(prefix):
             continue
         rest = path_[len(prefix):]
@@ -131,7 +136,7 @@ def tree_context(request: HttpRequest, repo: Repo, revision: str, path: str = ""
     upload = {"values": {"branch": revision if revision in names else repo.default_branch, "folder": prefix.rstrip("/")}, "errors": {}}
     return {
         "section": "hub", "repo": repo, "tab": "files", "revision": revision, "commit": commit, "prefix": prefix.rstrip("/"),
-        "crumbs": crumbs, "folders": [{"path": f, "name": f.rsplit("/", 1)[-1]} for f in sorted(folders)], "files": files,
+        "crumbs": crumbs, "folders": [{"path": f, "name": f.rsplit("/", 1)[-1]} for f in sorted(folders, key=natural_key)], "files": files,
         "missing": missing, "branches": branches, "tags": list(Tag.objects.filter(repo=repo)),
         "writable": web_actor(request).can_write(repo.project), "branch_names": names,
         "files_help": f"One or more files, committed together; at most {settings.DATA_UPLOAD_MAX_NUMBER_FILES} at a time (the upload API takes more).",

@@ -103,3 +103,14 @@ def test_repo_tabs_are_a_list_like_the_other_pages_tabs_with_the_current_one_mar
         assert [label for _, _, label in items][:2] == ["Files", "Commits"], (url, nav.group(1))
         assert [label for _, marked, label in items if marked] == [current], (url, nav.group(1))
         assert all(href.startswith("/hub/acme/prefs") for href, _, _ in items), items
+
+
+def test_folders_and_files_with_numbers_list_in_number_order(browser, project):
+    # checkpoints/ listed step-120 … step-320, then step-40 and step-80 (text order).
+    repo = repos.create_repo(project, "steps", "model")
+    commits.commit_files(repo, "main", {f"checkpoints/step-{n}/w.bin": b"w" for n in (320, 40, 120, 80)} | {f"logs/part-{n}.txt": b"l" for n in (10, 9)}, "steps")
+    c = browser("viewer")
+    page = c.get("/hub/acme/steps/tree/main/checkpoints").content.decode()
+    assert re.findall(r"step-(\d+)/</a>", page) == ["40", "80", "120", "320"]
+    page = c.get("/hub/acme/steps/tree/main/logs").content.decode()
+    assert page.index("part-9.txt") < page.index("part-10.txt")
