@@ -383,3 +383,15 @@ def file_response(request: HttpRequest, entry: TreeEntry, commit: Commit) -> Htt
 def _raw(opened):
     """The plain file under Django's File wrapper, so the WSGI server can use sendfile."""
     return getattr(opened, "file", opened)
+
+
+READ_ONLY = ("The Studio's Data Hub speaks the Hugging Face Hub's read API only (downloads, listings, refs). "
+             "To write, use the Studio's REST API: POST /api/hub/repos to create a repo, POST /api/hub/repos/<name>/uploads "
+             "to upload files, POST /api/hub/repos/<name>/branches and /tags for refs (see /api/docs), or the repo page's Upload.")
+
+
+@csrf_exempt
+def not_served(request: HttpRequest, **kwargs) -> HttpResponse:
+    """Any other Hub API call (a huggingface_hub write: create_repo, upload_folder, create_branch;
+    whoami): a bare 404 read as "repository not found"; this says what the Hub here does and does not."""
+    return HubError(405 if request.method != "GET" else 404, None, READ_ONLY, message_header=READ_ONLY).response()

@@ -343,3 +343,19 @@ def test_list_repo_refs_and_commits_with_huggingface_hub(transactional_db, live_
     assert [c.commit_id for c in api.list_repo_commits("acme/tiny-llama", revision="v1")][0] == first.pk
     with pytest.raises(RevisionNotFoundError):
         api.list_repo_commits("acme/tiny-llama", revision="no-such-branch")
+
+
+def test_a_hub_write_through_huggingface_hub_says_where_writes_go(transactional_db, live_server, model_repo, tokens, tmp_path):
+    # create_branch, upload_file, create_repo were a bare 404 ("repository not found"), whoami a JSON error.
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError
+
+    api = HfApi(endpoint=f"{live_server.url}/hub", token=tokens["owner"])
+    (tmp_path / "x.txt").write_text("x")
+    for call in (lambda: api.create_branch("acme/tiny-llama", branch="dev"),
+                 lambda: api.upload_file(path_or_fileobj=str(tmp_path / "x.txt"), path_in_repo="x.txt", repo_id="acme/tiny-llama"),
+                 lambda: api.create_repo("acme/new-one"), api.whoami):
+        with pytest.raises(HfHubHTTPError) as caught:
+            call()
+        assert "read API only" in str(caught.value) and "/api/hub/repos/<name>/uploads" in str(caught.value), caught.value
+    assert list(api.list_repo_files("acme/tiny-llama"))  # reads still work
