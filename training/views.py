@@ -552,7 +552,8 @@ def lineage_of(run: TrainingRun) -> list[dict[str, Any]]:
         items.append({"role": "Teacher (distilled from)", "ref": teacher, "kind": ref_kind(teacher), "pinned": pinned_of(run, "config.distillation.teacher_model")})
     if run.parent_id:
         step = run.resume_checkpoint.step if run.resume_checkpoint_id else "?"
-        items.append({"role": f"Resumed from (step {step})", "ref": f"run {run.parent_id}: {run.parent.name}", "kind": "", "pinned": None})
+        items.append({"role": f"Resumed from (step {step})", "ref": f"run #{run.parent_id}: {run.parent.name}", "kind": "run", "pinned": None,
+                      "url": reverse("training:run", args=[run.parent_id])})
     mark_deleted_repos(run, items)
     repo_name, branch = hub.experiment_repo_name(run.experiment), hub.run_branch_name(run)
     there = Branch.objects.filter(repo__project_id=run.project_id, repo__name=repo_name, name=branch).exists()

@@ -77,6 +77,7 @@ def test_models_page_lists_the_model_for_members_only(project, users, final_chec
     html = page.content.decode()
     assert f"acme/{name}" in html and f"/hub/acme/{name}" in html
     assert "org/base" in html and f"/training/runs/{run.pk}/" in html
+    assert "<td>SFT</td>" in html  # the method as every other page names it (it said "sft")
     outsider = browser(users["outsider"]).get("/models/").content.decode()
     assert name not in outsider
     assert browser(users["outsider"]).get(f"/hub/acme/{name}").status_code == 404

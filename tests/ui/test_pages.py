@@ -414,6 +414,14 @@ def test_hub_refs_link_to_the_hub_browser(project, users):
     assert 'href="/hub/acme/my-data/tree/main"' in client.get(f"/training/runs/{run.pk}/datasets/").content.decode()
     lineage = client.get(f"/training/runs/{run.pk}/lineage/").content.decode()
     assert f"run-{run.pk}" in lineage and "/hub/acme/experiment-default/tree/run-" in lineage
+    # A resumed run's lineage links the run it came from (it was plain text).
+    from training.models import Checkpoint
+
+    step = Checkpoint.objects.create(run=run, attempt=1, step=4, kind="checkpoint", path="/tmp/nowhere")
+    child = make_run(project, users["owner"], "sft", name="child", dataset="my-data@main")
+    TrainingRun.objects.filter(pk=child.pk).update(parent=run, resume_checkpoint=step)
+    lineage = client.get(f"/training/runs/{child.pk}/lineage/").content.decode()
+    assert f'<a href="/training/runs/{run.pk}/">run #{run.pk}: {run.name}</a>' in lineage and "Studio run" in lineage
 
 
 @pytest.fixture
