@@ -126,6 +126,8 @@ def run_metrics(request: HttpRequest, run_id: int, query: Query[MetricsQuery]):
 @paginate(Pagination)
 def run_rollouts(request: HttpRequest, run_id: int, query: Query[RolloutQuery]):
     run = get_run_for(actor(request), run_id)
+    if query.min_reward is not None and query.max_reward is not None and query.min_reward > query.max_reward:
+        raise BadRequest("The reward range is empty.", [Finding("max_reward", f"max_reward {query.max_reward:g} is below min_reward {query.min_reward:g}: swap them")])
     return filter_rollouts(Rollout.objects.filter(run=run).order_by("step", "id"), query.step, query.min_reward, query.max_reward)
 
 

@@ -602,6 +602,9 @@ def rollout_groups(run: TrainingRun, request: HttpRequest) -> dict[str, Any]:
         except ValueError:
             bounds[key] = None
             notes[key] = f"{raw[:40]!r} is not a number: give one like 0.5 (this filter is off)"
+    low, high = bounds["min_reward"], bounds["max_reward"]
+    if low is not None and high is not None and low > high:
+        notes["max_reward"] = f"the range is empty: max {high:g} is below min {low:g}; swap them"
     qs = filter_rollouts(Rollout.objects.filter(run=run).order_by("step", "id"), chosen_step, bounds["min_reward"], bounds["max_reward"])
     shown = list(qs[:ROLLOUTS_SHOWN + 1])
     if len(shown) > ROLLOUTS_SHOWN:

@@ -235,6 +235,10 @@ def test_rollouts_api_filters_by_reward_like_the_tab(api, project, users):
     rewards = [r["reward"] for r in api.get(f"/api/training-runs/{run.pk}/rollouts", step=2, min_reward=1, max_reward=2.5).json()["items"]]
     assert rewards == [1.0, 2.0]
     assert api.get(f"/api/training-runs/{run.pk}/rollouts", min_reward="abc").status_code == 400
+    # An inverted range said only "no rollouts match"; the API listed nothing with a 200.
+    assert api.get(f"/api/training-runs/{run.pk}/rollouts", min_reward=0.9, max_reward=0.1).json()["errors"][0]["field"] == "max_reward"
+    html = client_for(users["owner"]).get(f"/training/runs/{run.pk}/rollouts/", {"step": "all", "min_reward": "0.9", "max_reward": "0.1"}).content.decode()
+    assert "the range is empty: max 0.1 is below min 0.9; swap them" in html
 
 
 def test_experiment_create_via_htmx_and_compare_page(project, users):
