@@ -142,6 +142,21 @@ def attrs_html(attrs: dict) -> str:
 
 
 @register.filter
+def binary_h(value: Any) -> str:
+    """Bytes in the binary units GPU memory is quoted in (GiB), small ones in MiB or KiB: a tiny
+    teacher read "≈ 0.0 GiB" beside a card's "80 GiB"."""
+    try:
+        size = float(value)
+    except (TypeError, ValueError):
+        return "—"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"
+
+
+@register.filter
 def bytes_h(value: Any) -> str:
     try:
         size = float(value)

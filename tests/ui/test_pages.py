@@ -196,6 +196,18 @@ def test_teacher_size_from_local_config(tmp_path):
     assert not teacher_fit(str(model), "B200:1")["too_large"]
 
 
+def test_a_small_teachers_weights_read_in_mib_not_as_zero_gib(project, users, tmp_path):
+    import json
+
+    model = tmp_path / "small-teacher"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 128, "num_hidden_layers": 3, "vocab_size": 1024,
+                                                   "num_attention_heads": 4, "intermediate_size": 256, "torch_dtype": "float32"}))
+    html = client_for(users["owner"]).get("/training/new/estimate", {"method": "distill", "config.distillation.teacher_model": str(model),
+                                                                      "config.distillation.top_k": "64", "distill_tokens": "1000"}).content.decode()
+    assert re.search(r"The teacher needs ≈ \d+\.\d MiB for its weights", html) and "0.0 GiB" not in html
+
+
 def test_overview_embeds_downsampled_chart_series(project, users):
     run = make_run(project, users["owner"], "distill")
     MetricPoint.objects.bulk_create([MetricPoint(run=run, key=k, step=s, value=1.0 / (s + 1)) for s in range(2000) for k in ("loss", "kd_loss")])
