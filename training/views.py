@@ -53,6 +53,12 @@ FAILURE_HELP = {
     "training_error": "The worker crashed, a reward function failed or the dataset did not load: read the message and the log below, fix the config or data, then start again.",
 }
 
+def failure_help(run: TrainingRun, code: str) -> str:
+    """Seed 000's line for the code; only a GRPO run has reward functions to blame."""
+    text = FAILURE_HELP.get(code, FAILURE_HELP["training_error"])
+    return text if run.method == Method.GRPO else text.replace(", a reward function failed", "")
+
+
 # Charts on the Overview tab, per method: (title, metric keys).
 CHARTS = {
     "sft": [("Training loss", ["loss"]), ("Throughput (tokens/s)", ["tokens_per_s"])],
@@ -153,7 +159,7 @@ def status_context(request: HttpRequest, run: TrainingRun, actor=None, error: Ap
         "writable": actor.can_write(run.project),
         "blockers": blockers,
         "action_error": None if isinstance(error, Unprocessable) else error,
-        "failure_help": FAILURE_HELP.get(error_obj.get("code") or "", FAILURE_HELP["training_error"]) if run.status == Status.FAILED else "",
+        "failure_help": failure_help(run, error_obj.get("code") or "") if run.status == Status.FAILED else "",
         "error_log_tail": failure_log_tail(run) if run.status == Status.FAILED else [],
         "progress": run.progress or {},
         # The GPU memory estimate beside START; a CPU run or an unknown model shows nothing.

@@ -330,6 +330,17 @@ def test_failed_run_without_a_log_tail_shows_the_run_log(project, users):
     assert "CAPACITY_UNAVAILABLE" in html and "another region" in html and "status → failed" in html
 
 
+@pytest.mark.parametrize(("method", "blames_rewards"), [("sft", False), ("grpo", True)])
+def test_a_training_error_blames_reward_functions_only_on_a_grpo_run(project, users, method, blames_rewards):
+    from training import status as status_service
+
+    run = make_run(project, users["owner"], method, dataset=None if method == "grpo" else "org/data")
+    status_service.transition(run.pk, Status.PROVISIONING)
+    status_service.transition(run.pk, Status.FAILED, error={"code": "training_error", "message": "bad value", "log_tail": []})
+    html = client_for(users["owner"]).get(f"/training/runs/{run.pk}/").content.decode()
+    assert "read the message and the log below" in html and ("a reward function failed" in html) is blames_rewards
+
+
 def test_teacher_size_from_a_data_hub_repo(project, users):
     import json
 
