@@ -170,7 +170,7 @@ def test_long_experiment_name_wraps_or_is_cut_and_filters_keep_their_row(sized, 
     name = row.get_by_role("link", name=LONG_NAME)
     assert name.evaluate("el => el.getClientRects().length") > 1, "the long name is on one line"
     table_scroll = "() => { const w = document.querySelector('#experiments .table-wrap'); return w.scrollWidth - w.clientWidth; }"
-    assert page.evaluate(table_scroll) <= (0 if width >= 1280 else 100)
+    assert page.evaluate(table_scroll) <= (0 if width >= 1280 else 150)  # its columns may scroll a little at 390 px; a long name would be 1000s
     for header in ("Runs", "Data Hub repo", "Created") if width >= 1280 else ("Runs",):
         box = page.get_by_role("columnheader", name=header).bounding_box()
         assert box and box["x"] + box["width"] <= width, f"{header} is out of view"
