@@ -267,7 +267,8 @@ def preview(commit: Commit, path: str | None = None, limit: int = 20) -> dict:
             problems.append({"row": number, "message": str(row)})
         else:
             rows.append(row)
-    columns = sorted({k for r in rows if isinstance(r, dict) for k in r})
+    # In the file's own order (prompt before completion, as written), first seen first.
+    columns = list(dict.fromkeys(k for r in rows if isinstance(r, dict) for k in r))
     return {
         "path": chosen.path,
         "format": file_format(chosen.path),

@@ -95,6 +95,9 @@ def test_preview_detects_shapes(api, project):
         assert r.status_code == 200, r.content
         assert r.json()["shape"] == shape, (path, r.json())
     assert get(api, "/api/hub/repos/mixed/preview", path="pc.csv").json()["rows"] == [{"prompt": "q", "completion": "a"}, {"prompt": "q2", "completion": "a2"}]
+    # Columns in the file's order (they were alphabetical: completion before prompt, chosen before prompt).
+    assert get(api, "/api/hub/repos/mixed/preview", path="pc.csv").json()["columns"] == ["prompt", "completion"]
+    assert get(api, "/api/hub/repos/mixed/preview", path="prefs.jsonl").json()["columns"] == ["prompt", "chosen", "rejected"]
 
 
 def test_ref_findings_name_the_key_that_was_sent(api, repo):
