@@ -98,6 +98,19 @@ def test_external_judge_with_saved_secret_passes(api, project):
     assert start(api, run_id).status_code == 202
 
 
+def test_precision_advice_names_a_card_the_precision_runs_on():
+    # NVFP4's advice on an H100 said "pick e.g. H100" (a Hopper, which it had just ruled out).
+    from training.compute import parse_accelerators, precision_findings
+
+    assert precision_findings("nvfp4", parse_accelerators("H100:1"))[0].message == "NVFP4 needs a Blackwell GPU; H100 is Hopper: use bf16 or pick e.g. B200"
+    assert precision_findings("fp8", parse_accelerators("CPU"))[0].message.startswith("FP8 needs an Ada, Hopper or Blackwell GPU, and this run asks for the CPU")
+
+
+def test_fp16_is_refused_at_create_as_the_engine_refuses_it(api):
+    # It passed create and START, and the engine failed the run with "bad spec: config.precision".
+    assert_error(api.post("/api/training-runs", sft_body(config={"precision": "fp16"})), 400, "config.precision")
+
+
 def test_fp8_on_hopper_is_allowed_by_the_precision_rule(api):
     run_id = make_run(api, config={"precision": "fp8"}, compute={"backend": "dstack", "accelerators": "H100:1"})
     fields = [e["field"] for e in start(api, run_id).json()["errors"]]
@@ -370,10 +383,11 @@ def test_choice_values_in_any_case_are_stored_in_lower_case_so_start_checks_them
     assert r.status_code == 200 and r.json()["config"]["loss"]["type"] == "dpo"
 
 
-def test_a_child_run_resumes_only_from_its_parents_own_run_folder(api, tmp_path):
+def test_a_child_run_resumes_only_from_its_parents_own_run_folder(api, tmp_path, settings):
     from training.backends.local import run_dir
     from training.models import Checkpoint
 
+    settings.STUDIO_RUNS_DIR = str(tmp_path / "runs")  # not var/runs, where an earlier session's run of this id may be
     parent_id = make_run(api)
     # An engine can report any path: one that points elsewhere on this machine (another project's
     # checkpoint, say) must not be what a child run on the local backend loads.

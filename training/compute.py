@@ -32,6 +32,7 @@ GPU_MEMORY_GIB: dict[str, int] = {
     "A40": 48, "A6000": 48, "T4": 16, "V100": 16, "V100-32GB": 32, "RTX5090": 32,
 }
 PRECISION_ARCHITECTURES = {"fp8": ("ada", "hopper", "blackwell"), "nvfp4": ("blackwell",)}
+PRECISION_EXAMPLES = {"fp8": "H100", "nvfp4": "B200"}
 
 
 @dataclass(frozen=True)
@@ -86,12 +87,15 @@ def precision_findings(precision: str | None, accel: Accelerators) -> list[Findi
     if not needs:
         return []
     label = precision.upper()
-    wanted = " or ".join(a.capitalize() for a in needs)
+    names = [a.capitalize() for a in needs]
+    wanted = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+    article = "an" if wanted[0] in "AEIOU" else "a"
+    example = PRECISION_EXAMPLES[precision.lower()]  # a card it runs on (NVFP4's advice named the H100, a Hopper)
     if accel.is_cpu:
-        return [Finding("config.precision", f"{label} needs a {wanted} GPU, and this run asks for the CPU: use bf16, or ask for e.g. H100:1")]
+        return [Finding("config.precision", f"{label} needs {article} {wanted} GPU, and this run asks for the CPU: use bf16, or ask for e.g. {example}:1")]
     if accel.gpu_type is None:
-        return [Finding("compute.accelerators", f"{label} needs a {wanted} GPU: ask for the GPU type (e.g. H100:{accel.count}) instead of a generic GPU:{accel.count}")]
+        return [Finding("compute.accelerators", f"{label} needs {article} {wanted} GPU: ask for the GPU type (e.g. {example}:{accel.count}) instead of a generic GPU:{accel.count}")]
     if accel.architecture not in needs:
         arch = accel.architecture.capitalize() if accel.architecture else "an unknown architecture"
-        return [Finding("config.precision", f"{label} needs a {wanted} GPU; {accel.gpu_type} is {arch}: use bf16 or pick e.g. H100")]
+        return [Finding("config.precision", f"{label} needs {article} {wanted} GPU; {accel.gpu_type} is {arch}: use bf16 or pick e.g. {example}")]
     return []

@@ -47,7 +47,7 @@ def translate(exc: BaseException) -> BackendError:
     if isinstance(exc, modal.exception.NotFoundError):
         return BackendError(f"Modal has no deployed {APP_NAME} app in this workspace/environment ({exc}): deploy it with `modal deploy training/backends/modal_app.py`")
     if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
-        return BackendUnavailable(f"Modal did not answer in time ({exc or 'timeout'})")
+        return BackendUnavailable(f"Modal did not answer in time ({str(exc) or 'timeout'})")
     if isinstance(exc, (modal.exception.ConnectionError, OSError)):
         return BackendUnavailable(f"Modal cannot be reached: {exc}")
     return BackendError(f"Modal: {type(exc).__name__}: {exc}")
