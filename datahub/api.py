@@ -70,11 +70,12 @@ def query_ref(request: HttpRequest, key: str = "ref") -> str | None:
 REF_SCHEMA = {"type": "string", "maxLength": 200}
 
 
-def query_doc(*params: tuple[str, dict, str]) -> dict:
+def query_doc(*params: tuple) -> dict:
     """openapi_extra naming the query values an endpoint reads by hand (query_ref, query_int,
-    request.GET): ninja cannot see them, so without this /api/openapi.json leaves them out."""
-    return {"parameters": [{"name": name, "in": "query", "required": False, "schema": schema, "description": text}
-                           for name, schema, text in params]}
+    request.GET): ninja cannot see them, so without this /api/openapi.json leaves them out. Each is
+    (name, schema, description) or, for one the endpoint refuses to go without, (…, True)."""
+    return {"parameters": [{"name": name, "in": "query", "required": bool(required and required[0]), "schema": schema, "description": text}
+                           for name, schema, text, *required in params]}
 
 
 def files_of(entries) -> list[dict]:
@@ -206,7 +207,7 @@ def list_files(request: HttpRequest, name: str):
 
 
 @router.get("/repos/{name}/download", openapi_extra=query_doc(
-    ("path", {"type": "string"}, "the file (required)"),
+    ("path", {"type": "string"}, "the file", True),
     ("ref", REF_SCHEMA, "a branch, tag or commit id (default: the default branch)")))
 def download(request: HttpRequest, name: str):
     """The file at `path` in `ref`, streamed."""

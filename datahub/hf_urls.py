@@ -25,7 +25,8 @@ urlpatterns = [
     re_path(rf"^api/{KIND}/{REPO}/?$", hf_api.repo_info, name="hub-repo-info"),
     re_path(rf"^(?P<kind>datasets)/{REPO}/resolve/{REV}/(?P<path>.+)$", hf_api.resolve_file, name="hub-resolve-dataset"),
     re_path(rf"^{REPO}/resolve/{REV}/(?P<path>.+)$", hf_api.resolve_file, name="resolve"),
-    re_path(r"^api/(?:models|datasets|spaces|repos|whoami-v2)(?:/.*)?$", hf_api.not_served, name="hub-not-served"),
+    # any other Hub API call (a write, whoami, endpoints this Hub does not have): JSON saying so, not the login page
+    re_path(r"^api/.*$", hf_api.not_served, name="hub-not-served"),
     # the pages
     re_path(r"^$", views.repo_list, name="repos"),
     re_path(r"^new$", views.repo_create, name="create"),

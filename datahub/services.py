@@ -244,7 +244,7 @@ def commit_checkpoint(checkpoint_id: int) -> Commit | None:
         if path.is_symlink() or not path.is_file():
             continue  # a symlink could point anywhere on this machine
         files[f"{prefix}/{path.relative_to(root).as_posix()}"] = path
-    if checkpoint.kind == "final":
+    if checkpoint.kind in ("final", "adapter"):  # the run's end: a full fine-tune's weights, or a LoRA run's adapter
         files["metrics.jsonl"] = metrics_export(run)
     repo = run_repo(run)
     label = f"step {checkpoint.step}" if prefix.startswith("checkpoints/") else f"{checkpoint.kind} (step {checkpoint.step})"

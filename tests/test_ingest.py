@@ -160,6 +160,7 @@ def test_reports_a_minute_after_the_run_ended_are_a_409_and_store_nothing(live_r
     ended(run, status, 61)
     r = send(run.pk, token, {**BATCH, "status": None})
     assert r.status_code == 409 and r.json()["errors"][0]["field"] == "status" and "reports are closed" in r.json()["detail"]
+    assert ("START the run again" in r.json()["errors"][0]["message"]) is (status != Status.COMPLETED)  # a completed run cannot start again
     assert not MetricPoint.objects.filter(run=run).exists() and not Checkpoint.objects.filter(run=run).exists()
     assert not LogLine.objects.filter(run=run, line="step 1").exists()
 

@@ -401,6 +401,10 @@ def test_a_child_run_resumes_only_from_its_parents_own_run_folder(api, tmp_path,
     body = assert_start_refused(api, refused, 422, "resume_checkpoint")
     assert f"step 3 of run {parent_id} is not a checkpoint folder of that run" in body["errors"][-1]["message"]
     fine = api.post(f"/api/training-runs/{parent_id}/checkpoints/6/resume").json()["id"]
+    # A body was ignored: {"config": {...}} made a child with the parent's settings.
+    body = assert_error(api.post(f"/api/training-runs/{parent_id}/checkpoints/6/resume", {"config": {"max_steps": 10}}), 400, "body")
+    assert "PATCH the new run" in body["errors"][0]["message"]
+    assert api.post(f"/api/training-runs/{parent_id}/checkpoints/6/resume", {}).status_code == 201
     assert "resume_checkpoint" not in [e["field"] for e in start(api, fine).json().get("errors", [])]
 
 

@@ -5,6 +5,7 @@ in ninja.pagination's globals, where `Query[RunFilters]` as a string cannot be r
 call was a 500).
 """
 from django.http import HttpRequest
+from django.http.request import RawPostDataException
 from ninja import Field, Query, Router, Schema
 from ninja.pagination import LimitOffsetPagination, paginate
 
@@ -155,7 +156,18 @@ def resume_from_checkpoint(request: HttpRequest, run_id: int, step: int):
     """A new queued run that continues from this saved step (weights, optimizer, scheduler, RNG)."""
     who = actor(request)
     run = get_run_for(who, run_id, write=True)
+    if sent_a_body(request):  # it was ignored: {"config": {...}} made a child with the parent's settings
+        raise BadRequest("Resume takes no body: the new run copies this run's settings.",
+                         [Finding("body", "send no body, then PATCH the new run (it is queued) to change its settings")])
     return 201, checkpoints.resume_run(run, step, who.user)
+
+
+def sent_a_body(request: HttpRequest) -> bool:
+    """Whether a request that takes no body came with one (JSON beyond {}, or form fields)."""
+    try:
+        return request.body.strip() not in (b"", b"{}")
+    except RawPostDataException:  # a form the middleware has parsed already
+        return bool(request.POST or request.FILES)
 
 
 @router.post("/{int:run_id}/checkpoints/{int:step}/merge", response={202: MergeOut})

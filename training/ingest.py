@@ -49,8 +49,9 @@ END_OF_TRAINING_KINDS = ("final", "adapter", "merged")
 
 def require_open(run: TrainingRun) -> None:
     if run.status in TERMINAL_STATUSES and run.finished_at and timezone.now() - run.finished_at > LATE_REPORTS:
+        again = "" if run.status == Status.COMPLETED else "; START the run again for a new attempt"
         raise Conflict(f"Run {run.pk} is {run.status} since {run.finished_at:%Y-%m-%d %H:%M:%S} UTC: this attempt's reports are closed.", [
-            Finding("status", f"an engine reports until its run ends and for {LATE_REPORTS.seconds} s after; START the run again for a new attempt")])
+            Finding("status", f"an engine reports until its run ends and for {LATE_REPORTS.seconds} s after{again}")])
 
 
 @router.post("/runs/{int:run_id}", response={200: IngestOut, 409: ErrorOut}, openapi_extra=body_schema(IngestBatchIn))

@@ -359,3 +359,10 @@ def test_a_hub_write_through_huggingface_hub_says_where_writes_go(transactional_
             call()
         assert "read API only" in str(caught.value) and "/api/hub/repos/<name>/uploads" in str(caught.value), caught.value
     assert list(api.list_repo_files("acme/tiny-llama"))  # reads still work
+
+
+def test_an_api_path_this_hub_does_not_have_is_json_not_the_login_page(client, model_repo, tokens):
+    # huggingface_hub calls endpoints this Hub lacks (e.g. /api/agent-harnesses): it got a redirect to the login page.
+    response = client.get("/hub/api/agent-harnesses", HTTP_AUTHORIZATION=f"Bearer {tokens['owner']}")
+    assert response.status_code == 404 and response["Content-Type"].startswith("application/json")
+    assert "read API only" in response.json()["error"]

@@ -109,3 +109,12 @@ def test_a_merge_of_the_newest_step_of_a_run_still_training_lands_beside_that_st
     services.commit_checkpoint(final.pk)
     assert "merged/config.json" in repos.tree(repos.resolve(repos.find_repo(project, "experiment-default"), f"run-{run.pk}"))
     assert Repo.objects.filter(project=project, type="model").exists()
+
+
+def test_a_lora_runs_adapter_commit_carries_its_metrics_as_a_full_finetunes_final_does(project, final_checkpoint):
+    # metrics.jsonl came only with a "final" checkpoint: LoRA runs (adapter + merged) never had one.
+    Checkpoint.objects.filter(pk=final_checkpoint.pk).update(kind="adapter")
+    services.commit_checkpoint(final_checkpoint.pk)
+    run = final_checkpoint.run
+    files = repos.tree(repos.resolve(repos.find_repo(project, "experiment-default"), f"run-{run.pk}"))
+    assert "adapter/model.safetensors" in files and "metrics.jsonl" in files
