@@ -48,3 +48,24 @@ def test_valid_sidecar_is_not_captured_again(tiny, ingest: IngestStub, tmp_path:
     # Another K is another capture: the old sidecar does not match and is rewritten.
     assert run_inprocess(_spec(tiny, tmp_path, ingest, k=8, max_steps=1)) == 0
     assert kd_format.read_header(sidecar).k == 8
+
+
+def test_a_teacher_whose_tokenizer_gives_other_ids_fails_before_capture(tiny, ingest: IngestStub, tmp_path: Path) -> None:
+    # A Data Hub teacher with two token ids swapped passed START (only a local one is checked there)
+    # and the run "completed", training the student on the teacher's ids read as its own.
+    import json
+    import shutil
+
+    teacher = tmp_path / "teacher-swapped"
+    shutil.copytree(tiny["teacher"], teacher)
+    spec_file = teacher / "tokenizer.json"
+    data = json.loads(spec_file.read_text())
+    vocab = data["model"]["vocab"]
+    a, b = sorted(vocab, key=vocab.get)[40:42]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    spec_file.write_text(json.dumps(data))
+    spec = _spec(tiny, tmp_path / "out", ingest)
+    spec["config"]["distillation"]["teacher_model"] = str(teacher)
+    assert run_inprocess(spec) == 2  # a bad spec, before any capture
+    assert not (tmp_path / "out" / "kd").exists() or not list((tmp_path / "out" / "kd").glob("*.kd"))
+    assert any("the teacher's tokenizer differs from the student's (2 tokens have other ids" in line for line in ingest.collect("logs")), ingest.collect("logs")[-5:]

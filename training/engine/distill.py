@@ -215,6 +215,22 @@ class KDTrainer(TokenCountingMixin, Trainer):
         super().log(logs, start_time)
 
 
+def check_teacher_tokenizer(ctx: Context, student: Any, teacher_ref: str) -> None:
+    """The teacher must give every student token the same id: capture records the teacher's top-K by
+    id and training reads them as the student's. Studio checks a local teacher at START; one from the
+    Data Hub or the HF Hub is checked here, before the teacher is loaded (it trained on wrong ids)."""
+    try:
+        teacher = load_tokenizer(teacher_ref)
+    except (OSError, ValueError) as exc:
+        ctx.reporter.log(f"distill: the teacher's tokenizer could not be loaded to compare ({exc}); comparing vocabulary sizes only")
+        return
+    theirs = teacher.get_vocab()
+    differ = [token for token, index in student.get_vocab().items() if theirs.get(token) != index]
+    if differ:
+        raise SpecError(f"config.distillation.teacher_model: the teacher's tokenizer differs from the student's ({len(differ)} tokens have "
+                        f"other ids, e.g. {differ[0]!r}): distillation compares token ids, so pick a teacher of the student's family")
+
+
 def run(ctx: Context) -> None:
     spec = ctx.spec
     dist = dict(spec.cfg("distillation", {}))
@@ -230,6 +246,7 @@ def run(ctx: Context) -> None:
     dataset = with_system_prompt(dataset, spec.cfg("system_prompt"))
     vocab_size = len(tokenizer)
     k = min(k, vocab_size)
+    check_teacher_tokenizer(ctx, tokenizer, str(dist["teacher_model"]))
 
     ctx.reporter.stage("capture")
     shards = tokenise_shards(dataset, fmt, tokenizer, int(spec.cfg("max_length", 1024)), spec.output_dir / "kd")
