@@ -69,7 +69,8 @@ def test_without_a_token_the_sdk_refuses_at_once_and_it_maps_to_a_clear_error(tm
 # ---- credentials per project -------------------------------------------------------------------
 
 @pytest.fixture
-def modal_connection(db, project):
+def modal_connection(db, project, settings):
+    settings.STUDIO_PUBLIC_URL = "https://studio.example.com"  # where a job in Modal's cloud reports (START refuses a loopback one)
     set_secret(project, "modal-token-id", "ak-test")
     set_secret(project, "modal-token-secret", "as-test")
     return BackendConnection.objects.create(project=project, backend="modal", token_id_secret="modal-token-id", token_secret="modal-token-secret", request_timeout_seconds=5)
@@ -95,6 +96,17 @@ def test_a_run_whose_credentials_are_gone_at_dispatch_ends_provisioning_error(ap
     run = TrainingRun.objects.get(pk=run_id)
     assert run.status == Status.FAILED and run.error["code"] == ErrorCode.PROVISIONING_ERROR
     assert "Modal credentials are not configured for project acme" in run.error["message"], run.error
+
+
+@pytest.mark.django_db
+def test_start_refuses_a_loopback_report_address_a_modal_job_cannot_reach(api, modal_connection, settings):
+    # The job got STUDIO_INGEST_URL and HF_ENDPOINT on 127.0.0.1, never reported, and failed on a lost heartbeat.
+    settings.STUDIO_PUBLIC_URL = "http://127.0.0.1:8031"
+    run_id = api.post("/api/training-runs", modal_body()).json()["id"]
+    body = assert_error(api.post(f"/api/training-runs/{run_id}/start"), 422, "compute.backend")
+    assert "engines report to STUDIO_PUBLIC_URL (http://127.0.0.1:8031), which a Modal job on another machine cannot reach" in body["errors"][0]["message"]
+    settings.STUDIO_PUBLIC_URL = "http://localhost:8000"
+    assert_error(api.post(f"/api/training-runs/{run_id}/start"), 422, "compute.backend")
 
 
 @pytest.mark.django_db
@@ -232,3 +244,16 @@ def test_live_round_trip_on_modal(api, project):
     assert run.backend_job_id.startswith("fc-"), run.error
     assert get_backend("modal").poll(run).state in ("pending", "failed", "succeeded")
     get_backend("modal").stop(run.pk, run.attempt, run.backend_job_id)
+
+
+@pytest.mark.parametrize(("public", "server", "refused"), [
+    ("http://127.0.0.1:8000", "https://sky.dstack.ai", True),  # a cloud dstack's jobs cannot call back to this machine's loopback
+    ("http://127.0.0.1:8000", "http://127.0.0.1:3000", False),  # a dstack server on this machine may run its jobs here too
+    ("https://studio.example.com", "https://sky.dstack.ai", False),
+    ("http://[::1]:8000", None, True),
+])
+def test_a_loopback_report_address_is_refused_unless_the_jobs_run_on_this_machine(settings, public, server, refused):
+    from training.backends.connections import report_address_findings
+
+    settings.STUDIO_PUBLIC_URL = public
+    assert bool(report_address_findings("dstack" if server else "Modal", server)) is refused

@@ -2,8 +2,12 @@
 its environment and the command that runs the engine in the job."""
 from __future__ import annotations
 
+import ipaddress
 import json
 from pathlib import Path
+from urllib.parse import urlsplit
+
+from django.conf import settings
 
 from studio.errors import Finding
 from studio.services import reveal_secret, secret_exists
@@ -72,7 +76,29 @@ def connection_findings(project, backend: str, compute: dict, secret_fields: dic
     region = compute.get("region")
     if region and conn.regions and region not in conn.regions:
         findings.append(Finding("compute.region", f"{name} knows no region {region!r} for this project: use one of {', '.join(conn.regions)}, or leave region empty"))
+    findings += report_address_findings(name, conn.server_url if backend == "dstack" else None)
     return conn, findings
+
+
+def is_loopback(host: str | None) -> bool:
+    if not host:
+        return False
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def report_address_findings(name: str, server_url: str | None) -> list[Finding]:
+    """A job on another machine reports to STUDIO_PUBLIC_URL and loads Data Hub refs from it: on a
+    loopback address it never reaches the Studio (the run waits for its first report, then fails on
+    a lost heartbeat). A dstack server on this machine may run its jobs here too, so it passes."""
+    if not is_loopback(urlsplit(settings.STUDIO_PUBLIC_URL).hostname) or (server_url and is_loopback(urlsplit(server_url).hostname)):
+        return []
+    return [Finding("compute.backend", f"engines report to STUDIO_PUBLIC_URL ({settings.STUDIO_PUBLIC_URL}), which a {name} job on another machine "
+                                       "cannot reach: set STUDIO_PUBLIC_URL to the Studio's address as the job sees it (e.g. https://studio.example.com) and restart the Studio")]
 
 
 def job_name(run_id: int, attempt: int) -> str:
