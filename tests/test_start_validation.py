@@ -156,6 +156,17 @@ def test_local_paths_for_the_local_backend_must_name_what_the_engine_loads(api, 
     assert any(e["field"] == field and says in e["message"] for e in body["errors"]), body
 
 
+def test_a_local_ruler_prompts_dataset_is_checked_row_by_row_at_start(api, project, tmp_path):
+    # Chat rows passed START and the run failed on "rows need a prompt (or question/text) column".
+    set_secret(project, "judge-key", "sk")
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n')
+    config = {"rl_mode": "ruler", "ruler_task_args": {"dataset": str(chat), "system_prompt": "Score it"},
+              "judge": {"mode": "external", "endpoint": "http://judge.example/v1", "api_key_secret": "judge-key"}}
+    body = assert_start_refused(api, make_run(api, **grpo(**config)), 422, "config.ruler_task_args.dataset")
+    assert any(e["field"] == "config.ruler_task_args.dataset" and "GRPO trains on" in e["message"] for e in body["errors"]), body
+
+
 def test_a_local_dataset_is_checked_row_by_row_like_a_data_hub_one(api, tmp_path):
     prefs = tmp_path / "prefs.jsonl"
     prefs.write_text('{"prompt": "p", "chosen": "a", "rejected": "b"}\n')

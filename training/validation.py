@@ -273,6 +273,9 @@ def local_path_findings(draft: Draft) -> list[Finding]:
     if draft.method == "distill":
         models.append(("config.distillation.teacher_model", (draft.config.get("distillation") or {}).get("teacher_model")))
     datasets = [(f"dataset[{i}]" if isinstance(draft.dataset, list) else "dataset", e.ref) for i, e in enumerate(dataset_entries(draft.dataset))]
+    ruler = draft.config.get("ruler_task_args") if draft.method == "grpo" and draft.config.get("rl_mode") == "ruler" else None
+    if isinstance(ruler, dict) and isinstance(ruler.get("dataset"), str):
+        datasets.append(("config.ruler_task_args.dataset", ruler["dataset"]))  # its prompts, checked row by row like a dataset's
     paths = [(field, value, field in dict(models)) for field, value in models + datasets if isinstance(value, str) and ref_kind(value) == "path"]
     backend = draft.compute.get("backend", "local")
     if backend != "local":
