@@ -80,8 +80,9 @@ def test_grpo_peak_is_the_larger_of_generation_and_training():
 # ---- START on the GPU backends ------------------------------------------------------------------
 
 @pytest.fixture
-def modal(db, project):
+def modal(db, project, settings):
     """A configured Modal connection: START's backend check passes without calling Modal."""
+    settings.STUDIO_PUBLIC_URL = "https://studio.example.com"  # a Modal job reports there (START refuses a loopback address)
     set_secret(project, "modal-token-id", "ak-test")
     set_secret(project, "modal-token-secret", "as-test")
     return BackendConnection.objects.create(project=project, backend="modal", token_id_secret="modal-token-id", token_secret="modal-token-secret")
