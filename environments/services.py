@@ -146,9 +146,11 @@ def config_findings(reference: dict[str, Any] | None, config: dict[str, Any], fi
     init = parsed_init(files)
     findings = missing_config_findings(init, config, field)
     reads, optional = _config_reads(init) if init is not None else ({}, set())
-    known = set(reference or {}) | set(reads) | optional
+    params, passes_on = _entry_parameters(init) if init is not None else (set(), True)
+    known = set(reference or {}) | set(reads) | optional | params
     root = package_prefix(files) or ""
-    for key in sorted(set(config) - known) if init is not None else []:
+    # Only where every key it can take is visible: one that hands its **kwargs on (a Taskset) may read any.
+    for key in sorted(set(config) - known) if not passes_on else []:
         findings.append(Finding(f"{field}.{key}", f"load_environment does not read {key!r}: remove it, or use one of {', '.join(sorted(known))}"))
     for key, was in (reference or {}).items():
         if key in config:
@@ -158,6 +160,19 @@ def config_findings(reference: dict[str, Any] | None, config: dict[str, Any], fi
                     and not PurePosixPath(now).is_absolute() and root + now not in files):
                 findings.append(Finding(f"{field}.{key}", f"the package has no file {now!r} (it has {was!r}): name one of its files, or push the file to the repo first"))
     return findings
+
+
+def _entry_parameters(init: ast.Module) -> tuple[set[str], bool]:
+    """load_environment's named parameters, and whether it hands its **kwargs on to another call
+    (True too when there is no such function to read)."""
+    entry = next((n for n in init.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == "load_environment"), None)
+    if entry is None:
+        return set(), True
+    names = {a.arg for a in entry.args.args + entry.args.kwonlyargs}
+    kwarg = entry.args.kwarg.arg if entry.args.kwarg else None
+    passes_on = kwarg is not None and any(isinstance(node, ast.keyword) and node.arg is None and isinstance(node.value, ast.Name) and node.value.id == kwarg
+                                          for node in ast.walk(entry))
+    return names, passes_on
 
 
 def _same_shape(path: str, was: Any, now: Any) -> list[Finding]:

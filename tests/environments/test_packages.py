@@ -262,3 +262,16 @@ def test_a_config_put_of_the_wrong_type_or_an_unread_key_is_400_and_changes_noth
     assert api.get("/api/environments/calc2/config").json()["commit"] == before["commit"]
     # A value of the same type, and null for an optional key (max_examples: None reads as "no limit"), save.
     assert api.put("/api/environments/calc2/config", {"config": {**before["config"], "max_tool_calls": 1, "max_examples": 4}}).status_code == 200
+
+
+def test_config_keys_a_package_takes_as_parameters_or_hands_on_are_not_called_unread(api, project):
+    # Only cfg["key"] reads counted as known: a named parameter, or **kwargs handed to a Taskset, was refused.
+    repo = create_repo(project, "param-env", RepoType.ENVIRONMENT)
+    init = b"from .config import CONFIG\n\n\ndef load_environment(limit=3, **kwargs):\n    return limit, kwargs\n"
+    commit_files(repo, "main", {"__init__.py": init, "config.py": b"CONFIG = {'limit': 3}\n"})
+    assert api.put("/api/environments/param-env/config", {"config": {"limit": 5}}).status_code == 200
+    assert_error(api.put("/api/environments/param-env/config", {"config": {"limit": 5, "limt": 1}}), 400, "config.limt")
+    handed = create_repo(project, "handing-env", RepoType.ENVIRONMENT)
+    init = b"from .config import CONFIG\n\n\ndef load_environment(**kwargs):\n    return dict(**kwargs)\n"
+    commit_files(handed, "main", {"__init__.py": init, "config.py": b"CONFIG = {'a': 1}\n"})
+    assert api.put("/api/environments/handing-env/config", {"config": {"a": 2, "anything": True}}).status_code == 200
