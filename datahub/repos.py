@@ -26,6 +26,7 @@ from django.utils import timezone
 
 from datahub.models import NAME_PATTERN, Blob, Branch, Commit, Repo, RepoType, Tag, TreeEntry, UploadSession
 from studio.errors import BadRequest, Conflict, Finding, NotFound
+from studio.parsing import control_character
 
 MAIN = "main"
 NAME_RE = re.compile(NAME_PATTERN)
@@ -94,7 +95,7 @@ def clean_path(value: Any, field: str = "path") -> str:
         problem = f"a path is at most {MAX_PATH} characters"
     elif any(part in ("", ".", "..") for part in value.split("/")):
         problem = "a path cannot contain '..', '.' or empty segments"
-    elif any(ord(c) < 32 or 0x7F <= ord(c) <= 0x9F for c in value):
+    elif control_character(value) is not None:
         problem = "a path cannot contain control characters"
     elif bidi := next((c for c in value if c in BIDI_CONTROLS), None):
         problem = f"a path cannot contain bidirectional control characters (here U+{ord(bidi):04X}): they make a name display as something it is not"

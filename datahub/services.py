@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 # ---- experiments and runs ----------------------------------------------------------------------
 
 def experiment_repo_name(experiment) -> str:
-    return f"experiment-{experiment.slug}"[:128]
+    return f"{repos.EXPERIMENT_PREFIX}{experiment.slug}"[:128]
 
 
 def provision_experiment_repo(experiment) -> Repo:

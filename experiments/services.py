@@ -5,6 +5,7 @@ from django.db import IntegrityError, transaction
 from django.utils.text import slugify
 
 from datahub.models import Repo, RepoType
+from datahub.repos import EXPERIMENT_PREFIX
 from datahub.services import provision_experiment_repo
 from experiments.models import Experiment
 from studio.errors import BadRequest, Conflict, Finding
@@ -12,7 +13,7 @@ from studio.models import Project
 from studio.parsing import ascii_int
 
 DEFAULT_EXPERIMENT = "default"
-NAME_MAX = 200  # Experiment.name's column
+NAME_MAX = Experiment._meta.get_field("name").max_length
 
 
 def create_experiment(project: Project, name: str) -> Experiment:
@@ -26,7 +27,7 @@ def create_experiment(project: Project, name: str) -> Experiment:
         # The slug names the experiment's Data Hub repo (experiment-<slug>), which allows ASCII only.
         raise BadRequest(errors=[Finding("name", f"{name!r} has no ASCII letter or digit: the name becomes a Data Hub repo name, which keeps only "
                                                  "ASCII letters, digits, '-' and '_' (spaces become '-'); use at least one of a-z or 0-9, e.g. tone-sweep")])
-    repo_name = f"experiment-{slug}"
+    repo_name = f"{EXPERIMENT_PREFIX}{slug}"
     clash = Repo.objects.filter(project=project, name=repo_name).exclude(type=RepoType.EXPERIMENT).first()
     if clash is not None:
         # The experiment would adopt it: its runs would commit their models to branches of that repo.

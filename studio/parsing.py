@@ -4,6 +4,11 @@ from __future__ import annotations
 from typing import Any
 
 
+def control_character(text: str) -> str | None:
+    """The first C0 or C1 control character in `text` (a newline, a tab, DEL...), else None."""
+    return next((c for c in text if ord(c) < 32 or 0x7F <= ord(c) <= 0x9F), None)
+
+
 def ascii_int(text: Any) -> int | None:
     """The whole number `text` spells in ASCII digits (no sign, no spaces), else None.
 

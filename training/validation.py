@@ -16,6 +16,7 @@ from datahub.models import Repo
 from datahub.refs import dataset_findings, dataset_refs, ref_findings
 from environments.services import environment_findings
 from studio.errors import BadRequest, Finding
+from studio.parsing import control_character
 from training.backends import get_backend
 from training.compute import GPU_MEMORY_GIB, accelerators_of, check_compute, normalise_compute, precision_findings
 from training.engine import fit, liger
@@ -73,7 +74,7 @@ def name_findings(name: Any) -> list[Finding]:
         return [Finding("name", "give the run a name (1 to 200 characters)")]
     if len(name.strip()) > NAME_MAX:
         return [Finding("name", f"a run name has at most {NAME_MAX} characters; this one has {len(name.strip())}")]
-    control = next((c for c in name.strip() if ord(c) < 32 or 0x7F <= ord(c) <= 0x9F), None)
+    control = control_character(name.strip())
     if control is not None:
         return [Finding("name", f"a run name is one line of text: remove the control character U+{ord(control):04X} (a newline or tab, say)")]
     return []

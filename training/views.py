@@ -423,15 +423,15 @@ def tab_context(request: HttpRequest, run: TrainingRun, tab: str) -> dict[str, A
         saved = list(Checkpoint.objects.filter(run=run))
         last_step = max((c.step for c in saved), default=0)
         prefixes = {c.pk: hub.checkpoint_prefix(c, hub.is_earlier_merge(c, last_step)) for c in saved}
-        committed, branch_gone, merging = committed_prefixes(run, set(prefixes.values())), not branch_exists(run), checkpoints.merging_steps(saved)
+        committed, branch_gone, merging, live = committed_prefixes(run, set(prefixes.values())), not branch_exists(run), checkpoints.merging_steps(saved), is_live(run)
         # New steps while it trains, a merge in flight, a commit that lands in a moment: the table follows
         # them. Only a step whose folder is on this machine gets committed, and within minutes.
         recent = timezone.now() - timedelta(minutes=5)
         pending = not branch_gone and any(prefixes[c.pk] not in committed and c.created_at > recent and checkpoint_dir(c) is not None for c in saved)
         context.update(
             checkpoints=saved, prefixes=prefixes, committed=committed, branch_gone=branch_gone,
-            merged_steps={c.step for c in saved if c.kind == "merged"}, merging_steps=merging, refreshing=bool(merging) or is_live(run) or pending,
-            save_steps=config.get("save_steps"), live=is_live(run),
+            merged_steps={c.step for c in saved if c.kind == "merged"}, merging_steps=merging, refreshing=bool(merging) or live or pending,
+            save_steps=config.get("save_steps"), live=live,
             lora=config.get("lora_rank") is not None or bool(config.get("lora")), writable=web_actor(request).can_write(run.project),
         )
     elif tab == "lineage":
@@ -562,9 +562,8 @@ def lineage_of(run: TrainingRun) -> list[dict[str, Any]]:
                       "url": reverse("training:run", args=[run.parent_id])})
     mark_deleted_repos(run, items)
     repo_name, branch = hub.experiment_repo_name(run.experiment), hub.run_branch_name(run)
-    there = Branch.objects.filter(repo__project_id=run.project_id, repo__name=repo_name, name=branch).exists()
     items.append({"role": "Output branch", "ref": f"{run.project.slug}/{repo_name}@{branch}", "kind": "hub", "pinned": None,
-                  "gone": "" if there else "deleted with its repo"})
+                  "gone": "" if branch_exists(run) else "deleted with its repo"})
     return items
 
 
