@@ -280,17 +280,35 @@ def preview(commit: Commit, path: str | None = None, limit: int = 20) -> dict:
     }
 
 
-def method_findings(commit: Commit, method: str, field: str) -> list[Finding]:
+@dataclass(frozen=True)
+class RowNeeds:
+    """Columns every row needs beyond the method's own: a GRPO environment's ``ROW_KEYS``."""
+
+    keys: tuple[str, ...]
+    who: str  # "builtin/gsm-maths", named in each finding
+
+    def problem(self, row: dict) -> str | None:
+        for key in self.keys:
+            if row.get(key) is None or (isinstance(row[key], str) and not row[key].strip()):
+                state = "missing" if key not in row else "empty"
+                return f'"{key}" is {state}: {self.who} scores each completion against the row\'s {", ".join(self.keys)}'
+        return None
+
+    def cache_key(self) -> str:
+        return f"{self.who}:{','.join(self.keys)}"
+
+
+def method_findings(commit: Commit, method: str, field: str, needs: RowNeeds | None = None) -> list[Finding]:
     def check() -> list[Finding]:
         entries = commit_sources(commit)
         if not entries and method in METHOD_SHAPES:
             return [Finding(field, f"{commit.repo.full_name}@{commit.pk[:10]} has no .jsonl, .json, .csv or .parquet file to train on")]
-        return rows_findings(entries, method, field)
+        return rows_findings(entries, method, field, needs)
 
-    return cached_findings(f"datahub:findings:{commit.pk}:{method}:{field}", check)
+    return cached_findings(f"datahub:findings:{commit.pk}:{method}:{field}:{needs.cache_key() if needs else ''}", check)
 
 
-def local_findings(path: Path, method: str, field: str) -> list[Finding]:
+def local_findings(path: Path, method: str, field: str, needs: RowNeeds | None = None) -> list[Finding]:
     """The same checks for a dataset on the Studio's machine (the local backend reads it there).
     Cached while no file of it changes (name, size and modification time)."""
     if path.is_file() and not file_format(path.name):
@@ -299,7 +317,7 @@ def local_findings(path: Path, method: str, field: str) -> list[Finding]:
     if not sources:
         return [Finding(field, f"{path} holds no .jsonl, .json, .csv or .parquet file to train on")]
     stamp = hashlib.sha1(repr([str(path)] + [(s.path, s.version) for s in sources]).encode()).hexdigest()
-    return cached_findings(f"datahub:local-findings:{stamp}:{method}:{field}", lambda: rows_findings(sources, method, field))
+    return cached_findings(f"datahub:local-findings:{stamp}:{method}:{field}:{needs.cache_key() if needs else ''}", lambda: rows_findings(sources, method, field, needs))
 
 
 def cached_findings(key: str, check: Callable[[], list[Finding]]) -> list[Finding]:
@@ -312,8 +330,8 @@ def cached_findings(key: str, check: Callable[[], list[Finding]]) -> list[Findin
     return findings
 
 
-def rows_findings(sources: list[Source], method: str, field: str) -> list[Finding]:
-    """Every row of every file against what `method` trains on; at most MAX_FINDINGS."""
+def rows_findings(sources: list[Source], method: str, field: str, needs: RowNeeds | None = None) -> list[Finding]:
+    """Every row of every file against what `method` trains on (and `needs`); at most MAX_FINDINGS."""
     wanted = METHOD_SHAPES.get(method)
     if wanted is None:
         return []
@@ -332,6 +350,8 @@ def rows_findings(sources: list[Source], method: str, field: str) -> list[Findin
                     findings.append(Finding(field, f"{where}rows look like {SHAPE_LABELS[shape]} (columns: {', '.join(sorted(row))}); {method.upper()} trains on {expected} rows"))
                     break
             problem = row_problem(row, shape or "text") if shape or isinstance(row, RowError) else None
+            if problem is None and needs is not None and isinstance(row, dict):
+                problem = needs.problem(row)
             if problem:
                 findings.append(Finding(field, f"{where}row {number}: {problem}"))
                 if len(findings) >= MAX_FINDINGS:

@@ -136,9 +136,10 @@ def pin_refs(run) -> dict:
     return pinned
 
 
-def dataset_findings(project, method: str, dataset) -> list[Finding]:
+def dataset_findings(project, method: str, dataset, needs=None) -> list[Finding]:
     """Pre-start checks of a run's Data Hub datasets: the ref resolves, and every row has what the
-    method trains on (findings name the row and field, e.g. `row 57: "chosen" is empty`)."""
+    method trains on, and what `needs` (datasets.RowNeeds) adds (findings name the row and field,
+    e.g. `row 57: "chosen" is empty`)."""
     from datahub import datasets
 
     findings: list[Finding] = []
@@ -150,7 +151,7 @@ def dataset_findings(project, method: str, dataset) -> list[Finding]:
         except Unprocessable as exc:
             findings += exc.errors
             continue
-        findings += datasets.method_findings(commit, method, field.removesuffix(".ref"))
+        findings += datasets.method_findings(commit, method, field.removesuffix(".ref"), needs)
     return findings
 
 

@@ -31,6 +31,7 @@ class CatalogueOut(Schema):
     description: str
     config: dict[str, Any] | None = Field(description="the package's CONFIG (null for the engine's own builtins)")
     files: list[str]
+    row_keys: list[str] = Field(description="columns each row of a run's own dataset needs for this environment to score it (ROW_KEYS); prompt alone when empty")
     forkable: bool
 
 
@@ -54,6 +55,7 @@ class ConfigOut(Schema):
     commit: str
     config: dict[str, Any] | None = Field(description="CONFIG as config.py states it (null when it has none)")
     files: list[str]
+    row_keys: list[str] = Field(description="columns each row of a run's own dataset needs for this environment to score it (ROW_KEYS); prompt alone when empty")
 
 
 class SavedConfigOut(Schema):
@@ -73,7 +75,7 @@ class CheckOut(Schema):
 @router.get("/catalogue", response=list[CatalogueOut])
 def list_catalogue(request: HttpRequest):
     actor(request).require_project()
-    builtin = [{"name": k.removeprefix("builtin/"), "environment_id": f"{k}@main", "description": v, "config": None, "files": [], "forkable": False}
+    builtin = [{"name": k.removeprefix("builtin/"), "environment_id": f"{k}@main", "description": v, "config": None, "files": [], "row_keys": ["prompt"], "forkable": False}
                for k, v in services.ENGINE_BUILTINS.items()]
     return [{**services.catalogue_info(e), "forkable": True} for e in services.catalogue()] + builtin
 

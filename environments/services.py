@@ -21,6 +21,7 @@ from typing import Any
 
 from django.conf import settings
 
+from datahub.datasets import RowNeeds
 from studio.errors import BadRequest, Finding, NotFound
 
 log = logging.getLogger(__name__)
@@ -68,9 +69,9 @@ def catalogue_entry(name: str) -> CatalogueEntry | None:
 
 
 def catalogue_info(entry: CatalogueEntry) -> dict[str, Any]:
-    config = entry.config()
+    config, files = entry.config(), entry.files()
     return {"name": entry.name, "environment_id": entry.environment_id, "description": config.get("description", ""),
-            "config": config, "files": sorted(entry.files())}
+            "config": config, "files": sorted(files), "row_keys": list(row_keys(files))}
 
 
 # ---- reading CONFIG without importing ----------------------------------------------------------
@@ -316,41 +317,84 @@ def hub_package_files(commit) -> dict[str, bytes]:
 def environment_findings(draft, image_has: Callable[[str], bool]) -> list[Finding]:
     """Pre-start (422) checks of a GRPO run's Environment-mode package. An unresolvable Data Hub ref is
     left to datahub.refs.ref_findings, which reports it on the same field."""
-    from datahub.refs import is_hub_ref, resolve_ref
-
     config = draft.config if isinstance(draft.config, dict) else {}
     if draft.method == "grpo" and config.get("rl_mode") == "ruler":
         return ruler_findings(config)
-    if draft.method != "grpo" or config.get("rl_mode", "environment") != "environment":
-        return []
-    env_id = config.get("environment_id")
-    if not isinstance(env_id, str) or not env_id:
-        return []  # the GRPO method check reports a missing environment_id
+    env_id = _environment_id(draft)
+    if env_id is None:
+        return []  # not Environment mode, or the GRPO method check reports a missing environment_id
     name = env_id.split("@", 1)[0]
     backend = (draft.compute or {}).get("backend", "local") if isinstance(draft.compute, dict) else "local"
     where = "this machine's trainer environment" if backend == "local" else f"the {backend} trainer image"
     if name.startswith("builtin/"):
         if name in ENGINE_BUILTINS:
             return []
-        entry = catalogue_entry(name)
-        if entry is None:
+        if catalogue_entry(name) is None:
             known = sorted(ENGINE_BUILTINS) + [f"builtin/{e.name}" for e in catalogue()]
             return [Finding(FIELD, f"{env_id!r} is not a built-in environment: use one of {', '.join(known)}, or fork one into your project")]
-        return static_findings(entry.files(), image_has, where=where)
-    if "@" not in env_id:
+    elif "@" not in env_id:
         return [Finding(FIELD, f'"{env_id}" is not an environment ref: write "<repo>@<ref>" (a Data Hub environment repo) or "builtin/<name>@main"')]
-    if draft.project is None or not is_hub_ref(env_id):
+    files = _package_files(draft.project, env_id)
+    if files is None:
         return []
-    resolved = resolve_ref(draft.project, env_id)
-    if resolved is None:
-        return []
-    from datahub.models import Commit
-
-    commit = Commit.objects.get(pk=resolved.commit)
-    files = hub_package_files(commit)
     if not files:
         return [Finding(FIELD, f"{env_id} is empty: push a package whose __init__.py exposes load_environment(**kwargs)")]
     return static_findings(files, image_has, where=where)
+
+
+def _environment_id(draft) -> str | None:
+    """The environment a GRPO run in Environment mode names, when it names one."""
+    config = draft.config if isinstance(draft.config, dict) else {}
+    if draft.method != "grpo" or config.get("rl_mode", "environment") != "environment":
+        return None
+    env_id = config.get("environment_id")
+    return env_id if isinstance(env_id, str) and env_id else None
+
+
+def _package_files(project, env_id: str) -> dict[str, bytes] | None:
+    """A catalogue package's or a Data Hub environment repo's files; None when `env_id` names neither
+    (an engine built-in, an unknown name, a ref that does not resolve)."""
+    from datahub.refs import is_hub_ref, resolve_ref
+
+    name = env_id.split("@", 1)[0]
+    if name.startswith("builtin/"):
+        entry = catalogue_entry(name)
+        return entry.files() if entry is not None else None
+    if project is None or "@" not in env_id or not is_hub_ref(env_id):
+        return None
+    resolved = resolve_ref(project, env_id)
+    if resolved is None:
+        return None
+    from datahub.models import Commit
+
+    return hub_package_files(Commit.objects.get(pk=resolved.commit))
+
+
+def row_keys(files: dict[str, bytes]) -> tuple[str, ...]:
+    """The columns a package's score() reads from each row: ``ROW_KEYS`` in its __init__.py, a literal
+    tuple of names. A GRPO run that brings its own dataset must have them in every row."""
+    init = parsed_init(files)
+    for node in init.body if init is not None else []:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id == "ROW_KEYS" for t in targets) and node.value is not None:
+                try:
+                    value = ast.literal_eval(node.value)
+                except ValueError:
+                    return ()
+                return tuple(value) if isinstance(value, (list, tuple)) and all(isinstance(k, str) for k in value) else ()
+    return ()
+
+
+def dataset_row_needs(draft) -> RowNeeds | None:
+    """What each row of a GRPO run's own dataset needs for its environment to score it (None: nothing
+    beyond the method's prompt column)."""
+    env_id = _environment_id(draft)
+    if env_id is None or not draft.dataset:
+        return None
+    files = _package_files(draft.project, env_id)
+    keys = row_keys(files) if files else ()
+    return RowNeeds(keys, env_id.split("@", 1)[0]) if keys else None
 
 
 def ruler_findings(config: dict[str, Any]) -> list[Finding]:
@@ -495,7 +539,8 @@ def repo_config(project, name: str, ref: str = "main") -> dict[str, Any]:
     repo = environment_repo(project, name)
     commit = resolve(repo, ref)
     files = hub_package_files(commit)
-    return {"repo": repo.name, "environment_id": f"{repo.name}@{ref}", "commit": commit.pk, "config": read_config(files), "files": sorted(files)}
+    return {"repo": repo.name, "environment_id": f"{repo.name}@{ref}", "commit": commit.pk, "config": read_config(files), "files": sorted(files),
+            "row_keys": list(row_keys(files))}
 
 
 def check_repo(project, name: str, ref: str = "main", backend_name: str = "local") -> dict[str, Any]:

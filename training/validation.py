@@ -11,10 +11,10 @@ from typing import Any
 
 from django.conf import settings
 
-from datahub.datasets import local_findings
+from datahub.datasets import RowNeeds, local_findings
 from datahub.models import Repo
 from datahub.refs import dataset_findings, dataset_refs, ref_findings
-from environments.services import environment_findings
+from environments.services import dataset_row_needs, environment_findings
 from studio.errors import BadRequest, Finding
 from studio.parsing import control_character
 from training.backends import get_backend
@@ -100,10 +100,11 @@ def start_findings(draft: Draft) -> list[Finding]:
         findings += image_findings(draft, backend.image_has)
         findings += environment_findings(draft, backend.image_has)
     findings += teacher_tokenizer_findings(draft)
-    findings += local_path_findings(draft)
+    needs = dataset_row_needs(draft)  # a GRPO environment's columns, in the run's own dataset
+    findings += local_path_findings(draft, needs)
     if draft.project is not None:
         findings += ref_findings(draft.project, draft.base_model, draft.config)
-        findings += dataset_findings(draft.project, draft.method, draft.dataset)
+        findings += dataset_findings(draft.project, draft.method, draft.dataset, needs)
         findings += bare_repo_name_findings(draft)
     return findings
 
@@ -266,7 +267,7 @@ def teacher_tokenizer_findings(draft: Draft) -> list[Finding]:
     return []
 
 
-def local_path_findings(draft: Draft) -> list[Finding]:
+def local_path_findings(draft: Draft, needs: RowNeeds | None = None) -> list[Finding]:
     """A local path names a file on the Studio's machine: only the local backend can read it, and
     there it must be an absolute path to what the engine will load (a missing one would fail the run
     only after the job started)."""
@@ -298,7 +299,7 @@ def local_path_findings(draft: Draft) -> list[Finding]:
             findings.append(Finding(field, f"{value} does not exist on the Studio's machine: give the path of a .jsonl/.json/.parquet/.csv file or a folder of them"))
         elif not is_model:
             # The rows, as a Data Hub dataset's are checked: the row and field of each problem.
-            findings += local_findings(path, draft.method, field)
+            findings += local_findings(path, draft.method, field, needs if field.startswith("dataset") else None)
     return findings
 
 

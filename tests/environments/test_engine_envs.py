@@ -278,3 +278,16 @@ def test_scoring_works_inside_a_running_event_loop():
     # this thread already had a loop of its own (it has one after the Playwright tests).
     assert run_coroutine(host()) == 42
     assert run_coroutine(answer()) == 42
+
+
+def test_grpo_refuses_a_dataset_without_the_columns_its_environment_scores_against(tiny, ingest: IngestStub, tmp_path):  # noqa: F811
+    rows = tmp_path / "questions.jsonl"
+    rows.write_text('{"prompt": "What is 2+2?", "answer": "4"}\n{"prompt": "What is 3+3?", "answer": ""}\n')
+    spec = make_spec("grpo", tiny["student"], [str(rows)], tmp_path / "out", {**FAST, "environment_id": "gsm@main"}, ingest,
+                     environment={"id": "gsm@main", "path": str(CATALOGUE / "gsm_maths")})
+    assert run_inprocess(spec) == 2  # a spec error
+    assert 'row 2: "answer" is empty, and gsm@main scores each completion against it' in ingest.scalars("error")[-1]["message"]
+    assert not ingest.series("reward")
+    rows.write_text('{"prompt": "What is 2+2?", "solution": "4"}\n')
+    assert run_inprocess(spec) == 2  # a spec error
+    assert 'has no "answer" column (its columns: prompt, solution)' in ingest.scalars("error")[-1]["message"]

@@ -75,6 +75,9 @@ def test_catalogue_api_lists_the_four_and_arith(api):
     assert set(by_name) == {"gsm-maths", "multiple-choice", "science-qa", "calculator", "arith"}
     assert by_name["gsm-maths"]["environment_id"] == "builtin/gsm-maths@main" and by_name["gsm-maths"]["config"]["weights"]
     assert "data.jsonl" in by_name["calculator"]["files"] and by_name["calculator"]["config"]["max_tool_calls"] == 3
+    assert {n: e["row_keys"] for n, e in by_name.items()} == {
+        "gsm-maths": ["prompt", "answer"], "multiple-choice": ["prompt", "answer"], "science-qa": ["prompt", "aliases"],
+        "calculator": ["prompt", "answer"], "arith": ["prompt"]}
 
 
 def test_fork_copies_the_package_with_an_editable_config(api, api_as, project):
@@ -275,3 +278,37 @@ def test_config_keys_a_package_takes_as_parameters_or_hands_on_are_not_called_un
     init = b"from .config import CONFIG\n\n\ndef load_environment(**kwargs):\n    return dict(**kwargs)\n"
     commit_files(handed, "main", {"__init__.py": init, "config.py": b"CONFIG = {'a': 1}\n"})
     assert api.put("/api/environments/handing-env/config", {"config": {"a": 2, "anything": True}}).status_code == 200
+
+
+def test_start_checks_a_runs_own_dataset_has_the_columns_its_environment_scores_against(api, project, tmp_path):
+    rows = tmp_path / "questions.jsonl"
+    rows.write_text('{"prompt": "2+2?", "answer": "4"}\n{"prompt": "3+3?"}\n{"prompt": "1+1?", "answer": " "}\n')
+
+    def dataset_messages(env_id: str, dataset: str) -> list[str]:
+        body = {"name": "own data", "method": "grpo", "base_model": "org/base", "dataset": dataset, "config": {"environment_id": env_id}}
+        r = api.post("/api/training-runs", body)
+        assert r.status_code == 201, r.content
+        answer = api.post(f"/api/training-runs/{r.json()['id']}/start")
+        return [e["message"] for e in answer.json().get("errors", []) if e["field"] == "dataset"]
+
+    assert dataset_messages("builtin/gsm-maths@main", str(rows)) == [
+        'row 2: "answer" is missing: builtin/gsm-maths scores each completion against the row\'s prompt, answer',
+        'row 3: "answer" is empty: builtin/gsm-maths scores each completion against the row\'s prompt, answer',
+    ]
+    assert dataset_messages("builtin/arith@main", str(rows)) == []  # arith reads the sum from the prompt
+    # A project's own package declares its columns the same way, and a Data Hub dataset is checked alike.
+    env_repo = create_repo(project, "needs-label", RepoType.ENVIRONMENT)
+    commit_files(env_repo, "main", {"__init__.py": b'ROW_KEYS = ("prompt", "label")\n\ndef load_environment(**kwargs):\n    return None\n'})
+    data = create_repo(project, "labelled", RepoType.DATASET)
+    commit_files(data, "main", {"train.jsonl": b'{"prompt": "a", "label": "x"}\n{"prompt": "b", "answer": "y"}\n'})
+    assert dataset_messages("needs-label@main", "labelled@main") == [
+        'row 2: "label" is missing: needs-label scores each completion against the row\'s prompt, label']
+    commit_files(data, "main", {"train.jsonl": b'{"prompt": "a", "label": "x"}\n'})
+    assert dataset_messages("needs-label@main", "labelled@main") == []
+
+
+def test_row_keys_are_read_without_importing_the_package():
+    assert services.row_keys({"__init__.py": b"ROW_KEYS = ['prompt', 'answer']\n"}) == ("prompt", "answer")
+    assert services.row_keys({"__init__.py": b"ROW_KEYS: tuple = ('prompt',)\n"}) == ("prompt",)
+    for init in (b"ROW_KEYS = compute()\n", b"ROW_KEYS = 'prompt'\n", b"ROW_KEYS = (1, 2)\n", b"def load_environment(): ...\n", b"def (:\n"):
+        assert services.row_keys({"__init__.py": init}) == (), init

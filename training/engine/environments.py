@@ -24,6 +24,9 @@ from .spec import SpecError
 
 class Environment(ABC):
     id: str = ""
+    # The columns score() reads from a row, beyond "prompt": a run's own dataset must have them
+    # (a package declares them as ROW_KEYS in its __init__.py; Studio checks them before START too).
+    row_keys: tuple[str, ...] = ()
 
     @abstractmethod
     def prompts(self, n: int, seed: int) -> list[dict[str, Any]]:

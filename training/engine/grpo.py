@@ -101,6 +101,7 @@ def _prompt_rows(ctx: Context, env: Environment) -> Any:
         ds = load_rows(spec.datasets)
         if "prompt" not in ds.column_names:
             raise SpecError("dataset: GRPO prompt datasets need a prompt column")
+        _check_row_keys(ds, env)
     else:
         n = max(int(spec.cfg("max_steps", 100)), 64)
         ds = datasets.Dataset.from_list(env.prompts(n, seed=int(spec.cfg("seed", 42))))
@@ -109,6 +110,18 @@ def _prompt_rows(ctx: Context, env: Environment) -> Any:
         # A system prompt turns each string prompt into a chat, so the model's chat template applies.
         ds = ds.map(lambda r: {"prompt": [{"role": "system", "content": system_prompt}, {"role": "user", "content": r["prompt"]}]})
     return ds
+
+
+def _check_row_keys(ds: Any, env: Environment) -> None:
+    """The run's own dataset has every column the environment scores against, in every row: found
+    here, before the model loads, rather than as a KeyError at step one."""
+    for key in env.row_keys:
+        if key not in ds.column_names:
+            raise SpecError(f'dataset: {env.id} scores each completion against the row\'s {", ".join(env.row_keys)}, and the dataset has no "{key}" column '
+                            f"(its columns: {', '.join(ds.column_names)}): add it, or leave dataset empty to use the environment's own prompts")
+        for number, value in enumerate(ds[key], start=1):
+            if value is None or (isinstance(value, str) and not value.strip()):
+                raise SpecError(f'dataset: row {number}: "{key}" is empty, and {env.id} scores each completion against it')
 
 
 def _tool_rollouts(env: Environment, tokenizer: Any, max_len: int) -> Any:

@@ -115,6 +115,8 @@ def load_package(directory: Path | str, environment_id: str = "", overrides: dic
         obj = _instantiate_taskset(classes[0])
     env = wrap(obj, environment_id)
     env.config = config
+    keys = getattr(module, "ROW_KEYS", ())
+    env.row_keys = tuple(k for k in keys if isinstance(k, str)) if isinstance(keys, (list, tuple)) else ()
     return env
 
 

@@ -24,6 +24,10 @@ from typing import Any
 
 from .config import CONFIG
 
+# The columns score() reads from a row: a GRPO run that brings its own dataset needs them in every
+# row ("answer": the reference number).
+ROW_KEYS = ("prompt", "answer")
+
 HERE = Path(__file__).resolve().parent
 CALL = re.compile(r"<calc>(.*?)</calc>", re.DOTALL)
 ANSWER = re.compile(r"answer\s*:?\s*(-?\d[\d,]*(?:\.\d+)?)", re.IGNORECASE)

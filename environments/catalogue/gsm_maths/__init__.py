@@ -17,6 +17,10 @@ from typing import Any
 
 from .config import CONFIG
 
+# The columns score() reads from a row: a GRPO run that brings its own dataset needs them in every
+# row ("answer": the reference number).
+ROW_KEYS = ("prompt", "answer")
+
 HERE = Path(__file__).resolve().parent
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 

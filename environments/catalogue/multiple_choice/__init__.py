@@ -16,6 +16,10 @@ from typing import Any
 
 from .config import CONFIG
 
+# The columns score() reads from a row: a GRPO run that brings its own dataset needs them in every
+# row ("answer": the right letter).
+ROW_KEYS = ("prompt", "answer")
+
 HERE = Path(__file__).resolve().parent
 
 

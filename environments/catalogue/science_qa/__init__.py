@@ -17,6 +17,10 @@ from typing import Any
 
 from .config import CONFIG
 
+# The columns score() reads from a row: a GRPO run that brings its own dataset needs them in every
+# row ("aliases": a JSON list of the answers that count).
+ROW_KEYS = ("prompt", "aliases")
+
 HERE = Path(__file__).resolve().parent
 
 
