@@ -87,6 +87,8 @@ def test_distill_captures_then_kd_loss_falls(api, studio_worker, tiny_models):
     assert LogLine.objects.filter(run=run, line__contains="capture").exists()
     sidecars = list(Path(studio_worker.runs_dir).rglob("*.kd"))
     assert sidecars and all((s.stat().st_size - 1024) % (6 * 16) == 0 for s in sidecars)
+    # In the run's cache folder, beside its attempts: a restart reuses them (tests/engine/test_distill.py).
+    assert {s.parent for s in sidecars} == {Path(studio_worker.runs_dir) / str(run.pk) / "cache" / "kd"}
 
 
 def start_long_run(api, tiny_models, **config) -> TrainingRun:

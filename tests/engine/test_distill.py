@@ -69,3 +69,26 @@ def test_a_teacher_whose_tokenizer_gives_other_ids_fails_before_capture(tiny, in
     assert run_inprocess(spec) == 2  # a bad spec, before any capture
     assert not (tmp_path / "out" / "kd").exists() or not list((tmp_path / "out" / "kd").glob("*.kd"))
     assert any("the teacher's tokenizer differs from the student's (2 tokens have other ids" in line for line in ingest.collect("logs")), ingest.collect("logs")[-5:]
+
+
+def test_a_restarted_run_reuses_the_last_attempts_capture_of_the_same_teacher(tiny, ingest: IngestStub, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+
+    def attempt(n: int, **cfg) -> list[str]:
+        before = len(ingest.collect("logs"))
+        spec = {**_spec(tiny, tmp_path / f"attempt-{n}" / "output", ingest, max_steps=1, **cfg), "attempt": n, "cache_dir": str(cache)}
+        assert run_inprocess(spec) == 0
+        return [line for line in ingest.collect("logs")[before:] if line.startswith("capture:")]
+
+    assert any("wrote shard-00000.kd" in line for line in attempt(1))
+    sidecar = cache / "kd" / "shard-00000.kd"
+    first = sidecar.stat().st_mtime_ns
+    again = attempt(2)
+    assert any("already valid; skipped" in line for line in again) and not any("wrote" in line for line in again), again
+    assert sidecar.stat().st_mtime_ns == first and not (tmp_path / "attempt-2" / "output" / "kd").exists()
+    # Another K, or a teacher whose files changed, is captured anew: the old capture is not reused.
+    assert any("wrote shard-00000.kd" in line for line in attempt(3, k=8))
+    assert kd_format.read_header(sidecar).k == 8
+    weights = next(Path(tiny["teacher"]).glob("*.safetensors"))
+    weights.touch()
+    assert any("wrote shard-00000.kd" in line for line in attempt(4, k=8))

@@ -23,6 +23,7 @@ class JobSpec:
     output_dir: str = ""
     base_model_revision: str | None = None  # the pinned commit of a Data Hub base model
     resume_from: str | None = None
+    cache_dir: str | None = None  # set by a backend whose disk outlives an attempt (local): the engine reuses work there
     environment: dict[str, Any] | None = None  # GRPO: the staged environment package (environments.services.job_environment)
     env: dict[str, str] = field(default_factory=dict)
 

@@ -134,6 +134,7 @@ class LocalBackend(Backend):
         for folder in (directory.parent, directory):
             folder.chmod(0o700)  # engine.log and the checkpoints are the project's, not other local users'
         job.output_dir = str(directory / "output")
+        job.cache_dir = str(directory.parent / "cache")  # shared by the run's attempts (DISTILL's capture); DELETE removes it with the run
         spec_path = directory / "spec.json"
         fd = os.open(spec_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:

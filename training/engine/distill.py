@@ -2,7 +2,8 @@
 
 Phase 1 (stage "capture") tokenises the dataset into shards and runs the teacher once over each shard;
 a shard whose sidecar is already valid (same tokenisation hash and K) is skipped, so an interrupted
-capture resumes. The teacher is freed before phase 2.
+capture resumes, and with the spec's ``cache_dir`` a restarted run (a new attempt) reuses the last
+attempt's capture of the same teacher. The teacher is freed before phase 2.
 Phase 2 (stage "train") minimises ``ce_weight·CE + kd_weight·τ²·KL(q‖p_τ)`` where q is the teacher's
 top-K renormalised at temperature τ and p_τ the student's full softmax at τ. `loss` reports plain CE
 and `kd_loss` the τ²-scaled KL, so the two curves can be read separately.
@@ -10,6 +11,8 @@ and `kd_loss` the τ²-scaled KL, so the two curves can be read separately.
 
 from __future__ import annotations
 
+import json
+import shutil
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +60,25 @@ def _tokenise_row(row: dict[str, Any], fmt: str, tokenizer: Any, max_length: int
     return ids[:max_length], mask[:max_length]
 
 
+def capture_dir(spec: Any, teacher_ref: str, k: int, precision: str) -> Path:
+    """Where the sidecars go: under output_dir, or with a ``cache_dir`` (kept across a run's attempts)
+    in its ``kd`` folder, whose key.json names the teacher (a local one by its files' sizes and times),
+    K and precision. A different key empties the folder first, so a changed teacher is never reused;
+    each shard is still checked against its own tokenisation (dataset, tokenizer, max_length)."""
+    if spec.cache_dir is None:
+        return spec.output_dir / "kd"
+    teacher = Path(teacher_ref)
+    files = sorted([f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in teacher.iterdir() if f.is_file()) if teacher.is_dir() else None
+    key = {"teacher": teacher_ref, "teacher_files": files, "top_k": k, "precision": precision, "sidecar_version": kd_format.VERSION}
+    folder, text = spec.cache_dir / "kd", json.dumps(key, sort_keys=True)
+    key_file = folder / "key.json"
+    if folder.exists() and (not key_file.is_file() or key_file.read_text() != text):
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    key_file.write_text(text)
+    return folder
+
+
 def tokenise_shards(dataset: Any, fmt: str, tokenizer: Any, max_length: int, kd_dir: Path) -> list[Shard]:
     kd_dir.mkdir(parents=True, exist_ok=True)
     vocab = len(tokenizer)
@@ -76,6 +98,9 @@ def tokenise_shards(dataset: Any, fmt: str, tokenizer: Any, max_length: int, kd_
         tokens_path = kd_dir / f"shard-{n:05d}.npz"
         np.savez(tokens_path, input_ids=input_ids, loss_mask=np.asarray(mask_all, dtype=np.uint8), offsets=offs)
         shards.append(Shard(tokens_path, kd_dir / f"shard-{n:05d}.kd", input_ids, np.asarray(mask_all, dtype=np.uint8), offs, token_hash))
+    for stale in kd_dir.glob("shard-*"):  # a longer dataset's shards from an earlier attempt
+        if int(stale.name[6:11]) >= len(shards):
+            stale.unlink()
     return shards
 
 
@@ -249,7 +274,8 @@ def run(ctx: Context) -> None:
     check_teacher_tokenizer(ctx, tokenizer, str(dist["teacher_model"]))
 
     ctx.reporter.stage("capture")
-    shards = tokenise_shards(dataset, fmt, tokenizer, int(spec.cfg("max_length", 1024)), spec.output_dir / "kd")
+    kd_dir = capture_dir(spec, str(dist["teacher_model"]), k, ctx.device.precision)
+    shards = tokenise_shards(dataset, fmt, tokenizer, int(spec.cfg("max_length", 1024)), kd_dir)
     n_tokens = sum(int(s.offsets[-1]) for s in shards)
     ctx.reporter.log(f"capture: {len(shards)} shard(s), {n_tokens} tokens, top_k={k}, sidecars ~{kd_format.expected_size(k, n_tokens) / 1e6:.1f} MB")
     capture_shards(ctx, shards, str(dist["teacher_model"]), k, vocab_size)

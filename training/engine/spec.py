@@ -93,6 +93,9 @@ class Spec:
     ingest_token: str | None
     output_dir: Path
     resume_from: str | None = None
+    # A folder that outlives the attempt (the local backend's runs/<id>/cache), for work a restarted
+    # run can reuse: DISTILL's teacher capture. None: everything goes under output_dir.
+    cache_dir: Path | None = None
     raw: dict[str, Any] = field(default_factory=dict)
 
     def cfg(self, key: str, default: Any = None) -> Any:
@@ -226,6 +229,9 @@ def parse_spec(data: dict[str, Any]) -> Spec:
     resume = data.get("resume_from")
     if resume is not None and not Path(resume).is_dir():
         raise SpecError(f"resume_from: checkpoint directory {resume!r} does not exist")
+    cache_dir = data.get("cache_dir")
+    if cache_dir is not None and (not isinstance(cache_dir, str) or not Path(cache_dir).is_absolute()):
+        raise SpecError(f"cache_dir: must be an absolute path or null, got {cache_dir!r}")
     return Spec(
         run_id=data.get("run_id", 0),
         attempt=int(data.get("attempt") or 1),
@@ -239,6 +245,7 @@ def parse_spec(data: dict[str, Any]) -> Spec:
         ingest_token=token,
         output_dir=Path(output_dir),
         resume_from=resume,
+        cache_dir=Path(cache_dir) if cache_dir else None,
         raw=data,
     )
 
