@@ -15,7 +15,7 @@ from django.utils import timezone
 from datahub import storage
 from datahub.models import Blob, Branch, Commit, Repo, TreeEntry, blob_path
 from datahub.repos import RefNotFound, _author_name, check_name, clean_path, create_branch, folders_of, new_commit_id
-from studio.errors import BadRequest, Conflict, Finding
+from studio.errors import BadRequest, Conflict, Finding, counted
 
 FileSource = bytes | str | Path | IO[bytes]
 
@@ -137,5 +137,5 @@ def commit_blobs(repo: Repo, branch: str, blobs: Mapping[str, Blob], message: st
 
 def _default_message(blobs: Mapping[str, Any], delete: Iterable[str]) -> str:
     added, removed = len(blobs), len(list(delete))
-    parts = ([f"Upload {added} file(s)"] if added else []) + ([f"delete {removed} file(s)"] if removed else [])
+    parts = ([f"Upload {counted(added, 'file')}"] if added else []) + ([f"delete {counted(removed, 'file')}"] if removed else [])
     return ", ".join(parts) or "Empty commit"

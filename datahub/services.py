@@ -28,7 +28,7 @@ from datahub.commits import FileSource, commit_files
 from datahub.models import Branch, Commit, Repo, RepoType, Tag
 from datahub.repos import MAIN, create_branch, get_or_create_repo
 from experiments.models import Experiment
-from studio.errors import Conflict, Finding
+from studio.errors import Conflict, Finding, counted
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ def _refuse_while_live_runs_use(repo: Repo, uses_of: Callable[[Any], list[str]],
     findings = [Finding(field, f"run #{run.pk} ({run.name}, {run.status}) uses it as {', '.join(uses)}: {_free_repo_hint(run, uses, it)}")
                 for run in live.order_by("pk") if (uses := uses_of(run))]
     if findings:
-        raise Conflict(f"{what} is used by {len(findings)} live run(s): it cannot be deleted until they no longer need it.", findings)
+        raise Conflict(f"{what} is used by {counted(len(findings), 'live run')}: it cannot be deleted until they no longer need it.", findings)
 
 
 def ref_uses(run, repo: Repo, ref: str) -> list[str]:

@@ -25,7 +25,7 @@ from datahub.repos import MAIN, clean_path, create_repo, entry, history, resolve
 from datahub.schemas import RepoIn, UploadIn
 from datahub.services import MODEL_REPO_RE
 from studio.api import validate_data
-from studio.errors import ApiError, BadRequest, Finding, NotFound
+from studio.errors import ApiError, BadRequest, Finding, NotFound, counted
 from studio.views import errors_by_field, studio_page, web_actor
 
 
@@ -185,7 +185,7 @@ def repo_upload(request: HttpRequest, namespace: str, name: str) -> HttpResponse
         # The page comes back scrolled to the top, and the form's findings may be far below it.
         messages.error(request, "Nothing was committed: see Upload files below.")
         return render(request, "datahub/repo.html", context, status=exc.status)
-    messages.success(request, f"Committed {len(chosen)} file(s) to {payload.branch} as {commit.pk[:10]}.")
+    messages.success(request, f"Committed {counted(len(chosen), 'file')} to {payload.branch} as {commit.pk[:10]}.")
     if values["folder"]:
         return redirect("datahub:tree_path", repo.project.slug, repo.name, payload.branch, values["folder"])
     return redirect("datahub:tree", repo.project.slug, repo.name, payload.branch)

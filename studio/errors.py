@@ -70,3 +70,8 @@ class InsufficientStorage(ApiError):
     """507: the Studio's own disk is full, so nothing could be stored (datahub.storage.disk_full)."""
 
     status = 507
+
+
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """'1 run', '2 runs', '0 GPUs': a count with its noun, for messages people read."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"

@@ -65,7 +65,7 @@ def test_createplan_on_an_existing_plan_changes_only_what_it_is_given(db):
     output = run("createplan", "team", "--no-training")
     plan = Plan.objects.get(name="team")
     assert (plan.includes_training, plan.max_concurrent_runs, plan.max_gpus_per_run) == (False, 4, 16)
-    assert "plan team updated: training=no, 4 concurrent run(s), 16 GPU(s) per run" in output
+    assert "plan team updated: training=no, 4 concurrent runs, 16 GPUs per run" in output
     run("createplan", "team", "--training")
     assert Plan.objects.get(name="team").includes_training is True
     with pytest.raises(CommandError):

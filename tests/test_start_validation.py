@@ -246,7 +246,7 @@ def test_start_beyond_concurrent_runs_returns_402(api, project):
     first, second = make_run(api), make_run(api)
     assert start(api, first).status_code == 202
     body = assert_start_refused(api, second, 402, None)
-    assert "1 run(s) at once" in body["detail"]
+    assert "1 run at once" in body["detail"]
 
 
 def test_start_beyond_gpus_per_run_returns_402(api, project):

@@ -24,7 +24,7 @@ from environments.services import job_environment, judge_env
 from experiments.models import Experiment
 from experiments.services import default_experiment, find_experiment
 from studio import audit, crypto
-from studio.errors import BadRequest, Conflict, Finding, NotFound, PaymentRequired, Unprocessable
+from studio.errors import BadRequest, Conflict, Finding, NotFound, PaymentRequired, Unprocessable, counted
 from studio.models import AuditEvent, Project
 from training import status as status_service
 from training.backends import get_backend
@@ -65,15 +65,15 @@ def require_plan_capacity(project: Project, run: TrainingRun) -> None:
     accel = accelerators_of(run.compute)
     if accel.count > plan.max_gpus_per_run:
         raise PaymentRequired(
-            f"The {plan.name} plan allows {plan.max_gpus_per_run} GPU(s) per run and this run asks for {accel.count}: upgrade in Settings → Billing.",
-            [Finding("compute.accelerators", f"ask for at most {plan.max_gpus_per_run} GPU(s), or upgrade the plan")],
+            f"The {plan.name} plan allows {counted(plan.max_gpus_per_run, 'GPU')} per run and this run asks for {accel.count}: upgrade in Settings → Billing.",
+            [Finding("compute.accelerators", f"ask for at most {counted(plan.max_gpus_per_run, 'GPU')}, or upgrade the plan")],
         )
     busy = TrainingRun.objects.filter(project=project).exclude(pk=run.pk).filter(
         status__in=ACTIVE_STATUSES
     ).count() + TrainingRun.objects.filter(project=project, status=Status.QUEUED, start_requested_at__isnull=False).exclude(pk=run.pk).count()
     if busy >= plan.max_concurrent_runs:
         raise PaymentRequired(
-            f"The {plan.name} plan runs {plan.max_concurrent_runs} run(s) at once and {busy} are active: stop one, or upgrade in Settings → Billing."
+            f"The {plan.name} plan runs {counted(plan.max_concurrent_runs, 'run')} at once and {busy} are active: stop one, or upgrade in Settings → Billing."
         )
 
 

@@ -107,13 +107,13 @@ def test_upload_commits_the_files_under_the_folder_on_the_branch(browser, projec
     assert session.state == UploadSession.State.COMMITTED and session.commit == head
     assert not uploads.staged_path(session.pk).exists()
     page = c.get(r["Location"]).content.decode()
-    assert "train.jsonl" in page and "Committed 2 file(s) to dev" in page
+    assert "train.jsonl" in page and "Committed 2 files to dev" in page
 
 
 def test_upload_without_a_message_gets_the_default_one(browser, ds):
     r = browser("owner").post("/hub/acme/ds/upload", {"files": files(("a.txt", b"a")), "branch": "main", "message": ""})
     assert r.status_code == 302 and r["Location"] == "/hub/acme/ds/tree/main"
-    assert repos.resolve(ds, "main").message == "Upload 1 file(s)"
+    assert repos.resolve(ds, "main").message == "Upload 1 file"
 
 
 @pytest.mark.parametrize(("form", "status", "field", "said"), [

@@ -42,7 +42,7 @@ def test_create_a_repo_upload_a_jsonl_and_delete_the_repo(owner_page, project, t
     page.get_by_label("Commit message").fill("Add training data")
     page.get_by_role("button", name="Commit files").click()
     expect(page).to_have_url(re.compile(r"/hub/acme/support-chats/tree/main/data$"))
-    expect(page.get_by_role("status")).to_contain_text("Committed 1 file(s) to main")
+    expect(page.get_by_role("status")).to_contain_text("Committed 1 file to main")
     expect(page.get_by_role("cell", name="train.jsonl", exact=True)).to_be_visible()
     page.get_by_role("link", name="Preview").click()
     expect(page.get_by_role("table")).to_contain_text("3+3?")

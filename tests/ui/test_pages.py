@@ -315,7 +315,7 @@ def test_plan_limit_on_start_shows_402_next_to_the_button(project, users, team_p
     run = make_run(project, users["owner"], "sft", dataset="org/data")
     response = client_for(users["owner"]).post(f"/training/runs/{run.pk}/start", HTTP_HX_REQUEST="true")
     html = response.content.decode()
-    assert response.status_code == 200 and "runs 0 run(s) at once" in html and 'href="/settings/billing/"' in html
+    assert response.status_code == 200 and "runs 0 runs at once" in html and 'href="/settings/billing/"' in html
     run.refresh_from_db()
     assert run.start_requested_at is None
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from studio.errors import Finding
+from studio.errors import Finding, counted
 from training.backends.base import Backend, BackendError, JobSpec, PollResult
 from training.compute import accelerators_of
 
@@ -120,7 +120,7 @@ class LocalBackend(Backend):
             return findings
         available = local_gpu_count()
         if accel.count > available:
-            findings.append(Finding("compute.accelerators", f"the local backend has {available} GPU(s) and this run asks for {accel.count}: use CPU here, or a remote backend"))
+            findings.append(Finding("compute.accelerators", f"the local backend has {counted(available, 'GPU')} and this run asks for {accel.count}: use CPU here, or a remote backend"))
         return findings
 
     def image_has(self, module: str) -> bool:

@@ -277,7 +277,7 @@ def run(ctx: Context) -> None:
     kd_dir = capture_dir(spec, str(dist["teacher_model"]), k, ctx.device.precision)
     shards = tokenise_shards(dataset, fmt, tokenizer, int(spec.cfg("max_length", 1024)), kd_dir)
     n_tokens = sum(int(s.offsets[-1]) for s in shards)
-    ctx.reporter.log(f"capture: {len(shards)} shard(s), {n_tokens} tokens, top_k={k}, sidecars ~{kd_format.expected_size(k, n_tokens) / 1e6:.1f} MB")
+    ctx.reporter.log(f"capture: {len(shards)} shard{'' if len(shards) == 1 else 's'}, {n_tokens} tokens, top_k={k}, sidecars ~{kd_format.expected_size(k, n_tokens) / 1e6:.1f} MB")
     capture_shards(ctx, shards, str(dist["teacher_model"]), k, vocab_size)
 
     ctx.reporter.stage("train")

@@ -95,7 +95,7 @@ class RulerJudge:
             raise JudgeError(f"the judge's reply is not the JSON scores ({exc}): {content[:300]!r}") from None
         missing = [i for i in range(1, n + 1) if i not in by_id]
         if missing:
-            raise JudgeError(f"the judge's reply has no score for response(s) {missing}: {content[:300]!r}")
+            raise JudgeError(f"the judge's reply has no score for response{'' if len(missing) == 1 else 's'} {missing}: {content[:300]!r}")
         return [min(1.0, max(0.0, by_id[i])) for i in range(1, n + 1)]
 
     def _retrying(self, what: str, call: Callable[[], Any]) -> Any:

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from studio.errors import Finding
+from studio.errors import Finding, counted
 from training.compute import accelerators_of
 from training.methods.base import BOOL, COMMON_KEYS, MAX_STEPS, POSITIVE, Draft, Key, TrainingMethod
 
@@ -105,5 +105,5 @@ class GRPO(TrainingMethod):
             if mode == "ruler" and judge.get("mode") == "colocated":
                 blocks += config.get("judge_blocks") or 0
             if blocks > accel.count:
-                findings.append(Finding("compute.accelerators", f"the GPU blocks add up to {blocks} but the run asks for {accel.count} GPU(s): ask for at least {blocks} or use fewer blocks"))
+                findings.append(Finding("compute.accelerators", f"the GPU blocks add up to {blocks} but the run asks for {counted(accel.count, 'GPU')}: ask for at least {blocks} or use fewer blocks"))
         return findings

@@ -5,6 +5,7 @@ from argparse import ArgumentTypeError
 
 from django.core.management.base import BaseCommand, CommandError
 
+from studio.errors import counted
 from studio.models import Plan
 from studio.services import create_plan
 
@@ -45,4 +46,4 @@ class Command(BaseCommand):
         plan = create_plan(name, **{key: value for key, value in values.items() if value is not None})
         verb = "updated" if current else "created"
         self.stdout.write(f"plan {plan.name} {verb}: training={'yes' if plan.includes_training else 'no'}, "
-                          f"{plan.max_concurrent_runs} concurrent run(s), {plan.max_gpus_per_run} GPU(s) per run")
+                          f"{counted(plan.max_concurrent_runs, 'concurrent run')}, {counted(plan.max_gpus_per_run, 'GPU')} per run")
