@@ -124,7 +124,7 @@ class FakeStub:
     """Modal's control-plane gRPC stub: the network boundary, and the only fake here."""
 
     def __init__(self, outputs: api_pb2.FunctionGetOutputsResponse | None = None) -> None:
-        self.outputs, self.requests = outputs, []
+        self.outputs, self.requests, self.clients = outputs, [], []
 
     async def FunctionGetOutputs(self, request, **kwargs):  # noqa: N802 - the RPC's name
         self.requests.append(request)
@@ -148,6 +148,7 @@ def fake_modal(monkeypatch):
         assert (token_id, token_secret) == ("ak-test", "as-test")  # the project's own credentials
         impl = modal.client._Client("https://modal.invalid", api_pb2.CLIENT_TYPE_CLIENT, (token_id, token_secret))
         impl._control_plane_stub, impl._opened = stub, True
+        stub.clients.append(impl)
         return synchronizer._translate_out(impl)
 
     monkeypatch.setattr(ModalBackend, "make_client", make_client)
@@ -179,6 +180,7 @@ def test_poll_maps_the_function_calls_answer(fake_modal, modal_run, answer, stat
     assert (result.state, result.error_code) == (state, code), result
     request = fake_modal.requests[-1]
     assert request.function_call_id == "fc-01TEST" and request.timeout == 0  # get(timeout=0): never blocks
+    assert fake_modal.clients and all(c._closed for c in fake_modal.clients)  # each call closes its client
 
 
 @pytest.mark.django_db

@@ -99,7 +99,10 @@ class ModalBackend(Backend):
 
         async def go():
             client = await self.make_client(token_id, token_secret)
-            return await work(client)
+            try:
+                return await work(client)
+            finally:
+                await client.close.aio()  # its connections and background tasks end with the call, not at exit
 
         try:
             return asyncio.run(asyncio.wait_for(go(), timeout or conn.request_timeout_seconds))
