@@ -98,5 +98,6 @@ class RefSuggestions:
         # This method's demo file: another method's (SFT chats for DPO) would be refused at START.
         example = self.demo_datasets[0].value if self.demo_datasets else "/data/my-data.jsonl"
         return (f"An HF id (org/dataset), a Data Hub repo@ref (my-data@main) or, on the local backend, a file: {example}. "
-                "Several: separate with commas. GRPO: optional, rows with a prompt column; without it the environment makes "
-                "the prompts (RULER reads the prompts dataset in its card).")
+                "Several: separate with commas. GRPO: optional, rows with a prompt column and the columns the environment "
+                "scores against (its page lists them); without it the environment makes the prompts (RULER reads the prompts "
+                "dataset in its card).")
