@@ -41,6 +41,7 @@ test: install services browser dstack
 
 lint: install
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 # The CPU benchmarks (bench/*.py), each printing one JSON object, on their own database, Redis db
 # and queue. The figures are recorded in bench/RESULTS.md.

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 from django.conf import settings
 from django.core.cache import cache
@@ -114,7 +114,7 @@ def iter_rows(entry: TreeEntry | Source) -> Iterator[tuple[int, Any]]:
 def commit_sources_of(entry: TreeEntry) -> Source:
     def open_it() -> BinaryIO:
         opened = storage.open_blob(entry.blob.storage_name)
-        return getattr(opened, "file", opened)  # the raw binary file under Django's File wrapper
+        return cast(BinaryIO, getattr(opened, "file", opened))  # the raw binary file under Django's File wrapper
 
     return Source(entry.path, entry.blob.size, open_it)
 

@@ -19,7 +19,7 @@ import logging
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from django.db import transaction
 
@@ -293,7 +293,8 @@ def model_card(run, checkpoint) -> str:
     base = pinned.get("base_model")
     base_line = f"{run.base_model} (pinned {base['repo']}@{base['commit'][:12]})" if base else (run.base_model or "unknown")
     items = run.dataset if isinstance(run.dataset, list) else ([run.dataset] if run.dataset else [])
-    data = [(i.get("ref") if isinstance(i, dict) else str(i)) for i in items]
+    # START's check_dataset let through only entries whose ref is a string
+    data = [(cast(str, i.get("ref")) if isinstance(i, dict) else str(i)) for i in items]
     metrics = final_metrics(run)
     run_url = f"{getattr(settings, 'STUDIO_PUBLIC_URL', '').rstrip('/')}/training/runs/{run.pk}/"
     source = f"{run_repo(run).full_name}@{run_branch_name(run)}"

@@ -64,7 +64,7 @@ def list_context(request: HttpRequest, form: dict | None = None) -> dict:
     if kind:
         repos = repos.filter(type=kind)
     return {"section": "hub", "project": project, "repos": list(repos[:500]), "types": RepoType.values, "kind": kind,
-            "writable": bool(project) and actor.can_write(project), "form": form or {"values": {"type": RepoType.DATASET}, "errors": {}}}
+            "writable": project is not None and actor.can_write(project), "form": form or {"values": {"type": RepoType.DATASET}, "errors": {}}}
 
 
 @studio_page

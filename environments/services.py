@@ -263,11 +263,12 @@ def static_findings(files: dict[str, bytes], image_has: Callable[[str], bool], *
     unmet: dict[str, str] = {}
     for rel, tree in modules.items():
         for node in ast.walk(tree):
-            names: list[str] = []
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 names = [node.module]
+            else:
+                continue
             for name in names:
                 top = name.split(".", 1)[0]
                 if top in sys.stdlib_module_names or top in own or top == "__future__" or top in unmet:
@@ -399,7 +400,9 @@ def dataset_row_needs(draft) -> RowNeeds | None:
 
 def ruler_findings(config: dict[str, Any]) -> list[Finding]:
     """What the engine's RULER judge needs beyond the method's checks: an http(s) URL."""
-    judge = config.get("judge") if isinstance(config.get("judge"), dict) else {}
+    judge = config.get("judge")
+    if not isinstance(judge, dict):
+        judge = {}
     if judge.get("mode", "external") != "external":
         return []
     findings = []

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from django.conf import settings
@@ -17,13 +18,13 @@ from django.http import Http404, HttpRequest, HttpResponse
 from ninja import NinjaAPI, Schema
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.openapi.docs import Swagger
-from pydantic import Field
+from pydantic import BaseModel, Field
 from pydantic import ValidationError as PydanticValidationError
 
 from studio.auth import Actor, StudioAuth
 from studio.errors import ApiError, BadRequest, Finding, NotFound, PayloadTooLarge, Unauthorized
 
-S = TypeVar("S", bound=Schema)
+S = TypeVar("S", bound=BaseModel)  # a ninja Schema, or a plain pydantic model (training.schemas.IngestBatchIn)
 
 
 class FindingOut(Schema):
@@ -125,7 +126,7 @@ def field_path(loc: tuple | list, *, ninja: bool = False) -> str:
     return "".join(parts) or "body"
 
 
-def findings_from_pydantic(errors: list[dict[str, Any]], *, ninja: bool = False) -> list[Finding]:
+def findings_from_pydantic(errors: Sequence[Mapping[str, Any]], *, ninja: bool = False) -> list[Finding]:
     """One finding per field: a value no member of a union accepts is one problem, not one per member."""
     messages: dict[str, list[str]] = {}
     for err in errors:
@@ -217,7 +218,7 @@ def validate_data(schema: type[S], raw: dict[str, Any]) -> S:
         raise BadRequest("The request body has invalid fields.", findings_from_pydantic(exc.errors())) from exc
 
 
-def body_schema(schema: type[Schema]) -> dict[str, Any]:
+def body_schema(schema: type[BaseModel]) -> dict[str, Any]:
     """openapi_extra for an endpoint that parses its body with parse_body."""
     return {
         "requestBody": {
@@ -267,7 +268,7 @@ def on_body_too_large(request: HttpRequest, exc: RequestDataTooBig) -> HttpRespo
     return error_response(request, 413, error.body())
 
 
-def on_not_found(request: HttpRequest, exc: Exception) -> HttpResponse:
+def on_not_found(request: HttpRequest, exc: Http404) -> HttpResponse:
     return error_response(request, 404, NotFound().body())
 
 

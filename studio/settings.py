@@ -229,10 +229,10 @@ STUDIO_SUBMIT_LEASE_SECONDS = envint("STUDIO_SUBMIT_LEASE_SECONDS", 300)
 STUDIO_RECONCILE_LEASE_SECONDS = envint("STUDIO_RECONCILE_LEASE_SECONDS", 120)
 # Local backend: the folders a run's local paths (base_model, teacher, dataset) may lie under.
 # Unset: any absolute path, the embedded default's one-team machine. A multi-team install sets it.
-STUDIO_LOCAL_ROOTS = envlist("STUDIO_LOCAL_ROOTS", [])
-if relative := [root for root in STUDIO_LOCAL_ROOTS if not Path(root).is_absolute()]:
+_local_roots = envlist("STUDIO_LOCAL_ROOTS", [])
+if relative := [root for root in _local_roots if not Path(root).is_absolute()]:
     raise ImproperlyConfigured(f"STUDIO_LOCAL_ROOTS={','.join(relative)}: give absolute folders, comma-separated")
-STUDIO_LOCAL_ROOTS = [Path(root).resolve() for root in STUDIO_LOCAL_ROOTS]
+STUDIO_LOCAL_ROOTS = [Path(root).resolve() for root in _local_roots]
 # Python packages the trainer image of remote backends ships (the local backend looks at its own env).
 STUDIO_IMAGE_PACKAGES = envlist(
     "STUDIO_IMAGE_PACKAGES",

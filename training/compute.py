@@ -84,7 +84,7 @@ def accelerators_of(compute: dict) -> Accelerators:
 
 def precision_findings(precision: str | None, accel: Accelerators) -> list[Finding]:
     needs = PRECISION_ARCHITECTURES.get((precision or "").lower())
-    if not needs:
+    if not needs or precision is None:  # a None precision never has needs ("" is no key): this only tells mypy
         return []
     label = precision.upper()
     names = [a.capitalize() for a in needs]

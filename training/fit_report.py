@@ -104,7 +104,7 @@ def report_of(check: FitCheck, method: str, config: dict) -> FitReport:
     where = f"on one {gpu}" if check.count <= 1 else f"on each of the {check.count} {gpu}s (each holds the whole model)"
     summary = (f"about {shown.gib:.1f} GiB of {card_gib:g} GiB {where}{PHASES.get(shown.phase, '')} "
                f"(activation checkpointing {'on' if checkpointing else 'off'})")
-    base = {"total_gib": round(shown.gib, 2), "gpu": check.gpu, "gpu_count": check.count, "gpu_gib": card_gib, "checkpointing": checkpointing,
+    base: dict[str, Any] = {"total_gib": round(shown.gib, 2), "gpu": check.gpu, "gpu_count": check.count, "gpu_gib": card_gib, "checkpointing": checkpointing,
             "phase": shown.phase, "breakdown": {key: round(value / fit.GIB, 2) for key, value in shown.parts.items() if value > 0}, "summary": summary}
     if verdict.status == "too_big":
         return FitReport("too_big", verdict.message or summary, field=verdict.field, **base)

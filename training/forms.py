@@ -186,7 +186,7 @@ def parse_run_form(data: QueryDict) -> ParsedRun:
     compute: dict[str, Any] = {}
     form_config: dict[str, Any] = {}
     for name, kind in fields_for(method, values.get("config.rl_mode")).items():
-        raw = (values.get(name) or "").strip() if kind != "bool" else values.get(name)
+        raw: Any = (values.get(name) or "").strip() if kind != "bool" else values.get(name)  # text, or a checkbox's value as sent
         if kind == "bool":
             if raw:
                 value: Any = True
@@ -326,7 +326,7 @@ def params_from_config(cfg: dict) -> int | None:
     """Approximate parameter count of a decoder-only transformer from its config.json."""
     cfg = cfg.get("text_config", cfg)
     h, layers, vocab = cfg.get("hidden_size"), cfg.get("num_hidden_layers"), cfg.get("vocab_size")
-    if not all(isinstance(x, int) and x > 0 for x in (h, layers, vocab)):
+    if not (isinstance(h, int) and isinstance(layers, int) and isinstance(vocab, int) and min(h, layers, vocab) > 0):
         return None
     heads = cfg.get("num_attention_heads") or max(1, h // 64)
     kv_heads = cfg.get("num_key_value_heads") or heads

@@ -124,7 +124,9 @@ def apply_batch(run: TrainingRun, batch: IngestBatchIn) -> None:
 
 
 def apply_reported_status(run: TrainingRun, batch: IngestBatchIn) -> None:
-    target = {"running": Status.RUNNING, "completed": Status.COMPLETED, "failed": Status.FAILED}[batch.status]
+    reported_status = batch.status
+    assert reported_status is not None  # apply_batch calls this only for a batch that reports a status
+    target = {"running": Status.RUNNING, "completed": Status.COMPLETED, "failed": Status.FAILED}[reported_status]
     error = None
     if target == Status.FAILED:
         reported = batch.error

@@ -309,8 +309,8 @@ def delete_blockers(run: TrainingRun) -> list[Finding]:
     elif run.backend_name == "local" and job_lingers(run.backend_job_id):
         findings.append(Finding("status", "its engine is still exiting after the run ended: try again in a few seconds"))
     for child in TrainingRun.objects.filter(parent=run).select_related("resume_checkpoint").order_by("pk"):
-        step = f"step {child.resume_checkpoint.step}" if child.resume_checkpoint_id else "a checkpoint"
-        findings.append(Finding("children", f"run #{child.pk} ({child.name}, {child.status}) was resumed from {step} of this run: "
+        resumed_from = f"step {child.resume_checkpoint.step}" if child.resume_checkpoint_id else "a checkpoint"
+        findings.append(Finding("children", f"run #{child.pk} ({child.name}, {child.status}) was resumed from {resumed_from} of this run: "
                                             f"delete run #{child.pk} first, since its lineage points here"))
     for step in sorted(merging_steps(list(Checkpoint.objects.filter(run=run)))):
         findings.append(Finding("checkpoints", f"step {step} is being merged: wait until it is listed as merged (or its merge fails), then delete"))

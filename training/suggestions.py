@@ -47,8 +47,14 @@ def demo_built() -> dict[str, Path]:
 
 
 def _unique(items: list[Suggestion]) -> list[Suggestion]:
+    """`items` without repeats of a value, the first of each kept, in order."""
     seen: set[str] = set()
-    return [item for item in items if not (item.value in seen or seen.add(item.value))]
+    unique: list[Suggestion] = []
+    for item in items:
+        if item.value not in seen:
+            seen.add(item.value)
+            unique.append(item)
+    return unique
 
 
 class RefSuggestions:

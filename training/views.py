@@ -241,7 +241,7 @@ def runs(request: HttpRequest) -> HttpResponse:
     query = urlencode({k: v for k, v in filters.items() if v})
     context = {
         "section": "training", "project": project, "runs": list(page.object_list), "page": page, "filters": filters, "query": query,
-        "experiments": experiments, "statuses": Status.values, "methods": Method.choices, "writable": bool(project) and actor.can_write(project),
+        "experiments": experiments, "statuses": Status.values, "methods": Method.choices, "writable": project is not None and actor.can_write(project),
     }
     parts = {"run-rows": "training/runs.html#rows", "run-list": "training/runs.html#list"}
     template = parts.get(request.htmx.target, "training/runs.html") if request.htmx else "training/runs.html"
@@ -371,7 +371,7 @@ def new_run_part(request: HttpRequest, part: str) -> HttpResponse:
     weights (Pure distillation preset) and its estimate. Values come in the query string."""
     project = web_actor(request).require_project()
     values = {k: request.GET.get(k, "") for k in request.GET.keys()}
-    method = values.get("method") if values.get("method") in Method.values else "sft"
+    method = values["method"] if values.get("method") in Method.values else "sft"
     if part == "method":
         values = forms.with_method_defaults(values, method)
     elif part == "preset":
@@ -601,8 +601,9 @@ def rollout_groups(run: TrainingRun, request: HttpRequest) -> dict[str, Any]:
     for key in ("min_reward", "max_reward"):
         raw = request.GET.get(key, "").strip()
         try:
-            bounds[key] = float(raw) if raw else None
-            if bounds[key] is not None and not math.isfinite(bounds[key]):
+            bound = float(raw) if raw else None
+            bounds[key] = bound
+            if bound is not None and not math.isfinite(bound):
                 raise ValueError(raw)
         except ValueError:
             bounds[key] = None

@@ -81,6 +81,7 @@ def run_engine_body(spec: dict, workdir: str | None = None) -> dict:
         pass  # not the main thread (.local() from a worker thread): nothing to forward
     tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
     try:
+        assert child.stdout is not None  # stdout=PIPE
         for raw in child.stdout:
             line = raw.decode(errors="replace").rstrip("\n")
             tail.append(line)

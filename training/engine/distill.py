@@ -159,7 +159,8 @@ def collate_packed(batch: list[dict[str, torch.Tensor]], *, flash: bool = False,
     if flash or row_length is None:
         rows = [list(range(len(batch)))]
     else:
-        rows, room = [], []
+        rows = []
+        room: list[int] = []  # the tokens left in each row
         for i, n in enumerate(lengths):
             slot = next((r for r, left in enumerate(room) if left >= n), None)
             if slot is None:

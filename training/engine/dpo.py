@@ -76,7 +76,7 @@ class StudioDPOTrainer(TokenCountingMixin, DPOTrainer):
         return contextlib.nullcontext()
 
     def _compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool) -> Any:
-        mode = "train" if self.model.training else "eval"
+        mode = "train" if self.model.training else "eval"  # type: ignore[union-attr]  # Trainer.model is typed Optional; set before any loss
         completion_mask = inputs["completion_mask"]
         mask = span_masks(inputs["input_ids"], completion_mask) if self.span_mask else completion_mask
         score_mask = mask[:, 1:].to(torch.float32)  # log_probs[t] scores token t+1

@@ -27,6 +27,8 @@ class Environment(ABC):
     # The columns score() reads from a row, beyond "prompt": a run's own dataset must have them
     # (a package declares them as ROW_KEYS in its __init__.py; Studio checks them before START too).
     row_keys: tuple[str, ...] = ()
+    # The package's CONFIG merged with the run's overrides: set by packages.load, absent on the built-ins.
+    config: dict[str, Any]
 
     @abstractmethod
     def prompts(self, n: int, seed: int) -> list[dict[str, Any]]:

@@ -99,7 +99,7 @@ class ModelShape:
             return None
         cfg = cfg.get("text_config") or cfg
         h, layers, vocab = cfg.get("hidden_size"), cfg.get("num_hidden_layers"), cfg.get("vocab_size")
-        if not all(isinstance(x, int) and x > 0 for x in (h, layers, vocab)):
+        if not (isinstance(h, int) and isinstance(layers, int) and isinstance(vocab, int) and min(h, layers, vocab) > 0):
             return None
         heads = _int(cfg.get("num_attention_heads")) or max(1, h // 64)
         kv_heads = _int(cfg.get("num_key_value_heads")) or heads
@@ -383,7 +383,9 @@ def _num(config: Mapping[str, Any], key: str, default: float) -> float:
 def estimate_run(shape: ModelShape, method: str, config: Mapping[str, Any], *, teacher_shape: ModelShape | None = None,
                  checkpointing: bool = True, on_gpu: bool = True) -> Estimate:
     """The estimate for a run's config, with the engine's defaults for what is unset."""
-    loss = config.get("loss") if isinstance(config.get("loss"), Mapping) else {}
+    loss = config.get("loss")
+    if not isinstance(loss, Mapping):
+        loss = {}
     return estimate(
         shape,
         method=method,

@@ -29,7 +29,7 @@ CPU too (torch has a reference `_scaled_mm` there), which is how its numbers are
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -116,7 +116,7 @@ def convertible(name: str, module: nn.Module, head: nn.Module | None) -> bool:
 
 def convert(model: nn.Module) -> int:
     """Switch every convertible linear layer of `model` to Fp8Linear in place; how many were."""
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None  # type: ignore[operator]  # nn.Module.__getattr__ types it Tensor | Module
     count = 0
     for name, module in model.named_modules():
         if convertible(name, module, head):
@@ -141,7 +141,9 @@ def capability(device: torch.device | str) -> tuple[bool, str]:
         layer.__class__ = Fp8Linear
         x = torch.randn(ALIGN * 2, ALIGN * 2, device=device, dtype=torch.bfloat16, requires_grad=True)
         layer(x).float().square().sum().backward()
-        if not (torch.isfinite(x.grad).all() and torch.isfinite(layer.weight.grad).all()):
+        # backward() gave both leaves a gradient; the casts only tell mypy so (.grad is typed Optional)
+        x_grad, weight_grad = cast(torch.Tensor, x.grad), cast(torch.Tensor, layer.weight.grad)
+        if not (torch.isfinite(x_grad).all() and torch.isfinite(weight_grad).all()):
             return False, "the float8 GEMM probe gave non-finite gradients"
     except (RuntimeError, TypeError, ValueError) as exc:
         return False, f"the float8 GEMM probe failed on this GPU ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"

@@ -218,7 +218,8 @@ class TasksetEnvironment(Environment):
         self.system_prompt = prompts.pop() if len(prompts) == 1 else None
 
     def prompts(self, n: int, seed: int) -> list[dict[str, Any]]:
-        rng, order = random.Random(seed), []
+        rng = random.Random(seed)
+        order: list[int] = []
         while len(order) < n:
             batch = list(range(len(self.tasks)))
             rng.shuffle(batch)

@@ -175,7 +175,8 @@ class RulerEnvironment(Environment):
     def prompts(self, n: int, seed: int) -> list[dict[str, Any]]:
         import random
 
-        rng, out = random.Random(seed), []
+        rng = random.Random(seed)
+        out: list[dict[str, Any]] = []
         while len(out) < n:
             batch = list(self.rows)
             rng.shuffle(batch)

@@ -12,8 +12,9 @@ up to `max_length` tokens, so an epoch has fewer, fuller steps.
 
 from __future__ import annotations
 
+from collections.abc import Sized
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import torch
 from trl import SFTConfig, SFTTrainer
@@ -86,7 +87,7 @@ def build_trainer(ctx: Context) -> tuple[StudioSFTTrainer, Any]:
     )
     ref.append(trainer)
     if packing:
-        rows = len(trainer.train_dataset)
+        rows = len(cast(Sized, trainer.train_dataset))  # SFTTrainer's prepared dataset; TRL types it Optional
         layout = "one padding-free row per batch (varlen flash attention)"
         if not str(getattr(model.config, "_attn_implementation", "")).startswith("flash"):
             # Swapped after construction: TRL refuses a custom collator with padding-free, which bfd implies.

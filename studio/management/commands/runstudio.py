@@ -54,8 +54,9 @@ class Child:
     proc: subprocess.Popen | None = None
     exits: deque = field(default_factory=deque)
 
-    def launch(self) -> None:
+    def launch(self) -> subprocess.Popen:
         self.proc = self.start()
+        return self.proc
 
     def exited(self, now: float) -> bool:
         """Record an exit; False when it is one too many in the window."""
@@ -100,19 +101,21 @@ class Command(BaseCommand):
             signal.signal(signum, interrupt)
         try:
             for child in children:
-                child.launch()
-                self.say(f"{child.name} started (pid {child.proc.pid})" + (f" on {settings.EMBEDDED_REDIS_SOCKET}" if child.name == "redis" else ""))
+                proc = child.launch()
+                self.say(f"{child.name} started (pid {proc.pid})" + (f" on {settings.EMBEDDED_REDIS_SOCKET}" if child.name == "redis" else ""))
             self.say(f"Studio is up: http://{opts['addr']}/  (API docs: /api/docs, admin: /admin/). Ctrl-C stops it.")
             while True:
                 for child in children:
-                    if child.proc.poll() is None:
+                    current = child.proc
+                    assert current is not None  # every child was launched before this loop
+                    if current.poll() is None:
                         continue
-                    code = child.proc.returncode
+                    code = current.returncode
                     if not child.exited(time.monotonic()):
                         raise CommandError(f"{child.name} exited with {code}, its {RESTARTS + 1}th exit in {RESTART_WINDOW_SECONDS // 60} minutes; "
                                            "stopping the Studio (its output above says why)")
-                    child.launch()
-                    self.say(f"{child.name} exited with {code}; started it again (pid {child.proc.pid})")
+                    restarted = child.launch()
+                    self.say(f"{child.name} exited with {code}; started it again (pid {restarted.pid})")
                 time.sleep(0.5)
         except KeyboardInterrupt as stop:
             self.say(f"stopping ({stop.args[0] if stop.args else 'SIGINT'})…")
