@@ -79,3 +79,12 @@ def test_grpo_rollout_speed_gets_its_own_chart(project, users):
 
     captions = re.findall(r"<figcaption>([^<]*)</figcaption>", overview(run, users["owner"]))
     assert "Rollout speed (tokens/s)" in captions and captions[0] == "Reward"
+
+
+def test_a_distill_runs_teacher_capture_shows_its_shards_and_speed(project, users):
+    run, token = started_run(project, users["owner"])
+    ingest(run, token, {"capture_shards_done": 2, "capture_shards": 5, "capture_tokens_per_s": 41234.6}, [])
+    run.refresh_from_db()
+    assert run.status == Status.RUNNING and run.started_at is not None  # the capture counts in the run's duration
+    card = status_card(overview(run, users["viewer"]))
+    assert 'data-testid="capture-progress"' in card and "shard 2 / 5 · 41235 tokens/s · training starts after it" in card

@@ -357,6 +357,11 @@ def capture_shards(ctx: Context, shards: list[Shard], teacher_ref: str, k: int, 
             rep.log(f"capture: {s.kd_path.name} already valid; skipped")
     if not todo:
         return CaptureStats(tokens=0, seconds=0.0, tokens_per_s=0.0, mfu=None)
+    # The teacher's pass is the run's own work, often its longest part: the run is running from here
+    # (its duration counts it), and its progress is the shards done.
+    rep.status("running")
+    done = len(shards) - len(todo)
+    rep.progress({"capture_shards_done": done, "capture_shards": len(shards)})
     device = torch.device(ctx.device.kind)
     teacher = load_model(teacher_ref, None, ctx.device, log=ctx.reporter.log).to(device).eval()
     teacher_vocab = int(getattr(_text_config(teacher.config), "vocab_size", 0) or teacher.config.vocab_size)
@@ -383,6 +388,9 @@ def capture_shards(ctx: Context, shards: list[Shard], teacher_ref: str, k: int, 
             if pending is not None:
                 _finish(pending, k, rep)
             pending = (writer.submit(kd_format.write_sidecar, s.kd_path, ids, lps, vocab_size, s.token_hash), s, n_tokens)
+            done += 1
+            rep.progress({"capture_shards_done": done, "capture_shards": len(shards),
+                          "capture_tokens_per_s": round(tokens / max(time.perf_counter() - started, 1e-9))})
         if pending is not None:
             _finish(pending, k, rep)
         seconds = time.perf_counter() - started
