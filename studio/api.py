@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field
 from pydantic import ValidationError as PydanticValidationError
 
 from studio.auth import Actor, StudioAuth
-from studio.errors import ApiError, BadRequest, Finding, NotFound, PayloadTooLarge, Unauthorized
+from studio.errors import ApiError, BadRequest, Finding, NotFound, PayloadTooLarge, Unauthorized, UnsupportedMediaType
 
 S = TypeVar("S", bound=BaseModel)  # a ninja Schema, or a plain pydantic model (training.schemas.IngestBatchIn)
 
@@ -195,10 +195,19 @@ def loads_json(text: str | bytes) -> Any:
         raise ValueError("nested too deeply") from exc
 
 
+def json_body(request: HttpRequest) -> bytes:
+    """The body of a request the API reads as JSON. A multipart form is a 415: it is no JSON, and
+    once parsed as a form its bytes cannot be read again."""
+    if request.content_type == "multipart/form-data":
+        raise UnsupportedMediaType("The API takes a JSON body, not a form.",
+                                   [Finding("Content-Type", "send the body as JSON, with Content-Type: application/json")])
+    return request.body
+
+
 def parse_body(request: HttpRequest, schema: type[S]) -> S:
     """Parse the JSON body into `schema`, or raise a 400 naming each bad field."""
     try:
-        raw = loads_json(request.body or b"{}")
+        raw = loads_json(json_body(request) or b"{}")
     except ValueError as exc:
         raise BadRequest("The request body is not valid JSON.", [Finding("body", f"send a JSON object ({str(exc)[:200]})")]) from exc
     if not isinstance(raw, dict):

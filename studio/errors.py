@@ -61,6 +61,12 @@ class PayloadTooLarge(ApiError):
     status = 413
 
 
+class UnsupportedMediaType(ApiError):
+    """A body the API cannot read as JSON: a multipart form."""
+
+    status = 415
+
+
 class Unprocessable(ApiError):
     status = 422
     default_detail = "The run cannot start until these problems are fixed."

@@ -319,3 +319,17 @@ def test_a_body_over_the_request_limit_is_413_naming_the_limit_and_stores_nothin
     assert "over the 10000 bytes one request may carry" in error["detail"] and error["errors"][0]["field"] == "body"
     assert "send at most 10000 bytes" in error["errors"][0]["message"]
     assert run_snapshot(queued_run.pk) == before and LogLine.objects.filter(run=queued_run).count() == logs
+
+
+@pytest.mark.parametrize("path", [
+    "/api/training-runs", "/api/experiments", "/api/hub/repos", "/api/environments/fork", "/api/ingest/runs/{run}",
+])
+def test_a_form_body_is_415_saying_to_send_json_and_stores_nothing(api, queued_run, request, path):
+    # A multipart form cannot be JSON, and once parsed its bytes are gone: reading them was a 500.
+    who = request.getfixturevalue("ingest_api") if "ingest" in path else api
+    before, logs = run_snapshot(queued_run.pk), LogLine.objects.filter(run=queued_run).count()
+    response = who.client.post(path.format(run=queued_run.pk), {"name": "x", "batch_id": "b1"}, HTTP_AUTHORIZATION=f"Bearer {who.token}")
+    assert response.status_code == 415, response.content
+    assert response.json()["errors"] == [{"field": "Content-Type", "message": "send the body as JSON, with Content-Type: application/json"}]
+    assert run_snapshot(queued_run.pk) == before and LogLine.objects.filter(run=queued_run).count() == logs
+    assert TrainingRun.objects.count() == 1

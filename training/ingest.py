@@ -16,7 +16,7 @@ from pydantic import ValidationError as PydanticValidationError
 
 from datahub.services import record_checkpoint
 from studio import crypto
-from studio.api import ErrorOut, body_schema, loads_json, parse_body, unstorable
+from studio.api import ErrorOut, body_schema, json_body, loads_json, parse_body, unstorable
 from studio.errors import Conflict, Finding, Forbidden, Unauthorized
 from studio.ratelimit import check_auth_allowed, note_auth_failure
 from training import status as status_service
@@ -75,7 +75,7 @@ def ingest(request: HttpRequest, run_id: int):
 
 
 def parse_batch(request: HttpRequest) -> IngestBatchIn:
-    body = request.body
+    body = json_body(request)
     if body and b"\\u" not in body:
         try:
             raw = loads_json(body)
