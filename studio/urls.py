@@ -11,6 +11,7 @@ urlpatterns = [
     # a 404 there is a console error on every admin page.
     path("favicon.ico", views.favicon),
     path("admin/", admin.site.urls),
+    path("api", views.api_root),
     path("api/", api.urls),
     path("hub/", include("datahub.hf_urls")),
     path("", include("studio.web_urls")),

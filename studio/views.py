@@ -12,12 +12,13 @@ from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
 from django.db.models import Sum
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render, resolve_url
 from django.templatetags.static import static
 from django.urls import Resolver404, resolve
 from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
@@ -127,6 +128,15 @@ def favicon(request: HttpRequest) -> HttpResponse:
     """/favicon.ico → the Studio's icon, for pages without a <link rel="icon"> (the admin's): resolved
     per request, as the hashed static name exists only once collectstatic has run."""
     return redirect(static("img/favicon.svg"), permanent=True)
+
+
+@csrf_exempt  # it changes nothing, and an API client has no CSRF cookie
+def api_root(request: HttpRequest) -> HttpResponse:
+    """/api without its slash. A GET goes on to the API's home; any other method is a JSON 404 (with
+    APPEND_SLASH, DEBUG's CommonMiddleware raised a 500 for a POST it cannot redirect)."""
+    if request.method in ("GET", "HEAD"):
+        return redirect("/api/")
+    return JsonResponse({"detail": "There is no endpoint at /api: the API's endpoints are under /api/, listed at /api/docs.", "errors": []}, status=404)
 
 
 @login_required

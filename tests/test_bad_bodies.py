@@ -333,3 +333,11 @@ def test_a_form_body_is_415_saying_to_send_json_and_stores_nothing(api, queued_r
     assert response.json()["errors"] == [{"field": "Content-Type", "message": "send the body as JSON, with Content-Type: application/json"}]
     assert run_snapshot(queued_run.pk) == before and LogLine.objects.filter(run=queued_run).count() == logs
     assert TrainingRun.objects.count() == 1
+
+
+@pytest.mark.parametrize("method", ["post", "patch", "put", "delete"])
+def test_a_write_to_api_without_its_slash_is_a_json_404_not_a_500(api, settings, method):
+    settings.DEBUG = True  # `make studio`'s default, where CommonMiddleware's APPEND_SLASH raised for a write it cannot redirect
+    response = getattr(api.client, method)("/api", data="{}", content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {api.token}")
+    assert response.status_code == 404 and "listed at /api/docs" in response.json()["detail"]
+    assert api.client.get("/api").status_code == 302
