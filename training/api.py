@@ -164,9 +164,11 @@ def resume_from_checkpoint(request: HttpRequest, run_id: int, step: int):
 
 def sent_a_body(request: HttpRequest) -> bool:
     """Whether a request that takes no body came with one (JSON beyond {}, or form fields)."""
+    if request.content_type == "multipart/form-data":  # a form, empty or not, is its fields
+        return bool(request.POST or request.FILES)
     try:
         return request.body.strip() not in (b"", b"{}")
-    except RawPostDataException:  # a form the middleware has parsed already
+    except RawPostDataException:  # a form the CSRF check has parsed already
         return bool(request.POST or request.FILES)
 
 

@@ -57,7 +57,7 @@ def validate_draft(draft: Draft) -> Draft:
     findings += check_compute(draft.compute)
     findings += method.check_types(draft.config)
     if not findings:
-        draft.config = normalise_block(draft.config, method.known_keys())
+        draft.config = normalise_block(draft.config, {**method.trl_keys(), **method.known_keys()})
         findings += method.create_findings(draft)
         findings += liger_findings(draft)
         findings += single_gpu_findings(draft)

@@ -19,10 +19,19 @@ TRL_FIELDS_FILE = Path(__file__).with_name("trl_fields.json")
 
 
 @lru_cache(maxsize=1)
-def trl_config_fields() -> dict[str, frozenset[str]]:
-    """Field names of TRL's config classes, snapshotted so the web process never imports TRL.
-    tests/test_methods.py checks the snapshot against the installed TRL."""
-    return {name: frozenset(names) for name, names in json.loads(TRL_FIELDS_FILE.read_text()).items()}
+def trl_config_fields() -> dict[str, dict[str, Key]]:
+    """The fields of TRL's config classes and the type of each, snapshotted so the web process never
+    imports TRL (training/methods/trl_snapshot.py writes the file; tests/test_trl_snapshot.py checks it
+    against the installed TRL)."""
+    return {config: {name: trl_key(spec) for name, spec in fields.items()} for config, fields in json.loads(TRL_FIELDS_FILE.read_text()).items()}
+
+
+def trl_key(spec: dict[str, Any]) -> Key:
+    kind = spec["kind"]
+    if kind == "str":
+        return Key("str", nullable=spec["nullable"], hint="a string")
+    # An integer TRL field is an int64 or smaller in the trainer: a bound against overflow, not a limit.
+    return Key(kind, choices=tuple(spec.get("choices", ())), nullable=spec["nullable"], maximum=2**31 - 1 if kind == "int" else None)
 
 
 # Upper bounds catch values that parse but cannot run (a max_steps that never ends, an epoch count
@@ -130,21 +139,28 @@ class TrainingMethod:
     def known_keys(self) -> dict[str, Key]:
         return {**COMMON_KEYS, **self.keys}
 
+    def trl_keys(self) -> dict[str, Key]:
+        """The fields of the method's TRL config a run may set, by type (the rest the Studio sets)."""
+        aliases = {**TRL_ALIASES, **self.trl_aliases}
+        return {name: key for name, key in trl_config_fields().get(self.trl_config, {}).items() if name not in STUDIO_MANAGED and name not in aliases}
+
     def check_types(self, config: dict) -> list[Finding]:
         not_json = json_findings("config", config)
         if not_json:
             return not_json  # the type checks below quote values as JSON
         findings: list[Finding] = []
         known = self.known_keys()
-        passthrough = trl_config_fields().get(self.trl_config, frozenset())
+        passthrough = self.trl_keys()
         for name, value in config.items():
             if name in known:
                 findings.extend(known[name].check(f"config.{name}", value))
+            elif name in passthrough:
+                findings.extend(passthrough[name].check(f"config.{name}", value))
             elif name in STUDIO_MANAGED:
                 findings.append(Finding(f"config.{name}", f"the Studio sets this itself: {STUDIO_MANAGED[name]}; remove it"))
             elif name in (aliases := {**TRL_ALIASES, **self.trl_aliases}):
                 findings.append(Finding(f"config.{name}", f"{self.label} sets TRL's {name} from {aliases[name]}: use {aliases[name]} instead"))
-            elif name not in passthrough:
+            else:
                 findings.append(
                     Finding(
                         f"config.{name}",
