@@ -55,3 +55,17 @@ def test_a_finished_runs_series_are_cached_and_a_late_batch_refreshes_them(shape
     TrainingRun.objects.filter(pk=run.pk).update(last_heartbeat_at=timezone.now())  # what ingest does
     run.refresh_from_db()
     assert [s for s, _ in metrics.series(run, ["two"], 10)["two"]] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("path", ["sql", "python"])
+def test_bucket_means_of_values_near_the_float_limit_stay_finite(api, path):
+    # Each value is finite, but their sum is not: an avg() of them was Infinity, which broke the
+    # API's JSON and the run page's charts.
+    if path == "sql" and connection.vendor != "postgresql":
+        pytest.skip("the SQL path is PostgreSQL's")
+    run_id = api.post("/api/training-runs", sft_body()).json()["id"]
+    MetricPoint.objects.bulk_create([MetricPoint(run_id=run_id, key=key, step=s, value=sign * 1.7e308) for s in range(10, 30)
+                                     for key, sign in (("big", 1), ("neg", -1))])
+    run = TrainingRun.objects.get(pk=run_id)
+    got = metrics.series_in_sql(run, None, 3) if path == "sql" else metrics.series_in_python(run, None, 3)
+    assert got == {"big": [(10, 1.7e308), (28, pytest.approx(1.7e308)), (29, 1.7e308)], "neg": [(10, -1.7e308), (28, pytest.approx(-1.7e308)), (29, -1.7e308)]}

@@ -24,10 +24,22 @@ def downsample(points: list[tuple[int, float]], max_points: int) -> list[tuple[i
         lo, hi = b * len(inner) // buckets, (b + 1) * len(inner) // buckets
         chunk = inner[lo:hi]
         if chunk:
-            out.append((chunk[-1][0], sum(v for _, v in chunk) / len(chunk)))
+            values = [v for _, v in chunk]
+            out.append((chunk[-1][0], bucket_mean(values)))
     out.append(points[-1])
     return out
 
+
+def bucket_mean(values: list[float]) -> float:
+    """The mean, summed at 2**-32 scale: values near the float limit (1.7e308) are finite one by one,
+    but their plain sum overflows (PostgreSQL's avg() raised, Python's gave infinity, which JSON
+    cannot carry). Scaling by a power of two is exact, so every other mean is unchanged."""
+    return sum(v / MEAN_SCALE for v in values) / len(values) * MEAN_SCALE
+
+
+MEAN_SCALE = 2.0**32
+# bucket_mean in SQL. Not avg(): PostgreSQL's float8 avg also sums the squares, which overflow first.
+MEAN_SQL = f"sum(value / {MEAN_SCALE:.0f}) / count(*) * {MEAN_SCALE:.0f}"
 
 # The same buckets as downsample(), computed by PostgreSQL: a 100k-point series leaves the database
 # as max_points rows instead of 100k. With rn the 1-based position in (step, id) order and n the
@@ -51,7 +63,7 @@ WITH ranked AS (
            END AS bucket
     FROM ranked
 )
-SELECT key, max(step), avg(value)
+SELECT key, max(step), {mean}
 FROM bucketed
 WHERE bucket IS NOT NULL
 GROUP BY key, bucket
@@ -70,7 +82,7 @@ WHERE run_id = %(run_id)s {key_filter}
 GROUP BY key
 """
 DENSE_SQL = """
-SELECT max(step), avg(value)
+SELECT max(step), {mean}
 FROM (
     SELECT step, value,
            CASE WHEN %(n)s <= %(max_points)s THEN step - %(lo)s
@@ -138,12 +150,12 @@ def series_in_sql(run: TrainingRun, keys: list[str] | None, max_points: int) -> 
         sparse = []
         for key, n, lo, hi in stats:
             if n == hi - lo + 1:
-                cursor.execute(DENSE_SQL.format(table=table), {**params, "key": key, "n": n, "lo": lo, "hi": hi})
+                cursor.execute(DENSE_SQL.format(table=table, mean=MEAN_SQL), {**params, "key": key, "n": n, "lo": lo, "hi": hi})
                 grouped[key] = [(step, value) for step, value in cursor.fetchall()]
             else:
                 sparse.append(key)
         if sparse:
-            cursor.execute(DOWNSAMPLE_SQL.format(table=table, key_filter="AND key = ANY(%(sparse)s)"), {**params, "sparse": sparse})
+            cursor.execute(DOWNSAMPLE_SQL.format(table=table, key_filter="AND key = ANY(%(sparse)s)", mean=MEAN_SQL), {**params, "sparse": sparse})
             for key, step, value in cursor.fetchall():
                 grouped.setdefault(key, []).append((step, value))
     return {key: grouped[key] for key in sorted(grouped)}
