@@ -23,6 +23,7 @@ from django.conf import settings
 
 from datahub.datasets import RowNeeds
 from studio.errors import BadRequest, Finding, NotFound
+from training.engine.packages import CONFIG_METADATA
 
 log = logging.getLogger(__name__)
 CATALOGUE_DIR = Path(__file__).resolve().parent / "catalogue"
@@ -148,7 +149,7 @@ def config_findings(reference: dict[str, Any] | None, config: dict[str, Any], fi
     findings = missing_config_findings(init, config, field)
     reads, optional = _config_reads(init) if init is not None else ({}, set())
     params, passes_on = _entry_parameters(init) if init is not None else (set(), True)
-    known = set(reference or {}) | set(reads) | optional | params
+    known = set(reference or {}) | set(reads) | optional | params | set(CONFIG_METADATA)
     root = package_prefix(files) or ""
     # Only where every key it can take is visible: one that hands its **kwargs on (a Taskset) may read any.
     for key in sorted(set(config) - known) if not passes_on else []:

@@ -312,3 +312,16 @@ def test_row_keys_are_read_without_importing_the_package():
     assert services.row_keys({"__init__.py": b"ROW_KEYS: tuple = ('prompt',)\n"}) == ("prompt",)
     for init in (b"ROW_KEYS = compute()\n", b"ROW_KEYS = 'prompt'\n", b"ROW_KEYS = (1, 2)\n", b"def load_environment(): ...\n", b"def (:\n"):
         assert services.row_keys({"__init__.py": init}) == (), init
+
+
+def test_a_configs_description_can_be_removed_and_put_back(api, project):
+    # name and description describe the package (load_environment never gets them): dropping one made
+    # the original CONFIG a 400 ("load_environment does not read 'description'") from then on.
+    api.post("/api/environments/fork", {"catalogue": "gsm-maths", "name": "ratchet"})
+    original = api.get("/api/environments/ratchet/config").json()["config"]
+    assert "description" in original
+    slim = {k: v for k, v in original.items() if k != "description"}
+    assert api.put("/api/environments/ratchet/config", {"config": slim}).status_code == 200
+    r = api.put("/api/environments/ratchet/config", {"config": original})
+    assert r.status_code == 200, r.content
+    assert api.get("/api/environments/ratchet/config").json()["config"] == original

@@ -29,6 +29,9 @@ from typing import Any
 
 from .environments import Environment
 
+# CONFIG keys that describe the package (the catalogue and the Environments page show them), not arguments.
+CONFIG_METADATA = ("name", "description")
+
 
 class EnvironmentLoadError(RuntimeError):
     """The environment package is missing or could not be loaded (the cause is chained)."""
@@ -98,7 +101,7 @@ def load_package(directory: Path | str, environment_id: str = "", overrides: dic
     config = {**package_config(module), **(overrides or {})}
     factory = getattr(module, "load_environment", None)
     if callable(factory):
-        kwargs = {k: v for k, v in config.items() if k not in ("name", "description")}
+        kwargs = {k: v for k, v in config.items() if k not in CONFIG_METADATA}
         try:
             obj = factory(**kwargs)
         except TypeError as exc:
