@@ -185,12 +185,22 @@ def unstorable(value: Any) -> Finding | None:
     return None
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        twice = next(key for key, _ in pairs if key in seen or seen.add(key))  # type: ignore[func-returns-value]
+        raise ValueError(f"the key {twice!r} appears twice in one object: keep one")
+    return obj
+
+
 def loads_json(text: str | bytes) -> Any:
     """JSON as the Studio reads it, from an API body or a page's JSON box: NaN, Infinity and numbers
-    too large for a float are refused (no JSON column can store them). Raises ValueError with the
-    reason (json.JSONDecodeError, with its line and column, for a syntax error)."""
+    too large for a float are refused (no JSON column can store them), and so is a key given twice in
+    one object (only the last would count). Raises ValueError with the reason (json.JSONDecodeError,
+    with its line and column, for a syntax error)."""
     try:
-        return json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
+        return json.loads(text, parse_constant=_no_constant, parse_float=_finite_float, object_pairs_hook=_unique_keys)
     except RecursionError as exc:
         raise ValueError("nested too deeply") from exc
 

@@ -341,3 +341,14 @@ def test_a_write_to_api_without_its_slash_is_a_json_404_not_a_500(api, settings,
     response = getattr(api.client, method)("/api", data="{}", content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {api.token}")
     assert response.status_code == 404 and "listed at /api/docs" in response.json()["detail"]
     assert api.client.get("/api").status_code == 302
+
+
+def test_a_key_given_twice_in_a_body_is_a_400_naming_it_and_stores_nothing(api, ingest_api, queued_run):
+    # json.loads keeps the last of two equal keys: {"name": "a", "name": "b"} made a run named "b".
+    r = api.client.post("/api/experiments", data='{"name": "dup-first", "name": "dup-second"}', content_type="application/json",
+                        HTTP_AUTHORIZATION=f"Bearer {api.token}")
+    assert r.status_code == 400 and "the key 'name' appears twice in one object: keep one" in r.json()["errors"][0]["message"], r.content
+    nested = '{"batch_id": "b1", "metrics": [{"step": 1, "key": "loss", "value": 1.0, "value": 2.0}]}'
+    r = ingest_api.client.post(f"/api/ingest/runs/{queued_run.pk}", data=nested, content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {ingest_api.token}")
+    assert r.status_code == 400 and "'value' appears twice" in r.json()["errors"][0]["message"], r.content
+    assert not MetricPoint.objects.filter(run=queued_run).exists()
