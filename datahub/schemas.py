@@ -91,7 +91,7 @@ class PreviewOut(Schema):
 class UploadFileIn(Schema):
     model_config = ConfigDict(extra="forbid")
     path: str = Field(min_length=1, max_length=1024)
-    size: int = Field(ge=0, description=f"The file's size in bytes, at most {MAX_FILE_SIZE_TEXT}",
+    size: int = Field(ge=0, strict=True, description=f"The file's size in bytes, at most {MAX_FILE_SIZE_TEXT}",
                       json_schema_extra={"maximum": MAX_FILE_SIZE})
     sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
 

@@ -352,3 +352,24 @@ def test_a_key_given_twice_in_a_body_is_a_400_naming_it_and_stores_nothing(api, 
     r = ingest_api.client.post(f"/api/ingest/runs/{queued_run.pk}", data=nested, content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {ingest_api.token}")
     assert r.status_code == 400 and "'value' appears twice" in r.json()["errors"][0]["message"], r.content
     assert not MetricPoint.objects.filter(run=queued_run).exists()
+
+
+def test_lax_types_and_control_characters_are_refused_where_they_were_read_as_something_else(api, ingest_api, queued_run):
+    from experiments.models import Experiment
+
+    def post(who, path, body):
+        return who.client.post(path, data=json.dumps(body), content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {who.token}")
+
+    # true was experiment id 1, and 1.0 too
+    for experiment in (True, 1.0):
+        r = post(api, "/api/training-runs", sft_body(experiment=experiment))
+        assert r.status_code == 400 and r.json()["errors"][0]["field"].startswith("experiment"), r.content
+    r = post(api, "/api/experiments", {"name": "ctl\x1b[31mred"})
+    assert r.status_code == 400 and "remove the control character U+001B" in r.json()["errors"][0]["message"], r.content
+    assert not Experiment.objects.filter(name__startswith="ctl").exists()
+    for bad in ({"step": True, "key": "loss", "value": 1.0}, {"step": 1, "key": "lo\nss", "value": 1.0}):
+        r = post(ingest_api, f"/api/ingest/runs/{queued_run.pk}", {"batch_id": "b-lax", "metrics": [bad]})
+        assert r.status_code == 400, r.content
+    r = post(ingest_api, f"/api/ingest/runs/{queued_run.pk}", {"batch_id": "b-stage", "stage": "tr\x1b[2Jain"})
+    assert r.status_code == 400 and r.json()["errors"][0]["field"] == "stage", r.content
+    assert not MetricPoint.objects.filter(run=queued_run).exists()

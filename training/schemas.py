@@ -5,8 +5,10 @@ from decimal import Decimal
 from typing import Annotated, Any, Literal
 
 from ninja import Schema
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
+from pydantic_core import PydanticCustomError
 
+from studio.parsing import control_character
 from training.models import Method, Status, TrainingRun
 
 # cost as its column stores it (four decimals), for a run that was not read back from the database too
@@ -16,7 +18,7 @@ COST_PLACES = Decimal(1).scaleb(-TrainingRun._meta.get_field("cost").decimal_pla
 class RunCreateIn(Schema):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(min_length=1, max_length=200)
-    experiment: str | int | None = None
+    experiment: StrictStr | StrictInt | None = Field(None, description="an experiment's id or slug; the project's default when absent")
     method: str = Field(description="sft | dpo | grpo | distill")
     base_model: str | None = Field(None, max_length=500, description="An HF id, a Data Hub repo@ref, or a local path (local backend)")
     dataset: Any = Field(None, description="A ref, {ref, type}, or a list of those")
@@ -145,7 +147,18 @@ class CheckpointOut(Schema):
 
 
 # Steps are stored as PostgreSQL integers; a larger one must be a 400, not an overflow at INSERT.
-Step = Annotated[int, Field(ge=0, le=2**31 - 1)]
+# Strict: true or 1.5 is no step (pydantic's lax mode read true as step 1).
+Step = Annotated[int, Field(ge=0, le=2**31 - 1, strict=True)]
+
+
+def _one_line(text: str) -> str:
+    if control_character(text) is not None:
+        raise PydanticCustomError("control_character", "must not contain control characters (a newline, a tab, an escape): remove them")
+    return text
+
+
+# A metric key or a stage: shown in the UI and in terminals, so one line of text.
+Label = Annotated[str, AfterValidator(_one_line)]
 
 
 # The ingest models are plain pydantic models, not ninja Schemas: ninja's Schema validates every
@@ -155,7 +168,7 @@ Step = Annotated[int, Field(ge=0, le=2**31 - 1)]
 
 class IngestMetric(BaseModel):
     step: Step
-    key: str = Field(min_length=1, max_length=100)
+    key: Label = Field(min_length=1, max_length=100)
     value: float = Field(allow_inf_nan=False)
 
 
@@ -186,7 +199,7 @@ class IngestBatchIn(BaseModel):
     logs: list[str] = Field(default_factory=list, max_length=100_000)
     rollouts: list[IngestRollout] = Field(default_factory=list, max_length=10_000)
     checkpoints: list[IngestCheckpoint] = Field(default_factory=list, max_length=1000)
-    stage: str | None = Field(None, max_length=32)
+    stage: Label | None = Field(None, max_length=32)
     status: Literal["running", "completed", "failed"] | None = None
     error: IngestError | None = None
     # step, max_steps, tokens_per_s, step_time_s, eta_s, mfu, gpu_memory_gb: numbers the run page shows
