@@ -92,11 +92,16 @@ def revoke_api_token(token: ApiToken) -> None:
     ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
 
 
+SECRET_VALUE_MAX = 65_536
+
+
 def set_secret(project: Project, name: str, value: str) -> ProjectSecret:
     if not SECRET_NAME.match(name or ""):
         raise BadRequest(errors=[Finding("name", "a secret name starts with a letter and has letters, digits, _ . - (max 100)")])
     if not isinstance(value, str) or value == "":
         raise BadRequest(errors=[Finding("value", "give the secret's value as a non-empty string")])
+    if len(value) > SECRET_VALUE_MAX:
+        raise BadRequest(errors=[Finding("value", f"a secret's value has at most {SECRET_VALUE_MAX} characters (API keys and tokens are far shorter); this one has {len(value)}")])
     secret, _ = ProjectSecret.objects.update_or_create(
         project=project, name=name, defaults={"ciphertext": crypto.encrypt(value)}
     )

@@ -373,3 +373,16 @@ def test_lax_types_and_control_characters_are_refused_where_they_were_read_as_so
     r = post(ingest_api, f"/api/ingest/runs/{queued_run.pk}", {"batch_id": "b-stage", "stage": "tr\x1b[2Jain"})
     assert r.status_code == 400 and r.json()["errors"][0]["field"] == "stage", r.content
     assert not MetricPoint.objects.filter(run=queued_run).exists()
+
+
+def test_overlong_compute_text_and_secret_values_are_400s(api):
+    from studio.models import ProjectSecret
+
+    for compute, field in (({"accelerators": "X" * 100_000}, "compute.accelerators"), ({"region": "r" * 101}, "compute.region")):
+        r = api.post("/api/training-runs", sft_body(compute=compute))
+        assert r.status_code == 400 and r.json()["errors"][0]["field"] == field and "at most" in r.json()["errors"][0]["message"], r.content
+    assert not TrainingRun.objects.exists()
+    r = api.put("/api/secrets/BIG", {"value": "v" * 65_537})
+    assert r.status_code == 400 and "at most 65536 characters" in r.json()["errors"][0]["message"]
+    assert not ProjectSecret.objects.filter(name="BIG").exists()
+    assert api.put("/api/secrets/BIG", {"value": "v" * 65_536}).status_code == 204

@@ -14,6 +14,8 @@ COMPUTE_KEYS = {
     "spot": BOOL,
     "region": TEXT,
 }
+# The longest GPU spec (A100-80GB:8) and cloud region names are far shorter; this bounds what is stored.
+TEXT_LIMITS = {"accelerators": 64, "region": 100}
 
 # GPU architecture by type name (upper-case). Precision support follows the architecture.
 ARCHITECTURES: dict[str, str] = {
@@ -65,7 +67,12 @@ def parse_accelerators(value: str) -> Accelerators | None:
 def check_compute(compute: dict) -> list[Finding]:
     """Types (400): the keys, the backend name and the accelerators string."""
     findings = check_block("compute", compute, COMPUTE_KEYS)
+    for key, longest in TEXT_LIMITS.items():
+        if isinstance(compute.get(key), str) and len(compute[key]) > longest:
+            findings.append(Finding(f"compute.{key}", f"at most {longest} characters; this one has {len(compute[key])}"))
     accelerators = compute.get("accelerators")
+    if findings:
+        return findings
     if isinstance(accelerators, str) and accelerators.strip() and parse_accelerators(accelerators) is None:
         findings.append(Finding("compute.accelerators", f'"{accelerators}" is not an accelerator spec: use GPU:1, H100:8, L4, A100-80GB:2, or CPU (local backend)'))
     return findings
