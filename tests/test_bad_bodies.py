@@ -386,3 +386,17 @@ def test_overlong_compute_text_and_secret_values_are_400s(api):
     assert r.status_code == 400 and "at most 65536 characters" in r.json()["errors"][0]["message"]
     assert not ProjectSecret.objects.filter(name="BIG").exists()
     assert api.put("/api/secrets/BIG", {"value": "v" * 65_536}).status_code == 204
+
+
+def test_a_patch_of_method_or_experiment_says_why_they_cannot_change(api, queued_run):
+    for field, says in (("method", "a run's method cannot change"), ("experiment", "a run stays in its experiment")):
+        r = api.patch(f"/api/training-runs/{queued_run.pk}", {field: "dpo" if field == "method" else 1})
+        assert r.status_code == 400 and r.json()["errors"] == [{"field": field, "message": r.json()["errors"][0]["message"]}], r.content
+        assert r.json()["errors"][0]["message"].startswith(says)
+    assert run_snapshot(queued_run.pk)[5] == Status.QUEUED
+    # A queued run whose START a worker has yet to take: the reason is the START, not the status.
+    from django.utils import timezone
+
+    TrainingRun.objects.filter(pk=queued_run.pk).update(start_requested_at=timezone.now())
+    r = api.patch(f"/api/training-runs/{queued_run.pk}", {"name": "new"})
+    assert r.status_code == 409 and r.json()["detail"].startswith("This run's START is being handled"), r.content

@@ -81,7 +81,11 @@ def get_run(request: HttpRequest, run_id: int):
 def patch_run(request: HttpRequest, run_id: int):
     run = get_run_for(actor(request), run_id, write=True)
     services.require_patchable(run)  # 409 before any body error (the precedence)
-    patch = parse_body(request, RunPatchIn)
+    try:
+        patch = parse_body(request, RunPatchIn)
+    except BadRequest as exc:  # "unknown field" would read as a typo for a field a run has but cannot change
+        exc.errors = [Finding(f.field, services.FIXED_FIELDS.get(f.field, f.message)) for f in exc.errors]
+        raise
     return services.update_run(run, patch.model_dump(exclude_unset=True))
 
 

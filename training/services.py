@@ -134,8 +134,18 @@ def require_patchable(run: TrainingRun) -> None:
     """409 for a run that is active, starting or completed. The API calls it before parsing the
     body too (409 comes before 400 in the contract's precedence); update_run again under the lock."""
     if run.is_active or run.status == Status.COMPLETED or (run.status == Status.QUEUED and run.start_requested_at):
-        raise Conflict("A completed run cannot be changed: create a new run (or resume from one of its checkpoints)." if run.status == Status.COMPLETED
-                       else f"A {run.status} run cannot be changed: stop it first, or create a new run.")
+        if run.status == Status.COMPLETED:
+            raise Conflict("A completed run cannot be changed: create a new run (or resume from one of its checkpoints).")
+        if run.status == Status.QUEUED:
+            raise Conflict("This run's START is being handled, so it cannot be changed now: STOP it (it stays queued), change it, then START it again.")
+        raise Conflict(f"A {run.status} run cannot be changed: stop it first, or create a new run.")
+
+
+# Run fields a PATCH cannot change, and why: the schema refuses them as unknown fields.
+FIXED_FIELDS = {
+    "method": "a run's method cannot change: create a new run with that method",
+    "experiment": "a run stays in its experiment (its Data Hub branch is in the experiment's repo): create a new run in the other experiment",
+}
 
 
 @transaction.atomic
