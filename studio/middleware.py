@@ -26,6 +26,24 @@ SENTENCES = {
 }
 
 
+class ApiHeadMiddleware:
+    """HEAD on the API answers as its GET would, less the body (RFC 9110, 9.3.2): ninja routes GET
+    only, so a HEAD was a 405."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]):
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        if request.method != "HEAD" or not request.path.startswith(API_PREFIX):
+            return self.get_response(request)
+        request.method = "GET"
+        response = self.get_response(request)
+        if not getattr(response, "streaming", False):
+            response["Content-Length"] = str(len(response.content))
+            response.content = b""
+        return response
+
+
 class ApiErrorShapeMiddleware:
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]):
         self.get_response = get_response

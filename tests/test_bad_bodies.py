@@ -400,3 +400,12 @@ def test_a_patch_of_method_or_experiment_says_why_they_cannot_change(api, queued
     TrainingRun.objects.filter(pk=queued_run.pk).update(start_requested_at=timezone.now())
     r = api.patch(f"/api/training-runs/{queued_run.pk}", {"name": "new"})
     assert r.status_code == 409 and r.json()["detail"].startswith("This run's START is being handled"), r.content
+
+
+def test_head_on_an_api_read_answers_as_its_get_without_the_body(api, queued_run):
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {api.token}"}
+    for path in ("/api/training-runs", f"/api/training-runs/{queued_run.pk}", "/api/training-runs/999999"):
+        get, head = api.client.get(path, **auth), api.client.head(path, **auth)
+        assert head.status_code == get.status_code and head.content == b"", path
+        assert int(head["Content-Length"]) == len(get.content) and head["Content-Type"] == get["Content-Type"]
+    assert api.client.head("/api/training-runs").status_code == 401  # HEAD is a read like GET, not a way round auth
