@@ -26,6 +26,7 @@ from datahub import services as hub
 from datahub.models import Branch, Repo, TreeEntry
 from environments import services as env_services
 from experiments.models import Experiment
+from experiments.services import DEFAULT_EXPERIMENT
 from studio.errors import ApiError, Conflict, Forbidden, PaymentRequired, Unprocessable
 from studio.parsing import ascii_int
 from studio.views import errors_by_field, studio_page, web_actor
@@ -250,6 +251,13 @@ def runs(request: HttpRequest) -> HttpResponse:
 
 # ---- NEW RUN -----------------------------------------------------------------------------------
 
+def experiment_choices(project) -> list[tuple[str, str]]:
+    """The project's default experiment first (what a blank choice means), then the others by name."""
+    experiments = sorted(Experiment.objects.filter(project=project), key=lambda e: (e.slug != DEFAULT_EXPERIMENT, e.name))
+    default = [] if experiments and experiments[0].slug == DEFAULT_EXPERIMENT else [("", f"{DEFAULT_EXPERIMENT} (the project's default)")]
+    return default + [(str(e.pk), f"{e.name} (the project's default)" if e.slug == DEFAULT_EXPERIMENT else e.name) for e in experiments]
+
+
 def form_context(request: HttpRequest, project, values: dict[str, Any], errors: dict[str, list[str]] | None = None, run: TrainingRun | None = None) -> dict[str, Any]:
     method = values.get("method") or "sft"
     distill = method == "distill"
@@ -260,7 +268,7 @@ def form_context(request: HttpRequest, project, values: dict[str, Any], errors: 
         "lr_default": forms.LEARNING_RATE_DEFAULTS.get(method, ""),
         "lr_help": f"Blank trains at {forms.LEARNING_RATE_DEFAULTS.get(method, '')}, the default for {method.upper()}.",
         "rl_mode": values.get("config.rl_mode") or "environment",
-        "experiments": [("", "Project default")] + [(str(e.pk), e.name) for e in Experiment.objects.filter(project=project).order_by("name")],
+        "experiments": experiment_choices(project),
         "choices": {"method": forms.METHOD_CHOICES, "precision": forms.PRECISION_CHOICES, "backend": forms.BACKEND_CHOICES,
                     "rl_mode": forms.RL_MODE_CHOICES, "judge_mode": forms.JUDGE_MODE_CHOICES, "dataset_type": forms.DATASET_TYPE_CHOICES,
                     "liger": forms.LIGER_CHOICES, "checkpointing": forms.CHECKPOINTING_CHOICES, "packing": forms.PACKING_CHOICES,

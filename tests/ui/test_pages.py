@@ -157,6 +157,20 @@ def test_new_run_form_creates_a_queued_run(project, users):
     assert run.config["loss"] == {"type": "dpo", "dpo_beta": 0.2} and run.config["lora_rank"] == 8
 
 
+def test_new_run_lists_the_default_experiment_once_and_first(project, users):
+    from experiments.services import create_experiment, default_experiment
+
+    def options() -> list[str]:
+        html = client_for(users["owner"]).get("/training/new/").content.decode()
+        return re.findall(r"<option[^>]*>([^<]*)</option>", html.replace("&#x27;", "'").split('id="f-experiment"')[1].split("</select>")[0])
+
+    create_experiment(project, "alpha")
+    if not project.experiments.filter(slug="default").exists():
+        assert options() == ["default (the project's default)", "alpha"]  # blank: made on first use
+    default_experiment(project)
+    assert options() == ["default (the project's default)", "alpha"]  # it was listed twice: "Project default" and "default"
+
+
 def test_new_run_form_shows_400_findings_next_to_fields(project, users):
     response = client_for(users["owner"]).post("/training/new/", {
         "name": "bad distill", "method": "distill", "base_model": "org/base", "config.distillation.teacher_model": "",
