@@ -252,6 +252,12 @@ def row_problem(row: Any, shape: str) -> str | None:
     return None
 
 
+def _other_data_or_method(shape: str) -> str:
+    """What to do about a dataset whose only file has rows of `shape` that the method does not train on."""
+    methods = [m.upper() for m, shapes in METHOD_SHAPES.items() if shape in shapes]
+    return "give a dataset of such rows" + (f", or train on these rows with {' or '.join(methods)}" if methods else "")
+
+
 # ---- preview and method checks -----------------------------------------------------------------
 
 def preview(commit: Commit, path: str | None = None, limit: int = 20) -> dict:
@@ -303,7 +309,9 @@ def method_findings(commit: Commit, method: str, field: str, needs: RowNeeds | N
         entries = commit_sources(commit)
         if not entries and method in METHOD_SHAPES:
             return [Finding(field, f"{commit.repo.full_name}@{commit.pk[:10]} has no .jsonl, .json, .csv or .parquet file to train on")]
-        return rows_findings(entries, method, field, needs)
+        return rows_findings(entries, method, field, needs, lambda path: (
+            f"delete {path} from the branch (its Delete on the repo's Files tab, or DELETE /api/hub/repos/{commit.repo.name}/files) "
+            f"or move it to another branch or repo"))
 
     return cached_findings(f"datahub:findings:{commit.pk}:{method}:{field}:{needs.cache_key() if needs else ''}", check)
 
@@ -317,7 +325,8 @@ def local_findings(path: Path, method: str, field: str, needs: RowNeeds | None =
     if not sources:
         return [Finding(field, f"{path} holds no .jsonl, .json, .csv or .parquet file to train on")]
     stamp = hashlib.sha1(repr([str(path)] + [(s.path, s.version) for s in sources]).encode()).hexdigest()
-    return cached_findings(f"datahub:local-findings:{stamp}:{method}:{field}:{needs.cache_key() if needs else ''}", lambda: rows_findings(sources, method, field, needs))
+    return cached_findings(f"datahub:local-findings:{stamp}:{method}:{field}:{needs.cache_key() if needs else ''}",
+                           lambda: rows_findings(sources, method, field, needs, lambda file: f"move {file} out of {path}"))
 
 
 def cached_findings(key: str, check: Callable[[], list[Finding]]) -> list[Finding]:
@@ -330,8 +339,11 @@ def cached_findings(key: str, check: Callable[[], list[Finding]]) -> list[Findin
     return findings
 
 
-def rows_findings(sources: list[Source], method: str, field: str, needs: RowNeeds | None = None) -> list[Finding]:
-    """Every row of every file against what `method` trains on (and `needs`); at most MAX_FINDINGS."""
+def rows_findings(sources: list[Source], method: str, field: str, needs: RowNeeds | None = None,
+                  set_aside: Callable[[str], str] = lambda path: f"remove {path}") -> list[Finding]:
+    """Every row of every file against what `method` trains on (and `needs`); at most MAX_FINDINGS.
+    A file of the wrong shape among others is a finding that ends with `set_aside(path)`: how to take
+    that file out of the dataset (the run trains on every data file)."""
     wanted = METHOD_SHAPES.get(method)
     if wanted is None:
         return []
@@ -347,7 +359,9 @@ def rows_findings(sources: list[Source], method: str, field: str, needs: RowNeed
                 shape = detect_shape(row.keys())
                 if shape not in wanted:
                     expected = " or ".join(SHAPE_LABELS[s] for s in wanted)
-                    findings.append(Finding(field, f"{where}rows look like {SHAPE_LABELS[shape]} (columns: {', '.join(sorted(row))}); {method.upper()} trains on {expected} rows"))
+                    todo = set_aside(entry.path) if len(sources) > 1 else _other_data_or_method(shape)
+                    findings.append(Finding(field, f"{where}rows look like {SHAPE_LABELS[shape]} (columns: {', '.join(sorted(row))}); "
+                                                   f"{method.upper()} trains on {expected} rows: {todo}"))
                     break
             problem = row_problem(row, shape or "text") if shape or isinstance(row, RowError) else None
             if problem is None and needs is not None and isinstance(row, dict):
