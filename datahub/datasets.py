@@ -267,12 +267,13 @@ def preview(commit: Commit, path: str | None = None, limit: int = 20) -> dict:
     if not entries:
         raise BadRequest("There is no dataset file to preview.", [Finding("path", "give a .jsonl, .json, .csv or .parquet file of the repo")])
     chosen = entries[0]
-    rows, problems = [], []
+    rows, numbers, problems = [], [], []
     for number, row in islice(iter_rows(chosen), limit):
         if isinstance(row, RowError):
             problems.append({"row": number, "message": str(row)})
         else:
             rows.append(row)
+            numbers.append(number)  # a bad row leaves a gap: row 12 is the 11th good one after a bad row 11
     # In the file's own order (prompt before completion, as written), first seen first.
     columns = list(dict.fromkeys(k for r in rows if isinstance(r, dict) for k in r))
     return {
@@ -281,6 +282,7 @@ def preview(commit: Commit, path: str | None = None, limit: int = 20) -> dict:
         "shape": detect_shape(columns),
         "columns": columns,
         "rows": rows,
+        "row_numbers": numbers,
         "problems": problems,
         "files": [e.path for e in entries] if path is None else [chosen.path],
     }

@@ -84,6 +84,7 @@ class PreviewOut(Schema):
     shape: str
     columns: list[str]
     rows: list[Any]
+    row_numbers: list[int] = Field(description="Each of rows' own number, as problems number rows (a row that is a problem leaves a gap)")
     problems: list[dict[str, Any]]
     files: list[str]
 

@@ -327,6 +327,7 @@ def dataset_preview(request: HttpRequest, namespace: str, name: str, revision: s
     return render(request, "datahub/repo.html", {
         "section": "hub", "repo": repo, "tab": "preview", "revision": revision, "commit": commit, "preview": preview,
         "shape_label": datasets.SHAPE_LABELS.get(preview["shape"], preview["shape"]),
+        "preview_rows": list(zip(preview["row_numbers"], preview["rows"], strict=True)),
         "branches": list(Branch.objects.filter(repo=repo)), "tags": list(Tag.objects.filter(repo=repo)),
     })
 
