@@ -164,13 +164,26 @@ def _prefixed(first: str, text) -> Iterator[str]:
 
 
 def _csv_rows(fh) -> Iterator[tuple[int, Any]]:
+    """Data rows, numbered from 1 after the header (blank lines are no rows); a problem names the
+    file's line too, which a quoted field with a newline makes differ from the row.
+
+    As the engine's reader (pandas, through datasets) reads them: a row with more fields than the
+    header is a RowError, as pandas refuses it ("Expected 2 fields in line 6, saw 4", and on the
+    first row it silently shifts every column under an index instead). A shorter row is not, as
+    pandas fills its missing fields with nulls: DictReader's None, which the shape checks find empty."""
     text = io.TextIOWrapper(fh, encoding="utf-8-sig", errors="replace", newline="")
     reader = csv.DictReader(text)
+    number = 0
     try:
         for number, row in enumerate(reader, start=1):
-            yield number, {k: _maybe_json(k, v) for k, v in row.items() if k is not None}
+            if None in row:  # DictReader's restkey: the fields past the header's
+                header = len(reader.fieldnames or ())
+                yield number, RowError(f"line {reader.line_num} has {header + len(row[None])} fields, the header has {header}: "
+                                       'put a field that holds a comma in double quotes ("a, b"), or remove the extra fields')
+                continue
+            yield number, {k: _maybe_json(k, v) for k, v in row.items()}
     except csv.Error as exc:
-        yield reader.line_num, RowError(f"not valid CSV ({exc})")
+        yield number + 1, RowError(f"line {reader.line_num} is not valid CSV ({exc})")
 
 
 def _maybe_json(key: str, value: Any) -> Any:
