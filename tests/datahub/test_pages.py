@@ -128,3 +128,15 @@ def test_preview_rows_show_their_own_numbers_after_a_bad_line(browser, project):
     assert list(numbered) == [str(n) for n in (*range(1, 11), 12)], numbered
     assert numbered["12"] == "line 12" and numbered["10"] == "line 10"
     assert re.search(r'<th scope="col">Row</th>', html)
+
+
+@pytest.mark.parametrize(("kind", "snippet"), [
+    ("dataset", 'datasets.load_dataset("acme/things", revision="dev")'),
+    ("model", 'from_pretrained("acme/things", revision="dev")'),
+])
+def test_the_repo_card_says_how_to_load_a_repo_of_its_type(browser, project, kind, snippet):
+    repo = repos.create_repo(project, "things", kind)
+    repos.create_branch(repo, "dev", "main")
+    html = browser("viewer").get("/hub/acme/things/tree/dev").content.decode()
+    assert "HF_ENDPOINT=http://testserver/hub" in html and f"<code>{snippet}</code>" in html, html[:3000]
+    assert ("from_pretrained" in html) == (kind == "model") and ("load_dataset" in html) == (kind == "dataset")
