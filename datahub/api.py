@@ -1,4 +1,5 @@
-"""/api/hub: repos, branches, tags, commits, files, downloads, dataset preview and upload sessions.
+"""/api/hub: repos, branches, tags, commits, files, downloads, dataset preview, upload sessions and
+deleting files (a commit, as an upload session's is).
 
 Repos are named within the caller's current project (a token's project). Order of checks, as
 everywhere: 401 → 404 (not this project's repo) → 403 (viewers cannot write) → 409 → 400.
@@ -18,6 +19,7 @@ from datahub.schemas import (
     ChunkOut,
     CommitOut,
     DiffOut,
+    FilesDeleteIn,
     PreviewOut,
     RefOut,
     RepoIn,
@@ -204,6 +206,17 @@ def list_files(request: HttpRequest, name: str):
                 f"or list its folder with {urlencode({'path': parent}) if parent else 'no path (the repo root)'}"))])
         qs = qs.filter(repos.under(folder + "/"))
     return {"repo": repo.full_name, "ref": ref, "commit": commit.pk, "files": files_of(qs)}
+
+
+@router.delete("/repos/{name}/files", response=CommitOut, openapi_extra=body_schema(FilesDeleteIn))
+def delete_files(request: HttpRequest, name: str):
+    """Delete `paths` (files, or folders with every file under them) from `branch` as a new commit,
+    which is returned; earlier commits keep the files. 404 naming a path the branch does not have;
+    409 when `parent` is given and the branch has moved from it, and on a run's branch while the
+    run exists. The message, unless given, names what was deleted."""
+    repo = repo_or_404(request, name, write=True)
+    payload = parse_body(request, FilesDeleteIn)
+    return commit_out(services.delete_files(repo, payload.branch, payload.paths, actor(request).user, payload.message, payload.parent))
 
 
 @router.get("/repos/{name}/download", openapi_extra=query_doc(

@@ -5,8 +5,9 @@ entry names it, and a commit becomes visible only when its branch head moves (un
 """
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
 from django.db import transaction
@@ -15,7 +16,7 @@ from django.utils import timezone
 from datahub import storage
 from datahub.models import Blob, Branch, Commit, Repo, TreeEntry, blob_path
 from datahub.repos import RefNotFound, _author_name, check_name, clean_path, create_branch, folders_of, new_commit_id
-from studio.errors import BadRequest, Conflict, Finding, counted
+from studio.errors import BadRequest, Conflict, Finding, NotFound, counted
 
 FileSource = bytes | str | Path | IO[bytes]
 
@@ -80,6 +81,7 @@ def commit_files(repo: Repo, branch: str, files: Mapping[str, FileSource] | None
     the branch, builds the new tree from its head and moves the head. A commit that changes
     nothing returns the current head. `create_branch_from` makes a missing branch from that ref.
     `parent`, when given, must still be the head (optimistic concurrency, 409 otherwise).
+    `delete` names files or folders of the head, as commit_blobs says.
     """
     files = dict(files or {})
     cleaned = {clean_path(p): src for p, src in files.items()}
@@ -89,7 +91,13 @@ def commit_files(repo: Repo, branch: str, files: Mapping[str, FileSource] | None
 
 
 def commit_blobs(repo: Repo, branch: str, blobs: Mapping[str, Blob], message: str = "", author=None,
-                 delete: Iterable[str] = (), create_branch_from: str | None = None, parent: str | None = None) -> Commit:
+                 delete: Iterable[str] = (), create_branch_from: str | None = None, parent: str | None = None,
+                 delete_field: str = "delete") -> Commit:
+    """Move `branch` to a new commit: its head's tree without `delete`, with `blobs` ({path: blob}).
+    Each path of `delete` is a file of the head, or a folder whose files all go; one that is neither
+    is a 404 naming `<delete_field>[i]`, checked under the branch's lock (a typo or a file another
+    commit removed meanwhile must not be reported deleted). The default message says what changed."""
+    removing = list(delete)
     check_name(branch, "branch", "branch name")
     if create_branch_from is not None:
         create_branch(repo, branch, create_branch_from)
@@ -113,8 +121,9 @@ def commit_blobs(repo: Repo, branch: str, blobs: Mapping[str, Blob], message: st
             raise Conflict(f"The stored bytes of {gone[0]!r} were removed by the Data Hub's garbage collector (hub_gc) before this commit named them: nothing was committed.",
                            [Finding("path", f"{path}: commit it again, which stores its bytes anew") for path in gone])
         current = {e.path: e.blob_id for e in TreeEntry.objects.filter(commit_id=head.head_id)}
+        deleted = _deletions(current, removing, repo, branch, head.head_id, delete_field)
         new = dict(current)
-        for path in delete:
+        for path in (file for files in deleted.values() for file in files):
             new.pop(path, None)
         for path, blob in blobs.items():
             new[path] = blob.pk
@@ -127,7 +136,7 @@ def commit_blobs(repo: Repo, branch: str, blobs: Mapping[str, Blob], message: st
         commit = Commit.objects.create(
             id=new_commit_id(repo.pk, head.head_id, sorted(new.items()), message),
             repo=repo, parents=[head.head_id], author=author, author_name=_author_name(author),
-            message=message or _default_message(blobs, delete),
+            message=message or _default_message(blobs, deleted),
         )
         TreeEntry.objects.bulk_create([TreeEntry(commit=commit, path=p, blob_id=b) for p, b in new.items()], batch_size=2000)
         head.head = commit
@@ -135,7 +144,41 @@ def commit_blobs(repo: Repo, branch: str, blobs: Mapping[str, Blob], message: st
         return commit
 
 
-def _default_message(blobs: Mapping[str, Any], delete: Iterable[str]) -> str:
-    added, removed = len(blobs), len(list(delete))
-    parts = ([f"Upload {counted(added, 'file')}"] if added else []) + ([f"delete {counted(removed, 'file')}"] if removed else [])
+def _deletions(current: Mapping[str, str], delete: list[str], repo: Repo, branch: str, head: str, field: str) -> dict[str, list[str]]:
+    """Each path of `delete` with the files of the tree `current` (the head of `branch`) it removes:
+    itself when it is a file, else every file under the folder it names; a 404 for one that is neither."""
+    deleted: dict[str, list[str]] = {}
+    folders: dict[str, list[str]] | None = None
+    for i, path in enumerate(delete):
+        if path in current:
+            deleted.setdefault(path, [path])
+            continue
+        if folders is None:  # built once, and only when a folder is named
+            folders = defaultdict(list)
+            for file in current:
+                for folder in PurePosixPath(file).parents:
+                    if str(folder) != ".":
+                        folders[str(folder)].append(file)
+        if not folders.get(path):
+            raise NotFound(f"Branch {branch!r} of {repo.full_name} has no file or folder {path!r} (at commit {head[:10]}): nothing was deleted.",
+                           [Finding(f"{field}[{i}]", f"{path} is not on branch {branch}: give a file or folder it has "
+                                                     f"(GET /api/hub/repos/{repo.name}/files?ref={branch} lists them)")])
+        deleted.setdefault(path, sorted(folders[path]))
+    return deleted
+
+
+def _default_message(blobs: Mapping[str, Any], deleted: Mapping[str, list[str]]) -> str:
+    """The message of a commit given none: "Upload 2 files", "Delete prefs.csv and bad.jsonl",
+    "Delete data/old/ (3 files)", "Upload 1 file, delete config.json"."""
+    parts = [f"Upload {counted(len(blobs), 'file')}"] if blobs else []
+    if deleted:
+        parts.append(("delete " if parts else "Delete ") + _listed(deleted))
     return ", ".join(parts) or "Empty commit"
+
+
+def _listed(deleted: Mapping[str, list[str]]) -> str:
+    """What a commit deleted, as a person names it: the files, and each folder with its count."""
+    names = [path if files == [path] else f"{path}/ ({counted(len(files), 'file')})" for path, files in deleted.items()]
+    if len(names) > 4:
+        names = [*names[:3], f"{len(names) - 3} more"]
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"

@@ -164,13 +164,26 @@ def _prefixed(first: str, text) -> Iterator[str]:
 
 
 def _csv_rows(fh) -> Iterator[tuple[int, Any]]:
+    """Data rows, numbered from 1 after the header (blank lines are no rows); a problem names the
+    file's line too, which a quoted field with a newline makes differ from the row.
+
+    As the engine's reader (pandas, through datasets) reads them: a row with more fields than the
+    header is a RowError, as pandas refuses it ("Expected 2 fields in line 6, saw 4", and on the
+    first row it silently shifts every column under an index instead). A shorter row is not, as
+    pandas fills its missing fields with nulls: DictReader's None, which the shape checks find empty."""
     text = io.TextIOWrapper(fh, encoding="utf-8-sig", errors="replace", newline="")
     reader = csv.DictReader(text)
+    number = 0
     try:
         for number, row in enumerate(reader, start=1):
-            yield number, {k: _maybe_json(k, v) for k, v in row.items() if k is not None}
+            if None in row:  # DictReader's restkey: the fields past the header's
+                header = len(reader.fieldnames or ())
+                yield number, RowError(f"line {reader.line_num} has {header + len(row[None])} fields, the header has {header}: "
+                                       'put a field that holds a comma in double quotes ("a, b"), or remove the extra fields')
+                continue
+            yield number, {k: _maybe_json(k, v) for k, v in row.items()}
     except csv.Error as exc:
-        yield reader.line_num, RowError(f"not valid CSV ({exc})")
+        yield number + 1, RowError(f"line {reader.line_num} is not valid CSV ({exc})")
 
 
 def _maybe_json(key: str, value: Any) -> Any:
@@ -252,6 +265,12 @@ def row_problem(row: Any, shape: str) -> str | None:
     return None
 
 
+def _other_data_or_method(shape: str) -> str:
+    """What to do about a dataset whose only file has rows of `shape` that the method does not train on."""
+    methods = [m.upper() for m, shapes in METHOD_SHAPES.items() if shape in shapes]
+    return "give a dataset of such rows" + (f", or train on these rows with {' or '.join(methods)}" if methods else "")
+
+
 # ---- preview and method checks -----------------------------------------------------------------
 
 def preview(commit: Commit, path: str | None = None, limit: int = 20) -> dict:
@@ -261,12 +280,13 @@ def preview(commit: Commit, path: str | None = None, limit: int = 20) -> dict:
     if not entries:
         raise BadRequest("There is no dataset file to preview.", [Finding("path", "give a .jsonl, .json, .csv or .parquet file of the repo")])
     chosen = entries[0]
-    rows, problems = [], []
+    rows, numbers, problems = [], [], []
     for number, row in islice(iter_rows(chosen), limit):
         if isinstance(row, RowError):
             problems.append({"row": number, "message": str(row)})
         else:
             rows.append(row)
+            numbers.append(number)  # a bad row leaves a gap: row 12 is the 11th good one after a bad row 11
     # In the file's own order (prompt before completion, as written), first seen first.
     columns = list(dict.fromkeys(k for r in rows if isinstance(r, dict) for k in r))
     return {
@@ -275,6 +295,7 @@ def preview(commit: Commit, path: str | None = None, limit: int = 20) -> dict:
         "shape": detect_shape(columns),
         "columns": columns,
         "rows": rows,
+        "row_numbers": numbers,
         "problems": problems,
         "files": [e.path for e in entries] if path is None else [chosen.path],
     }
@@ -303,7 +324,9 @@ def method_findings(commit: Commit, method: str, field: str, needs: RowNeeds | N
         entries = commit_sources(commit)
         if not entries and method in METHOD_SHAPES:
             return [Finding(field, f"{commit.repo.full_name}@{commit.pk[:10]} has no .jsonl, .json, .csv or .parquet file to train on")]
-        return rows_findings(entries, method, field, needs)
+        return rows_findings(entries, method, field, needs, lambda path: (
+            f"delete {path} from the branch (its Delete on the repo's Files tab, or DELETE /api/hub/repos/{commit.repo.name}/files) "
+            f"or move it to another branch or repo"))
 
     return cached_findings(f"datahub:findings:{commit.pk}:{method}:{field}:{needs.cache_key() if needs else ''}", check)
 
@@ -317,7 +340,8 @@ def local_findings(path: Path, method: str, field: str, needs: RowNeeds | None =
     if not sources:
         return [Finding(field, f"{path} holds no .jsonl, .json, .csv or .parquet file to train on")]
     stamp = hashlib.sha1(repr([str(path)] + [(s.path, s.version) for s in sources]).encode()).hexdigest()
-    return cached_findings(f"datahub:local-findings:{stamp}:{method}:{field}:{needs.cache_key() if needs else ''}", lambda: rows_findings(sources, method, field, needs))
+    return cached_findings(f"datahub:local-findings:{stamp}:{method}:{field}:{needs.cache_key() if needs else ''}",
+                           lambda: rows_findings(sources, method, field, needs, lambda file: f"move {file} out of {path}"))
 
 
 def cached_findings(key: str, check: Callable[[], list[Finding]]) -> list[Finding]:
@@ -330,8 +354,11 @@ def cached_findings(key: str, check: Callable[[], list[Finding]]) -> list[Findin
     return findings
 
 
-def rows_findings(sources: list[Source], method: str, field: str, needs: RowNeeds | None = None) -> list[Finding]:
-    """Every row of every file against what `method` trains on (and `needs`); at most MAX_FINDINGS."""
+def rows_findings(sources: list[Source], method: str, field: str, needs: RowNeeds | None = None,
+                  set_aside: Callable[[str], str] = lambda path: f"remove {path}") -> list[Finding]:
+    """Every row of every file against what `method` trains on (and `needs`); at most MAX_FINDINGS.
+    A file of the wrong shape among others is a finding that ends with `set_aside(path)`: how to take
+    that file out of the dataset (the run trains on every data file)."""
     wanted = METHOD_SHAPES.get(method)
     if wanted is None:
         return []
@@ -347,7 +374,9 @@ def rows_findings(sources: list[Source], method: str, field: str, needs: RowNeed
                 shape = detect_shape(row.keys())
                 if shape not in wanted:
                     expected = " or ".join(SHAPE_LABELS[s] for s in wanted)
-                    findings.append(Finding(field, f"{where}rows look like {SHAPE_LABELS[shape]} (columns: {', '.join(sorted(row))}); {method.upper()} trains on {expected} rows"))
+                    todo = set_aside(entry.path) if len(sources) > 1 else _other_data_or_method(shape)
+                    findings.append(Finding(field, f"{where}rows look like {SHAPE_LABELS[shape]} (columns: {', '.join(sorted(row))}); "
+                                                   f"{method.upper()} trains on {expected} rows: {todo}"))
                     break
             problem = row_problem(row, shape or "text") if shape or isinstance(row, RowError) else None
             if problem is None and needs is not None and isinstance(row, dict):

@@ -387,7 +387,8 @@ def _raw(opened):
 
 READ_ONLY = ("The Studio's Data Hub speaks the Hugging Face Hub's read API only (downloads, listings, refs). "
              "To write, use the Studio's REST API: POST /api/hub/repos to create a repo, POST /api/hub/repos/<name>/uploads "
-             "to upload files, POST /api/hub/repos/<name>/branches and /tags for refs (see /api/docs), or the repo page's Upload.")
+             "to upload files, DELETE /api/hub/repos/<name>/files to delete files, POST /api/hub/repos/<name>/branches and /tags "
+             "for refs (see /api/docs), or the repo page's Upload and Delete.")
 
 
 @csrf_exempt

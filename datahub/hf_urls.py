@@ -33,6 +33,7 @@ urlpatterns = [
     re_path(rf"^{REPO}/upload$", views.repo_upload, name="upload"),
     re_path(rf"^{REPO}/delete$", views.repo_delete, name="delete"),
     re_path(rf"^{REPO}/branches/(?P<branch>[^/]+)/delete$", views.branch_delete, name="delete_branch"),
+    re_path(rf"^{REPO}/delete/{REV}/(?P<path>.+)$", views.file_delete, name="delete_file"),
     re_path(rf"^{REPO}/?$", views.repo_tree, name="repo"),
     re_path(rf"^{REPO}/tree/{REV}/?$", views.repo_tree, name="tree"),
     re_path(rf"^{REPO}/tree/{REV}/(?P<path>.+)$", views.repo_tree, name="tree_path"),

@@ -84,6 +84,7 @@ class PreviewOut(Schema):
     shape: str
     columns: list[str]
     rows: list[Any]
+    row_numbers: list[int] = Field(description="Each of rows' own number, as problems number rows (a row that is a problem leaves a gap)")
     problems: list[dict[str, Any]]
     files: list[str]
 
@@ -110,6 +111,16 @@ class UploadIn(Schema):
     message: str = Field("", max_length=5000)
     parent: str | None = Field(None, pattern=r"^[0-9a-f]{40}$")
     files: list[UploadFileIn] = Field(min_length=1, max_length=10_000)
+
+
+class FilesDeleteIn(Schema):
+    """What DELETE /api/hub/repos/{name}/files removes, and the repo page's Delete of a file."""
+
+    model_config = ConfigDict(extra="forbid")
+    branch: str = Field("main", min_length=1, max_length=128)
+    paths: list[str] = Field(min_length=1, max_length=10_000, description="Files, or folders with every file under them, on the branch's head")
+    message: str = Field("", max_length=5000, description="The commit message; by default it names what was deleted")
+    parent: str | None = Field(None, pattern=r"^[0-9a-f]{40}$", description="When given, the branch must still be at this commit (409 otherwise)")
 
 
 class UploadFileOut(Schema):

@@ -9,6 +9,7 @@ written by datahub.repos and datahub.commits):
 - storage_full: a full blob storage fails the run with what to do.
 - delete_repo / delete_branch / delete_tag: a repo, branch or tag goes only while no live run
   uses it (repo_uses / ref_uses say how a run does).
+- delete_files: files or folders leave a branch as a new commit, except a run's branch.
 
 A run's `[project/]repo@ref` refs (pre-start checks, pinning, engine inputs) are datahub.refs.
 """
@@ -24,7 +25,7 @@ from typing import Any, cast
 from django.db import transaction
 
 from datahub import refs, repos, storage
-from datahub.commits import FileSource, commit_files
+from datahub.commits import FileSource, commit_blobs, commit_files
 from datahub.models import Branch, Commit, Repo, RepoType, Tag
 from datahub.repos import MAIN, create_branch, get_or_create_repo
 from experiments.models import Experiment
@@ -78,21 +79,44 @@ def branch_run(repo: Repo, name: str):
     return run if run is not None and experiment_repo_name(run.experiment) == repo.name else None
 
 
+def _refuse_run_branch(repo: Repo, name: str, what: str, keep: str) -> None:
+    """A 409 when branch `name` is a training run's and the run exists: its checkpoints are
+    committed there, and the run page's Checkpoints and Repository tabs read it. `what` is what
+    cannot happen ("it cannot be deleted"), `keep` the first thing to do instead ("keep the branch")."""
+    run = branch_run(repo, name)
+    if run is not None:
+        raise Conflict(f"Branch {name!r} holds the checkpoints of run #{run.pk} ({run.name}): {what} while the run exists.",
+                       [Finding("branch", f"{keep}, or delete run #{run.pk} first")])
+
+
 def delete_branch(repo: Repo, name: str) -> None:
     """Delete a branch, except the default branch, a training run's branch while the run exists
     (its checkpoints are committed there, and the run page links to it) and a branch a live run
     names in a `repo@branch` ref (ref_uses): each a 409. The API's DELETE and the repo page's
     Delete branch both call this."""
-    run = branch_run(repo, name)
-    if run is not None:
-        raise Conflict(f"Branch {name!r} holds the checkpoints of run #{run.pk} ({run.name}): it cannot be deleted while the run exists.",
-                       [Finding("branch", f"keep the branch, or delete run #{run.pk} first")])
+    _refuse_run_branch(repo, name, "it cannot be deleted", "keep the branch")
     with transaction.atomic():
         repos.lock_refs(repo)  # as delete_repo: the check and the delete under the repo's row lock
         # a branch that is not there (404) or the default branch (409) is repos.delete_branch's to say
         if Branch.objects.filter(repo=repo, name=name).exclude(name=repo.default_branch).exists():
             _refuse_while_live_runs_use(repo, lambda run: ref_uses(run, repo, name), f"Branch {name!r} of {repo.full_name}", "the branch", "branch")
         repos.delete_branch(repo, name)
+
+
+def delete_files(repo: Repo, branch: str, paths: list[str], author=None, message: str = "", parent: str | None = None) -> Commit:
+    """Delete `paths` from `branch` as a new commit (commits.commit_blobs): each is a file, or a
+    folder with every file under it (a trailing "/" is allowed), that the branch's head has, else a
+    404 naming paths[i]; with `parent`, the branch must still be at that commit (a 409). The commit
+    message, unless given, names what was deleted. The API's DELETE .../files and the repo page's
+    Delete of a file both call this.
+
+    A run's branch is refused while the run exists, as delete_branch refuses it. A branch that a
+    live run names in a `repo@branch` ref is not: START pins every ref to a commit, and commits keep
+    their files, so a started run reads what it started with; a queued run reads the branch as it
+    is when it starts, and deleting the file START refused is how such a run is fixed."""
+    _refuse_run_branch(repo, branch, "its files cannot be deleted", "keep them")
+    cleaned = [repos.clean_path(path.removesuffix("/"), f"paths[{i}]") for i, path in enumerate(paths)]
+    return commit_blobs(repo, branch, {}, message, author, delete=cleaned, parent=parent, delete_field="paths")
 
 
 def delete_tag(repo: Repo, name: str) -> None:

@@ -2,11 +2,11 @@
 branches, the diff of two commits' file lists, and a dataset file's preview. Served under /hub/
 next to the HF-compatible API, with the Hub's own URL shapes (/hub/<project>/<repo>/tree/<rev>).
 
-Writers also get four forms, each the API's own path: New repo (RepoIn, repos.create_repo),
-Upload files (UploadIn, uploads.upload_files: the upload-session steps), a branch's Delete
-(services.delete_branch) and Delete of the repo (services.delete_repo). A refusal re-renders the
-page with its status and the findings beside their fields; readers see no form and get a 403 for
-a POST."""
+Writers also get five forms, each the API's own path: New repo (RepoIn, repos.create_repo),
+Upload files (UploadIn, uploads.upload_files: the upload-session steps), a file's Delete
+(FilesDeleteIn, services.delete_files), a branch's Delete (services.delete_branch) and Delete of
+the repo (services.delete_repo). A refusal re-renders the page with its status and the findings
+beside their fields; readers see no form and get a 403 for a POST."""
 from __future__ import annotations
 
 import re
@@ -19,10 +19,10 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
-from datahub import datasets, services, uploads
-from datahub.models import Branch, Repo, RepoType, Tag
-from datahub.repos import MAIN, clean_path, create_repo, entry, history, resolve, tree
-from datahub.schemas import RepoIn, UploadIn
+from datahub import commits, datasets, services, uploads
+from datahub.models import Branch, Commit, Repo, RepoType, Tag, TreeEntry
+from datahub.repos import MAIN, clean_path, create_repo, entry, history, resolve, tree, under
+from datahub.schemas import FilesDeleteIn, RepoIn, UploadIn
 from datahub.services import MODEL_REPO_RE
 from studio.api import validate_data
 from studio.errors import ApiError, BadRequest, Finding, NotFound, counted
@@ -108,7 +108,8 @@ def natural_key(name: str) -> list:
 
 def tree_context(request: HttpRequest, repo: Repo, revision: str, path: str = "", **forms: dict) -> dict:
     """The Files tab at `revision` (under folder `path`), with the writer's Upload and Delete forms
-    (`forms` gives a refused one its values and findings)."""
+    (`forms` gives a refused one its values and findings). Files have a Delete on a branch only:
+    a tag or a commit never changes."""
     commit = resolve(repo, revision)
     prefix = page_path(path.strip("/")) + "/" if path.strip("/") else ""
     files, folders = [], set()
@@ -133,16 +134,17 @@ def tree_context(request: HttpRequest, repo: Repo, revision: str, path: str = ""
                    f"{folder} is not on {revision} (commit {commit.pk[:10]}): pick another branch or tag, or go back to the repo root.")
     branches = list(Branch.objects.filter(repo=repo))
     names = [b.name for b in branches]
+    writable = web_actor(request).can_write(repo.project)
     upload = {"values": {"branch": revision if revision in names else repo.default_branch, "folder": prefix.rstrip("/")}, "errors": {}}
     return {
         "section": "hub", "repo": repo, "tab": "files", "revision": revision, "commit": commit, "prefix": prefix.rstrip("/"),
         "crumbs": crumbs, "folders": [{"path": f, "name": f.rsplit("/", 1)[-1]} for f in sorted(folders, key=natural_key)], "files": files,
         "missing": missing, "branches": branches, "tags": list(Tag.objects.filter(repo=repo)),
-        "writable": web_actor(request).can_write(repo.project), "branch_names": names,
+        "writable": writable, "branch_names": names, "files_deletable": writable and revision in names,
         "files_help": f"One or more files, committed together; at most {settings.DATA_UPLOAD_MAX_NUMBER_FILES} at a time (the upload API takes more).",
         "confirm_help": f"Type {repo.name} exactly.",
         "upload": forms.get("upload") or upload, "delete": forms.get("delete") or {"values": {}, "errors": {}},
-        "branch_delete": forms.get("branch_delete") or {"errors": {}},
+        "branch_delete": forms.get("branch_delete") or {"errors": {}}, "file_delete": forms.get("file_delete") or {"errors": {}},
     }
 
 
@@ -241,6 +243,53 @@ def branch_delete(request: HttpRequest, namespace: str, name: str, branch: str) 
 
 
 @studio_page
+@require_POST
+def file_delete(request: HttpRequest, namespace: str, name: str, revision: str, path: str) -> HttpResponse:
+    """A file's Delete on the Files table (it asks first: hx-confirm): services.delete_files on
+    branch `revision`, checked by FilesDeleteIn as the API's DELETE. The form sends the commit the
+    page showed as `parent`, so a branch that moved since is a 409 rather than a file deleted from a
+    tree the person did not see. Refusals show above the Files table; htmx swaps that table alone.
+    Done, the page shows the branch's new head at the file's folder (or the nearest one left)."""
+    repo = repo_for_page(request, namespace, name)
+    web_actor(request).require_write(repo.project)
+    path = page_path(path)
+    folder = path.rpartition("/")[0]
+    try:
+        payload = validate_data(FilesDeleteIn, {"branch": revision, "paths": [path], "parent": request.POST.get("parent") or None})
+        commit = services.delete_files(repo, payload.branch, payload.paths, request.user, payload.message, payload.parent)
+    except ApiError as exc:
+        if isinstance(exc, NotFound):
+            raise
+        # the findings name the API's fields (branch, paths[0], parent): here the table as a whole shows
+        # them; a moved branch's "reload" is done, as the table comes back at the branch's head
+        moved = isinstance(exc, commits.BranchMoved)
+        again = "the table below now shows the branch as it is: delete the file again if it should still go"
+        errors = form_errors(exc, set(), lambda f: Finding("general", again if moved else f.message))
+        context = tree_context(request, repo, revision, folder, file_delete={"errors": errors})
+        if request.htmx:
+            return render(request, "datahub/repo.html#files", context, status=exc.status)
+        messages.error(request, f"{path} was not deleted: see Files below.")
+        return render(request, "datahub/repo.html", context, status=exc.status)
+    messages.success(request, f"Deleted {path} from branch {revision} as commit {commit.pk[:10]}: earlier commits keep it.")
+    folder = folder_left(commit, folder)
+    url = (reverse("datahub:tree_path", args=[repo.project.slug, repo.name, revision, folder]) if folder
+           else reverse("datahub:tree", args=[repo.project.slug, repo.name, revision]))
+    if request.htmx:
+        response = HttpResponse(status=204)
+        response.headers["HX-Redirect"] = url
+        return response
+    return redirect(url)
+
+
+def folder_left(commit: Commit, folder: str) -> str:
+    """`folder`, or the nearest folder above it that still holds files at `commit` ("" for the
+    root): a folder exists only while it holds files, and the page of one that went is a 404."""
+    while folder and not TreeEntry.objects.filter(under(folder + "/"), commit=commit).exists():
+        folder = folder.rpartition("/")[0]
+    return folder
+
+
+@studio_page
 @require_GET
 def repo_commits(request: HttpRequest, namespace: str, name: str, revision: str) -> HttpResponse:
     repo = repo_for_page(request, namespace, name)
@@ -278,6 +327,7 @@ def dataset_preview(request: HttpRequest, namespace: str, name: str, revision: s
     return render(request, "datahub/repo.html", {
         "section": "hub", "repo": repo, "tab": "preview", "revision": revision, "commit": commit, "preview": preview,
         "shape_label": datasets.SHAPE_LABELS.get(preview["shape"], preview["shape"]),
+        "preview_rows": list(zip(preview["row_numbers"], preview["rows"], strict=True)),
         "branches": list(Branch.objects.filter(repo=repo)), "tags": list(Tag.objects.filter(repo=repo)),
     })
 

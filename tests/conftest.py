@@ -49,8 +49,8 @@ class Api:
     def put(self, path: str, body: Any = None):
         return self.call("put", path, body)
 
-    def delete(self, path: str):
-        return self.call("delete", path)
+    def delete(self, path: str, body: Any = None):
+        return self.call("delete", path, body)
 
 
 @pytest.fixture(autouse=True)

@@ -185,6 +185,17 @@ def test_a_local_dataset_is_checked_row_by_row_like_a_data_hub_one(api, tmp_path
     assert "dataset" not in fields
 
 
+def test_a_file_of_the_wrong_shape_in_a_local_folder_says_to_move_it_out(api, tmp_path):
+    folder = tmp_path / "data"
+    folder.mkdir()
+    (folder / "chat.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n')
+    (folder / "prefs.jsonl").write_text('{"prompt": "p", "chosen": "a", "rejected": "b"}\n')
+    body = assert_start_refused(api, make_run(api, dataset=str(folder)), 422, "dataset")
+    said = [e["message"] for e in body["errors"] if e["field"] == "dataset"]
+    assert said == [f"prefs.jsonl rows look like prompt/chosen/rejected (columns: chosen, prompt, rejected); SFT trains on chat messages (messages) "
+                    f"or prompt/completion or plain text (text) rows: move prefs.jsonl out of {folder}"], said
+
+
 def test_local_roots_confine_what_runs_may_read(api, tmp_path, settings):
     allowed = tmp_path / "team"
     student = write_model(allowed / "student", {"a": 0, "b": 1})

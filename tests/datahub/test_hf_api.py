@@ -119,6 +119,25 @@ def test_load_dataset_from_the_live_server(transactional_db, live_server, projec
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"n": 5, "cols": ["messages"]}
 
 
+def test_a_dataset_repo_page_s_load_snippet_loads_it_from_the_live_server(transactional_db, live_server, project, browser, tokens, tmp_path):
+    """The page said from_pretrained("acme/qa-data") for a dataset repo too: its snippet, run as
+    shown with the page's HF_ENDPOINT pointed at this server, loads the dataset's rows."""
+    import html
+    import re
+
+    repo = repos.create_repo(project, "qa-data", "dataset")
+    rows = [{"prompt": f"{i}+{i}?", "completion": str(2 * i)} for i in range(4)]
+    commits.commit_files(repo, "main", {"train.jsonl": "".join(json.dumps(r) + "\n" for r in rows).encode()})
+    page = browser("viewer").get("/hub/acme/qa-data").content.decode()
+    endpoint, snippet = re.search(r"<code>HF_ENDPOINT=(.*?)</code> and a Studio token: <code>(.*?)</code>", page).groups()
+    assert endpoint == "http://testserver/hub" and snippet.startswith("datasets.load_dataset("), snippet
+    script = f"import json, datasets\nds = {html.unescape(snippet)}\nprint(json.dumps({{name: split.to_list() for name, split in ds.items()}}))\n"
+    proc = subprocess.run([sys.executable, "-c", script], env=hf_env(tmp_path, f"{live_server.url}/hub", tokens["viewer"]),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"train": rows}
+
+
 # ---- tree listing: the Hub's cursor pagination -------------------------------------------------
 
 @pytest.fixture

@@ -114,3 +114,29 @@ def test_folders_and_files_with_numbers_list_in_number_order(browser, project):
     assert re.findall(r"step-(\d+)/</a>", page) == ["40", "80", "120", "320"]
     page = c.get("/hub/acme/steps/tree/main/logs").content.decode()
     assert page.index("part-9.txt") < page.index("part-10.txt")
+
+
+def test_preview_rows_show_their_own_numbers_after_a_bad_line(browser, project):
+    """Line 11 is not JSON: the problems said "Row 11", and the table's 11th row showed line 12."""
+    repo = repos.create_repo(project, "prefs", "dataset")
+    lines = [f'{{"text": "line {n}"}}' for n in range(1, 11)] + ['{"text": ', '{"text": "line 12"}']
+    commits.commit_files(repo, "main", {"bad.jsonl": ("\n".join(lines) + "\n").encode()}, "data")
+    html = browser("viewer").get("/hub/acme/prefs/preview/main/bad.jsonl").content.decode()
+    assert "Row 11: not valid JSON" in html
+    table = re.search(r"<tbody>(.*?)</tbody>", html, re.S).group(1)
+    numbered = dict(re.findall(r"<tr><td>(\d+)</td><td[^>]*>([^<]*)</td></tr>", table))
+    assert list(numbered) == [str(n) for n in (*range(1, 11), 12)], numbered
+    assert numbered["12"] == "line 12" and numbered["10"] == "line 10"
+    assert re.search(r'<th scope="col">Row</th>', html)
+
+
+@pytest.mark.parametrize(("kind", "snippet"), [
+    ("dataset", 'datasets.load_dataset("acme/things", revision="dev")'),
+    ("model", 'from_pretrained("acme/things", revision="dev")'),
+])
+def test_the_repo_card_says_how_to_load_a_repo_of_its_type(browser, project, kind, snippet):
+    repo = repos.create_repo(project, "things", kind)
+    repos.create_branch(repo, "dev", "main")
+    html = browser("viewer").get("/hub/acme/things/tree/dev").content.decode()
+    assert "HF_ENDPOINT=http://testserver/hub" in html and f"<code>{snippet}</code>" in html, html[:3000]
+    assert ("from_pretrained" in html) == (kind == "model") and ("load_dataset" in html) == (kind == "dataset")

@@ -266,3 +266,83 @@ def test_viewers_and_outsiders_cannot_delete_a_branch(browser, ds):
     assert browser("outsider").post("/hub/acme/ds/branches/dev/delete").status_code == 404
     assert browser("owner").post("/hub/acme/ds/branches/nope/delete").status_code == 404
     assert ds.branches.filter(name="dev").exists()
+
+
+# ---- Delete a file -----------------------------------------------------------------------------
+
+def files_table(html: str) -> str:
+    found = re.search(r'<div id="files">.*?</table></div>\s*</div>', html, re.S)
+    assert found, html[:3000]
+    return found.group(0)
+
+
+def test_writers_get_a_delete_form_for_each_file_on_a_branch_that_asks_first(browser, ds):
+    head = repos.resolve(ds, "main")
+    repos.create_tag(ds, "v1", "main")
+    table = files_table(browser("member").get("/hub/acme/ds").content.decode())
+    assert 'action="/hub/acme/ds/delete/main/config"' in table and 'hx-post="/hub/acme/ds/delete/main/config"' in table
+    assert 'hx-confirm="Delete config from branch main of acme/ds? It goes in a new commit; earlier commits keep it."' in table
+    assert f'name="parent" value="{head.pk}"' in table
+    notes = files_table(browser("member").get("/hub/acme/ds/tree/main/notes").content.decode())
+    assert 'action="/hub/acme/ds/delete/main/notes/readme.txt"' in notes
+    # a tag or a commit never changes: no Delete there; nor for a viewer
+    for url, role in (("/hub/acme/ds/tree/v1", "owner"), (f"/hub/acme/ds/tree/{head.pk}", "owner"), ("/hub/acme/ds", "viewer")):
+        table = files_table(browser(role).get(url).content.decode())
+        assert "config" in table and "/delete/" not in table and "Delete" not in table, url
+
+
+@pytest.mark.parametrize("htmx", [False, True])
+def test_delete_file_form_deletes_it_and_shows_the_new_head(browser, users, ds, htmx):
+    commits.commit_files(ds, "main", {"notes/todo.txt": b"todo"}, "todo")
+    c = browser("member")
+    headers = {"HTTP_HX_REQUEST": "true"} if htmx else {}
+    for path, folder_url in (("notes/readme.txt", "/hub/acme/ds/tree/main/notes"), ("notes/todo.txt", "/hub/acme/ds/tree/main")):
+        before = repos.resolve(ds, "main")
+        r = c.post(f"/hub/acme/ds/delete/main/{path}", {"parent": before.pk}, **headers)
+        if htmx:
+            assert r.status_code == 204 and r["HX-Redirect"] == folder_url
+        else:
+            assert r.status_code == 302 and r["Location"] == folder_url  # the folder, or the one above once it is empty
+        after = repos.resolve(ds, "main")
+        assert (after.parents, after.message, after.author) == ([before.pk], f"Delete {path}", users["member"])
+        assert path not in repos.tree(after) and path in repos.tree(before)
+        page = c.get(folder_url).content.decode()
+        assert f"Deleted {path} from branch main as commit {after.pk[:10]}" in page_message(page)
+        assert f"at commit <code>{after.pk[:10]}</code>" in page and f'data-file="{path}"' not in page
+    assert set(repos.tree(repos.resolve(ds, "main"))) == {"config"}
+
+
+@pytest.mark.parametrize("htmx", [False, True])
+def test_delete_file_form_refusals_say_why_and_keep_the_file(browser, project, users, ds, htmx):
+    """A branch that moved since the page was read, and a run's branch while the run exists."""
+    seen = repos.resolve(ds, "main")
+    moved = commits.commit_files(ds, "main", {"later.txt": b"later"}, "later")
+    run = training.create_run(project, users["owner"], name="r", method="sft", base_model="org/base", dataset="org/data")
+    experiment_repo = Repo.objects.get(name=f"experiment-{run.experiment.slug}")
+    commits.commit_files(experiment_repo, f"run-{run.pk}", {"final/w.bin": b"w"}, "final")
+    run_head = repos.resolve(experiment_repo, f"run-{run.pk}")
+    headers = {"HTTP_HX_REQUEST": "true"} if htmx else {}
+    c = browser("owner")
+    for url, parent, said in (("/hub/acme/ds/delete/main/config", seen.pk, f"moved since {seen.pk[:10]}"),
+                              (f"/hub/acme/{experiment_repo.name}/delete/run-{run.pk}/final/w.bin", run_head.pk, f"delete run #{run.pk} first")):
+        r = c.post(url, {"parent": parent}, **headers)
+        assert r.status_code == 409, (url, r.status_code)
+        html = r.content.decode()
+        if htmx:  # the Files table alone, swapped in place
+            assert html.lstrip().startswith('<div id="files">'), html[:300]
+        else:
+            assert "was not deleted: see Files below" in page_message(html)
+        assert said in general_errors(files_table(html)), (url, html[:3000])
+    assert repos.resolve(ds, "main") == moved and "config" in repos.tree(moved)
+    assert repos.resolve(experiment_repo, f"run-{run.pk}") == run_head
+
+
+def test_viewers_and_outsiders_cannot_delete_a_file(browser, ds):
+    head = repos.resolve(ds, "main")
+    repos.create_tag(ds, "v1", "main")
+    assert browser("viewer").post("/hub/acme/ds/delete/main/config", {"parent": head.pk}).status_code == 403
+    assert browser("outsider").post("/hub/acme/ds/delete/main/config", {"parent": head.pk}).status_code == 404
+    assert browser("owner").post("/hub/acme/ds/delete/main/nope.txt", {"parent": head.pk}).status_code == 404
+    assert browser("owner").post("/hub/acme/ds/delete/v1/config").status_code == 404  # a tag never changes
+    assert browser("owner").post("/hub/acme/ds/delete/main/a/../config").status_code == 404
+    assert repos.resolve(ds, "main") == head

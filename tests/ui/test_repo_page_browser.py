@@ -1,5 +1,6 @@
 """The Data Hub repo page in a real browser: its tabs are a tab strip, and a writer deletes a branch
-from the Branches table once the confirm dialog is accepted. Screenshots land in var/test-artifacts/ui/."""
+from the Branches table, or a file from the Files table, once the confirm dialog is accepted.
+Screenshots land in var/test-artifacts/ui/."""
 from __future__ import annotations
 
 import re
@@ -66,3 +67,43 @@ def test_delete_a_branch_asks_first_then_deletes_it(owner_page, project, users, 
     expect(page.locator("#branches").get_by_role("alert")).to_contain_text("then delete the branch")
     assert ds.branches.filter(name="from-sha").exists()
     page.shot("refused")
+
+
+def test_delete_a_file_asks_first_then_shows_the_new_head(owner_page, ds):
+    page = owner_page
+    commits.commit_files(ds, "main", {"prefs.csv": b"prompt,chosen,rejected\nq,a,b\n"}, "prefs")
+    before = repos.resolve(ds, "main")
+    page.goto("/hub/acme/ds")
+    files = page.locator("#files")
+    expect(files.get_by_role("cell", name="prefs.csv", exact=True)).to_be_visible()
+
+    page.once("dialog", lambda dialog: dialog.dismiss())
+    files.get_by_role("button", name="Delete prefs.csv").click()
+    page.wait_for_timeout(300)
+    assert repos.resolve(ds, "main") == before, "dismissing the dialog deletes nothing"
+
+    said: list[str] = []
+    page.once("dialog", lambda dialog: (said.append(dialog.message), dialog.accept()))
+    files.get_by_role("button", name="Delete prefs.csv").click()
+    expect(page.get_by_role("status")).to_contain_text("Deleted prefs.csv from branch main")
+    assert said and said[0].startswith("Delete prefs.csv from branch main of acme/ds?"), said
+    after = repos.resolve(ds, "main")
+    assert after.parents == [before.pk] and set(repos.tree(after)) == {"train.jsonl"}
+    expect(page.get_by_text(f"at commit {after.pk[:10]}")).to_be_visible()  # the page shows the new head
+    expect(page.locator("#files")).not_to_contain_text("prefs.csv")
+    expect(page.locator("#files").get_by_role("cell", name="train.jsonl", exact=True)).to_be_visible()
+    page.shot("file-deleted")
+
+    # another commit lands after the page was read: refused above the table, nothing deleted
+    moved = commits.commit_files(ds, "main", {"later.txt": b"later"}, "someone else")
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.locator("#files").get_by_role("button", name="Delete train.jsonl").click()
+    expect(page.locator("#files").get_by_role("alert")).to_contain_text("moved since")
+    expect(page.locator("#files").get_by_role("alert")).to_contain_text("delete the file again if it should still go")
+    expect(page.locator("#files").get_by_role("cell", name="later.txt", exact=True)).to_be_visible()  # the table is the branch's head now
+    assert repos.resolve(ds, "main") == moved
+    page.shot("file-refused")
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.locator("#files").get_by_role("button", name="Delete train.jsonl").click()  # again, at the head it shows
+    expect(page.get_by_role("status")).to_contain_text("Deleted train.jsonl from branch main")
+    assert set(repos.tree(repos.resolve(ds, "main"))) == {"later.txt"}
