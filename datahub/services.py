@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -26,7 +26,7 @@ from django.db import transaction
 
 from datahub import refs, repos, storage
 from datahub.commits import FileSource, commit_blobs, commit_files
-from datahub.models import Branch, Commit, Repo, RepoType, Tag
+from datahub.models import Branch, Commit, Repo, RepoType, Tag, TreeEntry
 from datahub.repos import MAIN, create_branch, get_or_create_repo
 from experiments.models import Experiment
 from studio.errors import Conflict, Finding, counted
@@ -263,6 +263,15 @@ def commit_checkpoint(checkpoint_id: int) -> Commit | None:
         return None
     earlier_merge = is_earlier_merge(checkpoint)
     prefix = checkpoint_prefix(checkpoint, earlier_merge)
+    # An engine's report is committed in the order its attempts ran, so a commit that comes after a
+    # newer attempt's (a retried task) would put its files back over the newer ones at the branch's
+    # head. A Merge a person asks for is committed whichever attempt's step it merges: the last one
+    # asked for is the one at the head, and each keeps its own commit.
+    later = None if checkpoint.requested else later_attempt_at(checkpoint, prefix)
+    if later is not None:
+        log.warning("run %s: checkpoint %s (step %s, attempt %s) not committed: attempt %s saved %s since", run.pk, checkpoint.pk,
+                    checkpoint.step, checkpoint.attempt, later, prefix)
+        return None
     files: dict[str, FileSource] = {}
     for path in sorted(root.rglob("*")):
         if path.is_symlink() or not path.is_file():
@@ -275,8 +284,10 @@ def commit_checkpoint(checkpoint_id: int) -> Commit | None:
     try:
         commit = commit_files(
             repo, run_branch_name(run), files, message=f"Checkpoint {label}, attempt {checkpoint.attempt}",
-            author=run.created_by, create_branch_from=MAIN,
+            author=run.created_by, create_branch_from=MAIN, delete=left_over_files(checkpoint, repo, run_branch_name(run), prefix, files),
         )
+        # The commit that holds this attempt's files, also once a later attempt's step replaces them on the branch.
+        Checkpoint.objects.filter(pk=checkpoint.pk).update(commit=commit.pk)
         if checkpoint.kind in MODEL_KINDS and not earlier_merge:
             publish_model(run, checkpoint)  # the Models page shows the run's result, not an earlier step
     except OSError as exc:
@@ -285,6 +296,28 @@ def commit_checkpoint(checkpoint_id: int) -> Commit | None:
         storage_full(run, checkpoint, exc)
         return None
     return commit
+
+
+def later_attempt_at(checkpoint, prefix: str) -> int | None:
+    """The newest later attempt of the run with a checkpoint whose files go to `prefix` too, if any."""
+    later = type(checkpoint).objects.filter(run_id=checkpoint.run_id, step=checkpoint.step, kind=checkpoint.kind, attempt__gt=checkpoint.attempt)
+    attempts = [c.attempt for c in later.order_by("-attempt") if checkpoint_prefix(c, is_earlier_merge(c)) == prefix]
+    return attempts[0] if attempts else None
+
+
+def left_over_files(checkpoint, repo: Repo, branch: str, prefix: str, files: Mapping[str, Any]) -> list[str]:
+    """Files under `prefix` on the branch that this checkpoint does not have: an earlier attempt saved
+    the same step there (maybe with other files: lora_rank can be edited between attempts), and the
+    folder must hold this attempt's files alone. The step's merge in prefix/merged/ stays when it is
+    of this attempt (this commit runs again); an earlier attempt's goes with that attempt's step."""
+    try:
+        head = repos.resolve(repo, branch)
+    except repos.RefNotFound:
+        return []
+    own_merge = type(checkpoint).objects.filter(run_id=checkpoint.run_id, step=checkpoint.step, kind="merged", attempt__gte=checkpoint.attempt).exists()
+    keep = f"{prefix}/merged/" if checkpoint.kind == "checkpoint" and own_merge else None
+    paths = TreeEntry.objects.filter(repos.under(prefix + "/"), commit=head).values_list("path", flat=True)
+    return [path for path in paths if path not in files and not (keep and path.startswith(keep))]
 
 
 MODEL_KINDS = ("final", "merged")  # a full fine-tune's final weights; a LoRA run's merged model

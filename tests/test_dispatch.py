@@ -1,5 +1,5 @@
 """Dispatch through a real Celery worker and the local backend: START claims once and submits
-once, STOP frees the process and cancels, a restart wipes the attempt's series."""
+once, STOP frees the process and cancels, a restart wipes the attempt's series (its log stays, by attempt)."""
 from __future__ import annotations
 
 import threading
@@ -104,14 +104,17 @@ def test_restart_wipes_the_series_keeps_checkpoints_and_retires_the_old_token(ap
     run = TrainingRun.objects.get(pk=run_id)
     MetricPoint.objects.create(run=run, key="loss", step=1, value=2.0)
     Rollout.objects.create(run=run, step=1, prompt="p", completion="c", reward=1.0)
-    LogLine.objects.create(run=run, line="old line")
+    LogLine.objects.create(run=run, attempt=1, line="old line")
     Checkpoint.objects.create(run=run, attempt=1, step=10, path="/ckpt/10")
 
     assert api.post(f"/api/training-runs/{run_id}/start").status_code == 202
     run = wait_for(lambda: TrainingRun.objects.filter(pk=run_id, attempt=2).first(), 30, message="the restart to be claimed")
     assert run.error is None or run.error.get("message") != "boom"
     assert not MetricPoint.objects.filter(run=run).exists() and not Rollout.objects.filter(run=run).exists()
-    assert not LogLine.objects.filter(run=run, line="old line").exists()
+    # The failed attempt's log stays, read by its attempt; the run's log is the new attempt's.
+    assert LogLine.objects.filter(run=run, attempt=1, line="old line").exists()
+    assert "old line" not in api.get(f"/api/training-runs/{run_id}/logs", full="true").json()["lines"]
+    assert "old line" in api.get(f"/api/training-runs/{run_id}/logs", full="true", attempt=1).json()["lines"]
     assert Checkpoint.objects.filter(run=run, step=10).exists()
     r = api.client.post(f"/api/ingest/runs/{run_id}", data={"batch_id": "x", "metrics": [{"step": 1, "key": "loss", "value": 1}]},
                         content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {old_token}")

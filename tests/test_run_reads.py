@@ -205,6 +205,53 @@ def test_logs_of_a_run_without_lines(api, run):
     assert api.get(f"/api/training-runs/{run.pk}/logs").json() == {"lines": [], "total": 0}
 
 
+TRACEBACK = ["Traceback (most recent call last):", '  File "train.py", line 3, in <module>', "ValueError: bad reward"]
+
+
+def test_a_restart_keeps_the_failed_attempts_log_readable_by_attempt(api):
+    from tests.conftest import sft_body
+
+    run = TrainingRun.objects.get(pk=api.post("/api/training-runs", sft_body()).json()["id"])
+    TrainingRun.objects.filter(pk=run.pk).update(status=Status.FAILED, attempt=1)
+    LogLine.objects.bulk_create([LogLine(run=run, attempt=1, line=line) for line in ["step 1", *TRACEBACK]])
+    assert api.post(f"/api/training-runs/{run.pk}/start").status_code == 202
+    assert list(LogLine.objects.filter(run=run, attempt=1).order_by("id").values_list("line", flat=True))[:4] == ["step 1", *TRACEBACK]
+    # A worker claims the restart: attempt 2 reports.
+    TrainingRun.objects.filter(pk=run.pk).update(status=Status.RUNNING, attempt=2)
+    LogLine.objects.bulk_create([LogLine(run=run, attempt=2, line=f"attempt 2 step {i}") for i in range(3)])
+
+    current = api.get(f"/api/training-runs/{run.pk}/logs", full="true").json()
+    assert current == {"lines": [f"attempt 2 step {i}" for i in range(3)], "total": 3}
+    first = api.get(f"/api/training-runs/{run.pk}/logs", full="true", attempt=1).json()
+    assert first["lines"][:4] == ["step 1", *TRACEBACK] and first["lines"][-1] == "[studio] status → queued: restarted" and first["total"] == 5
+    assert api.get(f"/api/training-runs/{run.pk}/logs", tail=1, attempt=1).json() == {"lines": ["[studio] status → queued: restarted"], "total": 5}
+    assert api.get(f"/api/training-runs/{run.pk}/logs", attempt=2).json()["lines"] == current["lines"]
+
+
+@pytest.mark.parametrize("attempt", ["3", "0", "x"])
+def test_logs_of_an_attempt_the_run_never_had_is_400_naming_attempt(api, run, attempt):
+    TrainingRun.objects.filter(pk=run.pk).update(attempt=2)
+    body = assert_error(api.get(f"/api/training-runs/{run.pk}/logs", attempt=attempt), 400, "attempt")
+    if attempt == "3":
+        assert "attempts 1 to 2" in body["errors"][0]["message"]
+
+
+def test_logs_since_the_last_start_span_the_attempts_a_spot_interruption_retried_in(api, run):
+    # START → attempt 1 failed; START again → attempt 2, interrupted and retried in attempt 3.
+    TrainingRun.objects.filter(pk=run.pk).update(attempt=3, interruptions=1, status=Status.RUNNING)
+    LogLine.objects.bulk_create([LogLine(run=run, attempt=a, line=f"attempt {a}") for a in (1, 2, 3)])
+    assert api.get(f"/api/training-runs/{run.pk}/logs").json() == {"lines": ["attempt 2", "attempt 3"], "total": 2}
+    assert api.get(f"/api/training-runs/{run.pk}/logs", attempt=2).json() == {"lines": ["attempt 2"], "total": 1}
+
+
+def test_lines_from_before_the_first_start_read_with_attempt_one(api, run):
+    LogLine.objects.create(run=run, attempt=0, line="[studio] START withdrawn by user before a worker claimed the run: it stays queued")
+    TrainingRun.objects.filter(pk=run.pk).update(attempt=1, status=Status.RUNNING)
+    LogLine.objects.create(run=run, attempt=1, line="step 1")
+    assert api.get(f"/api/training-runs/{run.pk}/logs").json()["total"] == 2
+    assert api.get(f"/api/training-runs/{run.pk}/logs", attempt=1).json()["total"] == 2
+
+
 # ---- rollouts ------------------------------------------------------------------------------------
 
 @pytest.fixture

@@ -13,10 +13,11 @@ from studio.api import ErrorOut, actor, body_schema, parse_body
 from studio.errors import BadRequest, Finding
 from training import checkpoints, metrics, services
 from training.fit_report import fit_report
-from training.models import Checkpoint, LogLine, Rollout
-from training.queries import filter_rollouts, get_run_for, runs_for, search_runs
+from training.models import Checkpoint, Rollout
+from training.queries import filter_rollouts, get_run_for, log_lines, runs_for, search_runs
 from training.schemas import (
     CheckpointOut,
+    CheckpointQuery,
     FitOut,
     LogsOut,
     LogsQuery,
@@ -138,10 +139,15 @@ def run_rollouts(request: HttpRequest, run_id: int, query: Query[RolloutQuery]):
 
 @router.get("/{int:run_id}/logs", response=LogsOut)
 def run_logs(request: HttpRequest, run_id: int, query: Query[LogsQuery]):
+    """The run's log since it was last started, or with `attempt` that attempt's: a restart keeps
+    the earlier attempts' logs."""
     run = get_run_for(actor(request), run_id)
     if query.full and "tail" in request.GET:
         raise BadRequest("tail and full=true ask for different things.", [Finding("tail", "full=true returns every line: drop tail, or drop full to get the last lines")])
-    lines = LogLine.objects.filter(run=run)
+    if query.attempt is not None and query.attempt > run.attempt:
+        had = f"has had attempts 1 to {run.attempt}" if run.attempt else "has not been started yet"
+        raise BadRequest(f"Run {run.pk} has no attempt {query.attempt}.", [Finding("attempt", f"the run {had}: give one of those, or leave attempt out for its current log")])
+    lines = log_lines(run, query.attempt)
     total = lines.count()
     if query.full:
         return {"lines": list(lines.order_by("id").values_list("line", flat=True)), "total": total}
@@ -156,14 +162,15 @@ def run_checkpoints(request: HttpRequest, run_id: int):
 
 
 @router.post("/{int:run_id}/checkpoints/{int:step}/resume", response={201: RunOut, 402: ErrorOut})
-def resume_from_checkpoint(request: HttpRequest, run_id: int, step: int):
-    """A new queued run that continues from this saved step (weights, optimizer, scheduler, RNG)."""
+def resume_from_checkpoint(request: HttpRequest, run_id: int, step: int, query: Query[CheckpointQuery]):
+    """A new queued run that continues from this saved step (weights, optimizer, scheduler, RNG) of
+    `attempt`, or of the newest attempt that saved it."""
     who = actor(request)
     run = get_run_for(who, run_id, write=True)
     if sent_a_body(request):  # it was ignored: {"config": {...}} made a child with the parent's settings
         raise BadRequest("Resume takes no body: the new run copies this run's settings.",
                          [Finding("body", "send no body, then PATCH the new run (it is queued) to change its settings")])
-    return 201, checkpoints.resume_run(run, step, who.user)
+    return 201, checkpoints.resume_run(run, step, who.user, query.attempt)
 
 
 def sent_a_body(request: HttpRequest) -> bool:
@@ -177,8 +184,10 @@ def sent_a_body(request: HttpRequest) -> bool:
 
 
 @router.post("/{int:run_id}/checkpoints/{int:step}/merge", response={202: MergeOut})
-def merge_checkpoint(request: HttpRequest, run_id: int, step: int):
-    """Merge a LoRA checkpoint into its base; the merged weights appear as a `merged` checkpoint."""
+def merge_checkpoint(request: HttpRequest, run_id: int, step: int, query: Query[CheckpointQuery]):
+    """Merge a LoRA checkpoint into its base: this step of `attempt`, or of the newest attempt that
+    saved it. The merged weights appear as a `merged` checkpoint of that attempt."""
     run = get_run_for(actor(request), run_id, write=True)
-    checkpoints.request_merge(run, checkpoints.checkpoint_of(run, step))
-    return 202, {"run": run.pk, "step": step, "queued": True}
+    checkpoint = checkpoints.checkpoint_of(run, step, query.attempt)
+    checkpoints.request_merge(run, checkpoint)
+    return 202, {"run": run.pk, "step": step, "attempt": checkpoint.attempt, "queued": True}

@@ -11,7 +11,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from datahub.services import create_run_branch, record_checkpoint
-from studio.errors import BadRequest, Conflict, Finding
+from studio.errors import BadRequest, Conflict, Finding, counted
 from training.backends.local import REPO_ROOT, checkpoint_dir, engine_env
 from training.methods.base import lora_enabled
 from training.models import Checkpoint, TrainingRun
@@ -27,28 +27,42 @@ def merge_mark_expired() -> datetime:
     return timezone.now() - timedelta(seconds=MERGE_TIMEOUT_SECONDS + 600)
 
 
+def merging(checkpoints: list[Checkpoint]) -> list[Checkpoint]:
+    """The checkpoints whose merge was asked for and has not finished (or failed) yet."""
+    expired = merge_mark_expired()
+    return [c for c in checkpoints if c.kind in RESUMABLE_KINDS and c.merge_requested_at and c.merge_requested_at > expired]
+
+
 def merging_steps(checkpoints: list[Checkpoint]) -> set[int]:
     """The steps whose merge was asked for and has not finished (or failed) yet."""
-    expired = merge_mark_expired()
-    return {c.step for c in checkpoints if c.kind in RESUMABLE_KINDS and c.merge_requested_at and c.merge_requested_at > expired}
+    return {c.step for c in merging(checkpoints)}
 
 
-def checkpoint_of(run: TrainingRun, step: int) -> Checkpoint:
-    """The newest saved step `step` of `run` that can be resumed or merged."""
-    checkpoint = Checkpoint.objects.filter(run=run, step=step, kind__in=RESUMABLE_KINDS).order_by("-attempt", "-id").first()
-    if checkpoint is None:
+def checkpoint_of(run: TrainingRun, step: int, attempt: int | None = None) -> Checkpoint:
+    """Saved step `step` of `run` that can be resumed or merged: the one `attempt` saved, or without
+    it the newest attempt's. Each attempt saves into its own folder, so a step that a restarted run
+    saved again is two checkpoints with different weights: `attempt` picks one."""
+    saved = Checkpoint.objects.filter(run=run, step=step, kind__in=RESUMABLE_KINDS)
+    checkpoint = (saved.filter(attempt=attempt) if attempt is not None else saved).order_by("-attempt", "-id").first()
+    if checkpoint is not None:
+        return checkpoint
+    attempts = sorted(set(saved.values_list("attempt", flat=True)))
+    if attempt is None or not attempts:
         raise BadRequest(f"Run {run.pk} has no saved checkpoint at step {step}.", [Finding("step", "pick a step listed under Checkpoints (kind checkpoint)")])
-    return checkpoint
+    raise BadRequest(f"Attempt {attempt} of run {run.pk} saved no checkpoint at step {step}.",
+                     [Finding("attempt", f"step {step} was saved by {counted(len(attempts), 'attempt')}, "
+                                         f"{', '.join(map(str, attempts))}: give one of those, or leave attempt out for the newest")])
 
 
 @transaction.atomic
-def resume_run(run: TrainingRun, step: int, user) -> TrainingRun:
-    """A new queued run with the same settings that continues from saved step `step` (weights,
-    optimizer, scheduler and RNG state). Lineage records the parent run and the step. The plan gate
-    comes first: resuming creates a run, and 402 precedes a bad step's 400 as it precedes create's."""
+def resume_run(run: TrainingRun, step: int, user, attempt: int | None = None) -> TrainingRun:
+    """A new queued run with the same settings that continues from saved step `step` of `attempt`
+    (the newest attempt that saved it when None): weights, optimizer, scheduler and RNG state.
+    Lineage records the parent run and the checkpoint. The plan gate comes first: resuming creates a
+    run, and 402 precedes a bad step's 400 as it precedes create's."""
     require_training_plan(run.project)
     run = locked_run(run)  # a DELETE of the parent waits, then sees the child (or this finds it gone)
-    checkpoint = checkpoint_of(run, step)
+    checkpoint = checkpoint_of(run, step, attempt)
     child = TrainingRun.objects.create(
         project=run.project, experiment=run.experiment, created_by=user,
         name=f"{run.name} (from step {checkpoint.step})"[:200], method=run.method, base_model=run.base_model,
@@ -67,8 +81,9 @@ def request_merge(run: TrainingRun, checkpoint: Checkpoint) -> None:
     locked_run(run)
     if not lora_enabled(run.config):
         raise BadRequest("Only a LoRA run's checkpoints can be merged.", [Finding("step", "this run trains all weights: its checkpoints are already full models")])
-    if Checkpoint.objects.filter(run=run, kind="merged", step=checkpoint.step).exists():
-        raise Conflict(f"Step {checkpoint.step} of run {run.pk} is already merged: its merged checkpoint is listed under Checkpoints.")
+    # Per attempt: a step that a restarted run saved again holds other weights, and merges apart.
+    if Checkpoint.objects.filter(run=run, kind="merged", step=checkpoint.step, attempt=checkpoint.attempt).exists():
+        raise Conflict(f"Step {checkpoint.step} of run {run.pk} (attempt {checkpoint.attempt}) is already merged: its merged checkpoint is listed under Checkpoints.")
     # The in-flight mark the Checkpoints tab shows ("Merging…") and that refuses a second request;
     # merge() clears it when it ends either way, and it expires should the task never run.
     marked = Checkpoint.objects.filter(Q(merge_requested_at__isnull=True) | Q(merge_requested_at__lte=merge_mark_expired()), pk=checkpoint.pk).update(merge_requested_at=timezone.now())

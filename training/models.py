@@ -105,6 +105,13 @@ class TrainingRun(models.Model):
     def is_active(self) -> bool:
         return self.status in ACTIVE_STATUSES
 
+    @property
+    def start_attempt(self) -> int:
+        """The attempt the run's last START began with. A spot interruption retries in a new attempt
+        (attempt and interruptions both count up; a START's claim resets interruptions), so the
+        attempts from this one to `attempt` are one START's training: one log, one line of checkpoints."""
+        return max(self.attempt - self.interruptions, 0)
+
 
 class MetricPoint(models.Model):
     run = models.ForeignKey(TrainingRun, on_delete=models.CASCADE, related_name="metric_points")
@@ -155,6 +162,11 @@ class Checkpoint(models.Model):
     # result: it goes beside its step on the run's branch and never onto the Models page, also while
     # the run is still training and that step is its newest.
     requested = models.BooleanField(default=False)
+    # The Data Hub commit on the run's branch that holds this checkpoint's files, as committed
+    # (datahub.services.commit_checkpoint). A later attempt that saves the same step writes the same
+    # folder on the branch: this commit still has this attempt's files. Empty until committed, and for
+    # a checkpoint that never was (no folder on this machine, a full disk) or was before this was kept.
+    commit = models.CharField(max_length=40, blank=True, default="")
 
     class Meta:
         ordering = ["step", "id"]

@@ -1,11 +1,11 @@
-"""Permission-scoped run lookups, and the run list's search."""
+"""Permission-scoped run lookups, the run list's search, and the reads of a run's rows."""
 from __future__ import annotations
 
 from django.db.models import Q, QuerySet
 
 from studio.auth import Actor
 from studio.errors import NotFound
-from training.models import TrainingRun
+from training.models import LogLine, TrainingRun
 
 
 def runs_for(actor: Actor) -> QuerySet[TrainingRun]:
@@ -37,3 +37,12 @@ def filter_rollouts(rows: QuerySet, step: int | None = None, min_reward: float |
     if max_reward is not None:
         rows = rows.filter(reward__lte=max_reward)
     return rows
+
+
+def log_lines(run: TrainingRun, attempt: int | None = None) -> QuerySet[LogLine]:
+    """The log of attempt `attempt` of `run` (GET .../logs?attempt=, the run page's log links), or
+    without it the run's current log: the lines since its last START, i.e. its current attempt and
+    those a spot interruption retried from. Lines written before the first START (a START withdrawn
+    before a worker claimed it) read with attempt 1. Unordered."""
+    low, high = (run.start_attempt, run.attempt) if attempt is None else (attempt, attempt)
+    return LogLine.objects.filter(run=run, attempt__gte=0 if low <= 1 else low, attempt__lte=high)

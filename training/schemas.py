@@ -66,6 +66,7 @@ class RunOut(Schema):
     cost: Decimal
     parent: int | None = Field(None, description="The run this one was resumed from")
     resumed_from_step: int | None = None
+    resumed_from_attempt: int | None = Field(None, description="The attempt of the parent run that saved resumed_from_step")
 
     @staticmethod
     def resolve_project(obj) -> str:
@@ -82,6 +83,10 @@ class RunOut(Schema):
     @staticmethod
     def resolve_resumed_from_step(obj) -> int | None:
         return obj.resume_checkpoint.step if obj.resume_checkpoint_id else None
+
+    @staticmethod
+    def resolve_resumed_from_attempt(obj) -> int | None:
+        return obj.resume_checkpoint.attempt if obj.resume_checkpoint_id else None
 
 
 class RunFilters(Schema):
@@ -110,12 +115,24 @@ class MetricsOut(Schema):
 class MergeOut(Schema):
     run: int
     step: int
+    attempt: int = Field(description="The attempt whose saved step is merged")
     queued: bool
+
+
+# Attempts are stored as PostgreSQL integers, as steps are.
+AttemptNumber = Annotated[int, Field(ge=1, le=2**31 - 1)]
+
+
+class CheckpointQuery(Schema):
+    attempt: AttemptNumber | None = Field(None, description="The attempt that saved the step (a restarted run can save a step again, "
+                                                            "with other weights); without it, the newest attempt that saved it")
 
 
 class LogsQuery(Schema):
     tail: int = Field(200, ge=1, le=100_000)
     full: bool = False
+    attempt: AttemptNumber | None = Field(None, description="One attempt's log (RunOut.attempt is the current one); without it, the lines since "
+                                                            "the run was last started (its current attempt, with any a spot interruption retried from)")
 
 
 class LogsOut(Schema):
@@ -144,6 +161,12 @@ class CheckpointOut(Schema):
     attempt: int
     path: str
     created_at: datetime
+    commit: str | None = Field(None, description="The Data Hub commit of the run's branch (run-<id>) that holds this checkpoint's files; "
+                                                 "null until it is committed. A later attempt that saves the same step replaces them at the branch's head, not in this commit")
+
+    @staticmethod
+    def resolve_commit(obj) -> str | None:
+        return obj.commit or None
 
 
 # Steps are stored as PostgreSQL integers; a larger one must be a 400, not an overflow at INSERT.

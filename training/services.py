@@ -252,9 +252,10 @@ def start_run(run: TrainingRun) -> TrainingRun:
 
 
 def wipe_attempt_data(run: TrainingRun) -> None:
-    """A restart starts clean series; committed checkpoints stay (seed 001)."""
+    """A restart starts clean series; committed checkpoints stay (seed 001), and so do the earlier
+    attempts' logs (each line has its attempt: GET .../logs?attempt=, the run page's log links), a
+    failed attempt's traceback with them."""
     MetricPoint.objects.filter(run=run).delete()
-    LogLine.objects.filter(run=run).delete()
     Rollout.objects.filter(run=run).delete()
     IngestBatch.objects.filter(run=run).delete()
 
@@ -409,8 +410,9 @@ def backoff_seconds(failures: int) -> int:
 
 
 def last_checkpoint_path(run: TrainingRun) -> str | None:
-    """Where an attempt after a spot interruption resumes from."""
-    checkpoint = Checkpoint.objects.filter(run=run).exclude(kind="final").order_by("-step", "-id").first()
+    """Where an attempt after a spot interruption resumes from: the newest step this START's attempts
+    saved. An attempt before a "Start again" trained other weights, maybe further: never those."""
+    checkpoint = Checkpoint.objects.filter(run=run, attempt__gte=run.start_attempt).exclude(kind="final").order_by("-step", "-id").first()
     return checkpoint.path if checkpoint else None
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from datetime import timedelta
 from typing import Any
 from urllib.parse import urlencode
@@ -14,7 +14,7 @@ from django.contrib import messages
 from django.core.paginator import Paginator
 from django.db import connection
 from django.db.models import Q
-from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseNotFound
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseNotFound, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -23,11 +23,11 @@ from django.views.decorators.http import require_GET, require_POST
 
 from datahub import repos as hub_repos
 from datahub import services as hub
-from datahub.models import Branch, Repo, TreeEntry
+from datahub.models import Branch, Commit, Repo, TreeEntry
 from environments import services as env_services
 from experiments.models import Experiment
 from experiments.services import DEFAULT_EXPERIMENT
-from studio.errors import ApiError, Conflict, Forbidden, PaymentRequired, Unprocessable
+from studio.errors import ApiError, BadRequest, Conflict, Finding, Forbidden, PaymentRequired, Unprocessable
 from studio.parsing import ascii_int
 from studio.views import errors_by_field, studio_page, web_actor
 from training import checkpoints, forms, services
@@ -35,8 +35,8 @@ from training.backends.local import checkpoint_dir
 from training.compute import accelerators_of
 from training.fit_report import fit_report, form_fit_report
 from training.methods import distill as distill_method
-from training.models import ACTIVE_STATUSES, Checkpoint, LogLine, Method, MetricPoint, Rollout, Status, TrainingRun
-from training.queries import filter_rollouts, get_run_for, runs_for, search_runs
+from training.models import ACTIVE_STATUSES, Checkpoint, Method, MetricPoint, Rollout, Status, TrainingRun
+from training.queries import filter_rollouts, get_run_for, log_lines, runs_for, search_runs
 from training.refs import HUB_REF, dataset_entries, ref_kind
 from training.suggestions import RefSuggestions
 
@@ -130,16 +130,31 @@ def run_charts(run: TrainingRun) -> list[dict[str, Any]]:
 
 
 def tabs_for(run: TrainingRun) -> list[tuple[str, str]]:
-    """Seed 001's table: which tabs a run of this method has."""
+    """Seed 001's table: which tabs a run of this method has. A GRPO run saves checkpoints and has a
+    lineage like any run; its Datasets tab is there when it names a dataset (its prompts may come from
+    the environment instead)."""
     tabs = [("overview", "Overview"), ("configuration", "Configuration")]
+    if run.method != Method.GRPO or dataset_rows(run):
+        tabs.append(("datasets", "Datasets"))
     if run.method == Method.GRPO:
         if (run.config or {}).get("rl_mode", "environment") == "environment":
             tabs.append(("environment", "Environment"))
         tabs.append(("rollouts", "Rollouts"))
-    else:
-        tabs += [("datasets", "Datasets"), ("checkpoints", "Checkpoints"), ("lineage", "Lineage")]
-    tabs.append(("repository", "Repository"))
+    tabs += [("checkpoints", "Checkpoints"), ("lineage", "Lineage"), ("repository", "Repository")]
     return tabs
+
+
+def dataset_rows(run: TrainingRun) -> list[dict[str, Any]]:
+    """The Datasets tab's rows (and the Lineage tab's data): the run's dataset entries, and a GRPO
+    RULER run's prompts dataset (config.ruler_task_args.dataset), each with its pin. Not a query."""
+    rows = [{"role": "Dataset" + (f" {i + 1}" if i else ""), "ref": e.ref, "type": e.type or "—", "kind": ref_kind(e.ref), "field": dataset_field(run, i)}
+            for i, e in enumerate(dataset_entries(run.dataset))]
+    config = run.config or {}
+    ruler = config.get("ruler_task_args")
+    if run.method == Method.GRPO and config.get("rl_mode") == "ruler" and isinstance(ruler, dict) and isinstance(ruler.get("dataset"), str) and ruler["dataset"]:
+        rows.append({"role": "Prompts (RULER task)", "ref": ruler["dataset"], "type": "prompts (ruler_task_args)", "kind": ref_kind(ruler["dataset"]),
+                     "field": "config.ruler_task_args.dataset"})
+    return rows
 
 
 def is_live(run: TrainingRun) -> bool:
@@ -149,6 +164,7 @@ def is_live(run: TrainingRun) -> bool:
 def status_context(request: HttpRequest, run: TrainingRun, actor=None, error: ApiError | None = None) -> dict[str, Any]:
     actor = actor or web_actor(request)
     startable = run.status in (Status.QUEUED, Status.FAILED, Status.CANCELLED) and not is_live(run)
+    trained_before = startable and run.attempt > 0  # START again after an attempt (or a withdrawn restart)
     draft = services.draft_of(run)  # one draft: the Start button's findings and the estimate share its fit check
     blockers = services.start_blockers(run, draft) if startable else []
     if isinstance(error, Unprocessable):
@@ -165,20 +181,33 @@ def status_context(request: HttpRequest, run: TrainingRun, actor=None, error: Ap
         "progress": run.progress or {},
         # The GPU memory estimate beside START; a CPU run or an unknown model shows nothing.
         "fit": fit_report(draft) if startable else None,
+        # Start again trains from step 0: beside it, and in its confirmation, where a saved step is resumed instead.
+        "saved_steps": trained_before and Checkpoint.objects.filter(run=run, kind__in=checkpoints.RESUMABLE_KINDS).exists(),
+        "restart_from": restart_from(run) if trained_before else "",
     }
+
+
+def restart_from(run: TrainingRun) -> str:
+    """Where START trains from: step 0, or for a run resumed from another run's step, that step again."""
+    saved = run.resume_checkpoint if run.resume_checkpoint_id else None
+    return f"step {saved.step} of run #{saved.run_id}, where this run was resumed from" if saved is not None else "step 0"
 
 
 def failure_log_tail(run: TrainingRun) -> list[str]:
     """The worker's last 200 lines (error.log_tail); the run's own log when the backend sent none."""
     tail = (run.error or {}).get("log_tail") or []
     if not tail:
-        tail = list(LogLine.objects.filter(run=run).order_by("-id").values_list("line", flat=True)[:LOG_TAIL])[::-1]
+        tail = list(log_lines(run).order_by("-id").values_list("line", flat=True)[:LOG_TAIL])[::-1]
     return tail[-LOG_TAIL:]
 
 
 def live_context(run: TrainingRun) -> dict[str, Any]:
-    tail = list(LogLine.objects.filter(run=run).order_by("-id").values_list("line", flat=True)[:LOG_TAIL])[::-1]
-    return {"run": run, "live": is_live(run), "charts": run_charts(run), "log_tail": tail}
+    """The Overview's charts and log box: the last lines of the run's current log (since its last
+    START), with links to all of it and to each earlier attempt's."""
+    tail = list(log_lines(run).order_by("-id").values_list("line", flat=True)[:LOG_TAIL])[::-1]
+    first = max(run.start_attempt, 1)
+    label = "" if not run.attempt else f"attempt {run.attempt}" if first == run.attempt else f"attempts {first}–{run.attempt}"
+    return {"run": run, "live": is_live(run), "charts": run_charts(run), "log_tail": tail, "log_label": label, "earlier_attempts": list(range(1, first))}
 
 
 def config_rows(run: TrainingRun) -> list[tuple[str, Any]]:
@@ -424,24 +453,9 @@ def tab_context(request: HttpRequest, run: TrainingRun, tab: str) -> dict[str, A
             context["teacher"] = forms.teacher_fit(config["distillation"].get("teacher_model"), (run.compute or {}).get("accelerators"), run.project)
             context["per_token"] = 6 * int(config["distillation"].get("top_k") or 64)
     elif tab == "datasets":
-        entries = dataset_entries(run.dataset)
-        context["entries"] = [{"ref": e.ref, "type": e.type or "—", "kind": ref_kind(e.ref), "pin": pin_state(run, dataset_field(run, i), ref_kind(e.ref))}
-                              for i, e in enumerate(entries)]
+        context["entries"] = [{**row, "pin": pin_state(run, row["field"], row["kind"])} for row in dataset_rows(run)]
     elif tab == "checkpoints":
-        saved = list(Checkpoint.objects.filter(run=run))
-        last_step = max((c.step for c in saved), default=0)
-        prefixes = {c.pk: hub.checkpoint_prefix(c, hub.is_earlier_merge(c, last_step)) for c in saved}
-        committed, branch_gone, merging, live = committed_prefixes(run, set(prefixes.values())), not branch_exists(run), checkpoints.merging_steps(saved), is_live(run)
-        # New steps while it trains, a merge in flight, a commit that lands in a moment: the table follows
-        # them. Only a step whose folder is on this machine gets committed, and within minutes.
-        recent = timezone.now() - timedelta(minutes=5)
-        pending = not branch_gone and any(prefixes[c.pk] not in committed and c.created_at > recent and checkpoint_dir(c) is not None for c in saved)
-        context.update(
-            checkpoints=saved, prefixes=prefixes, committed=committed, branch_gone=branch_gone,
-            merged_steps={c.step for c in saved if c.kind == "merged"}, merging_steps=merging, refreshing=bool(merging) or live or pending,
-            save_steps=config.get("save_steps"), live=live,
-            lora=config.get("lora_rank") is not None or bool(config.get("lora")), writable=web_actor(request).can_write(run.project),
-        )
+        context.update(checkpoints_context(run, writable=web_actor(request).can_write(run.project)))
     elif tab == "lineage":
         context["lineage"] = lineage_of(run)
     elif tab == "environment":
@@ -453,8 +467,56 @@ def tab_context(request: HttpRequest, run: TrainingRun, tab: str) -> dict[str, A
     elif tab == "rollouts":
         context.update(rollout_groups(run, request))
     elif tab == "repository":
-        context.update(repository_of(run, request.GET.get("path", "")))
+        context.update(repository_of(run, request.GET.get("path", ""), request.GET.get("commit", "")))
     return context
+
+
+def checkpoints_context(run: TrainingRun, writable: bool) -> dict[str, Any]:
+    """The Checkpoints tab: a row per saved checkpoint with what it offers. A restarted run saves a
+    step again in its new attempt (other weights, in its own folder), at the same place on the run's
+    branch: each row's Download opens the commit that holds its own files, and Resume and Merge name
+    its attempt. A row committed before commits were recorded links the branch's head only while no
+    later attempt has replaced its files there."""
+    config = run.config or {}
+    saved = list(Checkpoint.objects.filter(run=run))
+    last_step = max((c.step for c in saved), default=0)
+    prefixes = {c.pk: hub.checkpoint_prefix(c, hub.is_earlier_merge(c, last_step)) for c in saved}
+    newest: dict[str, int] = {}  # the newest attempt whose files went to each place on the branch
+    for c in saved:
+        newest[prefixes[c.pk]] = max(newest.get(prefixes[c.pk], 0), c.attempt)
+    branch_gone, live = not branch_exists(run), is_live(run)
+    unrecorded = {prefixes[c.pk] for c in saved if not c.commit}
+    committed = committed_prefixes(run, unrecorded) if unrecorded and not branch_gone else set()
+    merging = {c.pk for c in checkpoints.merging(saved)}
+    merged = {(c.attempt, c.step) for c in saved if c.kind == "merged"}
+    twins = Counter((c.kind, c.step) for c in saved)  # a step saved by more than one attempt
+    repository = reverse("training:run_tab", args=[run.pk, "repository"])
+    recent, pending = timezone.now() - timedelta(minutes=5), False
+    rows = []
+    for c in saved:
+        prefix = prefixes[c.pk]
+        row: dict[str, Any] = {"c": c, "twin": twins[(c.kind, c.step)] > 1, "merged": (c.attempt, c.step) in merged, "merging": c.pk in merging}
+        if branch_gone:
+            row["download_note"] = "deleted with its repo"
+        elif c.commit:
+            row["download"] = f"{repository}?{urlencode({'path': prefix, 'commit': c.commit}, safe='/')}"
+        elif newest[prefix] > c.attempt:
+            row["replaced_by"] = newest[prefix]
+        elif prefix in committed:
+            row["download"] = f"{repository}?{urlencode({'path': prefix}, safe='/')}"
+        else:
+            # Only a step whose folder is on this machine gets committed, and within minutes: the table follows it.
+            pending = pending or (c.created_at > recent and checkpoint_dir(c) is not None)
+        rows.append(row)
+    steps = any(c.kind in checkpoints.RESUMABLE_KINDS for c in saved)
+    lora = config.get("lora_rank") is not None or bool(config.get("lora"))
+    return {
+        "checkpoints": saved, "rows": rows, "branch_gone": branch_gone, "live": live, "save_steps": config.get("save_steps"),
+        # New steps while it trains, a merge in flight, a commit that lands in a moment: the table follows them.
+        "refreshing": bool(merging) or live or pending,
+        "has_steps": steps, "several_attempts": len({c.attempt for c in saved}) > 1,
+        "lora": lora, "writable": writable, "resume_offered": writable and steps, "merge_offered": writable and steps and lora,
+    }
 
 
 def branch_exists(run: TrainingRun) -> bool:
@@ -480,15 +542,17 @@ def committed_prefixes(run: TrainingRun, prefixes: set[str]) -> set[str]:
     return {prefix for prefix in prefixes if any(path.startswith(prefix + "/") for path in paths)}
 
 
-def repository_of(run: TrainingRun, prefix: str) -> dict[str, Any]:
-    """The run's Data Hub branch: its files (optionally under one folder) and its commits. Every
-    run's branch is made when the run is, so a missing repo or branch was deleted with the repo
-    (`gone`); a later run of the experiment makes the repo again, without this run's branch."""
+def repository_of(run: TrainingRun, prefix: str, at: str = "") -> dict[str, Any]:
+    """The run's Data Hub branch: its files (optionally under one folder) and its commits; with `at`,
+    the files of that commit of the repo (a checkpoint's Download: the commit holding that attempt's
+    files, which a later attempt may have replaced at the head). Every run's branch is made when the
+    run is, so a missing repo or branch was deleted with the repo (`gone`); a later run of the
+    experiment makes the repo again, without this run's branch."""
     repo_name = hub.experiment_repo_name(run.experiment)
     repo = hub_repos.find_repo(run.project, repo_name)
     branch = hub.run_branch_name(run)
     out: dict[str, Any] = {"repo": repo, "repo_name": f"{run.project.slug}/{repo_name}", "branch": branch, "prefix": prefix.strip("/"),
-                           "files": [], "commits": [], "gone": repo is None}
+                           "files": [], "commits": [], "gone": repo is None, "ref": branch, "at": None, "at_note": ""}
     if repo is None:
         return out
     try:
@@ -496,7 +560,15 @@ def repository_of(run: TrainingRun, prefix: str) -> dict[str, Any]:
     except hub_repos.RefNotFound:
         out["gone"] = True
         return out
-    files = sorted(hub_repos.tree(commits[0]).items()) if commits else []
+    shown = commits[0] if commits else None
+    if at:
+        found = Commit.objects.filter(repo=repo, pk=at).first() if hub_repos.FULL_COMMIT_RE.match(at) else None
+        if found is None:
+            out["at_note"] = f"{at[:40]!r} is not a commit of {repo.full_name}: showing the head of {branch}"
+        else:
+            shown = out["at"] = found
+            out["ref"] = found.pk
+    files = sorted(hub_repos.tree(shown).items()) if shown else []
     if out["prefix"]:
         files = [(path, blob) for path, blob in files if path.startswith(out["prefix"] + "/")]
     out.update(commits=commits, files=[{"path": path, "size": blob.size} for path, blob in files[:500]], truncated=len(files) > 500)
@@ -559,14 +631,15 @@ def lineage_of(run: TrainingRun) -> list[dict[str, Any]]:
     """Where the run's weights and data came from. `gone` says why a Data Hub ref is not linked
     (mark_deleted_repos); its pin, if any, stays as the record of what was used."""
     items = [{"role": "Base model (weights)", "ref": run.base_model or "— not set", "kind": ref_kind(run.base_model) if run.base_model else "", "pinned": pinned_of(run, "base_model")}]
-    for i, entry in enumerate(dataset_entries(run.dataset)):
-        items.append({"role": "Dataset" + (f" {i + 1}" if i else ""), "ref": entry.ref, "kind": ref_kind(entry.ref), "pinned": pinned_of(run, dataset_field(run, i))})
+    for row in dataset_rows(run):
+        items.append({"role": row["role"], "ref": row["ref"], "kind": row["kind"], "pinned": pinned_of(run, row["field"])})
     teacher = ((run.config or {}).get("distillation") or {}).get("teacher_model")
     if teacher:
         items.append({"role": "Teacher (distilled from)", "ref": teacher, "kind": ref_kind(teacher), "pinned": pinned_of(run, "config.distillation.teacher_model")})
     if run.parent_id:
-        step = run.resume_checkpoint.step if run.resume_checkpoint_id else "?"
-        items.append({"role": f"Resumed from (step {step})", "ref": f"run #{run.parent_id}: {run.parent.name}", "kind": "run", "pinned": None,
+        saved = run.resume_checkpoint
+        step = f"step {saved.step} of attempt {saved.attempt}" if saved is not None else "step ?"
+        items.append({"role": f"Resumed from ({step})", "ref": f"run #{run.parent_id}: {run.parent.name}", "kind": "run", "pinned": None,
                       "url": reverse("training:run", args=[run.parent_id])})
     mark_deleted_repos(run, items)
     repo_name, branch = hub.experiment_repo_name(run.experiment), hub.run_branch_name(run)
@@ -672,6 +745,51 @@ def run_live(request: HttpRequest, run_id: int) -> HttpResponse:
     return render(request, "training/run_detail.html#live", live_context(run))
 
 
+LOG_PAGE_LINES = 20_000
+
+
+def log_request(request: HttpRequest, run: TrainingRun) -> tuple[int | None, str]:
+    """The ?attempt= of a log page: (attempt, "") with None for the current log, or (None, what was
+    given) when the run has no such attempt."""
+    raw = request.GET.get("attempt", "")
+    if not raw:
+        return None, ""
+    attempt = ascii_int(raw)
+    return (attempt, "") if attempt is not None and 1 <= attempt <= run.attempt else (None, raw[:20])
+
+
+@studio_page
+@require_GET
+def run_log(request: HttpRequest, run_id: int) -> HttpResponse:
+    """A run's whole log (the Overview shows its last lines): its current log, since it was last
+    started, or with ?attempt= an attempt's, earlier ones included: a restart keeps them."""
+    run = get_run_for(web_actor(request), run_id)
+    attempt, missing = log_request(request, run)
+    context: dict[str, Any] = {"section": "training", "project": run.project, "run": run, "attempt": attempt, "missing": missing,
+                               "attempts": list(range(1, run.attempt + 1)), "current": list(range(max(run.start_attempt, 1), run.attempt + 1))}
+    if missing:
+        return render(request, "training/run_log.html", context, status=404)
+    lines = log_lines(run, attempt)
+    context["total"] = lines.count()
+    context["lines"] = list(lines.order_by("-id").values_list("line", flat=True)[:LOG_PAGE_LINES])[::-1]
+    return render(request, "training/run_log.html", context)
+
+
+@studio_page
+@require_GET
+def run_log_text(request: HttpRequest, run_id: int) -> HttpResponse:
+    """The same log as plain text, every line (streamed: a log can be long)."""
+    run = get_run_for(web_actor(request), run_id)
+    attempt, missing = log_request(request, run)
+    if missing:
+        return HttpResponseNotFound(f"Run #{run.pk} has no attempt {missing!r}: give one from 1 to {run.attempt}, or none for its current log.\n",
+                                    content_type="text/plain; charset=utf-8")
+    lines = log_lines(run, attempt).order_by("id").values_list("line", flat=True)
+    response = StreamingHttpResponse((line + "\n" for line in lines.iterator(chunk_size=2000)), content_type="text/plain; charset=utf-8")
+    response["Content-Disposition"] = f'inline; filename="run-{run.pk}-{f"attempt-{attempt}" if attempt else "log"}.txt"'
+    return response
+
+
 def _action(request: HttpRequest, run_id: int, service) -> HttpResponse:
     actor = web_actor(request)
     run = get_run_for(actor, run_id, write=True)
@@ -736,7 +854,7 @@ def resume_checkpoint(request: HttpRequest, run_id: int, step: int) -> HttpRespo
     actor = web_actor(request)
     run = get_run_for(actor, run_id, write=True)
     try:
-        child = checkpoints.resume_run(run, step, actor.user)
+        child = checkpoints.resume_run(run, step, actor.user, posted_attempt(request))
     except ApiError as exc:
         messages.error(request, exc.detail)
         return redirect("training:run_tab", run_id=run.pk, tab="checkpoints")
@@ -749,11 +867,25 @@ def merge_checkpoint(request: HttpRequest, run_id: int, step: int) -> HttpRespon
     """"Merge": the LoRA checkpoint merged into its base by a Celery task; it appears as `merged`."""
     run = get_run_for(web_actor(request), run_id, write=True)
     try:
-        checkpoints.request_merge(run, checkpoints.checkpoint_of(run, step))
-        messages.info(request, f"Merge of step {step} into the base requested: the table below says Merging… until it is done, then lists it as a merged checkpoint.")
+        checkpoint = checkpoints.checkpoint_of(run, step, posted_attempt(request))
+        checkpoints.request_merge(run, checkpoint)
+        messages.info(request, f"Merge of step {step} (attempt {checkpoint.attempt}) into the base requested: the table below says Merging… until it is done, "
+                               "then lists it as a merged checkpoint.")
     except ApiError as exc:
         messages.error(request, exc.detail)
     return redirect("training:run_tab", run_id=run.pk, tab="checkpoints")
+
+
+def posted_attempt(request: HttpRequest) -> int | None:
+    """The attempt a Checkpoints row's Resume or Merge names (its hidden field); none: the newest.
+    A value that is no attempt number is refused, not read as "the newest"."""
+    raw = request.POST.get("attempt", "")
+    if not raw:
+        return None
+    attempt = ascii_int(raw)
+    if attempt is None or not 1 <= attempt <= 2**31 - 1:
+        raise BadRequest(f"attempt {raw[:20]!r} is not an attempt number.", [Finding("attempt", "give the attempt that saved the step (a whole number from 1), or none for the newest")])
+    return attempt
 
 
 def run_url(run: TrainingRun, tab: str = "overview") -> str:

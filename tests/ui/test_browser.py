@@ -18,7 +18,8 @@ EXPECTED_TABS = {
     "sft": ["Overview", "Configuration", "Datasets", "Checkpoints", "Lineage", "Repository"],
     "dpo": ["Overview", "Configuration", "Datasets", "Checkpoints", "Lineage", "Repository"],
     "distill": ["Overview", "Configuration", "Datasets", "Checkpoints", "Lineage", "Repository"],
-    "grpo": ["Overview", "Configuration", "Environment", "Rollouts", "Repository"],
+    # A GRPO run without a dataset (its prompts come from the environment) has no Datasets tab.
+    "grpo": ["Overview", "Configuration", "Environment", "Rollouts", "Checkpoints", "Lineage", "Repository"],
 }
 UNLABELLED = """() => [...document.querySelectorAll('input:not([type=hidden]), select, textarea')]
   .filter(el => !(el.labels && el.labels.length) && !el.getAttribute('aria-label') && !el.getAttribute('aria-labelledby'))
@@ -430,3 +431,39 @@ def test_switching_the_method_away_and_back_keeps_what_was_typed_in_its_card(own
     page.get_by_role("button", name="Create run").click()
     expect(page.get_by_test_id("run-status")).to_have_text("queued")
     assert "loss" not in project.runs.get(name="carried").config
+
+
+def test_start_again_of_a_run_with_saved_steps_says_it_trains_from_step_0_before_it_does(owner_page, project, users):
+    """Start again quietly trained from step 0 while the Checkpoints tab had steps to resume from."""
+    from training.models import Checkpoint, LogLine
+
+    run = services.create_run(project, users["owner"], name="dpo stopped", method="dpo", base_model="org/base", dataset="org/prefs",
+                              config={"lora_rank": 8, "loss": {"type": "dpo"}, "save_steps": 5, "max_steps": 60})
+    status_service.transition(run.pk, Status.PROVISIONING)
+    status_service.transition(run.pk, Status.RUNNING)
+    TrainingRun.objects.filter(pk=run.pk).update(attempt=1)
+    LogLine.objects.create(run=run, attempt=1, line="attempt 1 step 21")
+    for step in (5, 10, 15, 20):
+        Checkpoint.objects.create(run=run, attempt=1, step=step, path=f"/out/checkpoint-{step}")
+    status_service.transition(run.pk, Status.CANCELLED)
+    page = owner_page
+    page.goto(f"/training/runs/{run.pk}/")
+    note = page.get_by_test_id("start-again-note")
+    expect(note).to_contain_text("Start again trains from step 0")
+    expect(page.locator("#start-btn")).to_have_accessible_description(re.compile("Resume from here"))
+    dialogs: list[str] = []
+    page.once("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    page.locator("#start-btn").click()
+    expect(page.get_by_test_id("run-status")).to_have_text("cancelled")  # dismissed: nothing started
+    assert dialogs and "again from step 0?" in dialogs[0] and "Resume from here on the Checkpoints tab" in dialogs[0]
+    run.refresh_from_db()
+    assert run.status == Status.CANCELLED and run.start_requested_at is None and run.attempt == 1
+    check_page(page)
+    page.shot("start-again-note")
+    note.get_by_role("link", name="Checkpoints tab").click()
+    expect(page.get_by_role("button", name="Resume from here (step 20)")).to_be_visible()
+    page.get_by_role("link", name="Overview").click()
+    page.get_by_test_id("log-links").get_by_role("link", name="Full log").click()
+    expect(page.locator("#full-log")).to_contain_text("attempt 1 step 21")
+    check_page(page)
+    page.shot("full-log")

@@ -21,7 +21,8 @@ EXPECTED_TABS = {
     "sft": ["overview", "configuration", "datasets", "checkpoints", "lineage", "repository"],
     "dpo": ["overview", "configuration", "datasets", "checkpoints", "lineage", "repository"],
     "distill": ["overview", "configuration", "datasets", "checkpoints", "lineage", "repository"],
-    "grpo": ["overview", "configuration", "environment", "rollouts", "repository"],
+    # A GRPO run without a dataset (its prompts come from the environment) has no Datasets tab.
+    "grpo": ["overview", "configuration", "environment", "rollouts", "checkpoints", "lineage", "repository"],
 }
 ALL_TABS = {"overview", "configuration", "datasets", "checkpoints", "lineage", "environment", "rollouts", "repository"}
 
@@ -501,10 +502,10 @@ def test_viewer_sees_no_checkpoint_actions(users, run_with_checkpoint):
 
 def test_a_tab_the_method_lacks_is_a_404_that_says_so(project, users):
     run = make_run(project, users["owner"], "grpo")
-    response = client_for(users["owner"]).get(f"/training/runs/{run.pk}/checkpoints/")
+    response = client_for(users["owner"]).get(f"/training/runs/{run.pk}/datasets/")
     html = response.content.decode()
     assert response.status_code == 404
-    assert "A GRPO run has no Checkpoints tab" in html and f'href="/training/runs/{run.pk}/rollouts/"' in html
+    assert "This GRPO run has no Datasets tab: it names no dataset" in html and f'href="/training/runs/{run.pk}/rollouts/"' in html
     assert "Viewers cannot" not in html and 'id="start-btn"' in html  # the owner's own status area
 
 

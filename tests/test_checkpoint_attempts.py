@@ -1,0 +1,220 @@
+"""Checkpoints of a restarted run: "Start again" trains a new attempt, which saves its steps again
+(other weights, in its own folder) at the same place on the run's branch. Each checkpoint keeps the
+commit that holds its own files; resume and merge name the attempt; the Checkpoints tab's rows act
+on their own weights. The engine is not run: its folders and reports are written as it writes them."""
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+import pytest
+from django.test import Client
+
+from datahub import repos
+from datahub import services as hub
+from tests.conftest import assert_error
+from training import services
+from training.backends.local import run_dir
+from training.models import Checkpoint, Status, TrainingRun
+
+WEIGHTS = "adapter_model.safetensors"
+
+
+@pytest.fixture
+def dpo_run(project, users, settings, tmp_path):
+    """A LoRA DPO run (save_steps 5, max_steps 60) stopped in attempt 1 after step 5, then started again."""
+    settings.STUDIO_RUNS_DIR = tmp_path / "runs"
+    settings.DATAHUB_ROOT = tmp_path / "hub"
+    run = services.create_run(project, users["owner"], name="dpo", method="dpo", base_model="org/base", dataset="org/prefs",
+                              config={"lora_rank": 8, "loss": {"type": "dpo"}, "save_steps": 5, "max_steps": 60})
+    TrainingRun.objects.filter(pk=run.pk).update(attempt=2, status=Status.CANCELLED)
+    return TrainingRun.objects.get(pk=run.pk)
+
+
+def save_step(run: TrainingRun, attempt: int, step: int, files: dict[str, bytes], commit: bool = True) -> Checkpoint:
+    """What an attempt's engine leaves: its step folder in the attempt's own run folder, its report, and the commit task."""
+    folder = run_dir(run.pk, attempt) / "output" / f"checkpoint-{step}"
+    folder.mkdir(parents=True)
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    checkpoint = Checkpoint.objects.create(run=run, attempt=attempt, step=step, kind="checkpoint", path=str(folder))
+    if commit:
+        hub.commit_checkpoint(checkpoint.pk)
+        checkpoint.refresh_from_db()
+    return checkpoint
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def file_at(run: TrainingRun, ref: str, path: str) -> str | None:
+    """The sha256 of `path` at `ref` of the run's experiment repo, None when it is not there."""
+    repo = repos.find_repo(run.project, hub.experiment_repo_name(run.experiment))
+    entry = repos.entry(repos.resolve(repo, ref), path)
+    return entry.blob_id if entry else None
+
+
+@pytest.fixture
+def two_attempts(dpo_run):
+    first = save_step(dpo_run, 1, 5, {WEIGHTS: b"attempt 1 weights", "optimizer.pt": b"attempt 1 optimizer"})
+    second = save_step(dpo_run, 2, 5, {WEIGHTS: b"attempt 2 weights"})
+    return dpo_run, first, second
+
+
+# ---- the commit that holds each attempt's files -----------------------------------------------------
+
+def test_each_attempts_step_keeps_the_commit_that_holds_its_own_files(api, two_attempts):
+    run, first, second = two_attempts
+    assert first.commit and second.commit and first.commit != second.commit
+    step = f"checkpoints/step-5/{WEIGHTS}"
+    assert file_at(run, first.commit, step) == sha(b"attempt 1 weights")
+    assert file_at(run, second.commit, step) == sha(b"attempt 2 weights")
+    assert file_at(run, f"run-{run.pk}", step) == sha(b"attempt 2 weights")  # the branch's head: the newest attempt's
+    # The folder holds attempt 2's files alone: attempt 1's optimizer is in attempt 1's commit only.
+    assert file_at(run, first.commit, "checkpoints/step-5/optimizer.pt") == sha(b"attempt 1 optimizer")
+    assert file_at(run, f"run-{run.pk}", "checkpoints/step-5/optimizer.pt") is None
+    listed = api.get(f"/api/training-runs/{run.pk}/checkpoints").json()
+    assert [(c["attempt"], c["commit"]) for c in listed] == [(1, first.commit), (2, second.commit)]
+
+
+def test_a_late_commit_of_an_earlier_attempt_leaves_the_newer_attempts_files(dpo_run):
+    first = save_step(dpo_run, 1, 5, {WEIGHTS: b"attempt 1 weights"}, commit=False)  # its commit task is still queued
+    second = save_step(dpo_run, 2, 5, {WEIGHTS: b"attempt 2 weights"})
+    assert hub.commit_checkpoint(first.pk) is None
+    first.refresh_from_db()
+    assert first.commit == "" and file_at(dpo_run, f"run-{dpo_run.pk}", f"checkpoints/step-5/{WEIGHTS}") == sha(b"attempt 2 weights")
+    assert second.commit == repos.resolve(repos.find_repo(dpo_run.project, hub.experiment_repo_name(dpo_run.experiment)), f"run-{dpo_run.pk}").pk
+
+
+def test_merges_of_the_same_step_of_two_attempts_are_each_committed(dpo_run):
+    def merged(attempt: int, data: bytes) -> Checkpoint:
+        folder = run_dir(dpo_run.pk, attempt) / "output" / "merged-step-5"
+        folder.mkdir(parents=True)
+        (folder / "model.safetensors").write_bytes(data)
+        checkpoint = Checkpoint.objects.create(run=dpo_run, attempt=attempt, step=5, kind="merged", path=str(folder), requested=True)
+        hub.commit_checkpoint(checkpoint.pk)
+        checkpoint.refresh_from_db()
+        return checkpoint
+
+    newer = merged(2, b"attempt 2 merged")
+    older = merged(1, b"attempt 1 merged")  # asked for after attempt 2's
+    path = "checkpoints/step-5/merged/model.safetensors"
+    assert file_at(dpo_run, newer.commit, path) == sha(b"attempt 2 merged")
+    assert file_at(dpo_run, older.commit, path) == sha(b"attempt 1 merged") == file_at(dpo_run, f"run-{dpo_run.pk}", path)
+
+
+# ---- resume and merge name the attempt ------------------------------------------------------------
+
+def test_resume_takes_the_attempt_that_saved_the_step(api, two_attempts):
+    run, first, second = two_attempts
+    r = api.post(f"/api/training-runs/{run.pk}/checkpoints/5/resume?attempt=1")
+    assert r.status_code == 201, r.content
+    assert r.json()["resumed_from_step"] == 5 and r.json()["resumed_from_attempt"] == 1
+    child = TrainingRun.objects.get(pk=r.json()["id"])
+    assert child.parent_id == run.pk and child.resume_checkpoint_id == first.pk
+    # On the local backend the engine resumes from the attempt's own folder, which is still there.
+    assert child.resume_checkpoint.path == str(run_dir(run.pk, 1) / "output" / "checkpoint-5")
+    assert services.resume_findings(child) == []
+    newest = api.post(f"/api/training-runs/{run.pk}/checkpoints/5/resume")  # without attempt: the newest, as before
+    assert newest.status_code == 201 and TrainingRun.objects.get(pk=newest.json()["id"]).resume_checkpoint_id == second.pk
+    # Once the attempt's folder is gone, START of a run resumed from it says so.
+    import shutil
+
+    shutil.rmtree(run_dir(run.pk, 1))
+    assert [f.field for f in services.resume_findings(child)] == ["resume_checkpoint"]
+
+
+@pytest.mark.parametrize("attempt", ["3", "0", "-1", "one"])
+def test_resume_from_an_attempt_that_did_not_save_the_step_is_400_naming_attempt(api, two_attempts, attempt):
+    run, _, _ = two_attempts
+    body = assert_error(api.post(f"/api/training-runs/{run.pk}/checkpoints/5/resume?attempt={attempt}"), 400, "attempt")
+    if attempt == "3":
+        assert "2 attempts, 1, 2" in body["errors"][0]["message"]
+    assert not TrainingRun.objects.filter(parent=run).exists()
+
+
+def test_merge_takes_the_attempt_that_saved_the_step(api, two_attempts):
+    run, first, second = two_attempts
+    r = api.post(f"/api/training-runs/{run.pk}/checkpoints/5/merge?attempt=1")
+    assert r.status_code == 202, r.content
+    assert r.json() == {"run": run.pk, "step": 5, "attempt": 1, "queued": True}
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert first.merge_requested_at is not None and second.merge_requested_at is None
+    # Attempt 2's step 5 is other weights: its merge is not the one in flight.
+    assert api.post(f"/api/training-runs/{run.pk}/checkpoints/5/merge?attempt=2").json()["attempt"] == 2
+    assert_error(api.post(f"/api/training-runs/{run.pk}/checkpoints/5/merge?attempt=3"), 400, "attempt")
+    assert_error(api.post(f"/api/training-runs/{run.pk}/checkpoints/6/merge?attempt=1"), 400, "step")
+
+
+def test_a_merged_step_of_one_attempt_leaves_the_other_attempts_step_mergeable(api, two_attempts):
+    run, first, _ = two_attempts
+    Checkpoint.objects.create(run=run, attempt=1, step=5, kind="merged", path=str(Path(first.path).parent / "merged-step-5"), requested=True)
+    assert api.post(f"/api/training-runs/{run.pk}/checkpoints/5/merge?attempt=1").status_code == 409
+    r = api.post(f"/api/training-runs/{run.pk}/checkpoints/5/merge")
+    assert r.status_code == 202 and r.json()["attempt"] == 2
+    assert Checkpoint.objects.get(run=run, attempt=2, step=5, kind="checkpoint").merge_requested_at is not None
+
+
+# ---- the Checkpoints tab ------------------------------------------------------------------------
+
+def page_client(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def rows_of(html: str) -> list[str]:
+    return re.findall(r'<tr data-checkpoint="checkpoint-5">(.*?)</tr>', html, re.S)
+
+
+def test_checkpoints_tab_rows_of_two_attempts_act_on_their_own_weights(users, two_attempts):
+    run, first, second = two_attempts
+    client = page_client(users["owner"])
+    html = client.get(f"/training/runs/{run.pk}/checkpoints/").content.decode()
+    rows = rows_of(html)
+    assert len(rows) == 2 and rows[0] != rows[1]
+    for row, mine, theirs in ((rows[0], first, second), (rows[1], second, first)):
+        assert f"commit={mine.commit}" in row and theirs.commit not in row
+        assert f'name="attempt" value="{mine.attempt}"' in row
+        assert f"Download<span class=\"visually-hidden\"> step 5 of attempt {mine.attempt}</span>" in row
+        assert f"(step 5, attempt {mine.attempt})" in row and f"Merge<span class=\"visually-hidden\"> step 5 of attempt {mine.attempt}" in row
+    assert "Each attempt of this run saved its own steps" in html
+
+    response = client.post(f"/training/runs/{run.pk}/checkpoints/5/resume", {"attempt": "1"})
+    child = TrainingRun.objects.get(parent=run)
+    assert response.status_code == 302 and child.resume_checkpoint_id == first.pk
+    assert client.post(f"/training/runs/{run.pk}/checkpoints/5/merge", {"attempt": "1"}).status_code == 302
+    assert list(Checkpoint.objects.filter(run=run, merge_requested_at__isnull=False).values_list("pk", flat=True)) == [first.pk]
+    refused = client.post(f"/training/runs/{run.pk}/checkpoints/5/resume", {"attempt": "7"}, follow=True).content.decode()
+    assert "Attempt 7 of run" in refused and TrainingRun.objects.filter(parent=run).count() == 1
+
+    # Download of attempt 1's row: the repository at the commit with attempt 1's files, downloads at that commit.
+    repository = client.get(f"/training/runs/{run.pk}/repository/", {"path": "checkpoints/step-5", "commit": first.commit}).content.decode()
+    assert "checkpoints/step-5/optimizer.pt" in repository and f"ref={first.commit}&amp;path=checkpoints/step-5/optimizer.pt" in repository
+    assert 'data-testid="repository-commit"' in repository
+    head = client.get(f"/training/runs/{run.pk}/repository/", {"path": "checkpoints/step-5"}).content.decode()
+    assert "checkpoints/step-5/optimizer.pt" not in head and f"ref=run-{run.pk}&amp;" in head
+    unknown = client.get(f"/training/runs/{run.pk}/repository/", {"commit": "f" * 40}).content.decode()
+    assert "is not a commit of" in unknown and f"ref=run-{run.pk}&amp;" in unknown
+
+
+def test_a_row_committed_before_commits_were_recorded_says_a_later_attempt_replaced_its_files(users, two_attempts):
+    run, first, second = two_attempts
+    Checkpoint.objects.filter(run=run).update(commit="")  # recorded before the commit was kept
+    html = page_client(users["owner"]).get(f"/training/runs/{run.pk}/checkpoints/").content.decode()
+    older, newer = rows_of(html)
+    assert "replaced on the branch by attempt 2" in older and "?path=" not in older
+    assert '?path=checkpoints/step-5"' in newer  # the head holds the newest attempt's files
+    assert 'value="1"' in older  # its own weights are still on this machine: Resume and Merge use them
+
+
+def test_an_interrupted_attempt_resumes_from_its_starts_own_steps_not_an_earlier_attempts(dpo_run):
+    first = save_step(dpo_run, 1, 20, {WEIGHTS: b"attempt 1, step 20"}, commit=False)
+    # Started again (attempt 2), then a spot interruption retried it in attempt 3.
+    second = save_step(dpo_run, 2, 5, {WEIGHTS: b"attempt 2, step 5"}, commit=False)
+    TrainingRun.objects.filter(pk=dpo_run.pk).update(attempt=3, interruptions=1, status=Status.PROVISIONING)
+    run = TrainingRun.objects.get(pk=dpo_run.pk)
+    assert services.last_checkpoint_path(run) == second.path != first.path
