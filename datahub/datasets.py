@@ -12,6 +12,7 @@ import hashlib
 import io
 import json
 from collections.abc import Callable, Iterator
+from contextlib import suppress
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
@@ -346,11 +347,15 @@ def local_findings(path: Path, method: str, field: str, needs: RowNeeds | None =
 
 def cached_findings(key: str, check: Callable[[], list[Finding]]) -> list[Finding]:
     """`check()`'s findings, kept an hour under `key` (which names a commit, or a local dataset's file stamps)."""
-    cached = cache.get(key)
+    try:
+        cached = cache.get(key)
+    except Exception:  # noqa: BLE001 - the cache is an optimisation: Redis down (restarting) must not fail START
+        cached = None
     if cached is not None:
         return [Finding(f, m) for f, m in cached]
     findings = check()
-    cache.set(key, [(f.field, f.message) for f in findings], 3600)
+    with suppress(Exception):
+        cache.set(key, [(f.field, f.message) for f in findings], 3600)
     return findings
 
 

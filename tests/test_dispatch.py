@@ -120,3 +120,24 @@ def test_restart_wipes_the_series_keeps_checkpoints_and_retires_the_old_token(ap
                         content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {old_token}")
     assert r.status_code == 403
     assert not MetricPoint.objects.filter(run=run).exists()
+
+
+def test_a_running_run_whose_job_id_was_lost_is_adopted_and_stop_signals_its_group_at_once(api, studio_worker, tiny_models):
+    from datetime import timedelta
+
+    from training import reconciler
+
+    run_id = api.post("/api/training-runs", long_sft_body(tiny_models)).json()["id"]
+    assert api.post(f"/api/training-runs/{run_id}/start").status_code == 202
+    run = wait_for(lambda: TrainingRun.objects.filter(pk=run_id, status=Status.RUNNING).first(), 120, interval=0.5, message="the first step")
+    job_id, pgid = run.backend_job_id, parse_job_id(run.backend_job_id)[1]
+    # The worker died after it started the runner and before it saved the id: STOP and polls could not name the job.
+    TrainingRun.objects.filter(pk=run_id).update(backend_job_id="", submit_started_at=timezone.now() - timedelta(hours=1))
+    assert run_id in reconciler.runs_to_resubmit()
+    assert reconciler.resubmit(run_id)
+    run.refresh_from_db()
+    assert run.backend_job_id == job_id and run.status == Status.RUNNING and run.attempt == 1  # adopted, not started twice
+    assert LogLine.objects.filter(run=run, line__contains=f"adopted job {job_id}").exists()
+    # STOP's request itself signals the group, so the engine stops even while every worker is busy.
+    services.signal_stop(run, run.attempt, job_id)
+    wait_for(lambda: not group_alive(pgid), 30, message="the engine's process group to exit on the request's SIGTERM")

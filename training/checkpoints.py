@@ -114,7 +114,8 @@ def _merge(checkpoint: Checkpoint) -> Checkpoint | None:
     done = subprocess.run(command, cwd=REPO_ROOT, env=engine_env({}), capture_output=True, text=True, timeout=MERGE_TIMEOUT_SECONDS)
     if done.returncode != 0:
         tail = (done.stdout + done.stderr).strip().splitlines()[-5:]
-        add_log(run, f"[studio] merge of step {checkpoint.step} failed: " + " | ".join(tail))
+        how = f"killed by signal {-done.returncode}" if done.returncode < 0 else f"exit status {done.returncode}"
+        add_log(run, f"[studio] merge of step {checkpoint.step} failed ({how})" + (": " + " | ".join(tail) if tail else "; merge it again"))
         return None
     merged = Checkpoint.objects.create(run=run, attempt=checkpoint.attempt, step=checkpoint.step, kind="merged", path=str(out), requested=True)
     record_checkpoint(run, merged)

@@ -16,6 +16,7 @@ from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
@@ -61,10 +62,11 @@ def runs_to_reconcile() -> list[int]:
 
 def runs_to_resubmit() -> list[int]:
     """Provisioning runs whose submit was lost (the worker died between claim and submit) or failed
-    transiently, and whose submit lease has run out."""
+    transiently, and whose submit lease has run out; and running ones whose job id was lost (the
+    engine started and reported, but the worker died before it saved the id), to adopt their job."""
     now = timezone.now()
     stale = now - timedelta(seconds=submit_lease_seconds())
-    qs = TrainingRun.objects.filter(status=Status.PROVISIONING, backend_job_id="").filter(
+    qs = TrainingRun.objects.filter(status__in=(Status.PROVISIONING, Status.RUNNING), backend_job_id="").filter(
         Q(submit_started_at__lt=stale) | Q(submit_started_at__isnull=True)
     ).exclude(next_poll_at__gt=now)
     return list(qs.values_list("pk", flat=True)[:100])
@@ -90,22 +92,44 @@ def claim_for_reconcile(run_id: int, now) -> bool:
     )
 
 
-def reconcile_run(run_id: int) -> None:
+PASS_KEY, RESUMED_KEY = "reconciler:last-pass", "reconciler:resumed-at"
+
+
+def passes_resumed_at(now=None):
+    """When the periodic passes resumed after a gap of over three intervals, or now if that cannot be
+    read: the Studio (web, beat, worker or Redis) was down, so an engine's reports could not land;
+    a heartbeat deadline counts from then. Without it a Studio down for longer than
+    heartbeat_timeout_seconds failed, and killed, every run that kept training through the outage."""
+    now = now or timezone.now()
+    gap = 3 * float(settings.CELERY_BEAT_SCHEDULE["reconcile-runs"]["schedule"])
+    try:
+        last, resumed = cache.get(PASS_KEY), cache.get(RESUMED_KEY)
+        if last is None or resumed is None or (now - last).total_seconds() > gap:
+            resumed = now
+            cache.set(RESUMED_KEY, resumed, None)
+        cache.set(PASS_KEY, now, None)
+        return resumed
+    except Exception:  # noqa: BLE001 - Redis down: no silence can be told apart from the outage
+        return now
+
+
+def reconcile_run(run_id: int, silence_from=None) -> None:
     """Poll one active run's backend and apply what it says: end states, lost machines, the
-    provisioning / configuring / heartbeat deadlines, and the GPU lease for cost."""
+    provisioning / configuring / heartbeat deadlines, and the GPU lease for cost. `silence_from`
+    (passes_resumed_at, for the periodic pass): no heartbeat deadline counts silence before it."""
     now = timezone.now()
     if not claim_for_reconcile(run_id, now):
         return
     lease_value = TrainingRun.objects.filter(pk=run_id).values_list("next_poll_at", flat=True).first()
     backed_off = False
     try:
-        backed_off = _reconcile(run_id, now)
+        backed_off = _reconcile(run_id, now, silence_from)
     finally:
         if not backed_off:
             TrainingRun.objects.filter(pk=run_id, next_poll_at=lease_value).update(next_poll_at=None)
 
 
-def _reconcile(run_id: int, now) -> bool:
+def _reconcile(run_id: int, now, silence_from=None) -> bool:
     """Returns True when the backend errored and the run was backed off."""
     run = TrainingRun.objects.select_related("project").get(pk=run_id)
     if not run.is_active:
@@ -139,7 +163,7 @@ def _reconcile(run_id: int, now) -> bool:
     if run.worker_up_at is None and run.provisioning_since and run.last_heartbeat_at and run.last_heartbeat_at > run.provisioning_since:
         TrainingRun.objects.filter(pk=run.pk, attempt=run.attempt, worker_up_at__isnull=True).update(worker_up_at=run.last_heartbeat_at)
         run.worker_up_at = run.last_heartbeat_at
-    check_deadlines(run, backend, conn, now)
+    check_deadlines(run, backend, conn, now, silence_from)
     return False
 
 
@@ -158,6 +182,11 @@ def apply_poll(run: TrainingRun, result: PollResult) -> None:
         else:
             fail(run, ErrorCode.TRAINING_ERROR, "the engine exited before it reported any training step", result.log_tail)
         return
+    if result.state == "gone":
+        # The backend lost track of the job (the local runner killed, say), not necessarily all of it:
+        # the engine may still train in the job's process group. Fail the run and stop the rest.
+        end_failed(run, get_backend(run.backend_name), result.error_code or ErrorCode.TRAINING_ERROR, result.message or "the job is gone", result.log_tail)
+        return
     if result.log_tail and run.backend_name != "local" and run.worker_up_at is None and run.status == Status.PROVISIONING:
         # The engine never reported (it sends its own lines through ingest): the job's own output
         # (image pull, setup, a crash before the first report) is the only log there is.
@@ -167,7 +196,7 @@ def apply_poll(run: TrainingRun, result: PollResult) -> None:
 
 # ---- deadlines: provisioning, configuring, heartbeat -------------------------------------------
 
-def check_deadlines(run: TrainingRun, backend, conn: BackendConnection | None, now) -> None:
+def check_deadlines(run: TrainingRun, backend, conn: BackendConnection | None, now, silence_from=None) -> None:
     """seed 000: provisioning_timeout (no worker within the provisioning deadline), configuring_timeout
     (worker up, no training step within the configuring deadline), heartbeat_timeout (a worker that
     has been up goes silent)."""
@@ -186,20 +215,20 @@ def check_deadlines(run: TrainingRun, backend, conn: BackendConnection | None, n
             return
     timeout = int(run.config.get("heartbeat_timeout_seconds") or 300)
     heard_from = run.status == Status.RUNNING or run.worker_up_at is not None
-    if heard_from and run.last_heartbeat_at and (now - run.last_heartbeat_at).total_seconds() > timeout:
+    silent_since = max(run.last_heartbeat_at, silence_from) if run.last_heartbeat_at and silence_from else run.last_heartbeat_at
+    if heard_from and silent_since and (now - silent_since).total_seconds() > timeout:
         end_failed(run, backend, ErrorCode.HEARTBEAT_TIMEOUT,
                           f"the engine sent no heartbeat for {timeout} s (heartbeat_timeout_seconds): it may have been frozen, OOM-killed or cut off")
 
 
-def end_failed(run: TrainingRun, backend, code: str, message: str) -> None:
+def end_failed(run: TrainingRun, backend, code: str, message: str, tail: list[str] | None = None) -> None:
     """Fail the run with the job's log tail and stop its job (a missed deadline, a full disk)."""
-    tail = []
-    if backend is not None and run.backend_job_id:
+    if tail is None and backend is not None and run.backend_job_id:
         try:
             tail = backend.logs(run)
         except Exception:  # noqa: BLE001 - the tail is a courtesy
             tail = []
-    fail(run, code, message, tail)
+    fail(run, code, message, tail or [])
     if backend is not None and run.backend_job_id:
         try:
             backend.stop(run.pk, run.attempt, run.backend_job_id)
@@ -245,7 +274,7 @@ def resubmit(run_id: int) -> bool:
     """Submit a provisioning run whose submit never happened — once: a job the lost submit did
     start is adopted (backends name jobs by run and attempt), and a conditional UPDATE of the submit
     lease lets one worker through."""
-    run = TrainingRun.objects.select_related("project").filter(pk=run_id, status=Status.PROVISIONING, backend_job_id="").first()
+    run = TrainingRun.objects.select_related("project").filter(pk=run_id, status__in=(Status.PROVISIONING, Status.RUNNING), backend_job_id="").first()
     if run is None:
         return False
     backend = get_backend(run.backend_name)
@@ -260,6 +289,8 @@ def resubmit(run_id: int) -> bool:
         TrainingRun.objects.filter(pk=run.pk).update(poll_failures=failures, next_poll_at=now + timedelta(seconds=backoff_seconds(failures)))
         log.warning("looking up run %s's job failed: %s", run.pk, exc)
         return False
+    if run.status == Status.RUNNING and not existing:
+        return False  # it trains and reports, somewhere this backend cannot name: its heartbeat deadline watches it
     lease = Q(submit_started_at=run.submit_started_at) if run.submit_started_at else Q(submit_started_at__isnull=True)
     token = crypto.new_token(INGEST_TOKEN_PREFIX)
     changes: dict[str, Any] = {"submit_started_at": now}
@@ -267,7 +298,7 @@ def resubmit(run_id: int) -> bool:
         changes["backend_job_id"] = existing  # started with the token whose hash is already stored
     else:
         changes["ingest_token_hash"] = crypto.hash_token(token)
-    claimed = TrainingRun.objects.filter(lease, pk=run.pk, attempt=run.attempt, status=Status.PROVISIONING, backend_job_id="").update(**changes)
+    claimed = TrainingRun.objects.filter(lease, pk=run.pk, attempt=run.attempt, status=run.status, backend_job_id="").update(**changes)
     if not claimed:
         return False
     if existing:

@@ -273,6 +273,7 @@ def stop_run(run: TrainingRun) -> TrainingRun:
         audit.record(AuditEvent.Action.STOPPED, run, details={"attempt": run.attempt})
         TrainingRun.objects.filter(pk=run.pk).update(start_requested_at=None)
         attempt, job_id = run.attempt, run.backend_job_id
+        transaction.on_commit(lambda: signal_stop(run, attempt, job_id))
         transaction.on_commit(lambda: stop_backend_job.delay(run.pk, attempt, job_id))
     run.refresh_from_db()
     return run
@@ -380,11 +381,23 @@ def dispatch(run_id: int) -> bool:
     return True
 
 
+def signal_stop(run: TrainingRun, attempt: int, job_id: str) -> None:
+    """STOP's own first step at its backend (backends.base.Backend.signal_stop); stop_backend_job follows."""
+    backend = get_backend(run.backend_name)
+    if backend is not None and job_id:
+        try:
+            backend.signal_stop(run.pk, attempt, job_id)
+        except Exception as exc:  # noqa: BLE001 - the stop task does the whole stop anyway
+            log.warning("signalling run %s's job to stop failed: %s", run.pk, exc)
+
+
 def stop_backend_job(run_id: int, attempt: int, job_id: str) -> None:
     run = TrainingRun.objects.filter(pk=run_id).first()
     if run is None:
         return
     backend = get_backend(run.backend_name)
+    if backend is not None and not job_id:
+        job_id = backend.find_job(run_id, attempt) or ""  # a job whose id a lost worker never saved
     if backend is not None and job_id:
         backend.stop(run_id, attempt, job_id)
         add_log(run, f"[studio] attempt {attempt}: job {job_id} stopped")

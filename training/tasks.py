@@ -7,6 +7,7 @@ and has a time limit: a wrong Modal token can hang a call for about a minute.
 from __future__ import annotations
 
 import logging
+from functools import partial
 
 from celery import shared_task
 
@@ -30,14 +31,15 @@ def stop_backend_job(self, run_id: int, attempt: int, job_id: str) -> None:
 
 @shared_task(name="training.tasks.reconcile_runs", soft_time_limit=240, time_limit=300)
 def reconcile_runs() -> None:
-    for step, run_ids in ((reconciler.reconcile_run, reconciler.runs_to_reconcile()),
+    silence_from = reconciler.passes_resumed_at()
+    for step, run_ids in ((partial(reconciler.reconcile_run, silence_from=silence_from), reconciler.runs_to_reconcile()),
                           (reconciler.resubmit, reconciler.runs_to_resubmit()),
                           (services.dispatch, reconciler.runs_to_redispatch())):
         for run_id in run_ids:
             try:
                 step(run_id)
             except Exception:  # noqa: BLE001 - one run's trouble must not starve the others
-                log.exception("%s(%s) failed", step.__name__, run_id)
+                log.exception("%s(%s) failed", getattr(step, "__name__", "reconcile_run"), run_id)
 
 
 @shared_task(name="training.tasks.verify_backend_connection", soft_time_limit=90, time_limit=120)
@@ -48,7 +50,9 @@ def verify_backend_connection(connection_id: int) -> str:
     return verify_connection(connection_id)
 
 
-@shared_task(name="training.tasks.merge_checkpoint", soft_time_limit=3700)
+# acks_late + reject_on_worker_lost: a merge lost with its worker process runs again on another one,
+# rather than leaving the step marked "Merging…" until the mark expires (an hour later).
+@shared_task(name="training.tasks.merge_checkpoint", soft_time_limit=3700, acks_late=True, reject_on_worker_lost=True)
 def merge_checkpoint(checkpoint_id: int) -> None:
     from training.checkpoints import merge
 

@@ -182,3 +182,37 @@ def test_a_run_that_never_got_a_gpu_costs_nothing(prices, api, monkeypatch):
     reconciler.reconcile_run(run.pk)
     run.refresh_from_db()
     assert run.status == Status.FAILED and run.cost == 0 and run.gpu_seconds == 0
+
+
+def test_a_studio_outage_longer_than_the_heartbeat_deadline_does_not_fail_runs_that_trained_through_it(api, monkeypatch):
+    from django.core.cache import cache
+
+    run, backend = fake_run(api, monkeypatch, accelerators="H100:1")
+    backend.answer = PollResult("running", leased=True)
+    TrainingRun.objects.filter(pk=run.pk).update(status=Status.RUNNING, worker_up_at=timezone.now(), config={**run.config, "heartbeat_timeout_seconds": 60})
+    # The Studio was down for 10 minutes: the engine's reports could not land, so its last heartbeat is old.
+    TrainingRun.objects.filter(pk=run.pk).update(last_heartbeat_at=timezone.now() - timedelta(minutes=10))
+    cache.delete_many([reconciler.PASS_KEY, reconciler.RESUMED_KEY])  # the embedded Redis keeps nothing across a restart
+    resumed = reconciler.passes_resumed_at()
+    assert timezone.now() - resumed < timedelta(seconds=5)
+    reconciler.reconcile_run(run.pk, silence_from=resumed)
+    assert TrainingRun.objects.get(pk=run.pk).status == Status.RUNNING  # silence counts from the passes' return
+    # Passes that keep coming keep that start; 61 s of silence after it is a lost heartbeat again.
+    later = resumed + timedelta(seconds=10)
+    assert reconciler.passes_resumed_at(later) == resumed
+    reconciler.reconcile_run(run.pk, silence_from=resumed - timedelta(seconds=61))
+    run.refresh_from_db()
+    assert run.status == Status.FAILED and run.error["code"] == "heartbeat_timeout"
+    # A gap between passes of over three intervals starts the count again.
+    assert reconciler.passes_resumed_at(later + timedelta(minutes=5)) == later + timedelta(minutes=5)
+
+
+def test_a_poll_that_finds_the_job_gone_stops_what_is_left_of_it(api, monkeypatch):
+    run, backend = fake_run(api, monkeypatch, accelerators="H100:1")
+    stopped = []
+    monkeypatch.setattr(backend, "stop", lambda run_id, attempt, job_id: stopped.append((run_id, attempt, job_id)))
+    backend.answer = PollResult("gone", "training_error", "the engine's process is gone without an exit status", ["last line"])
+    reconciler.reconcile_run(run.pk)
+    run.refresh_from_db()
+    assert run.status == Status.FAILED and run.error["log_tail"] == ["last line"]
+    assert stopped == [(run.pk, 1, "job-1")]  # the engine may outlive its runner: its group is stopped too

@@ -84,6 +84,10 @@ class Backend:
         """Abort the job and free its resources. Safe to call twice, or for a job already gone."""
         raise NotImplementedError
 
+    def signal_stop(self, run_id: int, attempt: int, job_id: str) -> None:
+        """The first, quick step of stop(), taken by STOP's own request: the engine starts to stop
+        even while every worker is busy (stop(), a task, finishes the job). Default: nothing."""
+
     def logs(self, run, tail: int = 200) -> list[str]:
         return []
 

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import suppress
 from functools import lru_cache
 from pathlib import Path
 
@@ -170,6 +171,23 @@ class LocalBackend(Backend):
 
         # An exit.json without "oom_kills" (written before the runner recorded it) is unknown evidence.
         return exit_result(result.get("returncode"), result.get("signal"), tail_lines(directory / "engine.log"), result.get("oom_kills"))
+
+    def find_job(self, run_id: int, attempt: int) -> str | None:
+        """The runner this attempt started, by the pid it wrote (a worker that died between starting
+        it and saving the id left a job that trains and reports, but that STOP and polls could not name)."""
+        try:
+            pid = (run_dir(run_id, attempt) / "runner.pid").read_text().strip()
+        except OSError:
+            return None
+        return f"{socket.gethostname()}:{pid}" if pid.isdigit() else None
+
+    def signal_stop(self, run_id: int, attempt: int, job_id: str) -> None:
+        """SIGTERM to the job's group at once: the engine flushes and exits within seconds, whether or
+        not a worker is free for stop() to follow it up with the SIGKILL after the grace period."""
+        parsed = parse_job_id(job_id)
+        if parsed and parsed[0] == socket.gethostname():
+            with suppress(ProcessLookupError, PermissionError):
+                os.killpg(parsed[1], signal.SIGTERM)
 
     def stop(self, run_id: int, attempt: int, job_id: str) -> None:
         parsed = parse_job_id(job_id)

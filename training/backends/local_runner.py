@@ -72,6 +72,8 @@ def main(argv: list[str]) -> int:
     # A group SIGTERM is meant for the engine (it flushes and exits); the runner outlives it to
     # record the exit. SIGKILL after the grace period takes the runner too, which is fine then.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # The job id names this process: a worker lost before it saved the id can find it here (find_job).
+    (run_dir / "runner.pid").write_text(str(os.getpid()))
     counters = oom_kill_counters()
     with open(run_dir / "engine.log", "ab", buffering=0) as log:
         child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
