@@ -21,10 +21,9 @@ from django.conf import settings
 from django.http import FileResponse, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.utils.http import content_disposition_header
 from django.views.decorators.csrf import csrf_exempt
-from django.views.decorators.http import require_http_methods
 
 from datahub import repos, storage
-from datahub.models import Branch, Commit, Repo, Tag, TreeEntry
+from datahub.models import Branch, Commit, Repo, RepoType, Tag, TreeEntry
 from studio import crypto
 from studio.auth import StudioAuth
 from studio.errors import ApiError, BadRequest, Finding, NotFound, Unauthorized
@@ -71,8 +70,11 @@ class HubError(Exception):
 def hub_view(methods: list[str]):
     def decorate(view):
         @csrf_exempt
-        @require_http_methods(methods)
         def wrapped(request: HttpRequest, *args, **kwargs):
+            if request.method not in methods:  # JSON, as the Hub's own errors (require_http_methods' 405 had no body)
+                resp = HubError(405, None, f"{request.method} is not served here: {READ_ONLY}", message_header=READ_ONLY).response()
+                resp["Allow"] = ", ".join(methods)
+                return resp
             try:
                 return view(request, *args, **kwargs)
             except HubError as exc:
@@ -123,10 +125,12 @@ def ingest_reader(request: HttpRequest, token: str) -> Reader:
     return Reader(frozenset({project_id}), pins)
 
 
-def repo_for(request: HttpRequest, namespace: str, name: str) -> tuple[Repo, Reader]:
+def repo_for(request: HttpRequest, namespace: str, name: str, kind: str = "models") -> tuple[Repo, Reader]:
+    """The repo, as the Hub serves it under `kind`: datasets under /datasets, the rest (models,
+    experiments' models, environment packages) under /models; the other kind is a 404, as on the Hub."""
     reader = reader_for(request)
     repo = Repo.objects.select_related("project").filter(project__slug=namespace, name=name).first()
-    if repo is None or not reader.may_read(repo):
+    if repo is None or not reader.may_read(repo) or (kind == "datasets") != (repo.type == RepoType.DATASET):
         raise HubError(404, "RepoNotFound", f"Repository {namespace}/{name} not found.")
     return repo, reader
 
@@ -191,14 +195,14 @@ def repo_json(repo: Repo, commit: Commit) -> dict:
 @hub_view(["GET"])
 def repo_info(request: HttpRequest, kind: str, namespace: str, name: str, revision: str | None = None):
     """GET /api/{models,datasets}/{ns}/{name}[/revision/{rev}] → the repo at a commit."""
-    repo, reader = repo_for(request, namespace, name)
+    repo, reader = repo_for(request, namespace, name, kind)
     return JsonResponse(repo_json(repo, commit_for(reader, repo, revision)))
 
 
 @hub_view(["GET"])
 def repo_refs(request: HttpRequest, kind: str, namespace: str, name: str):
     """GET /api/{kind}/{ns}/{name}/refs → its branches and tags (huggingface_hub's list_repo_refs)."""
-    repo, reader = repo_for(request, namespace, name)
+    repo, reader = repo_for(request, namespace, name, kind)
     if reader.pins is not None:
         raise HubError(404, "RepoNotFound", f"Repository {namespace}/{name} not found.")  # an engine reads pinned commits, not refs
     return JsonResponse({
@@ -216,7 +220,7 @@ COMMITS_LISTED = 1000  # the newest commits of a ref that list_repo_commits gets
 def repo_commits(request: HttpRequest, kind: str, namespace: str, name: str, revision: str):
     """GET /api/{kind}/{ns}/{name}/commits/{rev} → the ref's first-parent history, newest first
     (huggingface_hub's list_repo_commits)."""
-    repo, reader = repo_for(request, namespace, name)
+    repo, reader = repo_for(request, namespace, name, kind)
     commit_for(reader, repo, revision)  # the Hub's RevisionNotFound for a ref that is not there
     return JsonResponse([
         {"id": c.pk, "title": (c.message.splitlines() or [""])[0], "message": c.message,
@@ -230,7 +234,7 @@ def repo_tree(request: HttpRequest, kind: str, namespace: str, name: str, rest: 
     """GET /api/{kind}/{ns}/{name}/tree/{rev}[/{path}]?recursive=1[&cursor=...] → one page of files
     and folders, sorted by path, and a `Link: <...>; rel="next"` header while more remain (the Hub's
     cursor pagination, which huggingface_hub's list_repo_tree and HfFileSystem follow)."""
-    repo, reader = repo_for(request, namespace, name)
+    repo, reader = repo_for(request, namespace, name, kind)
     revision, _, path = rest.partition("/")
     cursor = request.GET.get("cursor")
     # A cursor pins the commit the first page listed, so a branch that moves between two pages
@@ -299,7 +303,7 @@ def decode_cursor(reader: Reader, repo: Repo, value: str) -> tuple[Commit, tuple
 @hub_view(["POST"])
 def paths_info(request: HttpRequest, kind: str, namespace: str, name: str, revision: str):
     """POST /api/{kind}/{ns}/{name}/paths-info/{rev} (form: paths=..., expand=...)."""
-    repo, reader = repo_for(request, namespace, name)
+    repo, reader = repo_for(request, namespace, name, kind)
     commit = commit_for(reader, repo, revision)
     out = []
     for raw in requested_paths(request):
@@ -332,7 +336,7 @@ def requested_paths(request: HttpRequest) -> list[str]:
 @hub_view(["GET", "HEAD"])
 def resolve_file(request: HttpRequest, namespace: str, name: str, revision: str, path: str, kind: str = "models"):
     """GET|HEAD /{ns}/{name}/resolve/{rev}/{path} (and /datasets/...): the file's bytes, streamed."""
-    repo, reader = repo_for(request, namespace, name)
+    repo, reader = repo_for(request, namespace, name, kind)
     path = repos.clean_path(path)
     commit = commit_for(reader, repo, revision)
     entry = repos.entry(commit, path)

@@ -385,3 +385,20 @@ def test_an_api_path_this_hub_does_not_have_is_json_not_the_login_page(client, m
     response = client.get("/hub/api/agent-harnesses", HTTP_AUTHORIZATION=f"Bearer {tokens['owner']}")
     assert response.status_code == 404 and response["Content-Type"].startswith("application/json")
     assert "read API only" in response.json()["error"]
+
+
+def test_a_repo_is_served_under_its_own_kind_only_and_other_methods_get_a_json_405(client, project, model_repo, tokens):
+    repos.create_repo(project, "qa-data", "dataset")
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {tokens['owner']}"}
+    # As on the Hub: a dataset repo is not a model, and a model repo is not a dataset.
+    for url, found in (("/hub/api/datasets/acme/qa-data", 200), ("/hub/api/models/acme/qa-data", 404),
+                       ("/hub/api/models/acme/tiny-llama", 200), ("/hub/api/datasets/acme/tiny-llama", 404)):
+        r = client.get(url, **auth)
+        assert r.status_code == found, (url, r.content)
+        if found == 404:
+            assert r["X-Error-Code"] == "RepoNotFound"
+    for method, url in (("post", "/hub/api/models/acme/tiny-llama"), ("head", "/hub/api/datasets/acme/qa-data/refs"), ("delete", "/hub/api/models/acme/tiny-llama/tree/main")):
+        r = getattr(client, method)(url, **auth)
+        assert r.status_code == 405 and r["Content-Type"] == "application/json" and r["Allow"], (method, url)
+        if method != "head":
+            assert "read API only" in r.json()["detail"]

@@ -23,8 +23,10 @@ def test_repo_pages_show_files_commits_diff_and_preview(browser, project):
     assert "README.md" in diff and "train.jsonl" not in diff
     preview = c.get("/hub/acme/prefs/preview/main/data/train.jsonl").content.decode()
     assert "prompt/chosen/rejected" in preview
-    download = c.get("/hub/acme/prefs/resolve/main/README.md")
+    download = c.get("/hub/datasets/acme/prefs/resolve/main/README.md")  # a dataset's files, as the Hub serves them
     assert b"".join(download.streaming_content) == b"hello"
+    assert 'href="/hub/datasets/acme/prefs/resolve/main/README.md" download' in page
+    assert c.get("/hub/acme/prefs/resolve/main/README.md").status_code == 404  # the models path is for models
 
 
 def test_outsider_gets_404_pages(browser, project):
