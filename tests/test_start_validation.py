@@ -258,6 +258,8 @@ def test_start_beyond_concurrent_runs_returns_402(api, project):
     assert start(api, first).status_code == 202
     body = assert_start_refused(api, second, 402, None)
     assert "1 run at once" in body["detail"]
+    # Only a Studio administrator changes plans (the Billing page says so): the message sends the user there, not to "upgrade".
+    assert "stop one, or ask a Studio administrator for a larger plan (Settings → Billing shows the plan)" in body["detail"]
 
 
 def test_start_beyond_gpus_per_run_returns_402(api, project):

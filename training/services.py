@@ -56,7 +56,7 @@ def require_training_plan(project: Project) -> None:
     plan = project.plan
     if plan is None or not plan.includes_training:
         name = f"the {plan.name} plan" if plan else "no plan"
-        raise PaymentRequired(f"Project {project.slug} is on {name}, which does not include training: upgrade in Settings → Billing.")
+        raise PaymentRequired(f"Project {project.slug} is on {name}, which does not include training: ask a Studio administrator for a plan with training (Settings → Billing shows the plan).")
 
 
 def require_plan_capacity(project: Project, run: TrainingRun) -> None:
@@ -65,15 +65,15 @@ def require_plan_capacity(project: Project, run: TrainingRun) -> None:
     accel = accelerators_of(run.compute)
     if accel.count > plan.max_gpus_per_run:
         raise PaymentRequired(
-            f"The {plan.name} plan allows {counted(plan.max_gpus_per_run, 'GPU')} per run and this run asks for {accel.count}: upgrade in Settings → Billing.",
-            [Finding("compute.accelerators", f"ask for at most {counted(plan.max_gpus_per_run, 'GPU')}, or upgrade the plan")],
+            f"The {plan.name} plan allows {counted(plan.max_gpus_per_run, 'GPU')} per run and this run asks for {accel.count}: ask for fewer, or ask a Studio administrator for a larger plan (Settings → Billing shows the plan).",
+            [Finding("compute.accelerators", f"ask for at most {counted(plan.max_gpus_per_run, 'GPU')}, or ask a Studio administrator for a larger plan")],
         )
     busy = TrainingRun.objects.filter(project=project).exclude(pk=run.pk).filter(
         status__in=ACTIVE_STATUSES
     ).count() + TrainingRun.objects.filter(project=project, status=Status.QUEUED, start_requested_at__isnull=False).exclude(pk=run.pk).count()
     if busy >= plan.max_concurrent_runs:
         raise PaymentRequired(
-            f"The {plan.name} plan runs {counted(plan.max_concurrent_runs, 'run')} at once and {busy} are active: stop one, or upgrade in Settings → Billing."
+            f"The {plan.name} plan runs {counted(plan.max_concurrent_runs, 'run')} at once and {busy} are active: stop one, or ask a Studio administrator for a larger plan (Settings → Billing shows the plan)."
         )
 
 
