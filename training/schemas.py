@@ -17,7 +17,8 @@ COST_PLACES = Decimal(1).scaleb(-TrainingRun._meta.get_field("cost").decimal_pla
 
 class RunCreateIn(Schema):
     model_config = ConfigDict(extra="forbid")
-    name: str = Field(min_length=1, max_length=200)
+    # Its length is checked with every other field (validation.name_findings), so one 400 names them all.
+    name: str = Field(json_schema_extra={"minLength": 1, "maxLength": 200})
     experiment: StrictStr | StrictInt | None = Field(None, description="an experiment's id or slug; the project's default when absent")
     method: str = Field(description="sft | dpo | grpo | distill")
     base_model: str | None = Field(None, max_length=500, description="An HF id, a Data Hub repo@ref, or a local path (local backend)")

@@ -96,6 +96,18 @@ def resolve_experiment(project: Project, key: Any) -> Experiment:
     return experiment
 
 
+def run_findings(project: Project, *, name: str, method: str, base_model: str | None = None, dataset: Any = None,
+                 config: dict | None = None, compute: dict | None = None, **_: Any) -> list[Finding]:
+    """What create_run would refuse (400) in these fields, as findings, creating nothing: a form with a
+    field it could not even parse shows the other fields' problems in the same answer."""
+    findings = name_findings(name)
+    try:
+        validate_draft(Draft(method=method, base_model=base_model, dataset=dataset, config=config or {}, compute=compute or {}, project=project))
+    except BadRequest as exc:
+        findings += exc.errors
+    return findings
+
+
 @transaction.atomic
 def create_run(project: Project, user, *, name: str, method: str, experiment: Any = None, base_model: str | None = None,
                dataset: Any = None, config: dict | None = None, compute: dict | None = None) -> TrainingRun:

@@ -339,7 +339,7 @@ def new_run(request: HttpRequest) -> HttpResponse:
     parsed = forms.parse_run_form(request.POST)
     fields = forms.all_field_names(parsed.values.get("method", ""), parsed.values.get("config.rl_mode"))
     if parsed.findings:
-        errors = errors_by_field(parsed.findings, fields)
+        errors = errors_by_field(with_the_rest(parsed, project), fields)
         return render(request, "training/new_run.html", form_context(request, project, parsed.values, errors), status=400)
     try:
         run = services.create_run(project, request.user, **parsed.kwargs)
@@ -352,6 +352,13 @@ def new_run(request: HttpRequest) -> HttpResponse:
         return render(request, "training/new_run.html", context, status=exc.status)
     messages.success(request, f"Run {run.name} is queued. Press START when it is ready.")
     return redirect("training:run", run_id=run.pk)
+
+
+def with_the_rest(parsed: forms.ParsedRun, project) -> list:
+    """The form's own findings (a value it could not parse) and what create would say of the fields
+    it could, all in one answer: the same validator as create's, one finding per field."""
+    own = {f.field for f in parsed.findings}
+    return parsed.findings + [f for f in services.run_findings(project, **parsed.kwargs) if f.field not in own]
 
 
 @studio_page
@@ -370,10 +377,11 @@ def edit_run(request: HttpRequest, run_id: int) -> HttpResponse:
     if request.method != "POST":
         return HttpResponseNotAllowed(["GET", "POST"])
     parsed = forms.parse_run_form(request.POST)
-    parsed.values["method"] = run.method
+    parsed.values["method"] = parsed.kwargs["method"] = run.method
     fields = forms.all_field_names(run.method, parsed.values.get("config.rl_mode"))
     if parsed.findings:
-        return render(request, "training/new_run.html", form_context(request, run.project, parsed.values, errors_by_field(parsed.findings, fields), run=run), status=400)
+        errors = errors_by_field(with_the_rest(parsed, run.project), fields)
+        return render(request, "training/new_run.html", form_context(request, run.project, parsed.values, errors, run=run), status=400)
     kwargs = parsed.kwargs
     patch = {"name": kwargs["name"], "base_model": kwargs["base_model"], "dataset": kwargs["dataset"],
              "config": replacement_patch(run.config, kwargs["config"]), "compute": replacement_patch(run.compute, kwargs["compute"])}

@@ -186,6 +186,23 @@ def test_new_run_form_shows_400_findings_next_to_fields(project, users):
     assert not project.runs.exists()
 
 
+def test_one_new_run_answer_names_every_bad_field_even_with_one_it_cannot_parse(project, users, api):
+    # A learning rate "abc" used to hide the other fields' problems until it was fixed.
+    response = client_for(users["owner"]).post("/training/new/", {
+        "name": "rounds", "method": "sft", "base_model": "org/base", "dataset": "data@main", "compute.backend": "local",
+        "config.learning_rate": "abc", "config.max_steps": "0", "config.per_device_train_batch_size": "-3", "config_text": "",
+    })
+    html = response.content.decode()
+    assert response.status_code == 400
+    for field in ("learning-rate", "max-steps", "per-device-train-batch-size"):
+        assert f'id="f-config-{field}-errors"' in html, field
+    assert "give a number, not &#x27;abc&#x27;" in html and "must be at least 1, got 0" in html and "got -3" in html
+    assert not project.runs.exists()
+    # The API, likewise: an empty name and a bad config in one 400.
+    r = api.post("/api/training-runs", {"name": "", "method": "sft", "base_model": "org/base", "dataset": "d@main", "config": {"max_steps": 0, "output_dir": "/x"}})
+    assert r.status_code == 400 and {e["field"] for e in r.json()["errors"]} == {"name", "config.max_steps", "config.output_dir"}, r.content
+
+
 def test_distill_estimate_and_teacher_warning(project, users):
     client = client_for(users["owner"])
     html = client.get("/training/new/estimate", {"method": "distill", "config.distillation.top_k": "64", "distill_tokens": "295000",
