@@ -17,7 +17,7 @@ from training.methods.base import Draft
 from training.refs import DATASET_TYPES, dataset_entries, local_model_dir
 
 METHOD_CHOICES = [("sft", "SFT"), ("dpo", "DPO"), ("grpo", "GRPO"), ("distill", "DISTILL")]
-PRECISION_CHOICES = [("", "Default (bf16)"), ("bf16", "BF16"), ("fp8", "FP8"), ("nvfp4", "NVFP4")]
+PRECISION_CHOICES = [("", "Default (bf16 on a GPU, fp32 on the CPU)"), ("bf16", "BF16"), ("fp8", "FP8"), ("nvfp4", "NVFP4")]
 BACKEND_CHOICES = [("local", "local"), ("dstack", "dstack"), ("modal", "Modal")]
 RL_MODE_CHOICES = [("environment", "Environment"), ("ruler", "RULER")]
 JUDGE_MODE_CHOICES = [("external", "External (your endpoint + API key)"), ("colocated", "Colocated (vLLM on the fleet)")]
