@@ -123,6 +123,12 @@ class Command(BaseCommand):
             for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 signal.signal(signum, signal.SIG_IGN)  # a second Ctrl-C must not cut the stopping short
             running = [child.proc for child in reversed(children) if child.proc is not None]
+            # A Ctrl-C or a signal to the whole group reached the parts too, and they are stopping: a
+            # second signal now would cut their own shutdown short (beat printed a SystemExit traceback
+            # from inside its atexit handler). A part that is still up after a moment did not get one.
+            deadline = time.monotonic() + 1.0
+            while time.monotonic() < deadline and any(proc.poll() is None for proc in running):
+                time.sleep(0.1)
             for proc in running:
                 if proc.poll() is None:
                     proc.send_signal(signal.SIGTERM)
