@@ -151,7 +151,7 @@ def test_a_stopped_run_takes_its_engines_last_flush_but_no_end_of_training_artif
     assert run.status == Status.CANCELLED and run.stage == "train" and run.progress == {"step": 5, "max_steps": 10}
     assert list(Checkpoint.objects.filter(run=run).values_list("kind", flat=True)) == ["checkpoint"]  # saved before the stop: resumable
     assert MetricPoint.objects.filter(run=run).count() == 2 and LogLine.objects.filter(run=run, line="step 2").exists()
-    assert LogLine.objects.filter(run=run, line__contains="a final checkpoint (step 9) reported after the run was cancelled is not recorded").exists()
+    assert LogLine.objects.filter(run=run, line__contains="the final checkpoint (step 9) reported after the run was cancelled is not recorded").exists()
 
 
 @pytest.mark.parametrize("status", [Status.CANCELLED, Status.COMPLETED, Status.FAILED])

@@ -108,7 +108,7 @@ def apply_batch(run: TrainingRun, batch: IngestBatchIn) -> None:
     lines = list(batch.logs)
     for reported in batch.checkpoints:
         if ended and run.status != Status.COMPLETED and reported.kind in END_OF_TRAINING_KINDS:
-            lines.append(f"[studio] a {reported.kind} checkpoint (step {reported.step}) reported after the run was {run.status} is not recorded")
+            lines.append(f"[studio] the {reported.kind} checkpoint (step {reported.step}) reported after the run was {run.status} is not recorded")
             continue
         record_checkpoint(run, Checkpoint.objects.create(run=run, attempt=attempt, **reported.model_dump()))
     LogLine.objects.bulk_create([LogLine(run=run, attempt=attempt, line=line) for line in lines], batch_size=5000)
