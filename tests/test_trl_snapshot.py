@@ -41,11 +41,22 @@ def test_field_types(annotation, choices, expected):
     ("lr_scheduler_type", 5, "must be one of linear, cosine,"),
     ("lr_scheduler_type", "bogus", "must be one of linear, cosine,"),
     ("optim", "nope", "must be one of adamw_torch, adamw_torch_fused,"),
-    ("bf16", "yes", "must be true or false"),
+    ("logging_first_step", "yes", "must be true or false"),
     ("save_total_limit", 2**63, "must be at most 2147483647"),
     ("weight_decay", "0.1", "must be a number"),
     ("dataset_text_field", 3, "must be a string"),
     ("optim", None, "must not be null"),
+    # ranges the trainer refuses only after the job started
+    ("warmup_steps", -1, "must be at least 0"),
+    ("dataloader_num_workers", -1, "must be at least 0"),
+    ("adam_beta1", 2, "must be at most 1"),
+    # settings that need an evaluation split, which the Studio does not have
+    ("eval_strategy", "steps", "needs an evaluation split"),
+    ("lr_scheduler_type", "reduce_lr_on_plateau", "needs an evaluation split"),
+    ("load_best_model_at_end", True, "needs an evaluation split"),
+    # precision is the Studio's key (fp16 with the device's bf16 made the trainer refuse both)
+    ("fp16", True, "use precision instead"),
+    ("bf16", True, "use precision instead"),
 ])
 def test_a_trl_field_of_the_wrong_type_is_a_400_naming_it_and_stores_nothing(api, key, value, says):
     from training.models import TrainingRun

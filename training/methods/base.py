@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 from studio.errors import Finding
 from training.engine.spec import STUDIO_MANAGED
-from training.keys import BOOL, INT0, INT1, POSITIVE, PRECISIONS, TEXT, Key, check_block, is_number, json_findings  # noqa: F401 - re-exported for methods
+from training.keys import BOOL, INT0, INT1, POSITIVE, PRECISIONS, TEXT, Key, check_block, is_number, json_findings, shown  # noqa: F401 - re-exported for methods
 
 TRL_FIELDS_FILE = Path(__file__).with_name("trl_fields.json")
 
@@ -23,15 +23,18 @@ def trl_config_fields() -> dict[str, dict[str, Key]]:
     """The fields of TRL's config classes and the type of each, snapshotted so the web process never
     imports TRL (training/methods/trl_snapshot.py writes the file; tests/test_trl_snapshot.py checks it
     against the installed TRL)."""
-    return {config: {name: trl_key(spec) for name, spec in fields.items()} for config, fields in json.loads(TRL_FIELDS_FILE.read_text()).items()}
+    return {config: {name: trl_key(name, spec) for name, spec in fields.items()} for config, fields in json.loads(TRL_FIELDS_FILE.read_text()).items()}
 
 
-def trl_key(spec: dict[str, Any]) -> Key:
+def trl_key(name: str, spec: dict[str, Any]) -> Key:
     kind = spec["kind"]
     if kind == "str":
         return Key("str", nullable=spec["nullable"], hint="a string")
     # An integer TRL field is an int64 or smaller in the trainer: a bound against overflow, not a limit.
-    return Key(kind, choices=tuple(spec.get("choices", ())), nullable=spec["nullable"], maximum=2**31 - 1 if kind == "int" else None)
+    low, high = TRL_BOUNDS.get(name, (None, None))
+    if kind == "int" and high is None:
+        high = 2**31 - 1
+    return Key(kind, choices=tuple(spec.get("choices", ())), nullable=spec["nullable"], minimum=low, maximum=high)
 
 
 # Upper bounds catch values that parse but cannot run (a max_steps that never ends, an epoch count
@@ -121,7 +124,20 @@ class Draft:
 # rollouts and obeyed by the trainer). Each is refused naming the key to use.
 TRL_ALIASES = {
     "num_train_epochs": "num_epochs", "use_liger_kernel": "use_liger", "activation_checkpointing": "gradient_checkpointing",
-    "save_strategy": "save_steps", "use_cpu": "compute.accelerators",
+    "save_strategy": "save_steps", "use_cpu": "compute.accelerators", "bf16": "precision", "fp16": "precision",
+}
+
+# Ranges of TRL fields the trainer refuses outside them, after the job started (the snapshot has types only).
+TRL_BOUNDS: dict[str, tuple[float | None, float | None]] = {
+    "warmup_steps": (0, None), "dataloader_num_workers": (0, 64), "weight_decay": (0, None), "max_grad_norm": (0, None),
+    "adam_beta1": (0, 1), "adam_beta2": (0, 1), "adam_epsilon": (0, None), "label_smoothing_factor": (0, 1),
+    "save_total_limit": (0, None), "dataloader_prefetch_factor": (1, None),
+}
+
+# The Studio trains without an evaluation split: settings that need one failed the run after it started.
+NEEDS_EVAL = {
+    "eval_strategy": lambda v: v != "no", "do_eval": bool, "load_best_model_at_end": bool,
+    "lr_scheduler_type": lambda v: v == "reduce_lr_on_plateau",
 }
 
 
@@ -155,7 +171,10 @@ class TrainingMethod:
             if name in known:
                 findings.extend(known[name].check(f"config.{name}", value))
             elif name in passthrough:
-                findings.extend(passthrough[name].check(f"config.{name}", value))
+                found = passthrough[name].check(f"config.{name}", value)
+                if not found and name in NEEDS_EVAL and NEEDS_EVAL[name](value):
+                    found = [Finding(f"config.{name}", f"{shown(value)} needs an evaluation split, and the Studio trains without one: remove it")]
+                findings.extend(found)
             elif name in STUDIO_MANAGED:
                 findings.append(Finding(f"config.{name}", f"the Studio sets this itself: {STUDIO_MANAGED[name]}; remove it"))
             elif name in (aliases := {**TRL_ALIASES, **self.trl_aliases}):
