@@ -135,3 +135,14 @@ def test_the_form_refuses_a_name_the_api_refuses(project, users):
     response = client.post("/training/new/", {**FORM, "name": "n" * 300, "config_text": ""})
     assert response.status_code == 400 and "at most 200 characters" in response.content.decode()
     assert not TrainingRun.objects.filter(name__startswith="nnnn").exists()
+
+
+@pytest.mark.parametrize("config_text", ["max_grad_norm: 1\nmax_grad_norm: 2\n", '{"max_grad_norm": 1, "max_grad_norm": 2}', "loss:\n  type: dpo\n  type: ipo\n"])
+def test_the_config_box_refuses_a_key_given_twice_as_the_api_does(project, users, config_text):
+    # PyYAML kept the last of the two: the run was made with a value the user may not have meant.
+    client = Client()
+    client.force_login(users["owner"])
+    response = client.post("/training/new/", {**FORM, "name": "twice", "config_text": config_text})
+    html = response.content.decode()
+    assert response.status_code == 400 and "appears twice in one mapping: keep one" in html, html[:3000]
+    assert not TrainingRun.objects.filter(name="twice").exists()

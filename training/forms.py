@@ -136,17 +136,30 @@ def deep_merge(base: dict, over: dict) -> dict:
 
 
 class ConfigLoader(yaml.SafeLoader):
-    """YAML as the config box reads it. Two departures from PyYAML's YAML 1.1:
+    """YAML as the config box reads it. Three departures from PyYAML's YAML 1.1:
     - `2e-4` is a number (YAML 1.2, JSON and Python agree; 1.1 wants `2.0e-4` and read it as the text
       "2e-4", so `learning_rate: 2e-4` was refused as not a number);
     - no aliases (`*name`): a few lines of nested aliases expand into billions of values, and walking
-      them held a web worker for minutes. A run's config has no use for them."""
+      them held a web worker for minutes. A run's config has no use for them;
+    - a key given twice in one mapping is an error (YAML 1.2 says so; PyYAML kept the last, as the
+      API's JSON reader refuses)."""
 
     def compose_node(self, parent, index):
         if self.check_event(yaml.AliasEvent):
             event = self.peek_event()
             raise yaml.composer.ComposerError(None, None, f"aliases (*{event.anchor}) are not allowed in a run's config: write the value out", event.start_mark)
         return super().compose_node(parent, index)
+
+    def construct_mapping(self, node, deep=False):
+        seen: set = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, (str, int, float, bool)) or key is None:
+                continue  # an unhashable key is super()'s ConstructorError
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"the key {key!r} appears twice in one mapping: keep one", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 ConfigLoader.add_implicit_resolver(
@@ -168,7 +181,7 @@ def parse_config_text(text: str) -> tuple[dict, list[Finding]]:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        if isinstance(exc, yaml.composer.ComposerError) and exc.problem and exc.problem.startswith("aliases"):
+        if isinstance(exc, (yaml.composer.ComposerError, yaml.constructor.ConstructorError)) and exc.problem and exc.problem.startswith(("aliases", "the key")):
             return {}, [Finding("config_text", f"{exc.problem}{where}")]
         return {}, [Finding("config_text", f"this is not valid YAML or JSON{where}: fix the syntax")]
     if data is None:
