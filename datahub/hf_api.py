@@ -71,7 +71,8 @@ def hub_view(methods: list[str]):
     def decorate(view):
         @csrf_exempt
         def wrapped(request: HttpRequest, *args, **kwargs):
-            if request.method not in methods:  # JSON, as the Hub's own errors (require_http_methods' 405 had no body)
+            if request.method not in methods and not (request.method == "HEAD" and "GET" in methods):  # HEAD reads as GET (the server drops the body)
+                # JSON, as the Hub's own errors (require_http_methods' 405 had no body)
                 resp = HubError(405, None, f"{request.method} is not served here: {READ_ONLY}", message_header=READ_ONLY).response()
                 resp["Allow"] = ", ".join(methods)
                 return resp

@@ -219,6 +219,8 @@ def parse_body(request: HttpRequest, schema: type[S]) -> S:
     try:
         raw = loads_json(json_body(request) or b"{}")
     except ValueError as exc:
+        if request.content_type == "application/x-www-form-urlencoded" and b"=" in request.body:  # curl -d 'name=x' sends a form
+            raise BadRequest("The request body is a form, not JSON.", [Finding("body", "send a JSON object with Content-Type: application/json, e.g. curl -H 'content-type: application/json' -d '{\"name\": ...}'")]) from exc
         raise BadRequest("The request body is not valid JSON.", [Finding("body", f"send a JSON object ({str(exc)[:200]})")]) from exc
     if not isinstance(raw, dict):
         raise BadRequest("The request body must be a JSON object.", [Finding("body", "send a JSON object, e.g. {\"name\": ...}")])

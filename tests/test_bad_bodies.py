@@ -409,3 +409,9 @@ def test_head_on_an_api_read_answers_as_its_get_without_the_body(api, queued_run
         assert head.status_code == get.status_code and head.content == b"", path
         assert int(head["Content-Length"]) == len(get.content) and head["Content-Type"] == get["Content-Type"]
     assert api.client.head("/api/training-runs").status_code == 401  # HEAD is a read like GET, not a way round auth
+
+
+def test_a_url_encoded_form_body_is_told_to_send_json(api):
+    # curl -d 'name=x' without a content-type header sends a form: "Expecting value: line 1 column 1" did not say so.
+    r = api.client.post("/api/experiments", data="name=x&method=sft", content_type="application/x-www-form-urlencoded", HTTP_AUTHORIZATION=f"Bearer {api.token}")
+    assert r.status_code == 400 and "Content-Type: application/json" in r.json()["errors"][0]["message"], r.content

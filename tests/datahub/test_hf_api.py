@@ -397,8 +397,10 @@ def test_a_repo_is_served_under_its_own_kind_only_and_other_methods_get_a_json_4
         assert r.status_code == found, (url, r.content)
         if found == 404:
             assert r["X-Error-Code"] == "RepoNotFound"
-    for method, url in (("post", "/hub/api/models/acme/tiny-llama"), ("head", "/hub/api/datasets/acme/qa-data/refs"), ("delete", "/hub/api/models/acme/tiny-llama/tree/main")):
+    for method, url in (("post", "/hub/api/models/acme/tiny-llama"), ("put", "/hub/api/datasets/acme/qa-data/refs"), ("delete", "/hub/api/models/acme/tiny-llama/tree/main")):
         r = getattr(client, method)(url, **auth)
         assert r.status_code == 405 and r["Content-Type"] == "application/json" and r["Allow"], (method, url)
-        if method != "head":
-            assert "read API only" in r.json()["detail"]
+        assert "read API only" in r.json()["detail"]
+    # HEAD is a read: it answers as GET does.
+    for url in ("/hub/api/models/acme/tiny-llama", "/hub/api/datasets/acme/qa-data/refs"):
+        assert client.head(url, **auth).status_code == client.get(url, **auth).status_code == 200, url
