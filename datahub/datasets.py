@@ -313,7 +313,8 @@ class RowNeeds:
         for key in self.keys:
             if row.get(key) is None or (isinstance(row[key], str) and not row[key].strip()):
                 state = "missing" if key not in row else "empty"
-                return f'"{key}" is {state}: {self.who} scores each completion against the row\'s {", ".join(self.keys)}'
+                return (f'"{key}" is {state}: {self.who} scores each completion against the row\'s {", ".join(self.keys)}; '
+                        "add it to every row, or leave dataset empty to use the environment's own prompts")
         return None
 
     def cache_key(self) -> str:

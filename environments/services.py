@@ -282,6 +282,7 @@ def static_findings(files: dict[str, bytes], image_has: Callable[[str], bool], *
     if init is not None and not _has_entry_point(init, modules):
         findings.append(Finding(field, "the package's __init__.py has no module-level load_environment(**kwargs) (and exports no verifiers Taskset subclass)"))
     findings += missing_config_findings(init, read_config(files), field)
+    findings += row_keys_finding(files, field)
     return findings
 
 
@@ -370,6 +371,17 @@ def _package_files(project, env_id: str) -> dict[str, bytes] | None:
     from datahub.models import Commit
 
     return hub_package_files(Commit.objects.get(pk=resolved.commit))
+
+
+def row_keys_finding(files: dict[str, bytes], field: str = FIELD) -> list[Finding]:
+    """A ROW_KEYS that is there but not a literal tuple of names: Studio reads it without importing the
+    package, so it could not check a run's dataset for those columns before START."""
+    init = parsed_init(files)
+    for node in init.body if init is not None else []:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        if any(isinstance(t, ast.Name) and t.id == "ROW_KEYS" for t in targets) and not row_keys(files):
+            return [Finding(field, f"__init__.py:{node.lineno}: ROW_KEYS must be a literal tuple of column names, e.g. ROW_KEYS = (\"prompt\", \"answer\")")]
+    return []
 
 
 def row_keys(files: dict[str, bytes]) -> tuple[str, ...]:

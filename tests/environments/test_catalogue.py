@@ -65,6 +65,8 @@ def test_science_qa():
     assert rambling["correct"] == 0.0 and rambling["mentions"] == 1.0 and rambling["concise"] == 0.0
     wrong = env.score(row, "Answer: oxygen")
     assert wrong["correct"] == 0.0 and wrong["mentions"] == 0.0 and wrong["total"] == pytest.approx(0.1)
+    # A run's own dataset may give the aliases as a real JSON list (a TypeError before).
+    assert env.score({"prompt": "What is gold's symbol?", "aliases": ["Au", "au"]}, "Answer: Au")["correct"] == 1.0
 
 
 def test_calculator_scores_and_tool():

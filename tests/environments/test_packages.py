@@ -291,9 +291,10 @@ def test_start_checks_a_runs_own_dataset_has_the_columns_its_environment_scores_
         answer = api.post(f"/api/training-runs/{r.json()['id']}/start")
         return [e["message"] for e in answer.json().get("errors", []) if e["field"] == "dataset"]
 
+    advice = "add it to every row, or leave dataset empty to use the environment's own prompts"
     assert dataset_messages("builtin/gsm-maths@main", str(rows)) == [
-        'row 2: "answer" is missing: builtin/gsm-maths scores each completion against the row\'s prompt, answer',
-        'row 3: "answer" is empty: builtin/gsm-maths scores each completion against the row\'s prompt, answer',
+        f'row 2: "answer" is missing: builtin/gsm-maths scores each completion against the row\'s prompt, answer; {advice}',
+        f'row 3: "answer" is empty: builtin/gsm-maths scores each completion against the row\'s prompt, answer; {advice}',
     ]
     assert dataset_messages("builtin/arith@main", str(rows)) == []  # arith reads the sum from the prompt
     # A project's own package declares its columns the same way, and a Data Hub dataset is checked alike.
@@ -302,7 +303,7 @@ def test_start_checks_a_runs_own_dataset_has_the_columns_its_environment_scores_
     data = create_repo(project, "labelled", RepoType.DATASET)
     commit_files(data, "main", {"train.jsonl": b'{"prompt": "a", "label": "x"}\n{"prompt": "b", "answer": "y"}\n'})
     assert dataset_messages("needs-label@main", "labelled@main") == [
-        'row 2: "label" is missing: needs-label scores each completion against the row\'s prompt, label']
+        f'row 2: "label" is missing: needs-label scores each completion against the row\'s prompt, label; {advice}']
     commit_files(data, "main", {"train.jsonl": b'{"prompt": "a", "label": "x"}\n'})
     assert dataset_messages("needs-label@main", "labelled@main") == []
 
@@ -312,6 +313,10 @@ def test_row_keys_are_read_without_importing_the_package():
     assert services.row_keys({"__init__.py": b"ROW_KEYS: tuple = ('prompt',)\n"}) == ("prompt",)
     for init in (b"ROW_KEYS = compute()\n", b"ROW_KEYS = 'prompt'\n", b"ROW_KEYS = (1, 2)\n", b"def load_environment(): ...\n", b"def (:\n"):
         assert services.row_keys({"__init__.py": init}) == (), init
+    # One that is there but cannot be read is a finding at START and on the package check, not silence.
+    init = b"ROW_KEYS = tuple(['prompt', 'level'])\n\ndef load_environment(**kwargs):\n    return None\n"
+    assert any("ROW_KEYS must be a literal tuple of column names" in m for m in findings({"__init__.py": init}))
+    assert not any("ROW_KEYS" in m for m in findings({"__init__.py": b"ROW_KEYS = ('prompt',)\n" + GOOD}))
 
 
 def test_a_configs_description_can_be_removed_and_put_back(api, project):

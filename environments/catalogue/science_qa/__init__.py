@@ -18,7 +18,7 @@ from typing import Any
 from .config import CONFIG
 
 # The columns score() reads from a row: a GRPO run that brings its own dataset needs them in every
-# row ("aliases": a JSON list of the answers that count).
+# row ("aliases": the answers that count, a list or a JSON-encoded one).
 ROW_KEYS = ("prompt", "aliases")
 
 HERE = Path(__file__).resolve().parent
@@ -56,7 +56,8 @@ class ScienceEnvironment:
         return out[:n]
 
     def score(self, row: dict[str, Any], completion: str) -> dict[str, float]:
-        aliases = [normalise(a) for a in json.loads(row["aliases"])]
+        listed = row["aliases"]  # the catalogue's rows carry them JSON-encoded; a dataset's may be a real list
+        aliases = [normalise(a) for a in (json.loads(listed) if isinstance(listed, str) else listed)]
         said = stated_answer(completion)
         whole = f" {normalise(completion)} "
         parts = {
