@@ -198,7 +198,7 @@ def test_capture_shards_skips_valid_sidecars_writes_the_rest_and_reports_speed(t
     assert_same_capture((np.asarray(ids), np.asarray(lps)), naive_capture(teacher, todo.input_ids, todo.offsets, 8, vocab))
     assert not list(tmp_path.glob("*.tmp"))
     lines = list(reporter.log_tail)
-    assert "capture: a.kd already valid; skipped" in lines
+    assert "capture: 1 of 2 shards already valid; skipped" in lines
     assert f"capture: wrote b.kd ({sum(LENGTHS)} tokens, k=8)" in lines
     assert any(line.startswith(f"capture: {sum(LENGTHS)} tokens in ") and "tokens/s, MFU n/a)" in line for line in lines), lines
     assert stats.mfu is None  # no MFU on the CPU without a declared peak

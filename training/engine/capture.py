@@ -352,9 +352,8 @@ def capture_shards(ctx: Context, shards: list[Shard], teacher_ref: str, k: int, 
 
     rep = ctx.reporter
     todo = [s for s in shards if not kd_format.is_valid(s.kd_path, s.token_hash, k)]
-    for s in shards:
-        if s not in todo:
-            rep.log(f"capture: {s.kd_path.name} already valid; skipped")
+    if len(todo) < len(shards):  # one line, not one per shard: a large dataset has thousands
+        rep.log(f"capture: {len(shards) - len(todo)} of {len(shards)} shards already valid; skipped")
     if not todo:
         return CaptureStats(tokens=0, seconds=0.0, tokens_per_s=0.0, mfu=None)
     # The teacher's pass is the run's own work, often its longest part: the run is running from here
