@@ -290,10 +290,14 @@ def preview(commit: Commit, path: str | None = None, limit: int = 20) -> dict:
             numbers.append(number)  # a bad row leaves a gap: row 12 is the 11th good one after a bad row 11
     # In the file's own order (prompt before completion, as written), first seen first.
     columns = list(dict.fromkeys(k for r in rows if isinstance(r, dict) for k in r))
+    shape = detect_shape(columns)
+    if shape in SHAPE_LABELS:  # what START would say of these rows for a method that trains on this shape
+        problems += [{"row": n, "message": problem} for n, r in zip(numbers, rows, strict=True) if (problem := row_problem(r, shape))]
+        problems.sort(key=lambda p: p["row"])
     return {
         "path": chosen.path,
         "format": file_format(chosen.path),
-        "shape": detect_shape(columns),
+        "shape": shape,
         "columns": columns,
         "rows": rows,
         "row_numbers": numbers,

@@ -205,3 +205,14 @@ def test_listing_the_files_of_a_path_that_is_a_file_is_a_400_saying_how_to_fetch
     # a folder still lists, with or without its trailing slash
     for path in ("w", "w/"):
         assert [f["path"] for f in get(api, "/api/hub/repos/my-model/files", path=path).json()["files"]] == ["w/model.bin"]
+
+
+def test_preview_lists_the_rows_start_would_refuse(api, project):
+    # A short CSV row and a non-object JSONL line previewed as "None" with no problem, then START refused them.
+    repo = repos.create_repo(project, "rough", "dataset")
+    commits.commit_files(repo, "main", {"pc.csv": b"prompt,completion\nq,a\nonly-prompt\nq3,a3\n",
+                                        "pc.jsonl": b'{"prompt": "q", "completion": "a"}\n[1, 2]\n{"prompt": "q2", "completion": "a2"}\n'})
+    csv_problems = get(api, "/api/hub/repos/rough/preview", path="pc.csv").json()["problems"]
+    assert csv_problems == [{"row": 2, "message": '"completion" is empty'}], csv_problems
+    jsonl_problems = get(api, "/api/hub/repos/rough/preview", path="pc.jsonl").json()["problems"]
+    assert jsonl_problems == [{"row": 2, "message": "must be an object, not list"}], jsonl_problems

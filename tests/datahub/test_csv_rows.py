@@ -47,7 +47,8 @@ def test_a_row_with_more_fields_than_the_header_is_refused_at_start_naming_file_
 def test_a_shorter_row_reads_its_missing_fields_as_empty(api, dataset_repo):
     commits.commit_files(dataset_repo, "main", {"short.csv": b"prompt,completion,source\nq1,a1,web\nq2,a2\nq3\n"}, "data")
     out = preview(api, "hub-data", "short.csv")
-    assert out["problems"] == [] and out["row_numbers"] == [1, 2, 3]
+    # Read, not refused by the reader; the preview says what START says of row 3 (the same rule as below).
+    assert out["problems"] == [{"row": 3, "message": '"completion" is empty'}] and out["row_numbers"] == [1, 2, 3]
     assert out["rows"][1:] == [{"prompt": "q2", "completion": "a2", "source": None}, {"prompt": "q3", "completion": None, "source": None}]
     findings = datasets.rows_findings([source("short.csv")], "sft", "dataset")
     assert [f.message for f in findings] == ['row 3: "completion" is empty']
