@@ -281,7 +281,9 @@ def preview(commit: Commit, path: str | None = None, limit: int = 20) -> dict:
     if not entries:
         raise BadRequest("There is no dataset file to preview.", [Finding("path", "give a .jsonl, .json, .csv or .parquet file of the repo")])
     chosen = entries[0]
-    rows, numbers, problems = [], [], []
+    rows: list[Any] = []
+    numbers: list[int] = []
+    problems: list[dict[str, Any]] = []
     for number, row in islice(iter_rows(chosen), limit):
         if isinstance(row, RowError):
             problems.append({"row": number, "message": str(row)})
@@ -293,7 +295,7 @@ def preview(commit: Commit, path: str | None = None, limit: int = 20) -> dict:
     shape = detect_shape(columns)
     if shape in SHAPE_LABELS:  # what START would say of these rows for a method that trains on this shape
         problems += [{"row": n, "message": problem} for n, r in zip(numbers, rows, strict=True) if (problem := row_problem(r, shape))]
-        problems.sort(key=lambda p: p["row"])
+        problems.sort(key=lambda p: int(p["row"]))
     return {
         "path": chosen.path,
         "format": file_format(chosen.path),
