@@ -106,6 +106,14 @@ def natural_key(name: str) -> list:
     return [(0, int(part), "") if part.isdigit() else (1, 0, part.lower()) for part in re.split(r"(\d+)", name) if part]
 
 
+def model_folder(commit) -> str:
+    """The folder of an experiment branch that from_pretrained loads (its model sits below the root:
+    final/, merged/ or adapter/), or "" when the commit has none."""
+    paths = set(tree(commit))
+    return next((folder for folder in ("final", "merged", "adapter")
+                 if f"{folder}/config.json" in paths or f"{folder}/adapter_config.json" in paths), "")
+
+
 def tree_context(request: HttpRequest, repo: Repo, revision: str, path: str = "", **forms: dict) -> dict:
     """The Files tab at `revision` (under folder `path`), with the writer's Upload and Delete forms
     (`forms` gives a refused one its values and findings). Files have a Delete on a branch only:
@@ -138,6 +146,7 @@ def tree_context(request: HttpRequest, repo: Repo, revision: str, path: str = ""
     upload = {"values": {"branch": revision if revision in names else repo.default_branch, "folder": prefix.rstrip("/")}, "errors": {}}
     return {
         "section": "hub", "repo": repo, "tab": "files", "revision": revision, "commit": commit, "prefix": prefix.rstrip("/"),
+        "model_folder": model_folder(commit) if repo.type == RepoType.EXPERIMENT else "",
         "crumbs": crumbs, "folders": [{"path": f, "name": f.rsplit("/", 1)[-1]} for f in sorted(folders, key=natural_key)], "files": files,
         "missing": missing, "branches": branches, "tags": list(Tag.objects.filter(repo=repo)),
         "writable": writable, "branch_names": names, "files_deletable": writable and revision in names,

@@ -142,3 +142,21 @@ def test_the_repo_card_says_how_to_load_a_repo_of_its_type(browser, project, kin
     html = browser("viewer").get("/hub/acme/things/tree/dev").content.decode()
     assert "HF_ENDPOINT=http://testserver/hub" in html and f"<code>{snippet}</code>" in html, html[:3000]
     assert ("from_pretrained" in html) == (kind == "model") and ("load_dataset" in html) == (kind == "dataset")
+
+
+def test_experiment_and_environment_repos_say_how_they_are_used(browser, project):
+    # An experiment branch's model is in final/ (from_pretrained at the root failed), and an environment
+    # is a package, not a model to load.
+    from datahub.services import provision_experiment_repo
+    from experiments.services import create_experiment
+
+    repo = provision_experiment_repo(create_experiment(project, "sweep"))
+    commits.commit_files(repo, repo.default_branch, {"README.md": b"sweep"}, "start")
+    repos.create_branch(repo, "run-7", repo.default_branch)
+    commits.commit_files(repo, "run-7", {"final/config.json": b"{}", "final/model.safetensors": b"x"}, "final")
+    html = browser("viewer").get(f"/hub/acme/{repo.name}/tree/run-7").content.decode()
+    card = html[html.index("HF_ENDPOINT") - 400:html.index("HF_ENDPOINT") + 600] if "HF_ENDPOINT" in html else html[-4000:]
+    assert 'subfolder="final")' in html and "use it in a run as" not in html, card
+    repos.create_repo(project, "my-env", "environment")
+    html = browser("viewer").get("/hub/acme/my-env").content.decode()
+    assert "from_pretrained" not in html and "config.environment_id" in html and "my-env@main" in html
