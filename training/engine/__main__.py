@@ -66,6 +66,8 @@ def oom_message(spec: Spec, exc: BaseException, reporter: Reporter) -> str:
 
 def _install_sigterm(reporter: Reporter) -> None:
     def on_term(signum: int, frame: Any) -> None:
+        # STOP signals twice (its request at once, its task after): one flush, and the second waits its turn.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         try:
             reporter.log("SIGTERM: flushing reports and stopping")
             reporter.close(timeout=SIGTERM_GRACE_S)
