@@ -138,6 +138,7 @@ def test_a_running_run_whose_job_id_was_lost_is_adopted_and_stop_signals_its_gro
     run.refresh_from_db()
     assert run.backend_job_id == job_id and run.status == Status.RUNNING and run.attempt == 1  # adopted, not started twice
     assert LogLine.objects.filter(run=run, line__contains=f"adopted job {job_id}").exists()
-    # STOP's request itself signals the group, so the engine stops even while every worker is busy.
-    services.signal_stop(run, run.attempt, job_id)
+    # STOP's request itself signals the group, so the engine stops even while every worker is busy:
+    # also for a run whose job id was lost again (the request looks it up, not only the stop task).
+    services.signal_stop(run, run.attempt, "")
     wait_for(lambda: not group_alive(pgid), 30, message="the engine's process group to exit on the request's SIGTERM")

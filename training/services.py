@@ -396,6 +396,11 @@ def dispatch(run_id: int) -> bool:
 def signal_stop(run: TrainingRun, attempt: int, job_id: str) -> None:
     """STOP's own first step at its backend (backends.base.Backend.signal_stop); stop_backend_job follows."""
     backend = get_backend(run.backend_name)
+    if backend is not None and not job_id:
+        try:
+            job_id = backend.find_job(run.pk, attempt) or ""  # a job whose id a lost worker never saved
+        except Exception as exc:  # noqa: BLE001 - the stop task looks again
+            log.warning("looking up run %s's job failed: %s", run.pk, exc)
     if backend is not None and job_id:
         try:
             backend.signal_stop(run.pk, attempt, job_id)

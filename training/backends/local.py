@@ -163,7 +163,8 @@ class LocalBackend(Backend):
             return PollResult("pending")
         if exit_file.is_file():  # the runner wrote it and exited between our two looks
             return self._exit_result(json.loads(exit_file.read_text()), directory)
-        return PollResult("gone", "training_error", "the engine's process is gone without an exit status", tail_lines(directory / "engine.log"))
+        return PollResult("gone", "training_error", "the runner that supervised the engine is gone without an exit status (it was killed): "
+                          "the Studio stops what is left of the job; start the run again", tail_lines(directory / "engine.log"))
 
     def _exit_result(self, result: dict, directory: Path) -> PollResult:
         # The one exit → error-code table, shared with dstack and Modal (training/backends/mapping.py).

@@ -112,6 +112,13 @@ def execute(spec: Spec, reporter: Reporter) -> int:
             logging.getLogger(name).removeHandler(handler)
 
 
+def final_drain_seconds(spec: Spec) -> float:
+    """How long the last reports (the end status, the last steps and checkpoints) are retried before
+    the engine exits: as long as the Studio waits for a heartbeat, so a Studio outage it would ride
+    out loses none of them (30-60 s lost a whole run's reports when the Studio was down longer)."""
+    return max(60.0, float(spec.config.get("heartbeat_timeout_seconds") or 300))
+
+
 def _execute(spec: Spec, reporter: Reporter) -> int:
     try:
         run_spec(spec, reporter)
@@ -134,14 +141,15 @@ def _execute(spec: Spec, reporter: Reporter) -> int:
         else:
             code, message = "training_error", f"{type(exc).__name__}: {exc}"
         reporter.status("failed", {"code": code, "message": message, "log_tail": list(reporter.log_tail)})
-        reporter.close(timeout=30.0)
+        reporter.close(timeout=final_drain_seconds(spec))
         return 1
     if reporter.superseded.is_set():
         reporter.close(timeout=2.0)
         return 3
     reporter.log("completed")
     reporter.status("completed")
-    reporter.close(timeout=60.0)
+    if not reporter.close(timeout=final_drain_seconds(spec)):
+        print("reporter: the Studio did not take the last reports in time; the run's output is in its output folder", file=sys.stderr, flush=True)
     return 3 if reporter.superseded.is_set() else 0
 
 
