@@ -273,7 +273,8 @@ def retry_after_interruption(run: TrainingRun, result: PollResult) -> None:
 def resubmit(run_id: int) -> bool:
     """Submit a provisioning run whose submit never happened — once: a job the lost submit did
     start is adopted (backends name jobs by run and attempt), and a conditional UPDATE of the submit
-    lease lets one worker through."""
+    lease lets one worker through. A running run without a job id is only adopted, never submitted
+    again: its engine trains and reports already."""
     run = TrainingRun.objects.select_related("project").filter(pk=run_id, status__in=(Status.PROVISIONING, Status.RUNNING), backend_job_id="").first()
     if run is None:
         return False
