@@ -177,8 +177,11 @@ def _default_message(blobs: Mapping[str, Any], deleted: Mapping[str, list[str]])
 
 
 def _listed(deleted: Mapping[str, list[str]]) -> str:
-    """What a commit deleted, as a person names it: the files, and each folder with its count."""
-    names = [path if files == [path] else f"{path}/ ({counted(len(files), 'file')})" for path, files in deleted.items()]
+    """What a commit deleted, as a person names it: the files, and each folder with its count (a path
+    inside a folder it also deleted is in that folder's count, not named again)."""
+    folders = [path for path, files in deleted.items() if files != [path]]
+    names = [path if files == [path] else f"{path}/ ({counted(len(files), 'file')})" for path, files in deleted.items()
+             if not any(path.startswith(folder + "/") for folder in folders)]
     if len(names) > 4:
         names = [*names[:3], f"{len(names) - 3} more"]
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"

@@ -40,7 +40,7 @@ def test_delete_files_commits_their_removal_naming_them_and_earlier_commits_keep
     assert {"prefs.csv", "bad.jsonl"} <= set(repos.tree(repos.resolve(qa_data, before.pk)))  # a pin to the old commit still reads them
 
     # a folder, with or without its trailing slash, takes every file under it and nothing beside it
-    r = api_as("owner").delete(URL, {"paths": ["data/old/"]})
+    r = api_as("owner").delete(URL, {"paths": ["data/old/", "data/old/a.jsonl"]})  # a file inside it is counted once
     assert r.status_code == 200, r.content
     assert head(qa_data).message == "Delete data/old/ (2 files)"
     assert set(repos.tree(head(qa_data))) == {"chat.jsonl", "data/keep.jsonl"}
