@@ -1,10 +1,14 @@
 """Checkpoint actions: resume a child run from a saved step, merge a LoRA checkpoint into its base."""
 from __future__ import annotations
 
+import ctypes
 import logging
+import os
+import signal
 import subprocess
 import sys
 from datetime import datetime, timedelta
+from functools import partial
 
 from django.db import transaction
 from django.db.models import Q
@@ -20,6 +24,7 @@ from training.services import add_log, locked_run, require_training_plan
 log = logging.getLogger(__name__)
 RESUMABLE_KINDS = ("checkpoint",)
 MERGE_TIMEOUT_SECONDS = 3600
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def merge_mark_expired() -> datetime:
@@ -92,6 +97,16 @@ def request_merge(run: TrainingRun, checkpoint: Checkpoint) -> None:
     transaction.on_commit(lambda: merge_checkpoint.delay(checkpoint.pk))
 
 
+def die_with_parent(parent: int) -> None:
+    """preexec_fn of the merge process (`parent`: the worker's pid): the kernel SIGKILLs it when the
+    worker that started it dies (Linux's PR_SET_PDEATHSIG), so a merge lost with its worker (and run
+    again, acks_late) does not go on beside the new one, writing the same folder with the model twice
+    in memory."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # the worker died before prctl took effect
+        os._exit(1)
+
+
 def merge(checkpoint_id: int) -> Checkpoint | None:
     """Run the engine's merge in its own process (the worker never holds model weights)."""
     checkpoint = Checkpoint.objects.select_related("run", "run__project").filter(pk=checkpoint_id).first()
@@ -111,7 +126,8 @@ def _merge(checkpoint: Checkpoint) -> Checkpoint | None:
         return None
     out = adapter.parent / f"merged-step-{checkpoint.step}"
     command = [sys.executable, "-m", "training.engine.merge", "--base", run.base_model, "--adapter", str(adapter), "--out", str(out)]
-    done = subprocess.run(command, cwd=REPO_ROOT, env=engine_env({}), capture_output=True, text=True, timeout=MERGE_TIMEOUT_SECONDS)
+    done = subprocess.run(command, cwd=REPO_ROOT, env=engine_env({}), capture_output=True, text=True, timeout=MERGE_TIMEOUT_SECONDS,
+                          preexec_fn=partial(die_with_parent, os.getpid()))
     if done.returncode != 0:
         tail = (done.stdout + done.stderr).strip().splitlines()[-5:]
         how = f"killed by signal {-done.returncode}" if done.returncode < 0 else f"exit status {done.returncode}"
