@@ -373,31 +373,43 @@ def _package_files(project, env_id: str) -> dict[str, bytes] | None:
     return hub_package_files(Commit.objects.get(pk=resolved.commit))
 
 
+def _row_keys_assignment(init: ast.Module | None) -> ast.Assign | ast.AnnAssign | None:
+    """The module-level `ROW_KEYS = ...` of a parsed __init__.py, if it has one."""
+    for node in init.body if init is not None else []:
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AnnAssign):
+            targets = [node.target]
+        else:
+            continue
+        if any(isinstance(t, ast.Name) and t.id == "ROW_KEYS" for t in targets):
+            return node
+    return None
+
+
+def _literal_row_keys(node: ast.Assign | ast.AnnAssign | None) -> tuple[str, ...]:
+    if node is None or node.value is None:
+        return ()
+    try:
+        value = ast.literal_eval(node.value)
+    except ValueError:
+        return ()
+    return tuple(value) if isinstance(value, (list, tuple)) and all(isinstance(k, str) for k in value) else ()
+
+
 def row_keys_finding(files: dict[str, bytes], field: str = FIELD) -> list[Finding]:
     """A ROW_KEYS that is there but not a literal tuple of names: Studio reads it without importing the
     package, so it could not check a run's dataset for those columns before START."""
-    init = parsed_init(files)
-    for node in init.body if init is not None else []:
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
-        if any(isinstance(t, ast.Name) and t.id == "ROW_KEYS" for t in targets) and not row_keys(files):
-            return [Finding(field, f"__init__.py:{node.lineno}: ROW_KEYS must be a literal tuple of column names, e.g. ROW_KEYS = (\"prompt\", \"answer\")")]
+    node = _row_keys_assignment(parsed_init(files))
+    if node is not None and not _literal_row_keys(node):
+        return [Finding(field, f"__init__.py:{node.lineno}: ROW_KEYS must be a literal tuple of column names, e.g. ROW_KEYS = (\"prompt\", \"answer\")")]
     return []
 
 
 def row_keys(files: dict[str, bytes]) -> tuple[str, ...]:
     """The columns a package's score() reads from each row: ``ROW_KEYS`` in its __init__.py, a literal
     tuple of names. A GRPO run that brings its own dataset must have them in every row."""
-    init = parsed_init(files)
-    for node in init.body if init is not None else []:
-        if isinstance(node, (ast.Assign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            if any(isinstance(t, ast.Name) and t.id == "ROW_KEYS" for t in targets) and node.value is not None:
-                try:
-                    value = ast.literal_eval(node.value)
-                except ValueError:
-                    return ()
-                return tuple(value) if isinstance(value, (list, tuple)) and all(isinstance(k, str) for k in value) else ()
-    return ()
+    return _literal_row_keys(_row_keys_assignment(parsed_init(files)))
 
 
 def dataset_row_needs(draft) -> RowNeeds | None:

@@ -393,12 +393,17 @@ def dispatch(run_id: int) -> bool:
     return True
 
 
+def job_to_stop(backend, run_id: int, attempt: int, job_id: str) -> str:
+    """`job_id`, or when a lost worker never saved it, the job the backend finds for the attempt ("" if none)."""
+    return job_id or backend.find_job(run_id, attempt) or ""
+
+
 def signal_stop(run: TrainingRun, attempt: int, job_id: str) -> None:
     """STOP's own first step at its backend (backends.base.Backend.signal_stop); stop_backend_job follows."""
     backend = get_backend(run.backend_name)
-    if backend is not None and not job_id:
+    if backend is not None:
         try:
-            job_id = backend.find_job(run.pk, attempt) or ""  # a job whose id a lost worker never saved
+            job_id = job_to_stop(backend, run.pk, attempt, job_id)
         except Exception as exc:  # noqa: BLE001 - the stop task looks again
             log.warning("looking up run %s's job failed: %s", run.pk, exc)
     if backend is not None and job_id:
@@ -413,8 +418,8 @@ def stop_backend_job(run_id: int, attempt: int, job_id: str) -> None:
     if run is None:
         return
     backend = get_backend(run.backend_name)
-    if backend is not None and not job_id:
-        job_id = backend.find_job(run_id, attempt) or ""  # a job whose id a lost worker never saved
+    if backend is not None:
+        job_id = job_to_stop(backend, run_id, attempt, job_id)
     if backend is not None and job_id:
         backend.stop(run_id, attempt, job_id)
         add_log(run, f"[studio] attempt {attempt}: job {job_id} stopped")
