@@ -6,7 +6,7 @@ import json
 import os
 import threading
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ class IngestStub:
         self.responses: list[int] = []
         self.always: int | None = None
         self.max_body: int | None = None  # a body over it is answered 413, as Studio answers one over its limit
+        self.answer: Callable[[dict[str, Any]], int | None] | None = None  # a status for this body, or None for the rest
         self.seen_ids: set[str] = set()
         self.lock = threading.Lock()
         stub = self
@@ -35,6 +36,7 @@ class IngestStub:
                 auth = self.headers.get("Authorization")
                 with stub.lock:
                     code = stub.responses.pop(0) if stub.responses else (stub.always or 200)
+                    code = (stub.answer(body) if stub.answer else None) or code
                     if stub.max_body is not None and size > stub.max_body:
                         code = 413
                     if auth != f"Bearer {TOKEN}":

@@ -65,6 +65,24 @@ def test_training_error_reports_failed_with_log_tail(tiny, ingest: IngestStub, t
     assert any("Traceback" in line for line in error["log_tail"])
 
 
+def test_a_failure_report_outlasts_a_studio_outage_the_studio_would_ride_out(tiny, ingest: IngestStub, tmp_path: Path) -> None:
+    """The last reports are retried for as long as the Studio waits for a heartbeat (heartbeat_timeout_seconds,
+    default 300), not a fixed 30 s: a Studio that goes down as the run fails, for 40 s, still learns why."""
+    down_since: list[float] = []
+
+    def studio_down_for_40s_from_the_failure_report(body: dict) -> int | None:
+        if body.get("status") == "failed" and not down_since:
+            down_since.append(time.monotonic())
+        return 503 if down_since and time.monotonic() - down_since[0] < 40 else None
+
+    ingest.answer = studio_down_for_40s_from_the_failure_report
+    spec = make_spec("sft", str(tmp_path / "no-such-model"), [tiny["sft"]], tmp_path / "out", {"max_steps": 2}, ingest)
+    assert run_inprocess(spec) == 1
+    assert ingest.scalars("status") == ["failed"], "the engine gave up on its failure report before the Studio came back"
+    assert ingest.scalars("error")[0]["code"] == "training_error"
+    assert time.monotonic() - down_since[0] >= 40
+
+
 def test_out_of_memory_maps_to_oom() -> None:
     assert _is_oom(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
     assert _is_oom(RuntimeError("CUDA out of memory. Tried to allocate"))
