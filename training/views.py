@@ -837,17 +837,20 @@ def stop(request: HttpRequest, run_id: int) -> HttpResponse:
 @require_POST
 def delete(request: HttpRequest, run_id: int) -> HttpResponse:
     """"Delete run": services.delete_run, as the API's DELETE. Done, the runs list says what stays in
-    the Data Hub; refused, the status area names each reason."""
+    the Data Hub (or that its empty branch went too); refused, the status area names each reason."""
     actor = web_actor(request)
     run = get_run_for(actor, run_id, write=True)
-    done = (f"Run #{run.pk} ({run.name}) was deleted. What it committed stays on branch {hub.run_branch_name(run)} of "
-            f"{hub.experiment_repo_name(run.experiment)} in the Data Hub: delete that branch there if nothing needs it.")
+    deleted = f"Run #{run.pk} ({run.name}) was deleted."
+    branch, repo = hub.run_branch_name(run), hub.experiment_repo_name(run.experiment)
     try:
-        services.delete_run(run)
+        branch_removed = services.delete_run(run)
     except Conflict as exc:
         run.refresh_from_db()
         return _status_response(request, run, actor, exc)
-    messages.success(request, done)
+    if branch_removed:
+        messages.success(request, f"{deleted} It had committed nothing, so its branch {branch} of {repo} was removed from the Data Hub too.")
+    else:
+        messages.success(request, f"{deleted} What it committed stays on branch {branch} of {repo} in the Data Hub: delete that branch there if nothing needs it.")
     if request.htmx:
         response = HttpResponse(status=204)
         response.headers["HX-Redirect"] = reverse("training:runs")
