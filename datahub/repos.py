@@ -4,7 +4,8 @@
 - create_repo / get_or_create_repo / create_branch / create_tag: new rows; a repo starts with an
   empty initial commit on `main`, and tags never move. delete_branch / delete_tag drop the ref
   and keep its commits; delete_repo drops the repo and all its commits (blobs stay).
-- resolve: a branch, a tag or a commit id (prefix) → its commit; tree / entry / history read it.
+- resolve: a branch, a tag or a commit id (prefix) → its commit; tree / entry / history read it;
+  is_ancestor says whether one commit is in another's history.
 
 Writing files is datahub.commits; `[project/]repo@ref` refs of a run are datahub.refs.
 """
@@ -300,6 +301,26 @@ def history(repo: Repo, ref: str | None = None, limit: int = 100) -> list[Commit
         commit = Commit.objects.filter(pk=parent).first() if parent else None
     return out
 
+
+
+def is_ancestor(repo: Repo, commit: Commit, head_id: str) -> bool:
+    """Whether `commit` is commit `head_id` of `repo` or one of its ancestors. Only the commits
+    made since `commit` can lie between the two (a parent is made before its child), so only those
+    are read. Clocks of two machines that disagree can only make this answer False wrongly."""
+    if commit.pk == head_id:
+        return True
+    parents = dict(Commit.objects.filter(repo=repo, created_at__gte=commit.created_at).values_list("id", "parents"))
+    seen: set[str] = set()
+    todo = [head_id]
+    while todo:
+        current = todo.pop()
+        if current == commit.pk:
+            return True
+        if current in seen or current not in parents:
+            continue
+        seen.add(current)
+        todo.extend(parents[current])
+    return False
 
 # Also datahub.commits' author name: the initial commit and every later one name their author alike.
 def _author_name(user) -> str:

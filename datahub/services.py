@@ -3,7 +3,8 @@ written by datahub.repos and datahub.commits):
 
 - provision_experiment_repo: an experiment's repo `experiment-<slug>` is created on first use.
 - create_run_branch: each run is a branch `run-<id>` in its experiment's repo, made at create time;
-  delete_branch refuses it while the run exists.
+  delete_branch refuses it while the run exists, and remove_empty_run_branch drops it with its run
+  when nothing was committed to it.
 - record_checkpoint: a reported checkpoint's directory is committed to `run-<id>` by a Celery task.
 - publish_model: a run's final or merged weights become a model repo with a card (the Models page).
 - storage_full: a full blob storage fails the run with what to do.
@@ -64,6 +65,32 @@ def create_run_branch(run) -> Branch:
     """Create branch `run-<id>` from main in the run's experiment repo (kept across restarts)."""
     return create_branch(run_repo(run), run_branch_name(run), MAIN)
 
+
+
+def remove_empty_run_branch(run) -> bool:
+    """Delete branch run-<id> of `run`, which delete_run is deleting (call in its transaction),
+    when the branch holds nothing of the run's own: its head is still in the history of the repo's
+    default branch, where create_run_branch made it, so no checkpoint or upload was ever committed
+    to it. A branch with commits of its own stays (the run's artifacts are the user's to keep or
+    delete), as does one a live run names in a `repo@branch` ref. True when the branch went."""
+    from training.models import ACTIVE_STATUSES, Status, TrainingRun
+
+    repo = repos.find_repo(run.project, experiment_repo_name(run.experiment))
+    if repo is None:
+        return False
+    name = run_branch_name(run)
+    repos.lock_refs(repo)
+    # The branch row alone (see commit_blobs), whose lock waits for a commit moving the branch: the
+    # check below then reads that commit as the head, and keeps the branch.
+    branch = Branch.objects.select_for_update().filter(repo=repo, name=name).first()
+    main = Branch.objects.filter(repo=repo, name=repo.default_branch).first()
+    if branch is None or main is None or not repos.is_ancestor(repo, branch.head, main.head_id):
+        return False
+    live = TrainingRun.objects.filter(project_id=repo.project_id, status__in=(Status.QUEUED, *ACTIVE_STATUSES)).exclude(pk=run.pk)
+    if any(ref_uses(other, repo, name) for other in live):
+        return False
+    branch.delete()
+    return True
 
 RUN_BRANCH_RE = re.compile(r"^run-(\d+)$")
 

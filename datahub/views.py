@@ -257,7 +257,8 @@ def file_delete(request: HttpRequest, namespace: str, name: str, revision: str, 
     """A file's Delete on the Files table (it asks first: hx-confirm): services.delete_files on
     branch `revision`, checked by FilesDeleteIn as the API's DELETE. The form sends the commit the
     page showed as `parent`, so a branch that moved since is a 409 rather than a file deleted from a
-    tree the person did not see. Refusals show above the Files table; htmx swaps that table alone.
+    tree the person did not see. Refusals show above the Files table at the branch's head; htmx
+    swaps that table, and the page's head line and Branches table out of band (they show heads).
     Done, the page shows the branch's new head at the file's folder (or the nearest one left)."""
     repo = repo_for_page(request, namespace, name)
     web_actor(request).require_write(repo.project)
@@ -266,9 +267,9 @@ def file_delete(request: HttpRequest, namespace: str, name: str, revision: str, 
     try:
         payload = validate_data(FilesDeleteIn, {"branch": revision, "paths": [path], "parent": request.POST.get("parent") or None})
         commit = services.delete_files(repo, payload.branch, payload.paths, request.user, payload.message, payload.parent)
+    except NotFound as exc:
+        return file_not_found(request, repo, revision, folder, path, exc)
     except ApiError as exc:
-        if isinstance(exc, NotFound):
-            raise
         # the findings name the API's fields (branch, paths[0], parent): here the table as a whole shows
         # them; a moved branch's "reload" is done, as the table comes back at the branch's head
         moved = isinstance(exc, commits.BranchMoved)
@@ -276,7 +277,7 @@ def file_delete(request: HttpRequest, namespace: str, name: str, revision: str, 
         errors = form_errors(exc, set(), lambda f: Finding("general", again if moved else f.message))
         context = tree_context(request, repo, revision, folder, file_delete={"errors": errors})
         if request.htmx:
-            return render(request, "datahub/repo.html#files", context, status=exc.status)
+            return render(request, "datahub/repo.html#files", {**context, "oob": True}, status=exc.status)
         messages.error(request, f"{path} was not deleted: see Files below.")
         return render(request, "datahub/repo.html", context, status=exc.status)
     messages.success(request, f"Deleted {path} from branch {revision} as commit {commit.pk[:10]}: earlier commits keep it.")
@@ -288,6 +289,29 @@ def file_delete(request: HttpRequest, namespace: str, name: str, revision: str, 
         response.headers["HX-Redirect"] = url
         return response
     return redirect(url)
+
+
+def file_not_found(request: HttpRequest, repo: Repo, revision: str, folder: str, path: str, exc: NotFound) -> HttpResponse:
+    """A file's Delete that found no such file on the branch, or no branch `revision` any more (it
+    was deleted since the page was read): a 404 whose page shows, with why above Files, the branch
+    at its head, or the repo's default branch once the branch is gone. htmx swaps no 404 (the
+    htmx-config in base.html), so an htmx Delete is sent to that page (HX-Redirect) with why as its
+    message."""
+    if Branch.objects.filter(repo=repo, name=revision).exists():
+        shown, said = revision, f"{exc.detail} Files below show branch {revision} as it is now."
+    else:
+        shown, folder = repo.default_branch, ""
+        said = (f"{path} was not deleted: {repo.full_name} has no branch {revision!r} (a tag never changes, and a deleted branch is gone). "
+                f"Files below show the default branch, {repo.default_branch}: pick a branch above and delete the file there if it should still go.")
+    folder = folder_left(resolve(repo, shown), folder)
+    if request.htmx:
+        messages.error(request, said)
+        response = HttpResponse(status=404)
+        response.headers["HX-Redirect"] = (reverse("datahub:tree_path", args=[repo.project.slug, repo.name, shown, folder]) if folder
+                                           else reverse("datahub:tree", args=[repo.project.slug, repo.name, shown]))
+        return response
+    context = tree_context(request, repo, shown, folder, file_delete={"errors": {"general": [said]}})
+    return render(request, "datahub/repo.html", context, status=404)
 
 
 def folder_left(commit: Commit, folder: str) -> str:

@@ -9,7 +9,9 @@ import subprocess
 import pytest
 from django.test import Client
 
-from datahub.models import Branch
+from datahub.commits import commit_files
+from datahub.models import Branch, Commit, Repo
+from datahub.services import commit_checkpoint
 from studio import crypto
 from studio.errors import NotFound
 from studio.models import AuditEvent
@@ -28,8 +30,9 @@ def runs_root(settings, tmp_path):
     return settings.STUDIO_RUNS_DIR
 
 
-def ended_run(api, status=Status.FAILED, **body) -> TrainingRun:
-    """A run as an attempt leaves it: its series, a checkpoint in its folder and an ended status."""
+def ended_run(api, status=Status.FAILED, committed=True, **body) -> TrainingRun:
+    """A run as an attempt leaves it: its series, a checkpoint in its folder and an ended status;
+    `committed`, the checkpoint is committed to the run's branch (by the task the ingest enqueues)."""
     run_id = api.post("/api/training-runs", sft_body(**body)).json()["id"]
     TrainingRun.objects.filter(pk=run_id).update(status=status, attempt=1, ingest_token_hash=crypto.hash_token("ing_old"))
     run = TrainingRun.objects.get(pk=run_id)
@@ -40,7 +43,9 @@ def ended_run(api, status=Status.FAILED, **body) -> TrainingRun:
     LogLine.objects.create(run=run, attempt=1, line="step 1")
     Rollout.objects.create(run=run, step=1, prompt="p", completion="c", reward=1.0)
     IngestBatch.objects.create(run=run, batch_id="b1")
-    Checkpoint.objects.create(run=run, attempt=1, step=2, path=str(folder))
+    checkpoint = Checkpoint.objects.create(run=run, attempt=1, step=2, path=str(folder))
+    if committed:
+        assert commit_checkpoint(checkpoint.pk) is not None
     return run
 
 
@@ -59,7 +64,8 @@ def test_a_deleted_run_goes_with_its_records_and_folder_and_its_branch_can_go_af
     event = AuditEvent.objects.get(action=AuditEvent.Action.DELETED, target_type="trainingrun", target_id=str(run.pk))
     assert event.actor_name == "owner" and event.details == {"method": "sft", "status": "failed", "attempts": 1}
     # What it committed stays in the Data Hub, and its branch is now the user's to delete.
-    assert Branch.objects.filter(repo__name=repo, name=f"run-{run.pk}").exists()
+    branch = Branch.objects.get(repo__name=repo, name=f"run-{run.pk}")
+    assert branch.head.message == "Checkpoint step 2, attempt 1"
     assert api.delete(f"/api/hub/repos/{repo}/branches/run-{run.pk}").status_code == 204
     # Its old engine's token writes nothing.
     late = Client().post(f"/api/ingest/runs/{run.pk}", data={"batch_id": "b2", "metrics": []}, content_type="application/json",
@@ -88,6 +94,35 @@ def test_a_never_started_run_can_be_deleted_and_frees_its_experiment_repo(api, r
     assert_error(api.delete(f"/api/hub/repos/{repo}"), 409, "name")  # a queued run holds its experiment repo
     assert api.delete(f"/api/training-runs/{run_id}").status_code == 204
     assert api.delete(f"/api/hub/repos/{repo}").status_code == 204
+
+
+def test_a_run_deleted_before_it_started_takes_its_empty_branch_with_it(api, runs_root):
+    doomed = api.post("/api/training-runs", sft_body(name="doomed")).json()["id"]
+    kept = api.post("/api/training-runs", sft_body(name="kept")).json()["id"]
+    repo = Repo.objects.get(name=f"experiment-{TrainingRun.objects.get(pk=doomed).experiment.slug}")
+    commits = set(Commit.objects.filter(repo=repo).values_list("pk", flat=True))
+    assert set(Branch.objects.filter(repo=repo).values_list("name", flat=True)) == {"main", f"run-{doomed}", f"run-{kept}"}
+    assert api.delete(f"/api/training-runs/{doomed}").status_code == 204
+    assert set(Branch.objects.filter(repo=repo).values_list("name", flat=True)) == {"main", f"run-{kept}"}
+    assert set(Commit.objects.filter(repo=repo).values_list("pk", flat=True)) == commits  # a branch goes, its commits stay
+
+
+def test_an_ended_run_that_committed_nothing_takes_its_branch_also_after_main_moved_on(api, runs_root):
+    run = ended_run(api, committed=False)
+    repo = Repo.objects.get(name=f"experiment-{run.experiment.slug}")
+    commit_files(repo, "main", {"NOTES.md": b"later notes"}, message="Notes")  # main moves past where run-<id> started
+    assert api.delete(f"/api/training-runs/{run.pk}").status_code == 204
+    assert not Branch.objects.filter(repo=repo, name=f"run-{run.pk}").exists()
+    assert Branch.objects.get(repo=repo, name="main").head.message == "Notes"
+
+
+def test_an_empty_run_branch_that_a_live_run_reads_stays(api, runs_root):
+    run_id = api.post("/api/training-runs", sft_body(name="source")).json()["id"]
+    repo = f"experiment-{TrainingRun.objects.get(pk=run_id).experiment.slug}"
+    reader = api.post("/api/training-runs", sft_body(name="reader", dataset=f"{repo}@run-{run_id}"))
+    assert reader.status_code == 201, reader.content
+    assert api.delete(f"/api/training-runs/{run_id}").status_code == 204
+    assert Branch.objects.filter(repo__name=repo, name=f"run-{run_id}").exists()
 
 
 def test_a_run_another_was_resumed_from_is_refused_until_that_one_is_deleted(api, runs_root):
@@ -158,8 +193,19 @@ def test_the_run_page_deletes_and_lands_on_the_runs_list_saying_what_stays(api, 
     response = client.post(f"/training/runs/{run.pk}/delete", HTTP_HX_REQUEST="true")
     assert response.status_code == 204 and response.headers["HX-Redirect"] == "/training/"
     listing = client.get("/training/").content.decode()
-    assert f"Run #{run.pk} (doomed run) was deleted" in listing and f"branch run-{run.pk}" in listing
+    assert f"Run #{run.pk} (doomed run) was deleted" in listing and f"What it committed stays on branch run-{run.pk}" in listing
     assert not TrainingRun.objects.filter(pk=run.pk).exists()
+    assert Branch.objects.filter(name=f"run-{run.pk}").exists()
+
+
+def test_the_run_page_says_the_empty_branch_of_a_deleted_run_went_too(api, users, runs_root):
+    run_id = api.post("/api/training-runs", sft_body(name="never started")).json()["id"]
+    client = client_for(users["owner"])
+    response = client.post(f"/training/runs/{run_id}/delete", HTTP_HX_REQUEST="true")
+    assert response.status_code == 204
+    listing = client.get("/training/").content.decode()
+    assert f"Run #{run_id} (never started) was deleted. It had committed nothing, so its branch run-{run_id}" in listing
+    assert not Branch.objects.filter(name=f"run-{run_id}").exists()
 
 
 def test_the_run_page_shows_why_a_delete_was_refused_and_offers_none_while_live(api, users, runs_root):

@@ -93,7 +93,8 @@ def patch_run(request: HttpRequest, run_id: int):
 @router.delete("/{int:run_id}", response={204: None, 409: ErrorOut})
 def delete_run(request: HttpRequest, run_id: int):
     """Delete a run with its metrics, logs, rollouts, checkpoint records and run folder; what it
-    committed stays on branch run-<id> of its experiment's repo. 409, with each reason and what to do,
+    committed stays on branch run-<id> of its experiment's repo, and a branch it committed nothing
+    to goes with it. 409, with each reason and what to do,
     while it is live (STOP it first), its engine is exiting, a merge of one of its steps runs, or
     another run was resumed from it."""
     services.delete_run(get_run_for(actor(request), run_id, write=True))

@@ -19,7 +19,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from datahub.refs import engine_inputs, pin_refs
-from datahub.services import create_run_branch
+from datahub.services import create_run_branch, remove_empty_run_branch
 from environments.services import job_environment, judge_env
 from experiments.models import Experiment
 from experiments.services import default_experiment, find_experiment
@@ -304,21 +304,24 @@ def withdraw_start(run: TrainingRun) -> TrainingRun:
 
 # ---- delete ------------------------------------------------------------------------------------
 
-def delete_run(run: TrainingRun) -> None:
+def delete_run(run: TrainingRun) -> bool:
     """Delete a run that nothing needs any more: its row with its metrics, logs, rollouts and
     checkpoint records, and (once that commits) its folder on this machine. What it committed stays
     in the Data Hub on branch run-<id> of its experiment's repo, which can be deleted once the run
-    is gone. 409 with each reason while the run is live, its engine is still exiting, a merge of one
-    of its steps runs or another run was resumed from it (whose lineage points here)."""
+    is gone; a branch it committed nothing to goes with it (remove_empty_run_branch), and then this
+    returns True. 409 with each reason while the run is live, its engine is still exiting, a merge
+    of one of its steps runs or another run was resumed from it (whose lineage points here)."""
     with transaction.atomic():
         run = locked_run(run)
         findings = delete_blockers(run)
         if findings:
             raise Conflict(f"Run #{run.pk} ({run.name}) cannot be deleted yet.", findings)
         audit.record(AuditEvent.Action.DELETED, run, details={"method": run.method, "status": run.status, "attempts": run.attempt})
+        branch_removed = remove_empty_run_branch(run)
         run_id = run.pk
         run.delete()
         transaction.on_commit(lambda: remove_run_folder(run_id))
+    return branch_removed
 
 
 def delete_blockers(run: TrainingRun) -> list[Finding]:

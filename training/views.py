@@ -24,7 +24,9 @@ from django.views.decorators.http import require_GET, require_POST
 from datahub import repos as hub_repos
 from datahub import services as hub
 from datahub.models import Branch, Commit, Repo, TreeEntry
+from datahub.refs import RESERVED_NAMESPACES
 from environments import services as env_services
+from environments.services import FIELD as FIELD_ENVIRONMENT
 from experiments.models import Experiment
 from experiments.services import DEFAULT_EXPERIMENT
 from studio.errors import ApiError, BadRequest, Conflict, Finding, Forbidden, PaymentRequired, Unprocessable
@@ -636,20 +638,29 @@ def pin_state(run: TrainingRun, field: str, kind: str) -> dict[str, str]:
 
 
 def lineage_of(run: TrainingRun) -> list[dict[str, Any]]:
-    """Where the run's weights and data came from. `gone` says why a Data Hub ref is not linked
-    (mark_deleted_repos); its pin, if any, stays as the record of what was used."""
+    """Where the run's weights, data and (GRPO) rewards came from. `gone` says why a Data Hub ref is
+    not linked (mark_deleted_repos); its pin, if any, stays as the record of what was used, and links
+    to the repo at that commit while the commit is there (link_pins)."""
+    config = run.config or {}
     items = [{"role": "Base model (weights)", "ref": run.base_model or "— not set", "kind": ref_kind(run.base_model) if run.base_model else "", "pinned": pinned_of(run, "base_model")}]
     for row in dataset_rows(run):
         items.append({"role": row["role"], "ref": row["ref"], "kind": row["kind"], "pinned": pinned_of(run, row["field"])})
-    teacher = ((run.config or {}).get("distillation") or {}).get("teacher_model")
+    teacher = (config.get("distillation") or {}).get("teacher_model")
     if teacher:
         items.append({"role": "Teacher (distilled from)", "ref": teacher, "kind": ref_kind(teacher), "pinned": pinned_of(run, "config.distillation.teacher_model")})
+    environment = config.get("environment_id")
+    if run.method == Method.GRPO and config.get("rl_mode", "environment") == "environment" and isinstance(environment, str) and environment:
+        if environment.partition("/")[0] in RESERVED_NAMESPACES:  # builtin/<name>@ref: the catalogue's or the engine's, not versioned
+            items.append({"role": "Environment (rewards)", "ref": environment, "kind": "builtin", "pinned": None, "url": reverse("environments")})
+        else:
+            items.append({"role": "Environment (rewards)", "ref": environment, "kind": ref_kind(environment), "pinned": pinned_of(run, FIELD_ENVIRONMENT)})
     if run.parent_id:
         saved = run.resume_checkpoint
         step = f"step {saved.step} of attempt {saved.attempt}" if saved is not None else "step ?"
         items.append({"role": f"Resumed from ({step})", "ref": f"run #{run.parent_id}: {run.parent.name}", "kind": "run", "pinned": None,
                       "url": reverse("training:run", args=[run.parent_id])})
     mark_deleted_repos(run, items)
+    link_pins(run, items)
     repo_name, branch = hub.experiment_repo_name(run.experiment), hub.run_branch_name(run)
     items.append({"role": "Output branch", "ref": f"{run.project.slug}/{repo_name}@{branch}", "kind": "hub", "pinned": None,
                   "gone": "" if branch_exists(run) else "deleted with its repo"})
@@ -668,6 +679,19 @@ def mark_deleted_repos(run: TrainingRun, items: list[dict[str, Any]]) -> None:
             item["gone"] = f"not a repo of project {slug}"
         elif match["repo"] not in there:
             item["gone"] = "deleted"
+
+
+
+def link_pins(run: TrainingRun, items: list[dict[str, Any]]) -> None:
+    """Set `pinned_url`, the Data Hub page of the repo at the pinned commit, on the items whose
+    commit is still there (its repo was not deleted). One query for all of them."""
+    pinned = [item for item in items if item.get("pinned") and not item.get("gone")]
+    commits = [item["pinned"]["commit"] for item in pinned]
+    there = set(Commit.objects.filter(repo__project_id=run.project_id, pk__in=commits).values_list("pk", flat=True)) if commits else set()
+    for item in pinned:
+        project_slug, _, repo_name = item["pinned"]["repo"].partition("/")
+        if item["pinned"]["commit"] in there and project_slug == run.project.slug:
+            item["pinned_url"] = reverse("datahub:tree", args=[project_slug, repo_name, item["pinned"]["commit"]])
 
 
 ROLLOUTS_SHOWN = 1000
@@ -837,17 +861,20 @@ def stop(request: HttpRequest, run_id: int) -> HttpResponse:
 @require_POST
 def delete(request: HttpRequest, run_id: int) -> HttpResponse:
     """"Delete run": services.delete_run, as the API's DELETE. Done, the runs list says what stays in
-    the Data Hub; refused, the status area names each reason."""
+    the Data Hub (or that its empty branch went too); refused, the status area names each reason."""
     actor = web_actor(request)
     run = get_run_for(actor, run_id, write=True)
-    done = (f"Run #{run.pk} ({run.name}) was deleted. What it committed stays on branch {hub.run_branch_name(run)} of "
-            f"{hub.experiment_repo_name(run.experiment)} in the Data Hub: delete that branch there if nothing needs it.")
+    deleted = f"Run #{run.pk} ({run.name}) was deleted."
+    branch, repo = hub.run_branch_name(run), hub.experiment_repo_name(run.experiment)
     try:
-        services.delete_run(run)
+        branch_removed = services.delete_run(run)
     except Conflict as exc:
         run.refresh_from_db()
         return _status_response(request, run, actor, exc)
-    messages.success(request, done)
+    if branch_removed:
+        messages.success(request, f"{deleted} It had committed nothing, so its branch {branch} of {repo} was removed from the Data Hub too.")
+    else:
+        messages.success(request, f"{deleted} What it committed stays on branch {branch} of {repo} in the Data Hub: delete that branch there if nothing needs it.")
     if request.htmx:
         response = HttpResponse(status=204)
         response.headers["HX-Redirect"] = reverse("training:runs")

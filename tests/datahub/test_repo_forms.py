@@ -4,6 +4,7 @@ storing nothing; viewers see no form and get 403, outsiders 404."""
 from __future__ import annotations
 
 import re
+from html import unescape
 
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
@@ -335,6 +336,62 @@ def test_delete_file_form_refusals_say_why_and_keep_the_file(browser, project, u
         assert said in general_errors(files_table(html)), (url, html[:3000])
     assert repos.resolve(ds, "main") == moved and "config" in repos.tree(moved)
     assert repos.resolve(experiment_repo, f"run-{run.pk}") == run_head
+
+
+def head_line(html: str) -> str:
+    found = re.search(r'<p id="repo-head"[^>]*>(.*?)</p>', html, re.S)
+    assert found, html[:3000]
+    return found.group(0)
+
+
+def test_a_refused_htmx_delete_moves_the_pages_head_and_branches_to_the_branchs_real_head(browser, ds):
+    """htmx swaps the Files table alone: the head line above it and the Branches table, which showed
+    the head the page was read at, come back out of band at the branch's real head."""
+    seen = repos.resolve(ds, "main")
+    moved = commits.commit_files(ds, "main", {"later.txt": b"later"}, "someone else")
+    r = browser("owner").post("/hub/acme/ds/delete/main/config", {"parent": seen.pk}, HTTP_HX_REQUEST="true")
+    assert r.status_code == 409
+    html = r.content.decode()
+    head = head_line(html)
+    assert 'hx-swap-oob="true"' in head and f"at commit <code>{moved.pk[:10]}</code>" in head and seen.pk[:10] not in head
+    branches = re.search(r'<section class="card" id="branches"[^>]*hx-swap-oob="true">.*?</section>', html, re.S)
+    assert branches and f'<tr data-branch="main"><td><a href="/hub/acme/ds/tree/main"><code>main</code></a></td><td><code>{moved.pk[:10]}</code>' in branches.group(0)
+    assert repos.resolve(ds, "main") == moved and "config" in repos.tree(moved)
+
+
+@pytest.mark.parametrize("htmx", [False, True])
+def test_a_delete_on_a_branch_deleted_since_shows_the_default_branch_at_its_head(browser, ds, htmx):
+    """A 404 (the branch went since the page was read): htmx swaps no 404, so it is sent to the
+    page, which names the branch that is gone and shows main at its real head."""
+    repos.create_branch(ds, "dev", "main")
+    seen = repos.resolve(ds, "dev")
+    head = commits.commit_files(ds, "main", {"later.txt": b"later"}, "someone else")
+    repos.delete_branch(ds, "dev")
+    c = browser("owner")
+    r = c.post("/hub/acme/ds/delete/dev/config", {"parent": seen.pk}, **({"HTTP_HX_REQUEST": "true"} if htmx else {}))
+    assert r.status_code == 404
+    if htmx:
+        assert r["HX-Redirect"] == "/hub/acme/ds/tree/main"
+        page = c.get(r["HX-Redirect"]).content.decode()
+        said = unescape(page_message(page))
+    else:
+        page = r.content.decode()
+        said = unescape(general_errors(files_table(page)))
+    assert "config was not deleted: acme/ds has no branch 'dev'" in said and "pick a branch above" in said
+    assert f"Ref <code>main</code> at commit <code>{head.pk[:10]}</code>" in head_line(page)
+    assert repos.resolve(ds, "main") == head and "config" in repos.tree(head)
+
+
+def test_a_delete_of_a_file_gone_since_shows_the_branch_at_its_head(browser, ds):
+    """Without `parent` (a form from before it was sent), a file another commit removed is a 404
+    whose page shows the branch at the head that removed it."""
+    gone = commits.commit_files(ds, "main", {}, "someone else", delete=["config"])
+    r = browser("owner").post("/hub/acme/ds/delete/main/config")
+    assert r.status_code == 404
+    html = r.content.decode()
+    assert "has no file or folder 'config'" in unescape(general_errors(files_table(html)))
+    assert f"at commit <code>{gone.pk[:10]}</code>" in head_line(html)
+    assert repos.resolve(ds, "main") == gone
 
 
 def test_viewers_and_outsiders_cannot_delete_a_file(browser, ds):

@@ -101,9 +101,25 @@ def test_delete_a_file_asks_first_then_shows_the_new_head(owner_page, ds):
     expect(page.locator("#files").get_by_role("alert")).to_contain_text("moved since")
     expect(page.locator("#files").get_by_role("alert")).to_contain_text("delete the file again if it should still go")
     expect(page.locator("#files").get_by_role("cell", name="later.txt", exact=True)).to_be_visible()  # the table is the branch's head now
+    expect(page.locator("#repo-head")).to_contain_text(f"at commit {moved.pk[:10]}")  # and so is the head line above it
+    expect(page.locator("#branches").locator('tr[data-branch="main"]')).to_contain_text(moved.pk[:10])
     assert repos.resolve(ds, "main") == moved
     page.shot("file-refused")
     page.once("dialog", lambda dialog: dialog.accept())
     page.locator("#files").get_by_role("button", name="Delete train.jsonl").click()  # again, at the head it shows
     expect(page.get_by_role("status")).to_contain_text("Deleted train.jsonl from branch main")
     assert set(repos.tree(repos.resolve(ds, "main"))) == {"later.txt"}
+    expect(page.locator("#repo-head")).to_contain_text(f"at commit {repos.resolve(ds, 'main').pk[:10]}")
+
+
+def test_a_file_delete_on_a_branch_deleted_since_lands_on_the_default_branch_saying_so(owner_page, ds):
+    repos.create_branch(ds, "dev", "main")
+    page = owner_page
+    page.goto("/hub/acme/ds/tree/dev")
+    head = commits.commit_files(ds, "main", {"later.txt": b"later"}, "someone else")
+    repos.delete_branch(ds, "dev")
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.locator("#files").get_by_role("button", name="Delete train.jsonl").click()
+    expect(page.get_by_role("status")).to_contain_text("train.jsonl was not deleted: acme/ds has no branch 'dev'")
+    expect(page.locator("#repo-head")).to_contain_text(f"Ref main at commit {head.pk[:10]}")
+    assert page.url.endswith("/hub/acme/ds/tree/main") and repos.resolve(ds, "main") == head

@@ -171,6 +171,39 @@ def test_a_grpo_ruler_runs_prompts_dataset_is_on_its_datasets_and_lineage_tabs(p
     assert "Prompts (RULER task)" in client.get(f"/training/runs/{run.pk}/lineage/").content.decode()
 
 
+def lineage_rows(html: str) -> dict[str, str]:
+    """The Lineage table's rows, keyed by role: each row's cells after the role, as HTML."""
+    rows = re.findall(r"<tr><td>([^<]+)</td>(.*?)</tr>", html)
+    return dict(rows)
+
+
+def test_a_grpo_runs_lineage_lists_its_environment_repo_at_the_commit_start_pinned(project, users, settings, tmp_path):
+    from datahub.commits import commit_files
+    from datahub.models import Repo
+    from datahub.refs import pin_refs
+    from environments import services as env_services
+
+    settings.DATAHUB_ROOT = tmp_path / "hub"
+    fork = env_services.fork(project, "gsm-maths", "my-maths", user=users["owner"])
+    run = grpo_run(project, users["owner"], environment_id="my-maths@main")
+    TrainingRun.objects.filter(pk=run.pk).update(pinned=pin_refs(run), status=Status.COMPLETED, attempt=1)  # as START pins it
+    commit_files(Repo.objects.get(project=project, name="my-maths"), "main", {"NOTES.md": b"later"}, message="Notes")  # main moves on
+    run.refresh_from_db()
+    assert run.pinned["config.environment_id"]["commit"] == fork["commit"]
+    html = client_for(users["owner"]).get(f"/training/runs/{run.pk}/lineage/").content.decode()
+    row = lineage_rows(html)["Environment (rewards)"]
+    assert '<a href="/hub/acme/my-maths/tree/main">my-maths@main</a>' in row and "Data Hub" in row
+    assert f'<a href="/hub/acme/my-maths/tree/{fork["commit"]}">{fork["commit"]}</a>' in row  # the repo at the pinned commit, not at main
+
+
+def test_a_grpo_runs_lineage_lists_a_catalogue_environment_as_not_versioned(project, users):
+    run = grpo_run(project, users["owner"])  # builtin/arith@main
+    html = client_for(users["owner"]).get(f"/training/runs/{run.pk}/lineage/").content.decode()
+    row = lineage_rows(html)["Environment (rewards)"]
+    assert '<a href="/environments/">builtin/arith@main</a>' in row and "Studio catalogue" in row and "—" in row
+    assert "not a repo of project" not in row
+
+
 # ---- the Checkpoints note -------------------------------------------------------------------------
 
 def note_of(html: str) -> str:
