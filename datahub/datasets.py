@@ -272,6 +272,12 @@ def _other_data_or_method(shape: str) -> str:
     return "give a dataset of such rows" + (f", or train on these rows with {' or '.join(methods)}" if methods else "")
 
 
+def unknown_shape_problem(columns: list[str]) -> str:
+    """What to do about rows whose columns match no shape any method trains on."""
+    takes = "; ".join(f"{method.upper()} takes {' or '.join(SHAPE_LABELS[s] for s in shapes)}" for method, shapes in METHOD_SHAPES.items())
+    return f"the columns ({', '.join(columns) or 'none'}) match no shape a method trains on ({takes}): rename the columns to one of these"
+
+
 # ---- preview and method checks -----------------------------------------------------------------
 
 def preview(commit: Commit, path: str | None = None, limit: int = 20) -> dict:
@@ -293,9 +299,11 @@ def preview(commit: Commit, path: str | None = None, limit: int = 20) -> dict:
     # In the file's own order (prompt before completion, as written), first seen first.
     columns = list(dict.fromkeys(k for r in rows if isinstance(r, dict) for k in r))
     shape = detect_shape(columns)
-    if shape in SHAPE_LABELS:  # what START would say of these rows for a method that trains on this shape
+    if shape == "unknown" and rows:  # no method trains on these rows: START would refuse the file, not a row
+        problems.append({"row": numbers[0], "message": unknown_shape_problem(columns)})
+    elif shape in SHAPE_LABELS:  # what START would say of these rows for a method that trains on this shape
         problems += [{"row": n, "message": problem} for n, r in zip(numbers, rows, strict=True) if (problem := row_problem(r, shape))]
-        problems.sort(key=lambda p: int(p["row"]))
+    problems.sort(key=lambda p: int(p["row"]))
     return {
         "path": chosen.path,
         "format": file_format(chosen.path),

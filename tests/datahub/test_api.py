@@ -216,3 +216,17 @@ def test_preview_lists_the_rows_start_would_refuse(api, project):
     assert csv_problems == [{"row": 2, "message": '"completion" is empty'}], csv_problems
     jsonl_problems = get(api, "/api/hub/repos/rough/preview", path="pc.jsonl").json()["problems"]
     assert jsonl_problems == [{"row": 2, "message": "must be an object, not list"}], jsonl_problems
+
+
+def test_preview_of_rows_no_method_trains_on_says_so_instead_of_failing(api, project):
+    # question/answer rows (a common maths format) made the preview a 500 (KeyError 'unknown').
+    repo = repos.create_repo(project, "maths", "dataset")
+    commits.commit_files(repo, "main", {"qa.jsonl": b'{"question": "q1", "answer": "a1"}\n{"question": "q2", "answer": "a2"}\n'})
+    answer = get(api, "/api/hub/repos/maths/preview", path="qa.jsonl")
+    assert answer.status_code == 200, answer.content
+    body = answer.json()
+    assert body["shape"] == "unknown" and body["columns"] == ["question", "answer"] and body["row_numbers"] == [1, 2]
+    [problem] = body["problems"]
+    assert problem["row"] == 1
+    assert "(question, answer) match no shape" in problem["message"] and "SFT takes chat messages (messages)" in problem["message"]
+    assert "rename the columns" in problem["message"]
