@@ -586,6 +586,27 @@ def check_repo(project, name: str, ref: str = "main", backend_name: str = "local
     return {"repo": repo.name, "commit": commit.pk, "backend": backend_name, "findings": [f.as_dict() for f in found]}
 
 
+def first_config(repo) -> dict[str, Any] | None:
+    """The CONFIG the repo's main branch first had: the package's defaults (a fork's, as forked)."""
+    from datahub.repos import history
+
+    for commit in reversed(history(repo, "main", limit=10_000)):
+        config = read_config(hub_package_files(commit))
+        if config is not None:
+            return config
+    return None
+
+
+def _type_reference(current: dict[str, Any] | None, first: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What a CONFIG edit is type-checked against: each key's first value where the package first had it
+    (its default: one that started as None takes any value, and can go back to None), else its current
+    one. Against the current value alone, `max_examples` set once from None to 10 could never be None
+    again, and a wrong type that got in could not be corrected."""
+    if current is None:
+        return first
+    return {key: first[key] if first is not None and key in first else value for key, value in current.items()}
+
+
 def update_config(project, name: str, config: dict[str, Any], user=None) -> dict[str, Any]:
     from datahub.commits import commit_files
     from datahub.repos import resolve
@@ -595,7 +616,7 @@ def update_config(project, name: str, config: dict[str, Any], user=None) -> dict
     repo = environment_repo(project, name)
     current = repo_config(project, name)
     prefix = package_prefix({p: b"" for p in current["files"]}) or ""
-    wrong = config_findings(current["config"], config, hub_package_files(resolve(repo, "main")))
+    wrong = config_findings(_type_reference(current["config"], first_config(repo)), config, hub_package_files(resolve(repo, "main")))
     if wrong:
         raise BadRequest("This CONFIG does not fit the environment (a PUT replaces the whole CONFIG).", wrong)
     commit = commit_files(repo, "main", {prefix + CONFIG_FILE: render_config(config).encode()}, message="Edit CONFIG", author=user)

@@ -330,3 +330,17 @@ def test_a_configs_description_can_be_removed_and_put_back(api, project):
     r = api.put("/api/environments/ratchet/config", {"config": original})
     assert r.status_code == 200, r.content
     assert api.get("/api/environments/ratchet/config").json()["config"] == original
+
+
+def test_an_optional_config_key_set_once_can_go_back_to_none_and_a_wrong_type_can_be_corrected(api, project):
+    # Type checks compared with the current CONFIG: max_examples set from None to 10 could never be None
+    # ("all examples") again, and a string that got in while it was None could never be replaced.
+    api.post("/api/environments/fork", {"catalogue": "gsm-maths", "name": "gsm2"})
+    config = api.get("/api/environments/gsm2/config").json()["config"]
+    assert config["max_examples"] is None
+    for value in (10, None, "lots", 10, None):
+        r = api.put("/api/environments/gsm2/config", {"config": {**config, "max_examples": value}})
+        assert r.status_code == 200, (value, r.content)
+        assert api.get("/api/environments/gsm2/config").json()["config"]["max_examples"] == value
+    # A key that had a type from the start keeps it.
+    assert_error(api.put("/api/environments/gsm2/config", {"config": {**config, "answer_marker": 4}}), 400, "config.answer_marker")
