@@ -163,7 +163,9 @@ class CheckpointOut(Schema):
     path: str
     created_at: datetime
     commit: str | None = Field(None, description="The Data Hub commit of the run's branch (run-<id>) that holds this checkpoint's files; "
-                                                 "null until it is committed. A later attempt that saves the same step replaces them at the branch's head, not in this commit")
+                                                 "null until it is committed. A later attempt that saves the same step replaces them at the branch's head, not in this commit. "
+                                                 "A merge of a step that a later attempt saved again is committed on that step's own commit, beside the files it merged, "
+                                                 "and moves no branch")
 
     @staticmethod
     def resolve_commit(obj) -> str | None:
