@@ -247,3 +247,22 @@ def test_an_interrupted_attempt_resumes_from_its_starts_own_steps_not_an_earlier
     TrainingRun.objects.filter(pk=dpo_run.pk).update(attempt=3, interruptions=1, status=Status.PROVISIONING)
     run = TrainingRun.objects.get(pk=dpo_run.pk)
     assert services.last_checkpoint_path(run) == second.path != first.path
+
+
+def test_merge_and_resume_of_an_attempts_step_go_by_that_attempts_settings_not_the_edited_runs(api, dpo_run):
+    # Attempt 1 trained a rank-8 adapter on org/base; then the run was edited into a full fine-tune of org/other.
+    TrainingRun.objects.filter(pk=dpo_run.pk).update(attempt=1)
+    services.record_attempt(TrainingRun.objects.get(pk=dpo_run.pk))
+    TrainingRun.objects.filter(pk=dpo_run.pk).update(attempt=2)
+    r = api.patch(f"/api/training-runs/{dpo_run.pk}", {"base_model": "org/other", "config": {"lora_rank": None}})
+    assert r.status_code == 200, r.content
+    first = save_step(dpo_run, 1, 5, {WEIGHTS: b"attempt 1 weights"})
+    # Its step is a LoRA adapter: it can be merged, into the model it was trained on.
+    r = api.post(f"/api/training-runs/{dpo_run.pk}/checkpoints/5/merge?attempt=1")
+    assert r.status_code == 202, r.content
+    assert Checkpoint.objects.get(pk=first.pk).merge_requested_at is not None
+    r = api.post(f"/api/training-runs/{dpo_run.pk}/checkpoints/5/resume?attempt=1")
+    assert r.status_code == 201, r.content
+    child = TrainingRun.objects.get(pk=r.json()["id"])
+    assert (child.base_model, child.config["lora_rank"]) == ("org/base", 8)
+    assert services.resume_findings(child) == []

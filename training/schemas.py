@@ -172,6 +172,19 @@ class CheckpointOut(Schema):
         return obj.commit or None
 
 
+class AttemptOut(Schema):
+    """GET /api/training-runs/{id}/attempts: what each attempt trained with."""
+
+    attempt: int
+    started_at: datetime = Field(description="When a worker claimed the attempt")
+    base_model: str
+    dataset: Any
+    config: dict[str, Any] = Field(description="The config the attempt trained with: a resume from one of its steps "
+                                               "(POST .../checkpoints/{step}/resume?attempt=N) copies these settings, not the run's current ones")
+    compute: dict[str, Any]
+    pinned: dict[str, Any] = Field(description="The commits its Data Hub refs were pinned to at START")
+
+
 # Steps are stored as PostgreSQL integers; a larger one must be a 400, not an overflow at INSERT.
 # Strict: true or 1.5 is no step (pydantic's lax mode read true as step 1).
 Step = Annotated[int, Field(ge=0, le=2**31 - 1, strict=True)]
