@@ -111,42 +111,66 @@ def commit_blobs(repo: Repo, branch: str, blobs: Mapping[str, Blob], message: st
             raise RefNotFound(f"{repo.full_name} has no branch {branch!r}.", [Finding("branch", "commit to an existing branch, e.g. main")])
         if parent is not None and head.head_id != parent:
             raise BranchMoved(branch, parent, head.head_id)
-        # Lock the rows of the blobs this commit adds, in one order (no deadlock between two
-        # commits): hub_gc deletes a blob under its row lock after checking that no tree names it,
-        # so it waits for this transaction and then sees its tree entries; a blob it took before
-        # is missing here. NO KEY: the tree entries' foreign-key checks still share the rows.
-        adding = {blob.pk: path for path, blob in blobs.items()}
-        kept = set(Blob.objects.select_for_update(no_key=True).filter(pk__in=adding).order_by("pk").values_list("pk", flat=True))
-        if gone := [path for sha, path in adding.items() if sha not in kept]:
-            raise Conflict(f"The stored bytes of {gone[0]!r} were removed by the Data Hub's garbage collector (hub_gc) before this commit named them: nothing was committed.",
-                           [Finding("path", f"{path}: commit it again, which stores its bytes anew") for path in gone])
-        current = {e.path: e.blob_id for e in TreeEntry.objects.filter(commit_id=head.head_id)}
-        deleted = _deletions(current, removing, repo, branch, head.head_id, delete_field)
-        new = dict(current)
-        for path in (file for files in deleted.values() for file in files):
-            new.pop(path, None)
-        for path, blob in blobs.items():
-            new[path] = blob.pk
-        clash = sorted(folders_of(new) & set(new))
-        if clash:
-            # a file cannot also be a folder: `a` and `a/b` together would break every checkout
-            raise BadRequest(f"{clash[0]!r} would be both a file and a folder.", [Finding("path", f"{clash[0]} is a file and a folder: rename one of them")])
-        if new == current:
+        commit = _commit_on(repo, head.head_id, blobs, message, author, removing, branch, delete_field)
+        if commit is None:
             return head.head
-        commit = Commit.objects.create(
-            id=new_commit_id(repo.pk, head.head_id, sorted(new.items()), message),
-            repo=repo, parents=[head.head_id], author=author, author_name=_author_name(author),
-            message=message or _default_message(blobs, deleted),
-        )
-        TreeEntry.objects.bulk_create([TreeEntry(commit=commit, path=p, blob_id=b) for p, b in new.items()], batch_size=2000)
         head.head = commit
         head.save(update_fields=["head", "updated_at"])
         return commit
 
 
-def _deletions(current: Mapping[str, str], delete: list[str], repo: Repo, branch: str, head: str, field: str) -> dict[str, list[str]]:
-    """Each path of `delete` with the files of the tree `current` (the head of `branch`) it removes:
-    itself when it is a file, else every file under the folder it names; a 404 for one that is neither."""
+def commit_files_on(repo: Repo, parent: Commit, files: Mapping[str, FileSource], message: str, author=None, delete: Iterable[str] = ()) -> Commit:
+    """Commit `files` and deletions (files or folders of `parent`) on top of `parent`, a commit of
+    `repo`, moving no branch: the new commit is reached by its id, as a pinned ref or a checkpoint's
+    `commit` reaches it (a Merge of a step that a later attempt of the run saved again is committed on
+    that step's own commit: datahub.services.commit_checkpoint). A commit that changes nothing
+    returns `parent`. Blobs are written first, outside the transaction, as commit_files."""
+    blobs = {clean_path(path): store_blob(src) for path, src in files.items()}
+    removed = [clean_path(path, "delete") for path in delete]
+    with transaction.atomic():
+        return _commit_on(repo, parent.pk, blobs, message, author, removed, None, "delete") or parent
+
+
+def _commit_on(repo: Repo, parent_id: str, blobs: Mapping[str, Blob], message: str, author, delete: list[str], branch: str | None,
+               delete_field: str) -> Commit | None:
+    """The commit whose tree is `parent_id`'s without `delete`, with `blobs`; None when that is
+    `parent_id`'s tree already. Call inside a transaction (commit_blobs: holding the row lock of
+    `branch`, whose head `parent_id` is; None for a commit that moves no branch)."""
+    # Lock the rows of the blobs this commit adds, in one order (no deadlock between two
+    # commits): hub_gc deletes a blob under its row lock after checking that no tree names it,
+    # so it waits for this transaction and then sees its tree entries; a blob it took before
+    # is missing here. NO KEY: the tree entries' foreign-key checks still share the rows.
+    adding = {blob.pk: path for path, blob in blobs.items()}
+    kept = set(Blob.objects.select_for_update(no_key=True).filter(pk__in=adding).order_by("pk").values_list("pk", flat=True))
+    if gone := [path for sha, path in adding.items() if sha not in kept]:
+        raise Conflict(f"The stored bytes of {gone[0]!r} were removed by the Data Hub's garbage collector (hub_gc) before this commit named them: nothing was committed.",
+                       [Finding("path", f"{path}: commit it again, which stores its bytes anew") for path in gone])
+    current = {e.path: e.blob_id for e in TreeEntry.objects.filter(commit_id=parent_id)}
+    deleted = _deletions(current, delete, repo, branch, parent_id, delete_field)
+    new = dict(current)
+    for path in (file for files in deleted.values() for file in files):
+        new.pop(path, None)
+    for path, blob in blobs.items():
+        new[path] = blob.pk
+    clash = sorted(folders_of(new) & set(new))
+    if clash:
+        # a file cannot also be a folder: `a` and `a/b` together would break every checkout
+        raise BadRequest(f"{clash[0]!r} would be both a file and a folder.", [Finding("path", f"{clash[0]} is a file and a folder: rename one of them")])
+    if new == current:
+        return None
+    commit = Commit.objects.create(
+        id=new_commit_id(repo.pk, parent_id, sorted(new.items()), message),
+        repo=repo, parents=[parent_id], author=author, author_name=_author_name(author),
+        message=message or _default_message(blobs, deleted),
+    )
+    TreeEntry.objects.bulk_create([TreeEntry(commit=commit, path=p, blob_id=b) for p, b in new.items()], batch_size=2000)
+    return commit
+
+
+def _deletions(current: Mapping[str, str], delete: list[str], repo: Repo, branch: str | None, head: str, field: str) -> dict[str, list[str]]:
+    """Each path of `delete` with the files of the tree `current` (commit `head`, the head of `branch`
+    when it is on one) it removes: itself when it is a file, else every file under the folder it
+    names; a 404 for one that is neither."""
     deleted: dict[str, list[str]] = {}
     folders: dict[str, list[str]] | None = None
     for i, path in enumerate(delete):
@@ -160,9 +184,10 @@ def _deletions(current: Mapping[str, str], delete: list[str], repo: Repo, branch
                     if str(folder) != ".":
                         folders[str(folder)].append(file)
         if not folders.get(path):
-            raise NotFound(f"Branch {branch!r} of {repo.full_name} has no file or folder {path!r} (at commit {head[:10]}): nothing was deleted.",
-                           [Finding(f"{field}[{i}]", f"{path} is not on branch {branch}: give a file or folder it has "
-                                                     f"(GET /api/hub/repos/{repo.name}/files?ref={branch} lists them)")])
+            where, on, ref = (f"Branch {branch!r}", f"on branch {branch}", branch) if branch is not None else (f"Commit {head[:10]}", f"in commit {head[:10]}", head)
+            raise NotFound(f"{where} of {repo.full_name} has no file or folder {path!r} (at commit {head[:10]}): nothing was deleted.",
+                           [Finding(f"{field}[{i}]", f"{path} is not {on}: give a file or folder it has "
+                                                     f"(GET /api/hub/repos/{repo.name}/files?ref={ref} lists them)")])
         deleted.setdefault(path, sorted(folders[path]))
     return deleted
 

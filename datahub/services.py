@@ -26,7 +26,7 @@ from typing import Any, cast
 from django.db import transaction
 
 from datahub import refs, repos, storage
-from datahub.commits import FileSource, commit_blobs, commit_files
+from datahub.commits import FileSource, commit_blobs, commit_files, commit_files_on
 from datahub.models import Branch, Commit, Repo, RepoType, Tag, TreeEntry
 from datahub.repos import MAIN, create_branch, get_or_create_repo
 from experiments.models import Experiment
@@ -276,7 +276,9 @@ def _enqueue(task, *args: Any) -> None:
 
 def commit_checkpoint(checkpoint_id: int) -> Commit | None:
     """Commit a checkpoint directory's files under checkpoints/step-<n>/ (or final/, merged/,
-    adapter/) on the run's branch. Safe to run twice: an unchanged tree makes no commit."""
+    adapter/) on the run's branch; a Merge of a step that a later attempt saved again goes on that
+    step's own commit instead (merged_step_commit). Safe to run twice: an unchanged tree makes no
+    commit, and a merge committed off the branch keeps the commit it recorded."""
     from training.backends.local import checkpoint_dir
     from training.models import Checkpoint
 
@@ -292,8 +294,9 @@ def commit_checkpoint(checkpoint_id: int) -> Commit | None:
     prefix = checkpoint_prefix(checkpoint, earlier_merge)
     # An engine's report is committed in the order its attempts ran, so a commit that comes after a
     # newer attempt's (a retried task) would put its files back over the newer ones at the branch's
-    # head. A Merge a person asks for is committed whichever attempt's step it merges: the last one
-    # asked for is the one at the head, and each keeps its own commit.
+    # head. A Merge a person asks for is committed whichever attempt's step it merges, each beside its
+    # own step's files: at the head while that step's files are the ones there (the last merge asked
+    # for is the one at the head), else on the step's own commit (merged_step_commit).
     later = None if checkpoint.requested else later_attempt_at(checkpoint, prefix)
     if later is not None:
         log.warning("run %s: checkpoint %s (step %s, attempt %s) not committed: attempt %s saved %s since", run.pk, checkpoint.pk,
@@ -308,11 +311,23 @@ def commit_checkpoint(checkpoint_id: int) -> Commit | None:
         files["metrics.jsonl"] = metrics_export(run)
     repo = run_repo(run)
     label = f"step {checkpoint.step}" if prefix.startswith("checkpoints/") else f"{checkpoint.kind} (step {checkpoint.step})"
+    message = f"Checkpoint {label}, attempt {checkpoint.attempt}"
+    step_commit = merged_step_commit(checkpoint, repo) if earlier_merge else None
     try:
-        commit = commit_files(
-            repo, run_branch_name(run), files, message=f"Checkpoint {label}, attempt {checkpoint.attempt}",
-            author=run.created_by, create_branch_from=MAIN, delete=left_over_files(checkpoint, repo, run_branch_name(run), prefix, files),
-        )
+        if step_commit is not None:
+            # A later attempt saved this step again: at the branch's head, checkpoints/step-<n>/ holds
+            # its files, and this merge beside them would be another attempt's weights (a download of
+            # the commit, or of the step's folder, mixing the two). The merge goes on the commit that
+            # holds its own step's files instead, moving no branch: its commit is that attempt's step
+            # with its merge, which the checkpoint's `commit` (its Download) reaches.
+            if checkpoint.commit:  # this task ran before: that commit is this merge's
+                return Commit.objects.filter(repo=repo, pk=checkpoint.commit).first()
+            commit = commit_files_on(repo, step_commit, files, author=run.created_by, delete=left_over_files(checkpoint, repo, step_commit.pk, prefix, files),
+                                     message=f"{message}, on attempt {checkpoint.attempt}'s own step {checkpoint.step} "
+                                             f"(a later attempt saved step {checkpoint.step} again on {run_branch_name(run)})")
+        else:
+            commit = commit_files(repo, run_branch_name(run), files, message=message, author=run.created_by, create_branch_from=MAIN,
+                                  delete=left_over_files(checkpoint, repo, run_branch_name(run), prefix, files))
         # The commit that holds this attempt's files, also once a later attempt's step replaces them on the branch.
         Checkpoint.objects.filter(pk=checkpoint.pk).update(commit=commit.pk)
         if checkpoint.kind in MODEL_KINDS and not earlier_merge:
@@ -332,13 +347,29 @@ def later_attempt_at(checkpoint, prefix: str) -> int | None:
     return attempts[0] if attempts else None
 
 
-def left_over_files(checkpoint, repo: Repo, branch: str, prefix: str, files: Mapping[str, Any]) -> list[str]:
-    """Files under `prefix` on the branch that this checkpoint does not have: an earlier attempt saved
-    the same step there (maybe with other files: lora_rank can be edited between attempts), and the
-    folder must hold this attempt's files alone. The step's merge in prefix/merged/ stays when it is
-    of this attempt (this commit runs again); an earlier attempt's goes with that attempt's step."""
+def merged_step_commit(checkpoint, repo: Repo) -> Commit | None:
+    """For a Merge a person asked for (is_earlier_merge) of a step that a later attempt of the run
+    saved again: the commit that holds the merged step's own files (its Checkpoint.commit), on which
+    commit_checkpoint commits the merge. None when no later attempt saved the step (the merge goes on
+    the branch's head, beside its own step's files), or when the step's commit is not known (committed
+    before commits were recorded)."""
+    from training.models import Checkpoint
+
+    step = (Checkpoint.objects.filter(run_id=checkpoint.run_id, attempt=checkpoint.attempt, step=checkpoint.step, kind="checkpoint")
+            .exclude(commit="").order_by("-id").first())
+    if step is None or later_attempt_at(step, checkpoint_prefix(step, False)) is None:
+        return None
+    return Commit.objects.filter(repo=repo, pk=step.commit).first()
+
+
+def left_over_files(checkpoint, repo: Repo, ref: str, prefix: str, files: Mapping[str, Any]) -> list[str]:
+    """Files under `prefix` at `ref` (the run's branch, or the commit a merge goes on) that this
+    checkpoint does not have: an earlier attempt saved the same step there (maybe with other files:
+    lora_rank can be edited between attempts), and the folder must hold this attempt's files alone.
+    The step's merge in prefix/merged/ stays when it is of this attempt (this commit runs again); an
+    earlier attempt's goes with that attempt's step."""
     try:
-        head = repos.resolve(repo, branch)
+        head = repos.resolve(repo, ref)
     except repos.RefNotFound:
         return []
     own_merge = type(checkpoint).objects.filter(run_id=checkpoint.run_id, step=checkpoint.step, kind="merged", attempt__gte=checkpoint.attempt).exists()

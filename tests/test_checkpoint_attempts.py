@@ -13,6 +13,7 @@ from django.test import Client
 
 from datahub import repos
 from datahub import services as hub
+from datahub.models import Commit
 from tests.conftest import assert_error
 from training import services
 from training.backends.local import run_dir
@@ -88,21 +89,49 @@ def test_a_late_commit_of_an_earlier_attempt_leaves_the_newer_attempts_files(dpo
     assert second.commit == repos.resolve(repos.find_repo(dpo_run.project, hub.experiment_repo_name(dpo_run.experiment)), f"run-{dpo_run.pk}").pk
 
 
-def test_merges_of_the_same_step_of_two_attempts_are_each_committed(dpo_run):
-    def merged(attempt: int, data: bytes) -> Checkpoint:
-        folder = run_dir(dpo_run.pk, attempt) / "output" / "merged-step-5"
-        folder.mkdir(parents=True)
-        (folder / "model.safetensors").write_bytes(data)
-        checkpoint = Checkpoint.objects.create(run=dpo_run, attempt=attempt, step=5, kind="merged", path=str(folder), requested=True)
-        hub.commit_checkpoint(checkpoint.pk)
-        checkpoint.refresh_from_db()
-        return checkpoint
+def save_merge(run: TrainingRun, attempt: int, step: int, data: bytes) -> Checkpoint:
+    """What a Merge of the attempt's step leaves (training.checkpoints._merge): the merged folder beside
+    the step's in the attempt's run folder, its checkpoint row, and the commit task."""
+    folder = run_dir(run.pk, attempt) / "output" / f"merged-step-{step}"
+    folder.mkdir(parents=True)
+    (folder / "model.safetensors").write_bytes(data)
+    checkpoint = Checkpoint.objects.create(run=run, attempt=attempt, step=step, kind="merged", path=str(folder), requested=True)
+    hub.commit_checkpoint(checkpoint.pk)
+    checkpoint.refresh_from_db()
+    return checkpoint
 
-    newer = merged(2, b"attempt 2 merged")
-    older = merged(1, b"attempt 1 merged")  # asked for after attempt 2's
-    path = "checkpoints/step-5/merged/model.safetensors"
-    assert file_at(dpo_run, newer.commit, path) == sha(b"attempt 2 merged")
-    assert file_at(dpo_run, older.commit, path) == sha(b"attempt 1 merged") == file_at(dpo_run, f"run-{dpo_run.pk}", path)
+
+MERGED = "checkpoints/step-5/merged/model.safetensors"
+
+
+def test_merges_of_the_same_step_of_two_attempts_are_each_committed(dpo_run):
+    newer = save_merge(dpo_run, 2, 5, b"attempt 2 merged")
+    older = save_merge(dpo_run, 1, 5, b"attempt 1 merged")  # asked for after attempt 2's
+    assert file_at(dpo_run, newer.commit, MERGED) == sha(b"attempt 2 merged")
+    assert file_at(dpo_run, older.commit, MERGED) == sha(b"attempt 1 merged") == file_at(dpo_run, f"run-{dpo_run.pk}", MERGED)
+
+
+def test_a_merge_of_an_earlier_attempts_step_is_committed_with_that_attempts_step_not_the_heads(api, two_attempts):
+    run, first, second = two_attempts
+    older = save_merge(run, 1, 5, b"attempt 1 merged")
+    # Its commit is attempt 1's step with its merge: a download of it (or of checkpoints/step-5/) has
+    # the weights that were merged beside the merge, not attempt 2's adapter that the branch has now.
+    assert file_at(run, older.commit, MERGED) == sha(b"attempt 1 merged")
+    assert file_at(run, older.commit, f"checkpoints/step-5/{WEIGHTS}") == sha(b"attempt 1 weights")
+    assert file_at(run, older.commit, "checkpoints/step-5/optimizer.pt") == sha(b"attempt 1 optimizer")
+    assert Commit.objects.get(pk=older.commit).parents == [first.commit]
+    # The branch's head is still attempt 2's step, with no merge of other weights beside it.
+    assert repos.resolve(repos.find_repo(run.project, hub.experiment_repo_name(run.experiment)), f"run-{run.pk}").pk == second.commit
+    assert file_at(run, f"run-{run.pk}", MERGED) is None
+    listed = api.get(f"/api/training-runs/{run.pk}/checkpoints").json()
+    assert [(c["kind"], c["attempt"], c["commit"]) for c in listed] == [("checkpoint", 1, first.commit), ("checkpoint", 2, second.commit), ("merged", 1, older.commit)]
+    # The task run again (acks_late) keeps that commit and makes no other.
+    commits = Commit.objects.filter(repo__project=run.project).count()
+    assert hub.commit_checkpoint(older.pk).pk == older.commit and Commit.objects.filter(repo__project=run.project).count() == commits
+    # Attempt 2's own merge goes on the head, beside attempt 2's step.
+    newer = save_merge(run, 2, 5, b"attempt 2 merged")
+    assert file_at(run, f"run-{run.pk}", MERGED) == sha(b"attempt 2 merged") == file_at(run, newer.commit, MERGED)
+    assert file_at(run, newer.commit, f"checkpoints/step-5/{WEIGHTS}") == sha(b"attempt 2 weights")
 
 
 # ---- resume and merge name the attempt ------------------------------------------------------------
@@ -218,3 +247,22 @@ def test_an_interrupted_attempt_resumes_from_its_starts_own_steps_not_an_earlier
     TrainingRun.objects.filter(pk=dpo_run.pk).update(attempt=3, interruptions=1, status=Status.PROVISIONING)
     run = TrainingRun.objects.get(pk=dpo_run.pk)
     assert services.last_checkpoint_path(run) == second.path != first.path
+
+
+def test_merge_and_resume_of_an_attempts_step_go_by_that_attempts_settings_not_the_edited_runs(api, dpo_run):
+    # Attempt 1 trained a rank-8 adapter on org/base; then the run was edited into a full fine-tune of org/other.
+    TrainingRun.objects.filter(pk=dpo_run.pk).update(attempt=1)
+    services.record_attempt(TrainingRun.objects.get(pk=dpo_run.pk))
+    TrainingRun.objects.filter(pk=dpo_run.pk).update(attempt=2)
+    r = api.patch(f"/api/training-runs/{dpo_run.pk}", {"base_model": "org/other", "config": {"lora_rank": None}})
+    assert r.status_code == 200, r.content
+    first = save_step(dpo_run, 1, 5, {WEIGHTS: b"attempt 1 weights"})
+    # Its step is a LoRA adapter: it can be merged, into the model it was trained on.
+    r = api.post(f"/api/training-runs/{dpo_run.pk}/checkpoints/5/merge?attempt=1")
+    assert r.status_code == 202, r.content
+    assert Checkpoint.objects.get(pk=first.pk).merge_requested_at is not None
+    r = api.post(f"/api/training-runs/{dpo_run.pk}/checkpoints/5/resume?attempt=1")
+    assert r.status_code == 201, r.content
+    child = TrainingRun.objects.get(pk=r.json()["id"])
+    assert (child.base_model, child.config["lora_rank"]) == ("org/base", 8)
+    assert services.resume_findings(child) == []

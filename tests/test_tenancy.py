@@ -98,6 +98,7 @@ MATRIX: list[tuple[str, str, Any, dict[str, int]]] = [
     ("get", "/api/training-runs/{q}/rollouts", None, READ),
     ("get", "/api/training-runs/{q}/logs", None, READ),
     ("get", "/api/training-runs/{q}/checkpoints", None, READ),
+    ("get", "/api/training-runs/{q}/attempts", None, READ),
     ("get", "/api/secrets", None, COLLECTION_READ),
     ("put", "/api/secrets/new_key", {"value": "sk-new"}, dict(owner=204, member=204, viewer=403, outsider=204, anonymous=401, bad_token=401)),
     # The outsider's own project has no judge_key: 404, and acme's secret stays.

@@ -13,9 +13,10 @@ from studio.api import ErrorOut, actor, body_schema, parse_body
 from studio.errors import BadRequest, Finding
 from training import checkpoints, metrics, services
 from training.fit_report import fit_report
-from training.models import Checkpoint, Rollout
+from training.models import Checkpoint, Rollout, RunAttempt
 from training.queries import filter_rollouts, get_run_for, log_lines, runs_for, search_runs
 from training.schemas import (
+    AttemptOut,
     CheckpointOut,
     CheckpointQuery,
     FitOut,
@@ -160,6 +161,14 @@ def run_logs(request: HttpRequest, run_id: int, query: Query[LogsQuery]):
 def run_checkpoints(request: HttpRequest, run_id: int):
     run = get_run_for(actor(request), run_id)
     return Checkpoint.objects.filter(run=run)
+
+
+@router.get("/{int:run_id}/attempts", response=list[AttemptOut])
+def run_attempts(request: HttpRequest, run_id: int):
+    """What each attempt of the run trained with (a failed or cancelled run can be edited before it is
+    started again), oldest first. Attempts claimed before the Studio recorded them are not listed."""
+    run = get_run_for(actor(request), run_id)
+    return RunAttempt.objects.filter(run=run)
 
 
 @router.post("/{int:run_id}/checkpoints/{int:step}/resume", response={201: RunOut, 402: ErrorOut})

@@ -19,7 +19,7 @@ from studio.errors import BadRequest, Conflict, Finding, counted
 from training.backends.local import REPO_ROOT, checkpoint_dir, engine_env
 from training.methods.base import lora_enabled
 from training.models import Checkpoint, TrainingRun
-from training.services import add_log, locked_run, require_training_plan
+from training.services import add_log, attempt_settings, locked_run, require_training_plan
 
 log = logging.getLogger(__name__)
 RESUMABLE_KINDS = ("checkpoint",)
@@ -61,17 +61,17 @@ def checkpoint_of(run: TrainingRun, step: int, attempt: int | None = None) -> Ch
 
 @transaction.atomic
 def resume_run(run: TrainingRun, step: int, user, attempt: int | None = None) -> TrainingRun:
-    """A new queued run with the same settings that continues from saved step `step` of `attempt`
-    (the newest attempt that saved it when None): weights, optimizer, scheduler and RNG state.
-    Lineage records the parent run and the checkpoint. The plan gate comes first: resuming creates a
-    run, and 402 precedes a bad step's 400 as it precedes create's."""
+    """A new queued run that continues from saved step `step` of `attempt` (the newest attempt that
+    saved it when None): weights, optimizer, scheduler and RNG state, with the settings that attempt
+    trained with (its base model, dataset, config and compute: the run may have been edited before a
+    later attempt). Lineage records the parent run and the checkpoint. The plan gate comes first:
+    resuming creates a run, and 402 precedes a bad step's 400 as it precedes create's."""
     require_training_plan(run.project)
     run = locked_run(run)  # a DELETE of the parent waits, then sees the child (or this finds it gone)
     checkpoint = checkpoint_of(run, step, attempt)
     child = TrainingRun.objects.create(
-        project=run.project, experiment=run.experiment, created_by=user,
-        name=f"{run.name} (from step {checkpoint.step})"[:200], method=run.method, base_model=run.base_model,
-        dataset=run.dataset, config=run.config, compute=run.compute, parent=run, resume_checkpoint=checkpoint,
+        project=run.project, experiment=run.experiment, created_by=user, name=f"{run.name} (from step {checkpoint.step})"[:200],
+        method=run.method, parent=run, resume_checkpoint=checkpoint, **attempt_settings(run, checkpoint.attempt),
     )
     create_run_branch(child)
     return child
@@ -84,7 +84,7 @@ def request_merge(run: TrainingRun, checkpoint: Checkpoint) -> None:
     from training.tasks import merge_checkpoint
 
     locked_run(run)
-    if not lora_enabled(run.config):
+    if not lora_enabled(attempt_settings(run, checkpoint.attempt)["config"]):  # the step's attempt's: the run may have been edited since
         raise BadRequest("Only a LoRA run's checkpoints can be merged.", [Finding("step", "this run trains all weights: its checkpoints are already full models")])
     # Per attempt: a step that a restarted run saved again holds other weights, and merges apart.
     if Checkpoint.objects.filter(run=run, kind="merged", step=checkpoint.step, attempt=checkpoint.attempt).exists():
@@ -125,7 +125,8 @@ def _merge(checkpoint: Checkpoint) -> Checkpoint | None:
         add_log(run, f"[studio] merge of step {checkpoint.step} not done: its checkpoint is not a folder in the run's own folder on this machine")
         return None
     out = adapter.parent / f"merged-step-{checkpoint.step}"
-    command = [sys.executable, "-m", "training.engine.merge", "--base", run.base_model, "--adapter", str(adapter), "--out", str(out)]
+    base = attempt_settings(run, checkpoint.attempt)["base_model"]  # the model the adapter was trained on
+    command = [sys.executable, "-m", "training.engine.merge", "--base", base, "--adapter", str(adapter), "--out", str(out)]
     done = subprocess.run(command, cwd=REPO_ROOT, env=engine_env({}), capture_output=True, text=True, timeout=MERGE_TIMEOUT_SECONDS,
                           preexec_fn=partial(die_with_parent, os.getpid()))
     if done.returncode != 0:

@@ -113,6 +113,26 @@ class TrainingRun(models.Model):
         return max(self.attempt - self.interruptions, 0)
 
 
+class RunAttempt(models.Model):
+    """What one attempt of a run trained with, recorded when it was claimed (a START's claim, or the
+    retry of a spot interruption): a failed or cancelled run can be edited before it is started again,
+    and a resume from one attempt's saved step must continue with the settings that attempt trained
+    with, not the run's current ones (training.checkpoints.resume_run)."""
+
+    run = models.ForeignKey(TrainingRun, on_delete=models.CASCADE, related_name="attempts")
+    attempt = models.PositiveIntegerField()
+    base_model = models.CharField(max_length=500, blank=True)
+    dataset = models.JSONField(null=True, blank=True)
+    config = models.JSONField(default=dict, blank=True)
+    compute = models.JSONField(default=dict, blank=True)
+    pinned = models.JSONField(default=dict, blank=True)  # the refs' commits START pinned for it
+    started_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["attempt"]
+        constraints = [models.UniqueConstraint(fields=["run", "attempt"], name="one_record_per_attempt")]
+
+
 class MetricPoint(models.Model):
     run = models.ForeignKey(TrainingRun, on_delete=models.CASCADE, related_name="metric_points")
     key = models.CharField(max_length=100)

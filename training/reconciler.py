@@ -28,7 +28,7 @@ from training.backends.base import PollResult
 from training.backends.connections import connection_for
 from training.compute import accelerators_of
 from training.models import ACTIVE_STATUSES, BackendConnection, ErrorCode, GpuPrice, LogLine, Status, TrainingRun
-from training.services import INGEST_TOKEN_PREFIX, add_log, backoff_seconds, fail, submit_attempt
+from training.services import INGEST_TOKEN_PREFIX, add_log, backoff_seconds, fail, record_attempt, submit_attempt
 
 log = logging.getLogger(__name__)
 
@@ -263,7 +263,8 @@ def retry_after_interruption(run: TrainingRun, result: PollResult) -> None:
             attempt=F("attempt") + 1, ingest_token_hash=crypto.hash_token(token), backend_job_id="", interruptions=F("interruptions") + 1,
             provisioning_since=now, worker_up_at=None, submit_started_at=now, last_heartbeat_at=now,
         )
-    run = TrainingRun.objects.select_related("project").get(pk=run.pk)
+        run = TrainingRun.objects.select_related("project").get(pk=run.pk)
+        record_attempt(run)
     add_log(run, f"[studio] attempt {run.attempt}: {result.message}; retry {run.interruptions} of {budget}, from the last checkpoint")
     submit_attempt(run, token)
 

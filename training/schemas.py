@@ -163,11 +163,26 @@ class CheckpointOut(Schema):
     path: str
     created_at: datetime
     commit: str | None = Field(None, description="The Data Hub commit of the run's branch (run-<id>) that holds this checkpoint's files; "
-                                                 "null until it is committed. A later attempt that saves the same step replaces them at the branch's head, not in this commit")
+                                                 "null until it is committed. A later attempt that saves the same step replaces them at the branch's head, not in this commit. "
+                                                 "A merge of a step that a later attempt saved again is committed on that step's own commit, beside the files it merged, "
+                                                 "and moves no branch")
 
     @staticmethod
     def resolve_commit(obj) -> str | None:
         return obj.commit or None
+
+
+class AttemptOut(Schema):
+    """GET /api/training-runs/{id}/attempts: what each attempt trained with."""
+
+    attempt: int
+    started_at: datetime = Field(description="When a worker claimed the attempt")
+    base_model: str
+    dataset: Any
+    config: dict[str, Any] = Field(description="The config the attempt trained with: a resume from one of its steps "
+                                               "(POST .../checkpoints/{step}/resume?attempt=N) copies these settings, not the run's current ones")
+    compute: dict[str, Any]
+    pinned: dict[str, Any] = Field(description="The commits its Data Hub refs were pinned to at START")
 
 
 # Steps are stored as PostgreSQL integers; a larger one must be a 400, not an overflow at INSERT.

@@ -40,6 +40,7 @@ from training.models import (
     LogLine,
     MetricPoint,
     Rollout,
+    RunAttempt,
     Status,
     TrainingRun,
 )
@@ -223,11 +224,13 @@ def resumed_shape_findings(run: TrainingRun, checkpoint: Checkpoint) -> list[Fin
     step (a max_steps at or below it trained nothing and still published a model)."""
     findings: list[Finding] = []
     what = f"step {checkpoint.step} of run #{checkpoint.run_id}"
-    parent = TrainingRun.objects.filter(pk=checkpoint.run_id).only("base_model", "config").first()
+    parent = TrainingRun.objects.filter(pk=checkpoint.run_id).first()
     if parent is not None:
-        if (run.base_model or "") != (parent.base_model or ""):
-            findings.append(Finding("base_model", f"{what} trained {parent.base_model}: set base_model back to it, or start a new run to train {run.base_model or 'another model'}"))
-        mine, theirs = run.config or {}, parent.config or {}
+        # What the step's attempt trained with: the parent may have been edited and started again since.
+        trained = attempt_settings(parent, checkpoint.attempt)
+        if (run.base_model or "") != (trained["base_model"] or ""):
+            findings.append(Finding("base_model", f"{what} trained {trained['base_model']}: set base_model back to it, or start a new run to train {run.base_model or 'another model'}"))
+        mine, theirs = run.config or {}, trained["config"] or {}
         for key in ("lora_rank", "load_in_4bit"):
             if mine.get(key) != theirs.get(key):
                 findings.append(Finding(f"config.{key}", f"{what} saved an adapter with {key} {theirs.get(key)}: set it back, or start a new run with {key} {mine.get(key)}"))
@@ -382,18 +385,37 @@ def dispatch(run_id: int) -> bool:
     now = timezone.now()
     # submit_started_at is the submit's lease: if this worker dies before the backend has a job id,
     # the reconciler submits the attempt again once the lease runs out (resubmit), exactly once.
-    claimed = TrainingRun.objects.filter(pk=run_id, status=Status.QUEUED, start_requested_at__isnull=False).update(
-        status=Status.PROVISIONING, attempt=F("attempt") + 1, ingest_token_hash=crypto.hash_token(token),
-        backend_job_id="", start_requested_at=None, last_heartbeat_at=now, poll_failures=0, next_poll_at=None,
-        provisioning_since=now, worker_up_at=None, submit_started_at=now, interruptions=0,
-    )
-    if not claimed:
-        return False
-    run = TrainingRun.objects.select_related("project").get(pk=run_id)
+    with transaction.atomic():  # the claim and its attempt's record commit together
+        claimed = TrainingRun.objects.filter(pk=run_id, status=Status.QUEUED, start_requested_at__isnull=False).update(
+            status=Status.PROVISIONING, attempt=F("attempt") + 1, ingest_token_hash=crypto.hash_token(token),
+            backend_job_id="", start_requested_at=None, last_heartbeat_at=now, poll_failures=0, next_poll_at=None,
+            provisioning_since=now, worker_up_at=None, submit_started_at=now, interruptions=0,
+        )
+        if not claimed:
+            return False
+        run = TrainingRun.objects.select_related("project").get(pk=run_id)
+        record_attempt(run)
     add_log(run, "[studio] status → provisioning: claimed by a worker")
     add_log(run, f"[studio] attempt {run.attempt}: submitting to the {run.backend_name} backend")
     submit_attempt(run, token)
     return True
+
+
+def record_attempt(run: TrainingRun) -> RunAttempt:
+    """Keep what the run's current attempt trains with. Call in the transaction that claims the
+    attempt (dispatch, the reconciler's retry after an interruption): a run cannot be edited while it
+    is active, so these stay its settings until the attempt ends."""
+    recorded, _ = RunAttempt.objects.get_or_create(run=run, attempt=run.attempt, defaults={
+        "base_model": run.base_model, "dataset": run.dataset, "config": run.config, "compute": run.compute, "pinned": run.pinned,
+    })
+    return recorded
+
+
+def attempt_settings(run: TrainingRun, attempt: int) -> dict[str, Any]:
+    """The base_model, dataset, config and compute that attempt `attempt` of `run` trained with; the
+    run's current ones for an attempt claimed before the Studio recorded attempts (RunAttempt)."""
+    source: TrainingRun | RunAttempt = RunAttempt.objects.filter(run=run, attempt=attempt).first() or run
+    return {"base_model": source.base_model, "dataset": source.dataset, "config": source.config, "compute": source.compute}
 
 
 def job_to_stop(backend, run_id: int, attempt: int, job_id: str) -> str:

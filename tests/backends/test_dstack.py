@@ -15,7 +15,7 @@ from training.backends import get_backend
 from training.backends.base import PollResult
 from training.backends.connections import ENGINE_PACKAGES, job_name
 from training.backends.dstack import map_run
-from training.models import Checkpoint, ErrorCode, Status, TrainingRun
+from training.models import Checkpoint, ErrorCode, RunAttempt, Status, TrainingRun
 
 pytestmark = pytest.mark.django_db
 
@@ -159,6 +159,8 @@ def test_a_spot_interruption_retries_from_the_last_checkpoint_within_the_budget(
     assert json.loads(env["STUDIO_RUN_SPEC"])["resume_from"] == "/tmp/studio-output/checkpoint-40"
     assert crypto.hash_token(env["STUDIO_INGEST_TOKEN"]) == run.ingest_token_hash  # a new attempt, a new token
     assert sorted(studio_runs_on_server(dstack_api, run.pk)) == sorted([first_job, run.backend_job_id])
+    # The retry is an attempt of its own, with the settings of the START it retries (the run cannot be edited meanwhile).
+    assert [(a.attempt, a.config, a.compute) for a in RunAttempt.objects.filter(run=run)] == [(1, run.config, run.compute), (2, run.config, run.compute)]
 
     # The budget (1) is spent: the next interruption fails the run.
     TrainingRun.objects.filter(pk=run.pk).update(status=Status.RUNNING)
