@@ -7,6 +7,7 @@ from django.http import HttpRequest
 from ninja import Router, Schema
 from pydantic import ConfigDict, Field
 
+from datahub.api import query_ref
 from environments import services
 from studio.api import FindingOut, actor, body_schema, parse_body
 
@@ -101,14 +102,14 @@ def list_environments(request: HttpRequest):
 @router.get("/{name}/config", response=ConfigOut)
 def get_config(request: HttpRequest, name: str, ref: str = "main"):
     project = actor(request).require_project()
-    return services.repo_config(project, name, ref)
+    return services.repo_config(project, name, query_ref(request) or "main")
 
 
 @router.get("/{name}/check", response=CheckOut)
 def check_environment(request: HttpRequest, name: str, ref: str = "main", backend: str = "local"):
     """The pre-start package checks (no import): entry point, syntax, imports vs the trainer image."""
     project = actor(request).require_project()
-    return services.check_repo(project, name, ref, backend)
+    return services.check_repo(project, name, query_ref(request) or "main", backend)
 
 
 @router.put("/{name}/config", response=SavedConfigOut, openapi_extra=body_schema(ConfigIn))

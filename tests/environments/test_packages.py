@@ -344,3 +344,13 @@ def test_an_optional_config_key_set_once_can_go_back_to_none_and_a_wrong_type_ca
         assert api.get("/api/environments/gsm2/config").json()["config"]["max_examples"] == value
     # A key that had a type from the start keeps it.
     assert_error(api.put("/api/environments/gsm2/config", {"config": {**config, "answer_marker": 4}}), 400, "config.answer_marker")
+
+
+def test_an_empty_or_malformed_ref_on_an_environment_read_is_the_hubs_answer(api, project):
+    # ?ref= answered environment_id "gsm3@" (not an id to copy into a config); ?ref=../x was a 404
+    # here and a 400 on the /api/hub reads.
+    api.post("/api/environments/fork", {"catalogue": "gsm-maths", "name": "gsm3"})
+    assert api.get("/api/environments/gsm3/config?ref=").json()["environment_id"] == "gsm3@main"
+    assert api.get("/api/environments/gsm3/check?ref=").status_code == 200
+    for path in ("config", "check"):
+        assert_error(api.get(f"/api/environments/gsm3/{path}?ref=../x"), 400, "ref")
