@@ -291,3 +291,11 @@ def test_distill_with_both_weights_zero_is_refused_at_start_on_both_fields(api, 
         run_id = create(api, method="distill", config={"distillation": {"teacher_model": "org/teacher", **weights}}).json()["id"]
         fields = [e["field"] for e in api.post(f"/api/training-runs/{run_id}/start").json().get("errors", [])]
         assert "config.distillation.kd_weight" not in fields and "config.distillation.ce_weight" not in fields, (weights, fields)
+
+
+def test_a_data_hub_ref_of_another_project_is_refused_at_create_naming_its_field(api, project):
+    # Taken at create, then refused by START (422): the run could never start as written.
+    body = assert_refused(api, 400, "dataset", dataset="someone-else/their-data@main")
+    assert "names project someone-else" in body["errors"][0]["message"] and "their-data@main" in body["errors"][0]["message"]
+    assert_refused(api, 400, "base_model", base_model="someone-else/their-model@main")
+    assert create(api, dataset=f"{project.slug}/my-data@main").status_code == 201  # its own project, written out

@@ -13,7 +13,7 @@ from django.conf import settings
 
 from datahub.datasets import RowNeeds, local_findings
 from datahub.models import Repo
-from datahub.refs import dataset_findings, dataset_refs, ref_findings
+from datahub.refs import dataset_findings, dataset_refs, ref_findings, run_refs
 from environments.services import dataset_row_needs, environment_findings
 from studio.errors import BadRequest, Finding
 from studio.parsing import control_character
@@ -24,7 +24,7 @@ from training.forms import hub_model_files
 from training.keys import json_findings, normalise_block
 from training.methods import NOT_YET_SUPPORTED, get_method
 from training.methods.base import Draft, TrainingMethod
-from training.refs import check_dataset, check_ref, dataset_entries, inside_local_roots, local_model_dir, ref_kind
+from training.refs import HUB_REF, check_dataset, check_ref, dataset_entries, inside_local_roots, local_model_dir, ref_kind
 
 NAME_MAX = 200  # TrainingRun.name's column
 
@@ -59,6 +59,7 @@ def validate_draft(draft: Draft) -> Draft:
     if not findings:
         draft.config = normalise_block(draft.config, {**method.trl_keys(), **method.known_keys()})
         findings += method.create_findings(draft)
+        findings += foreign_ref_findings(draft)
         findings += liger_findings(draft)
         findings += single_gpu_findings(draft)
     if findings:
@@ -66,6 +67,19 @@ def validate_draft(draft: Draft) -> Draft:
     draft.config = method.apply_defaults(draft.config)
     draft.compute = normalise_compute(draft.compute)
     return draft
+
+
+def foreign_ref_findings(draft: Draft) -> list[Finding]:
+    """Data Hub refs naming another project: START refused them (422) after a create that took them."""
+    if draft.project is None:
+        return []
+    findings = []
+    for field, value in run_refs(draft.base_model, draft.dataset, draft.config):
+        match = HUB_REF.match(value)
+        if match and match["project"] and match["project"] != draft.project.slug:
+            findings.append(Finding(field, f'"{value}" names project {match["project"]}: a run can only use repos of its own project '
+                                           f'({draft.project.slug}); copy the repo into this project, or write {match["repo"]}@{match["ref"]} for one of its own'))
+    return findings
 
 
 def name_findings(name: Any) -> list[Finding]:
