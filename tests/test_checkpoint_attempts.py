@@ -266,3 +266,18 @@ def test_merge_and_resume_of_an_attempts_step_go_by_that_attempts_settings_not_t
     child = TrainingRun.objects.get(pk=r.json()["id"])
     assert (child.base_model, child.config["lora_rank"]) == ("org/base", 8)
     assert services.resume_findings(child) == []
+
+
+def test_checkpoints_tab_offers_merge_by_each_rows_attempt_not_the_edited_run(api, users, dpo_run):
+    # Attempt 1 trained a LoRA adapter; the run was then edited into a full fine-tune and trained attempt 2.
+    TrainingRun.objects.filter(pk=dpo_run.pk).update(attempt=1)
+    services.record_attempt(TrainingRun.objects.get(pk=dpo_run.pk))
+    TrainingRun.objects.filter(pk=dpo_run.pk).update(attempt=2)
+    assert api.patch(f"/api/training-runs/{dpo_run.pk}", {"config": {"lora_rank": None}}).status_code == 200
+    services.record_attempt(TrainingRun.objects.get(pk=dpo_run.pk))
+    save_step(dpo_run, 1, 5, {WEIGHTS: b"attempt 1 adapter"})
+    save_step(dpo_run, 2, 5, {WEIGHTS: b"attempt 2 full weights"})
+    html = page_client(users["owner"]).get(f"/training/runs/{dpo_run.pk}/checkpoints/").content.decode()
+    adapter, full = rows_of(html)
+    assert "Merge<span" in adapter and "Merge<span" not in full
+    assert "Merge folds the LoRA checkpoint into its base" in html

@@ -37,6 +37,7 @@ from training.backends.local import checkpoint_dir
 from training.compute import accelerators_of
 from training.fit_report import fit_report, form_fit_report
 from training.methods import distill as distill_method
+from training.methods.base import lora_enabled
 from training.models import ACTIVE_STATUSES, Checkpoint, Method, MetricPoint, Rollout, Status, TrainingRun
 from training.queries import filter_rollouts, get_run_for, log_lines, runs_for, search_runs
 from training.refs import HUB_REF, dataset_entries, ref_kind
@@ -502,10 +503,13 @@ def checkpoints_context(run: TrainingRun, writable: bool) -> dict[str, Any]:
     twins = Counter((c.kind, c.step) for c in saved)  # a step saved by more than one attempt
     repository = reverse("training:run_tab", args=[run.pk, "repository"])
     recent, pending = timezone.now() - timedelta(minutes=5), False
+    # Merge is offered by each row's attempt's settings: the run may have been edited since (request_merge checks the same).
+    lora_of = {attempt: lora_enabled(services.attempt_settings(run, attempt)["config"] or {}) for attempt in {c.attempt for c in saved}}
     rows = []
     for c in saved:
         prefix = prefixes[c.pk]
-        row: dict[str, Any] = {"c": c, "twin": twins[(c.kind, c.step)] > 1, "merged": (c.attempt, c.step) in merged, "merging": c.pk in merging}
+        row: dict[str, Any] = {"c": c, "twin": twins[(c.kind, c.step)] > 1, "merged": (c.attempt, c.step) in merged, "merging": c.pk in merging,
+                               "lora": lora_of[c.attempt]}
         if branch_gone:
             row["download_note"] = "deleted with its repo"
         elif c.commit:
@@ -519,7 +523,7 @@ def checkpoints_context(run: TrainingRun, writable: bool) -> dict[str, Any]:
             pending = pending or (c.created_at > recent and checkpoint_dir(c) is not None)
         rows.append(row)
     steps = any(c.kind in checkpoints.RESUMABLE_KINDS for c in saved)
-    lora = config.get("lora_rank") is not None or bool(config.get("lora"))
+    lora = any(lora_of[c.attempt] for c in saved if c.kind in checkpoints.RESUMABLE_KINDS)
     return {
         "checkpoints": saved, "rows": rows, "branch_gone": branch_gone, "live": live, "save_steps": config.get("save_steps"),
         # New steps while it trains, a merge in flight, a commit that lands in a moment: the table follows them.
