@@ -281,3 +281,30 @@ def test_checkpoints_tab_offers_merge_by_each_rows_attempt_not_the_edited_run(ap
     adapter, full = rows_of(html)
     assert "Merge<span" in adapter and "Merge<span" not in full
     assert "Merge folds the LoRA checkpoint into its base" in html
+
+
+def test_a_resumed_run_pins_its_base_model_where_the_checkpoints_attempt_trained_not_where_the_ref_moved(api, project, users, settings, tmp_path, tiny_models):
+    from datahub.commits import commit_files
+    from datahub.models import Branch
+
+    settings.STUDIO_RUNS_DIR = tmp_path / "runs"
+    model = repos.create_repo(project, "student", "model")
+    files = {p.name: p for p in Path(tiny_models["student"]).iterdir() if p.is_file()}
+    trained_on = commit_files(model, "main", files, message="student v1").pk
+    run = services.create_run(project, users["owner"], name="sft", method="sft", base_model="student@main", dataset=tiny_models["data_sft"],
+                              config={"lora_rank": 4, "save_steps": 2, "max_steps": 8})
+    TrainingRun.objects.filter(pk=run.pk).update(attempt=1, status=Status.CANCELLED, pinned={"base_model": {"ref": "student@main", "commit": trained_on, "repo": model.full_name}})
+    services.record_attempt(TrainingRun.objects.get(pk=run.pk))
+    save_step(TrainingRun.objects.get(pk=run.pk), 1, 2, {WEIGHTS: b"adapter of student v1"})
+    # main moves on: other weights under the same ref
+    moved = commit_files(model, "main", {"README.md": b"student v2"}, message="v2").pk
+    assert Branch.objects.get(repo=model, name="main").head_id == moved != trained_on
+
+    r = api.post(f"/api/training-runs/{run.pk}/checkpoints/2/resume")
+    assert r.status_code == 201, r.content
+    child = TrainingRun.objects.get(pk=r.json()["id"])
+    started = services.start_run(child)
+    assert started.pinned["base_model"]["commit"] == trained_on
+    # A fresh run of the same ref pins where it points now.
+    fresh = services.create_run(project, users["owner"], name="fresh", method="sft", base_model="student@main", dataset=tiny_models["data_sft"], config={"max_steps": 2})
+    assert services.start_run(fresh).pinned["base_model"]["commit"] == moved

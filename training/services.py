@@ -259,11 +259,24 @@ def start_run(run: TrainingRun) -> TrainingRun:
         if run.status in (Status.FAILED, Status.CANCELLED):
             wipe_attempt_data(run)
             status_service.transition(run.pk, Status.QUEUED, note="restarted")
-        TrainingRun.objects.filter(pk=run.pk).update(start_requested_at=timezone.now(), pinned=pin_refs(run))
+        TrainingRun.objects.filter(pk=run.pk).update(start_requested_at=timezone.now(), pinned=resumed_pins(run, pin_refs(run)))
         audit.record(AuditEvent.Action.STARTED, run, details={"previous_status": run.status})
         transaction.on_commit(lambda: dispatch_run.delay(run.pk))
     run.refresh_from_db()
     return run
+
+
+def resumed_pins(run: TrainingRun, pinned: dict) -> dict:
+    """`pinned` (pin_refs) with a resumed run's base model at the commit its checkpoint's attempt
+    trained on, where the ref is the same: the saved adapter and optimizer belong to those weights,
+    and a branch that moved since would put them on others. Other refs pin where they point now."""
+    checkpoint = run.resume_checkpoint
+    if checkpoint is None or "base_model" not in pinned:
+        return pinned
+    trained = (RunAttempt.objects.filter(run_id=checkpoint.run_id, attempt=checkpoint.attempt).values_list("pinned", flat=True).first() or {}).get("base_model")
+    if trained and trained.get("ref") == pinned["base_model"]["ref"]:
+        pinned = {**pinned, "base_model": trained}
+    return pinned
 
 
 def wipe_attempt_data(run: TrainingRun) -> None:
