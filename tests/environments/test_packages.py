@@ -102,12 +102,13 @@ def test_fork_copies_the_package_with_an_editable_config(api, api_as, project):
     assert_error(api_as("outsider").get("/api/environments/my-maths/config"), 404)
 
 
-def test_a_nul_in_an_environment_name_or_ref_is_404_not_500(api, project, users):
+def test_a_nul_in_an_environment_name_or_ref_is_a_4xx_not_500(api, project, users):
     # PostgreSQL cannot compare text with a NUL: each lookup was a 500.
     services.fork(project, "gsm-maths", "gsm", user=users["owner"])
     assert_error(api.get("/api/environments/a%00b/config"), 404, "name")
-    assert_error(api.get("/api/environments/gsm/config", ref="main\x00"), 404, "ref")
-    assert_error(api.get("/api/environments/gsm/check", ref="\x00"), 404, "ref")
+    # A ref with a NUL is no ref at all: a 400, as on the /api/hub reads.
+    assert_error(api.get("/api/environments/gsm/config", ref="main\x00"), 400, "ref")
+    assert_error(api.get("/api/environments/gsm/check", ref="\x00"), 400, "ref")
     assert_error(api.get("/api/hub/repos/a%00b"), 404)
     assert api.get("/api/environments/gsm/config", ref="main").status_code == 200
 
