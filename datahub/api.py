@@ -143,7 +143,7 @@ def create_branch(request: HttpRequest, name: str):
     payload = parse_body(request, BranchIn)
     if Branch.objects.filter(repo=repo, name=payload.name).exists():
         raise Conflict(f"Branch {payload.name!r} already exists.", [Finding("name", "choose another branch name")])
-    branch = repos.create_branch(repo, payload.name, payload.from_ref, name_field="name", from_field="from")
+    branch = services.create_branch(repo, payload.name, payload.from_ref, name_field="name", from_field="from")
     return 201, {"name": branch.name, "commit": branch.head_id}
 
 
@@ -166,7 +166,7 @@ def list_tags(request: HttpRequest, name: str):
 def create_tag(request: HttpRequest, name: str):
     repo = repo_or_404(request, name, write=True)
     payload = parse_body(request, TagIn)
-    tag = repos.create_tag(repo, payload.name, payload.ref, name_field="name")
+    tag = services.create_tag(repo, payload.name, payload.ref, name_field="name")
     return 201, {"name": tag.name, "commit": tag.commit_id}
 
 
