@@ -34,6 +34,12 @@ NAME_RE = re.compile(NAME_PATTERN)
 COMMIT_RE = re.compile(r"^[0-9a-f]{7,40}$")
 FULL_COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 MAX_PATH = 1024
+# What a file a person adds may be called (clean_new_path): a folder or file name of at most 255
+# bytes, NAME_MAX of ext4, xfs, btrfs and APFS, beyond which huggingface_hub's download and the
+# engine's checkout fail ("File name too long"); and at most 1024 bytes in all, so that the path
+# fits in PATH_MAX (4096) under a cache folder, whatever characters it has.
+MAX_NAME_BYTES = 255
+MAX_PATH_BYTES = 1024
 # Bidi embeddings, overrides and isolates (U+202A-U+202E, U+2066-U+2069): a name holding one shows
 # its characters in another order than they are stored ("Trojan Source", CVE-2021-42574).
 BIDI_CONTROLS = frozenset(map(chr, [*range(0x202A, 0x202F), *range(0x2066, 0x206A)]))
@@ -103,6 +109,25 @@ def clean_path(value: Any, field: str = "path") -> str:
     if problem:
         raise BadRequest(f"{value!r} is not an allowed path." if isinstance(value, str) else "The path is not allowed.", [Finding(field, problem)])
     return value
+
+
+def clean_new_path(value: Any, field: str = "path") -> str:
+    """The path of a file a person adds (an upload), or a 400: clean_path's rule, and what every
+    checkout of the file needs (MAX_NAME_BYTES, MAX_PATH_BYTES). Paths that name what a commit
+    already holds (a download, a delete) are clean_path's alone: a file committed before this rule
+    stays readable and deletable."""
+    path = clean_path(value, field)
+    problem = None
+    size = len(path.encode())
+    long = next((part for part in path.split("/") if len(part.encode()) > MAX_NAME_BYTES), None)
+    if long is not None:
+        problem = (f"each folder or file name in a path is at most {MAX_NAME_BYTES} bytes (UTF-8), as on the disks that downloads are "
+                   f"written to; {long[:24]}… is {len(long.encode())} bytes: shorten it")
+    elif size > MAX_PATH_BYTES:
+        problem = f"a path is at most {MAX_PATH_BYTES} bytes (UTF-8) in all; this one is {size} bytes: shorten it or use fewer folders"
+    if problem:
+        raise BadRequest(f"{path[:64]!r}{'…' if len(path) > 64 else ''} is not an allowed path.", [Finding(field, problem)])
+    return path
 
 
 # ---- repos, branches, tags ---------------------------------------------------------------------

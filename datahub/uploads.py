@@ -60,7 +60,7 @@ def create_upload(repo: Repo, user, branch: str, files: list[dict], message: str
     seen: set[str] = set()
     rows = []
     for i, f in enumerate(files):
-        path = repos.clean_path(f["path"], f"files[{i}].path")
+        path = repos.clean_new_path(f["path"], f"files[{i}].path")
         if path in seen:
             raise BadRequest(f"{path!r} is listed twice.", [Finding(f"files[{i}].path", "list each path once")])
         seen.add(path)
@@ -192,6 +192,8 @@ def commit_upload(session: UploadSession, user, message: str | None = None) -> C
         # run-<id> names were kept for the runs)
         refuse_run_branch(session.repo, session.branch)
         files = list(session.files.all())
+        for f in files:  # a session opened before a path rule was added is held to it too
+            repos.clean_new_path(f.path, f"files[{f.index}].path")
         missing = [f for f in files if not f.complete]
         if missing:
             raise Conflict(
