@@ -113,14 +113,18 @@ def clean_path(value: Any, field: str = "path") -> str:
 
 def clean_new_path(value: Any, field: str = "path") -> str:
     """The path of a file a person adds (an upload), or a 400: clean_path's rule, and what every
-    checkout of the file needs (MAX_NAME_BYTES, MAX_PATH_BYTES). Paths that name what a commit
+    checkout of the file needs: no '.git' folder or file, which git-based consumers read as their
+    own, and names that fit a disk (MAX_NAME_BYTES, MAX_PATH_BYTES). Paths that name what a commit
     already holds (a download, a delete) are clean_path's alone: a file committed before this rule
     stays readable and deletable."""
     path = clean_path(value, field)
     problem = None
     size = len(path.encode())
     long = next((part for part in path.split("/") if len(part.encode()) > MAX_NAME_BYTES), None)
-    if long is not None:
+    if any(part.lower() == ".git" for part in path.split("/")):
+        # git refuses a .git in any case in a tree it checks out (a case-insensitive disk reads .GIT as .git)
+        problem = "a path cannot contain a folder or file named '.git', which git keeps for its own data: rename it, e.g. to git/"
+    elif long is not None:
         problem = (f"each folder or file name in a path is at most {MAX_NAME_BYTES} bytes (UTF-8), as on the disks that downloads are "
                    f"written to; {long[:24]}… is {len(long.encode())} bytes: shorten it")
     elif size > MAX_PATH_BYTES:

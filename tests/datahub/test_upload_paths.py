@@ -57,3 +57,14 @@ def test_a_file_committed_before_the_rule_can_still_be_read_and_deleted(api, dat
     assert response.status_code == 200 and b"".join(response.streaming_content) == b"old"
     assert api.delete("/api/hub/repos/hub-data/files", {"paths": [long]}).status_code == 200
     assert set(repos.tree(repos.resolve(dataset_repo, "main"))) == {"keep.txt"}
+
+
+@pytest.mark.parametrize("path", [".git/good_sft.jsonl", "data/.git/config", ".GIT/x.jsonl", "d/.Git"])
+def test_a_git_folder_or_file_is_refused_at_upload_as_dot_dot_is(api, dataset_repo, path):
+    head = repos.resolve(dataset_repo, "main")
+    body = assert_error(api.post(URL, {"files": [{"path": path, "size": 1}]}), 400, "files[0].path")
+    assert "a path cannot contain a folder or file named '.git'" in body["errors"][0]["message"], body
+    assert not UploadSession.objects.exists()
+    assert repos.resolve(dataset_repo, "main") == head
+    # names that only start or end like it are fine
+    assert api.post(URL, {"files": [{"path": ".gitignore", "size": 1}, {"path": "x.git/a", "size": 1}, {"path": "git/a", "size": 1}]}).status_code == 201
