@@ -216,3 +216,25 @@ def test_preview_lists_the_rows_start_would_refuse(api, project):
     assert csv_problems == [{"row": 2, "message": '"completion" is empty'}], csv_problems
     jsonl_problems = get(api, "/api/hub/repos/rough/preview", path="pc.jsonl").json()["problems"]
     assert jsonl_problems == [{"row": 2, "message": "must be an object, not list"}], jsonl_problems
+
+
+def test_listing_a_folder_the_ref_does_not_have_is_a_404_naming_path(api, repo):
+    """It was 200 with no files, while the tree page and /hub's tree answer 404."""
+    assert get(api, "/api/hub/repos/my-model/files").json()["files"] == []  # an empty repo's root lists nothing
+    assert_error(get(api, "/api/hub/repos/my-model/files", path="w"), 404, "path")
+    commits.commit_files(repo, "main", {"w/model.bin": b"1", "config.json": b"{}"}, "weights")
+    for path in ("nonexist", "w/nope", "W"):
+        body = assert_error(get(api, "/api/hub/repos/my-model/files", path=path, ref="main"), 404, "path")
+        assert f"has no folder {path!r} at main" in body["detail"], body
+        assert "/api/hub/repos/my-model/files?ref=main (no path) lists every file" in body["errors"][0]["message"], body
+    assert [f["path"] for f in get(api, "/api/hub/repos/my-model/files", path="w").json()["files"]] == ["w/model.bin"]
+
+
+def test_downloading_a_folder_says_it_is_one_and_how_to_list_it(api, repo):
+    commits.commit_files(repo, "main", {"d/a.jsonl": b"1", "d/sub/b.jsonl": b"2"}, "data")
+    for path in ("d", "d/sub"):
+        body = assert_error(get(api, "/api/hub/repos/my-model/download", path=path), 400, "path")
+        assert body["detail"] == f"{path} is a folder at main, not a file.", body
+        assert f"/api/hub/repos/my-model/files?path={path.replace('/', '%2F')}&ref=main" in body["errors"][0]["message"], body
+    # what is neither stays a 404
+    assert "has no file 'dd'" in assert_error(get(api, "/api/hub/repos/my-model/download", path="dd"), 404)["detail"]
