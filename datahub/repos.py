@@ -68,11 +68,25 @@ def check_name(value: Any, field: str, what: str = "name") -> str:
     return value
 
 
+# Names git reads as its own before any branch or tag (gitrevisions: HEAD, FETCH_HEAD, ORIG_HEAD,
+# MERGE_HEAD…, kept in $GIT_DIR itself), and `refs`, the folder every ref is under (refs/heads/…,
+# and the Hub's own refs/pr/<n> and refs/convert/… revisions): a ref of such a name reads as
+# something else in git and in huggingface_hub's cache (refs/<revision>).
+GIT_OWN_REF = re.compile(r"^(?:[A-Z_]*_)?HEAD\Z|^refs\Z")
+
+
 def check_ref_name(value: Any, field: str, what: str) -> str:
-    """A branch or tag name: check_name's rule, and not what resolve() reads as a commit id (7 to
-    40 lowercase hex digits, git's abbreviated ids). Such a name would shadow the commit it looks
-    like, so a ref pinned to that commit would silently read the branch's files instead."""
+    """A branch or tag name: check_name's rule, not a name git keeps for itself (GIT_OWN_REF), and
+    not what resolve() reads as a commit id (7 to 40 lowercase hex digits, git's abbreviated ids).
+    Such a name would shadow the commit it looks like, so a ref pinned to that commit would silently
+    read the branch's files instead."""
     check_name(value, field, what)
+    if GIT_OWN_REF.match(value):
+        raise BadRequest(
+            f"{value!r} is not a valid {what}: git keeps that name for itself.",
+            [Finding(field, f"a {what} cannot be HEAD, a name ending in _HEAD (FETCH_HEAD, ORIG_HEAD…) or refs, which git and the Hub read as "
+                            f"their own pointers: choose another name, e.g. {value.lower()}-1")],
+        )
     if COMMIT_RE.match(value):
         raise BadRequest(
             f"{value!r} is not a valid {what}: it looks like a commit id.",
