@@ -159,18 +159,22 @@ EXPERIMENT_PREFIX = "experiment-"
 
 @transaction.atomic
 def create_repo(project, name: str, type: str = RepoType.MODEL, user=None, description: str = "") -> Repo:
-    """A repo with an empty initial commit on `main`. 409 if the project already has `name`."""
+    """A repo with an empty initial commit on `main`. 409 if the project already has `name`, in any case."""
     check_name(name, "name", "repo name")
     if type not in RepoType.values:
         raise BadRequest(f"Unknown repo type {type!r}.", [Finding("type", f"type must be one of {', '.join(RepoType.values)}")])
-    if name.startswith(EXPERIMENT_PREFIX) and type != RepoType.EXPERIMENT:
+    if name.lower().startswith(EXPERIMENT_PREFIX) and type != RepoType.EXPERIMENT:
         # An experiment's runs commit to experiment-<slug>: they would commit their models into this repo.
         raise BadRequest(f"{name!r} is an experiment's repo name.", [Finding("name", f"names starting {EXPERIMENT_PREFIX} are kept for the experiments' own repos: choose another name")])
     try:
         with transaction.atomic():
             repo = Repo.objects.create(project=project, name=name, type=type, created_by=user, description=description or "")
     except IntegrityError as exc:
-        raise Conflict(f"Project {project.slug} already has a repo {name!r}.", [Finding("name", f"{project.slug} already has a repo {name}: choose another name, or use the existing repo")]) from exc
+        # names are unique in any case (Repo's constraints): name the repo that has this one
+        existing = Repo.objects.filter(project=project, name__iexact=name).values_list("name", flat=True).first() or name
+        same = "" if existing == name else f": {name!r} differs from it only in case, and the two would share a download folder on a case-insensitive disk"
+        raise Conflict(f"Project {project.slug} already has a repo {existing!r}{same}.",
+                       [Finding("name", f"{project.slug} already has a repo {existing}: choose another name, or use the existing repo")]) from exc
     root = Commit.objects.create(id=new_commit_id(repo.pk, "initial"), repo=repo, author=user, author_name=_author_name(user), message="Initial commit")
     Branch.objects.create(repo=repo, name=MAIN, head=root)
     return repo
@@ -182,8 +186,11 @@ def get_or_create_repo(project, name: str, type: str, user=None) -> Repo:
         return repo
     try:
         return create_repo(project, name, type, user)
-    except Conflict:  # created concurrently
-        return Repo.objects.get(project=project, name=name)
+    except Conflict:  # created concurrently, or a repo of this name in another case holds it
+        repo = Repo.objects.filter(project=project, name=name).first()
+        if repo is None:
+            raise
+        return repo
 
 
 def find_repo(project, name: str) -> Repo | None:

@@ -238,3 +238,18 @@ def test_downloading_a_folder_says_it_is_one_and_how_to_list_it(api, repo):
         assert f"/api/hub/repos/my-model/files?path={path.replace('/', '%2F')}&ref=main" in body["errors"][0]["message"], body
     # what is neither stays a 404
     assert "has no file 'dd'" in assert_error(get(api, "/api/hub/repos/my-model/download", path="dd"), 404)["detail"]
+
+
+def test_repo_names_that_differ_only_in_case_cannot_both_be_in_a_project(api, project, other_project):
+    assert api.post("/api/hub/repos", {"name": "UPPER", "type": "dataset"}).status_code == 201
+    body = assert_error(api.post("/api/hub/repos", {"name": "upper", "type": "dataset"}), 409, "name")
+    assert body["detail"].startswith("Project acme already has a repo 'UPPER': 'upper' differs from it only in case"), body
+    assert "already has a repo UPPER: choose another name" in body["errors"][0]["message"], body
+    assert list(Repo.objects.filter(project=project).values_list("name", flat=True)) == ["UPPER"]
+    # lookups stay exact, and another project may have either name
+    assert api.get("/api/hub/repos/UPPER").status_code == 200
+    assert_error(api.get("/api/hub/repos/upper"), 404)
+    assert repos.create_repo(other_project, "upper", "dataset").name == "upper"
+    # a name an experiment's repo has in another case is an experiment's too
+    body = assert_error(api.post("/api/hub/repos", {"name": "Experiment-default"}), 400, "name")
+    assert "kept for the experiments' own repos" in body["errors"][0]["message"], body
