@@ -143,7 +143,7 @@ def create_branch(request: HttpRequest, name: str):
     payload = parse_body(request, BranchIn)
     if Branch.objects.filter(repo=repo, name=payload.name).exists():
         raise Conflict(f"Branch {payload.name!r} already exists.", [Finding("name", "choose another branch name")])
-    branch = repos.create_branch(repo, payload.name, payload.from_ref, name_field="name", from_field="from")
+    branch = services.create_branch(repo, payload.name, payload.from_ref, name_field="name", from_field="from")
     return 201, {"name": branch.name, "commit": branch.head_id}
 
 
@@ -166,7 +166,7 @@ def list_tags(request: HttpRequest, name: str):
 def create_tag(request: HttpRequest, name: str):
     repo = repo_or_404(request, name, write=True)
     payload = parse_body(request, TagIn)
-    tag = repos.create_tag(repo, payload.name, payload.ref, name_field="name")
+    tag = services.create_tag(repo, payload.name, payload.ref, name_field="name")
     return 201, {"name": tag.name, "commit": tag.commit_id}
 
 
@@ -205,6 +205,11 @@ def list_files(request: HttpRequest, name: str):
                 f"{folder} is a file: fetch it with GET /api/hub/repos/{repo.name}/download?{urlencode({'path': folder, 'ref': ref})}, "
                 f"or list its folder with {urlencode({'path': parent}) if parent else 'no path (the repo root)'}"))])
         qs = qs.filter(repos.under(folder + "/"))
+        if not qs.exists():
+            # a folder is there only while it holds a file, so this one is not: an empty list read as an
+            # empty folder, where the tree page and /hub's tree answer 404 (an empty repo's root stays [])
+            raise NotFound(f"{repo.full_name} has no folder {folder!r} at {ref}.", [Finding("path", (
+                f"give a folder that {ref} has: GET /api/hub/repos/{repo.name}/files?{urlencode({'ref': ref})} (no path) lists every file"))])
     return {"repo": repo.full_name, "ref": ref, "commit": commit.pk, "files": files_of(qs)}
 
 
@@ -228,8 +233,14 @@ def download(request: HttpRequest, name: str):
     if not request.GET.get("path"):
         raise BadRequest("path is required.", [Finding("path", "give path=<a file of the repo>, e.g. ?path=data/train.jsonl")])
     path = repos.clean_path(request.GET["path"])
-    commit = repos.resolve(repo, query_ref(request))
+    ref = query_ref(request) or repo.default_branch
+    commit = repos.resolve(repo, ref)
     entry = repos.entry(commit, path)
+    if entry is None and TreeEntry.objects.filter(repos.under(path + "/"), commit=commit).exists():
+        # as listing a file is: a folder is listed, not fetched
+        raise BadRequest(f"{path} is a folder at {ref}, not a file.", [Finding("path", (
+            f"{path} is a folder: list its files with GET /api/hub/repos/{repo.name}/files?{urlencode({'path': path, 'ref': ref})}, "
+            f"then download each of them"))])
     if entry is None:
         raise NotFound(f"{repo.full_name} has no file {path!r} at {commit.pk[:10]}.")
     opened = storage.open_blob(entry.blob.storage_name)

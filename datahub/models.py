@@ -10,6 +10,7 @@ import uuid
 
 from django.conf import settings
 from django.db import models
+from django.db.models.functions import Lower
 from django.utils import timezone
 
 from studio.models import Project
@@ -35,7 +36,12 @@ class Repo(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["project", "name"], name="hub_repo_name_per_project")]
+        constraints = [
+            models.UniqueConstraint(fields=["project", "name"], name="hub_repo_name_per_project"),
+            # UPPER and upper share a huggingface_hub cache folder on a case-insensitive disk
+            # (macOS, Windows), so a project's repo names differ in more than case. Lookups stay exact.
+            models.UniqueConstraint(Lower("name"), "project", name="hub_repo_name_per_project_any_case"),
+        ]
         ordering = ["name"]
 
     def __str__(self) -> str:

@@ -34,6 +34,12 @@ NAME_RE = re.compile(NAME_PATTERN)
 COMMIT_RE = re.compile(r"^[0-9a-f]{7,40}$")
 FULL_COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 MAX_PATH = 1024
+# What a file a person adds may be called (clean_new_path): a folder or file name of at most 255
+# bytes, NAME_MAX of ext4, xfs, btrfs and APFS, beyond which huggingface_hub's download and the
+# engine's checkout fail ("File name too long"); and at most 1024 bytes in all, so that the path
+# fits in PATH_MAX (4096) under a cache folder, whatever characters it has.
+MAX_NAME_BYTES = 255
+MAX_PATH_BYTES = 1024
 # Bidi embeddings, overrides and isolates (U+202A-U+202E, U+2066-U+2069): a name holding one shows
 # its characters in another order than they are stored ("Trojan Source", CVE-2021-42574).
 BIDI_CONTROLS = frozenset(map(chr, [*range(0x202A, 0x202F), *range(0x2066, 0x206A)]))
@@ -62,11 +68,25 @@ def check_name(value: Any, field: str, what: str = "name") -> str:
     return value
 
 
+# Names git reads as its own before any branch or tag (gitrevisions: HEAD, FETCH_HEAD, ORIG_HEAD,
+# MERGE_HEAD…, kept in $GIT_DIR itself), and `refs`, the folder every ref is under (refs/heads/…,
+# and the Hub's own refs/pr/<n> and refs/convert/… revisions): a ref of such a name reads as
+# something else in git and in huggingface_hub's cache (refs/<revision>).
+GIT_OWN_REF = re.compile(r"^(?:[A-Z_]*_)?HEAD\Z|^refs\Z")
+
+
 def check_ref_name(value: Any, field: str, what: str) -> str:
-    """A branch or tag name: check_name's rule, and not what resolve() reads as a commit id (7 to
-    40 lowercase hex digits, git's abbreviated ids). Such a name would shadow the commit it looks
-    like, so a ref pinned to that commit would silently read the branch's files instead."""
+    """A branch or tag name: check_name's rule, not a name git keeps for itself (GIT_OWN_REF), and
+    not what resolve() reads as a commit id (7 to 40 lowercase hex digits, git's abbreviated ids).
+    Such a name would shadow the commit it looks like, so a ref pinned to that commit would silently
+    read the branch's files instead."""
     check_name(value, field, what)
+    if GIT_OWN_REF.match(value):
+        raise BadRequest(
+            f"{value!r} is not a valid {what}: git keeps that name for itself.",
+            [Finding(field, f"a {what} cannot be HEAD, a name ending in _HEAD (FETCH_HEAD, ORIG_HEAD…) or refs, which git and the Hub read as "
+                            f"their own pointers: choose another name, e.g. {value.lower()}-1")],
+        )
     if COMMIT_RE.match(value):
         raise BadRequest(
             f"{value!r} is not a valid {what}: it looks like a commit id.",
@@ -105,6 +125,29 @@ def clean_path(value: Any, field: str = "path") -> str:
     return value
 
 
+def clean_new_path(value: Any, field: str = "path") -> str:
+    """The path of a file a person adds (an upload), or a 400: clean_path's rule, and what every
+    checkout of the file needs: no '.git' folder or file, which git-based consumers read as their
+    own, and names that fit a disk (MAX_NAME_BYTES, MAX_PATH_BYTES). Paths that name what a commit
+    already holds (a download, a delete) are clean_path's alone: a file committed before this rule
+    stays readable and deletable."""
+    path = clean_path(value, field)
+    problem = None
+    size = len(path.encode())
+    long = next((part for part in path.split("/") if len(part.encode()) > MAX_NAME_BYTES), None)
+    if any(part.lower() == ".git" for part in path.split("/")):
+        # git refuses a .git in any case in a tree it checks out (a case-insensitive disk reads .GIT as .git)
+        problem = "a path cannot contain a folder or file named '.git', which git keeps for its own data: rename it, e.g. to git/"
+    elif long is not None:
+        problem = (f"each folder or file name in a path is at most {MAX_NAME_BYTES} bytes (UTF-8), as on the disks that downloads are "
+                   f"written to; {long[:24]}… is {len(long.encode())} bytes: shorten it")
+    elif size > MAX_PATH_BYTES:
+        problem = f"a path is at most {MAX_PATH_BYTES} bytes (UTF-8) in all; this one is {size} bytes: shorten it or use fewer folders"
+    if problem:
+        raise BadRequest(f"{path[:64]!r}{'…' if len(path) > 64 else ''} is not an allowed path.", [Finding(field, problem)])
+    return path
+
+
 # ---- repos, branches, tags ---------------------------------------------------------------------
 
 def new_commit_id(*parts: Any) -> str:
@@ -116,18 +159,22 @@ EXPERIMENT_PREFIX = "experiment-"
 
 @transaction.atomic
 def create_repo(project, name: str, type: str = RepoType.MODEL, user=None, description: str = "") -> Repo:
-    """A repo with an empty initial commit on `main`. 409 if the project already has `name`."""
+    """A repo with an empty initial commit on `main`. 409 if the project already has `name`, in any case."""
     check_name(name, "name", "repo name")
     if type not in RepoType.values:
         raise BadRequest(f"Unknown repo type {type!r}.", [Finding("type", f"type must be one of {', '.join(RepoType.values)}")])
-    if name.startswith(EXPERIMENT_PREFIX) and type != RepoType.EXPERIMENT:
+    if name.lower().startswith(EXPERIMENT_PREFIX) and type != RepoType.EXPERIMENT:
         # An experiment's runs commit to experiment-<slug>: they would commit their models into this repo.
         raise BadRequest(f"{name!r} is an experiment's repo name.", [Finding("name", f"names starting {EXPERIMENT_PREFIX} are kept for the experiments' own repos: choose another name")])
     try:
         with transaction.atomic():
             repo = Repo.objects.create(project=project, name=name, type=type, created_by=user, description=description or "")
     except IntegrityError as exc:
-        raise Conflict(f"Project {project.slug} already has a repo {name!r}.", [Finding("name", f"{project.slug} already has a repo {name}: choose another name, or use the existing repo")]) from exc
+        # names are unique in any case (Repo's constraints): name the repo that has this one
+        existing = Repo.objects.filter(project=project, name__iexact=name).values_list("name", flat=True).first() or name
+        same = "" if existing == name else f": {name!r} differs from it only in case, and the two would share a download folder on a case-insensitive disk"
+        raise Conflict(f"Project {project.slug} already has a repo {existing!r}{same}.",
+                       [Finding("name", f"{project.slug} already has a repo {existing}: choose another name, or use the existing repo")]) from exc
     root = Commit.objects.create(id=new_commit_id(repo.pk, "initial"), repo=repo, author=user, author_name=_author_name(user), message="Initial commit")
     Branch.objects.create(repo=repo, name=MAIN, head=root)
     return repo
@@ -139,8 +186,11 @@ def get_or_create_repo(project, name: str, type: str, user=None) -> Repo:
         return repo
     try:
         return create_repo(project, name, type, user)
-    except Conflict:  # created concurrently
-        return Repo.objects.get(project=project, name=name)
+    except Conflict:  # created concurrently, or a repo of this name in another case holds it
+        repo = Repo.objects.filter(project=project, name=name).first()
+        if repo is None:
+            raise
+        return repo
 
 
 def find_repo(project, name: str) -> Repo | None:

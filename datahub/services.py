@@ -11,6 +11,8 @@ written by datahub.repos and datahub.commits):
 - delete_repo / delete_branch / delete_tag: a repo, branch or tag goes only while no live run
   uses it (repo_uses / ref_uses say how a run does).
 - delete_files: files or folders leave a branch as a new commit, except a run's branch.
+- refuse_run_branch: the one rule for a person's writes to a run's branch (deleting it or its
+  files, uploading to it); create_branch / create_tag keep run-<id> names for the runs.
 
 A run's `[project/]repo@ref` refs (pre-start checks, pinning, engine inputs) are datahub.refs.
 """
@@ -28,9 +30,9 @@ from django.db import transaction
 from datahub import refs, repos, storage
 from datahub.commits import FileSource, commit_blobs, commit_files, commit_files_on
 from datahub.models import Branch, Commit, Repo, RepoType, Tag, TreeEntry
-from datahub.repos import MAIN, create_branch, get_or_create_repo
+from datahub.repos import MAIN, get_or_create_repo
 from experiments.models import Experiment
-from studio.errors import Conflict, Finding, counted
+from studio.errors import BadRequest, Conflict, Finding, counted
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +65,7 @@ def run_repo(run) -> Repo:
 
 def create_run_branch(run) -> Branch:
     """Create branch `run-<id>` from main in the run's experiment repo (kept across restarts)."""
-    return create_branch(run_repo(run), run_branch_name(run), MAIN)
+    return repos.create_branch(run_repo(run), run_branch_name(run), MAIN)
 
 
 
@@ -106,14 +108,40 @@ def branch_run(repo: Repo, name: str):
     return run if run is not None and experiment_repo_name(run.experiment) == repo.name else None
 
 
-def _refuse_run_branch(repo: Repo, name: str, what: str, keep: str) -> None:
+def refuse_run_branch(repo: Repo, name: str, what: str, keep: str) -> None:
     """A 409 when branch `name` is a training run's and the run exists: its checkpoints are
     committed there, and the run page's Checkpoints and Repository tabs read it. `what` is what
-    cannot happen ("it cannot be deleted"), `keep` the first thing to do instead ("keep the branch")."""
+    cannot happen ("it cannot be deleted"), `keep` the first thing to do instead ("keep the branch").
+    The one rule for a person's writes to a run's branch: delete_branch, delete_files and the
+    upload sessions (datahub.uploads) call it. The Studio's own commits there (commit_checkpoint)
+    do not: they are the only writes the branch takes while its run exists."""
     run = branch_run(repo, name)
     if run is not None:
         raise Conflict(f"Branch {name!r} holds the checkpoints of run #{run.pk} ({run.name}): {what} while the run exists.",
                        [Finding("branch", f"{keep}, or delete run #{run.pk} first")])
+
+
+def create_branch(repo: Repo, name: str, from_ref: str, *, name_field: str = "branch", from_field: str = "ref") -> Branch:
+    """A person's new branch (repos.create_branch), except a run-<id> name in an experiment's repo."""
+    _refuse_run_ref_name(repo, name, name_field, "branch")
+    return repos.create_branch(repo, name, from_ref, name_field=name_field, from_field=from_field)
+
+
+def create_tag(repo: Repo, name: str, ref: str, *, name_field: str = "tag") -> Tag:
+    """A person's new tag (repos.create_tag), except a run-<id> name in an experiment's repo."""
+    _refuse_run_ref_name(repo, name, name_field, "tag")
+    return repos.create_tag(repo, name, ref, name_field=name_field)
+
+
+def _refuse_run_ref_name(repo: Repo, name: str, field: str, what: str) -> None:
+    """A 400 for a branch or tag named run-<id> in an experiment's repo: create_run_branch makes
+    run-<id> for run <id> when the run is created, and would take a branch made before it as the
+    run's own (with whatever was committed to it), or fail on a tag of that name."""
+    repos.check_ref_name(name, field, f"{what} name")  # first: what is not a name at all says so
+    if repo.type == RepoType.EXPERIMENT and RUN_BRANCH_RE.match(name):
+        raise BadRequest(f"{name!r} is kept for a training run's branch in {repo.full_name}.",
+                         [Finding(field, f"{what} names run-<id> in an experiment's repo are made by Studio for each run's checkpoints: "
+                                         f"choose another name, e.g. my-{name}")])
 
 
 def delete_branch(repo: Repo, name: str) -> None:
@@ -121,7 +149,7 @@ def delete_branch(repo: Repo, name: str) -> None:
     (its checkpoints are committed there, and the run page links to it) and a branch a live run
     names in a `repo@branch` ref (ref_uses): each a 409. The API's DELETE and the repo page's
     Delete branch both call this."""
-    _refuse_run_branch(repo, name, "it cannot be deleted", "keep the branch")
+    refuse_run_branch(repo, name, "it cannot be deleted", "keep the branch")
     with transaction.atomic():
         repos.lock_refs(repo)  # as delete_repo: the check and the delete under the repo's row lock
         # a branch that is not there (404) or the default branch (409) is repos.delete_branch's to say
@@ -141,7 +169,7 @@ def delete_files(repo: Repo, branch: str, paths: list[str], author=None, message
     live run names in a `repo@branch` ref is not: START pins every ref to a commit, and commits keep
     their files, so a started run reads what it started with; a queued run reads the branch as it
     is when it starts, and deleting the file START refused is how such a run is fixed."""
-    _refuse_run_branch(repo, branch, "its files cannot be deleted", "keep them")
+    refuse_run_branch(repo, branch, "its files cannot be deleted", "keep them")
     cleaned = [repos.clean_path(path.removesuffix("/"), f"paths[{i}]") for i, path in enumerate(paths)]
     return commit_blobs(repo, branch, {}, message, author, delete=cleaned, parent=parent, delete_field="paths")
 

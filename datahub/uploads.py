@@ -20,7 +20,7 @@ from typing import IO
 from django.db import transaction
 from django.utils import timezone
 
-from datahub import commits, repos, storage
+from datahub import commits, repos, services, storage
 from datahub.models import Commit, Repo, TreeEntry, UploadFile, UploadSession
 from studio.errors import BadRequest, Conflict, Finding, InsufficientStorage, NotFound
 
@@ -56,10 +56,11 @@ def create_upload(repo: Repo, user, branch: str, files: list[dict], message: str
     repos.check_name(branch, "branch", "branch name")
     if not repo.branches.filter(name=branch).exists():
         raise BadRequest(f"{repo.full_name} has no branch {branch!r}.", [Finding("branch", "upload to an existing branch, or create it first")])
+    refuse_run_branch(repo, branch)
     seen: set[str] = set()
     rows = []
     for i, f in enumerate(files):
-        path = repos.clean_path(f["path"], f"files[{i}].path")
+        path = repos.clean_new_path(f["path"], f"files[{i}].path")
         if path in seen:
             raise BadRequest(f"{path!r} is listed twice.", [Finding(f"files[{i}].path", "list each path once")])
         seen.add(path)
@@ -76,6 +77,13 @@ def create_upload(repo: Repo, user, branch: str, files: list[dict], message: str
                 raise
             raise storage.disk_full_error(exc, "files", "create the upload session again") from exc
     return session
+
+
+def refuse_run_branch(repo: Repo, branch: str) -> None:
+    """A 409 for an upload to a run's branch while the run exists: only the Studio's own checkpoint
+    commits write there (services.refuse_run_branch, the rule deleting its files follows too)."""
+    services.refuse_run_branch(repo, branch, "files cannot be committed to it", f"upload to another branch (one made from {branch} "
+                               f"with POST /api/hub/repos/{repo.name}/branches {{\"name\": \"my-{branch}\", \"from\": \"{branch}\"}} starts with its files)")
 
 
 def check_file_folder_clash(repo: Repo, branch: str, paths: list[tuple[int, str]]) -> None:
@@ -180,7 +188,12 @@ def commit_upload(session: UploadSession, user, message: str | None = None) -> C
             return session.commit
         if session.state != UploadSession.State.OPEN:
             raise not_open(session)
+        # again: a run may have taken the branch since the session was opened (one made before
+        # run-<id> names were kept for the runs)
+        refuse_run_branch(session.repo, session.branch)
         files = list(session.files.all())
+        for f in files:  # a session opened before a path rule was added is held to it too
+            repos.clean_new_path(f.path, f"files[{f.index}].path")
         missing = [f for f in files if not f.complete]
         if missing:
             raise Conflict(

@@ -29,12 +29,20 @@ def create_plan(name: str, *, includes_training: bool = True, max_concurrent_run
 
 
 PROJECT_SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}\Z")
+# A project's Data Hub pages are /hub/<slug>/<repo> (datahub.hf_urls), beside routes whose first
+# segment is a word of their own: /hub/api/… (the Hub read API), /hub/datasets/<ns>/<repo>/resolve/…
+# and /hub/new. A project of such a slug would have pages no URL reaches.
+RESERVED_PROJECT_SLUGS = frozenset({"api", "datasets", "new"})
 
 
 @transaction.atomic
 def create_project(slug: str, *, owner, plan: Plan | None = None, name: str = "") -> Project:
     if not PROJECT_SLUG.match(slug or ""):
         raise BadRequest(f"{slug!r} is not a project slug.", [Finding("slug", "a slug has 1 to 64 lower-case letters, digits and dashes, starting with a letter or digit")])
+    if slug in RESERVED_PROJECT_SLUGS:
+        raise BadRequest(f"{slug!r} cannot be a project slug: /hub/{slug}/ is one of the Studio's own URLs, so the project's "
+                         f"Data Hub pages (/hub/{slug}/<repo>) could not be reached.",
+                         [Finding("slug", f"choose another slug, e.g. {slug}-team; {', '.join(sorted(RESERVED_PROJECT_SLUGS))} are kept for the Studio's URLs")])
     project = Project.objects.create(slug=slug, name=name or slug, plan=plan)
     Membership.objects.create(project=project, user=owner, role=Role.OWNER)
     return project

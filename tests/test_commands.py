@@ -248,3 +248,25 @@ def test_bootstrapdemo_is_idempotent(db, demo_var):
     assert "/admin/" in first_output
     response = Api(Client(), token).get("/api/training-runs")
     assert response.status_code == 200, response.content
+
+
+def test_createproject_refuses_a_slug_that_is_one_of_the_hubs_own_urls(alice):
+    # /hub/api/<repo> is the Hub read API's, so project api's repo pages could not be reached.
+    for slug in ("api", "datasets", "new"):
+        with pytest.raises(CommandError, match=rf"slug: choose another slug, e.g. {slug}-team"):
+            run("createproject", slug, "--owner", "alice")
+    assert not Project.objects.exists()
+    run("createproject", "api-team", "--owner", "alice")
+    assert Project.objects.get().slug == "api-team"
+
+
+def test_the_reserved_slugs_are_every_first_word_of_the_hubs_routes():
+    """A route added to datahub.hf_urls under a word of its own must keep that word from projects."""
+    import re
+
+    from datahub import hf_urls
+    from studio.services import RESERVED_PROJECT_SLUGS
+
+    words = {m[1] for p in hf_urls.urlpatterns if (m := re.match(r"\^(?:\(\?P<\w+>)?([a-z]+)\b", p.pattern.regex.pattern))}
+    assert words == {"api", "datasets", "new"}
+    assert words <= RESERVED_PROJECT_SLUGS

@@ -230,3 +230,40 @@ def test_preview_of_rows_no_method_trains_on_says_so_instead_of_failing(api, pro
     assert problem["row"] == 1
     assert "(question, answer) match no shape" in problem["message"] and "SFT takes chat messages (messages)" in problem["message"]
     assert "rename the columns" in problem["message"]
+
+
+def test_listing_a_folder_the_ref_does_not_have_is_a_404_naming_path(api, repo):
+    """It was 200 with no files, while the tree page and /hub's tree answer 404."""
+    assert get(api, "/api/hub/repos/my-model/files").json()["files"] == []  # an empty repo's root lists nothing
+    assert_error(get(api, "/api/hub/repos/my-model/files", path="w"), 404, "path")
+    commits.commit_files(repo, "main", {"w/model.bin": b"1", "config.json": b"{}"}, "weights")
+    for path in ("nonexist", "w/nope", "W"):
+        body = assert_error(get(api, "/api/hub/repos/my-model/files", path=path, ref="main"), 404, "path")
+        assert f"has no folder {path!r} at main" in body["detail"], body
+        assert "/api/hub/repos/my-model/files?ref=main (no path) lists every file" in body["errors"][0]["message"], body
+    assert [f["path"] for f in get(api, "/api/hub/repos/my-model/files", path="w").json()["files"]] == ["w/model.bin"]
+
+
+def test_downloading_a_folder_says_it_is_one_and_how_to_list_it(api, repo):
+    commits.commit_files(repo, "main", {"d/a.jsonl": b"1", "d/sub/b.jsonl": b"2"}, "data")
+    for path in ("d", "d/sub"):
+        body = assert_error(get(api, "/api/hub/repos/my-model/download", path=path), 400, "path")
+        assert body["detail"] == f"{path} is a folder at main, not a file.", body
+        assert f"/api/hub/repos/my-model/files?path={path.replace('/', '%2F')}&ref=main" in body["errors"][0]["message"], body
+    # what is neither stays a 404
+    assert "has no file 'dd'" in assert_error(get(api, "/api/hub/repos/my-model/download", path="dd"), 404)["detail"]
+
+
+def test_repo_names_that_differ_only_in_case_cannot_both_be_in_a_project(api, project, other_project):
+    assert api.post("/api/hub/repos", {"name": "UPPER", "type": "dataset"}).status_code == 201
+    body = assert_error(api.post("/api/hub/repos", {"name": "upper", "type": "dataset"}), 409, "name")
+    assert body["detail"].startswith("Project acme already has a repo 'UPPER': 'upper' differs from it only in case"), body
+    assert "already has a repo UPPER: choose another name" in body["errors"][0]["message"], body
+    assert list(Repo.objects.filter(project=project).values_list("name", flat=True)) == ["UPPER"]
+    # lookups stay exact, and another project may have either name
+    assert api.get("/api/hub/repos/UPPER").status_code == 200
+    assert_error(api.get("/api/hub/repos/upper"), 404)
+    assert repos.create_repo(other_project, "upper", "dataset").name == "upper"
+    # a name an experiment's repo has in another case is an experiment's too
+    body = assert_error(api.post("/api/hub/repos", {"name": "Experiment-default"}), 400, "name")
+    assert "kept for the experiments' own repos" in body["errors"][0]["message"], body

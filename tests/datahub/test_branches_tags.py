@@ -148,3 +148,19 @@ def test_a_missing_branch_or_tag_a_live_run_names_is_still_a_404(api, project, u
     run_naming(project, users, dataset="hub-data@main")
     body = assert_error(api.delete("/api/hub/repos/hub-data/branches/main"), 409, "branch")
     assert "default branch" in body["detail"], body
+
+
+@pytest.mark.parametrize("name", ["HEAD", "refs", "FETCH_HEAD", "ORIG_HEAD"])
+def test_branch_or_tag_named_as_git_keeps_for_itself_is_refused(api, dataset_repo, name):
+    for kind in ("branches", "tags"):
+        body = assert_error(api.post(f"/api/hub/repos/hub-data/{kind}", {"name": name}), 400, "name")
+        assert "git keeps that name for itself" in body["detail"] and f"e.g. {name.lower()}-1" in body["errors"][0]["message"], body
+    assert list(Branch.objects.filter(repo=dataset_repo).values_list("name", flat=True)) == ["main"]
+    assert not Tag.objects.filter(repo=dataset_repo).exists()
+
+
+def test_names_like_git_s_own_but_not_them_are_fine(api, dataset_repo):
+    for name in ("head", "HEADS", "refs-1", "my-refs", "AHEAD"):
+        assert api.post("/api/hub/repos/hub-data/tags", {"name": name}).status_code == 201, name
+    assert api.post("/api/hub/repos/hub-data/branches", {"name": "head"}).status_code == 409  # the tag of that name
+    assert api.post("/api/hub/repos/hub-data/branches", {"name": "Head"}).status_code == 201
