@@ -207,7 +207,7 @@ def loads_json(text: str | bytes) -> Any:
 
 def json_body(request: HttpRequest) -> bytes:
     """The body of a request the API reads as JSON. A multipart form is a 415: it is no JSON, and
-    once parsed as a form its bytes cannot be read again."""
+    once parsed as a form its bytes cannot be read again (parse_body answers a url-encoded one alike)."""
     if request.content_type == "multipart/form-data":
         raise UnsupportedMediaType("The API takes a JSON body, not a form.",
                                    [Finding("Content-Type", "send the body as JSON, with Content-Type: application/json")])
@@ -220,7 +220,7 @@ def parse_body(request: HttpRequest, schema: type[S]) -> S:
         raw = loads_json(json_body(request) or b"{}")
     except ValueError as exc:
         if request.content_type == "application/x-www-form-urlencoded" and b"=" in request.body:  # curl -d 'name=x' sends a form
-            raise BadRequest("The request body is a form, not JSON.", [Finding("body", "send a JSON object with Content-Type: application/json, e.g. curl -H 'content-type: application/json' -d '{\"name\": ...}'")]) from exc
+            raise UnsupportedMediaType("The request body is a form, not JSON.", [Finding("Content-Type", "send a JSON object with Content-Type: application/json, e.g. curl -H 'content-type: application/json' -d '{\"name\": ...}'")]) from exc
         raise BadRequest("The request body is not valid JSON.", [Finding("body", f"send a JSON object ({str(exc)[:200]})")]) from exc
     if not isinstance(raw, dict):
         raise BadRequest("The request body must be a JSON object.", [Finding("body", "send a JSON object, e.g. {\"name\": ...}")])

@@ -8,6 +8,7 @@ socket under var/ (started by `make studio`), the local backend.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import dj_database_url
@@ -211,6 +212,8 @@ CELERY_BEAT_SCHEDULE = {
 
 # Where the engine reports back (the ingest API); the local backend passes it to the engine.
 STUDIO_PUBLIC_URL = (env("STUDIO_PUBLIC_URL") or "http://127.0.0.1:8000").rstrip("/")
+if not re.match(r"^https?://[^/\s?#]+(/\S*)?\Z", STUDIO_PUBLIC_URL):
+    raise ImproperlyConfigured(f"STUDIO_PUBLIC_URL={STUDIO_PUBLIC_URL!r} is not an http(s) URL the engines can reach, e.g. https://studio.example.com")
 # The Data Hub's blob storage on the local filesystem (STORAGES["datahub"] overrides it, e.g. S3).
 DATAHUB_ROOT = Path(env("DATAHUB_ROOT") or VAR_DIR / "hub")
 # Where the local backend keeps each run's spec, output and engine log.

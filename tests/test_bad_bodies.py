@@ -411,7 +411,12 @@ def test_head_on_an_api_read_answers_as_its_get_without_the_body(api, queued_run
     assert api.client.head("/api/training-runs").status_code == 401  # HEAD is a read like GET, not a way round auth
 
 
-def test_a_url_encoded_form_body_is_told_to_send_json(api):
-    # curl -d 'name=x' without a content-type header sends a form: "Expecting value: line 1 column 1" did not say so.
+def test_a_url_encoded_form_body_is_a_415_told_to_send_json(api):
+    # curl -d 'name=x' without a content-type header sends a form: "Expecting value: line 1 column 1" did not say so,
+    # and it was a 400 while a multipart form is a 415 (README: "a form body instead of JSON is a 415").
     r = api.client.post("/api/experiments", data="name=x&method=sft", content_type="application/x-www-form-urlencoded", HTTP_AUTHORIZATION=f"Bearer {api.token}")
-    assert r.status_code == 400 and "Content-Type: application/json" in r.json()["errors"][0]["message"], r.content
+    assert r.status_code == 415 and r.json()["errors"][0]["field"] == "Content-Type", r.content
+    assert "Content-Type: application/json" in r.json()["errors"][0]["message"]
+    # JSON sent with curl's default form content type is still read as JSON.
+    r = api.client.post("/api/experiments", data='{"name": "curl-default"}', content_type="application/x-www-form-urlencoded", HTTP_AUTHORIZATION=f"Bearer {api.token}")
+    assert r.status_code == 201, r.content

@@ -270,3 +270,17 @@ def test_the_reserved_slugs_are_every_first_word_of_the_hubs_routes():
     words = {m[1] for p in hf_urls.urlpatterns if (m := re.match(r"\^(?:\(\?P<\w+>)?([a-z]+)\b", p.pattern.regex.pattern))}
     assert words == {"api", "datasets", "new"}
     assert words <= RESERVED_PROJECT_SLUGS
+
+
+def test_manage_py_with_a_bad_environment_says_what_to_set_without_a_traceback():
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k not in ("DEBUG", "SECRET_KEY", "SECRET_KEY_FILE")}
+    done = subprocess.run([sys.executable, "manage.py", "createplan", "team"], cwd=Path(__file__).resolve().parent.parent, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert done.stderr.strip() == "Studio cannot start: SECRET_KEY is not set: set SECRET_KEY (or SECRET_KEY_FILE), or DEBUG=1 for development"

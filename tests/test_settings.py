@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parent.parent
 SETTINGS_VARS = (
     "DEBUG", "SECRET_KEY", "SECRET_KEY_FILE", "STUDIO_ENCRYPTION_KEY", "STUDIO_ENCRYPTION_KEY_FILE", "DATABASE_URL",
     "DATABASE_URL_FILE", "REDIS_URL", "REDIS_URL_FILE", "ALLOWED_HOSTS", "DB_CONN_MAX_AGE", "STUDIO_STOP_GRACE_SECONDS",
-    "STUDIO_LOCAL_ROOTS",
+    "STUDIO_LOCAL_ROOTS", "STUDIO_PUBLIC_URL",
 )
 PRODUCTION = {"DEBUG": "0", "SECRET_KEY": "s" * 50, "STUDIO_ENCRYPTION_KEY": "e" * 32}
 PRINT = "import django; django.setup(); from django.conf import settings as s; print(repr({attr}))"
@@ -45,6 +45,8 @@ def assert_refused(result: subprocess.CompletedProcess, variable: str) -> None:
     ({**PRODUCTION, "DB_CONN_MAX_AGE": "forever"}, "DB_CONN_MAX_AGE"),
     ({**PRODUCTION, "STUDIO_STOP_GRACE_SECONDS": "ten"}, "STUDIO_STOP_GRACE_SECONDS"),
     ({**PRODUCTION, "STUDIO_LOCAL_ROOTS": "/data,models"}, "STUDIO_LOCAL_ROOTS"),
+    ({**PRODUCTION, "STUDIO_PUBLIC_URL": "ftp:/x"}, "STUDIO_PUBLIC_URL"),
+    ({**PRODUCTION, "STUDIO_PUBLIC_URL": "studio.example.com"}, "STUDIO_PUBLIC_URL"),
     ({**PRODUCTION, "SECRET_KEY": "", "SECRET_KEY_FILE": "/nonexistent/secret"}, "SECRET_KEY_FILE"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_bad_environment_stops_startup_naming_the_variable(env, variable):
