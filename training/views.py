@@ -36,9 +36,10 @@ from training import checkpoints, forms, services
 from training.backends.local import checkpoint_dir
 from training.compute import accelerators_of
 from training.fit_report import fit_report, form_fit_report
+from training.ingest import LATE_REPORTS
 from training.methods import distill as distill_method
 from training.methods.base import lora_enabled
-from training.models import ACTIVE_STATUSES, Checkpoint, Method, MetricPoint, Rollout, Status, TrainingRun
+from training.models import ACTIVE_STATUSES, TERMINAL_STATUSES, Checkpoint, Method, MetricPoint, Rollout, Status, TrainingRun
 from training.queries import filter_rollouts, get_run_for, log_lines, runs_for, search_runs
 from training.refs import HUB_REF, dataset_entries, ref_kind
 from training.suggestions import RefSuggestions
@@ -164,6 +165,33 @@ def is_live(run: TrainingRun) -> bool:
     return run.status in ACTIVE_STATUSES or (run.status == Status.QUEUED and run.start_requested_at is not None)
 
 
+def reports_open(run: TrainingRun) -> bool:
+    """Whether an ended run's engine may still report (ingest.require_open's window): a STOP's
+    SIGTERM flush or a retried batch can still add a checkpoint, log lines or metrics after the end."""
+    return run.status in TERMINAL_STATUSES and run.finished_at is not None and timezone.now() - run.finished_at <= LATE_REPORTS
+
+
+# How the run page's status area follows the run, by phase (page_phase): every part refreshes while
+# it trains, and for the minute after its end while its engine may still report; a run that is not
+# live can be started from another tab, by a teammate or over the API, so a slow poll notices that
+# (answered 204 while nothing changed: one query, no rendering); a completed run never changes again.
+STATUS_POLL = {"live": "every 2s", "settling": "every 5s", "idle": "every 15s", "done": ""}
+
+
+def page_phase(run: TrainingRun) -> str:
+    if is_live(run):
+        return "live"
+    if reports_open(run):
+        return "settling"
+    return "done" if run.status == Status.COMPLETED else "idle"
+
+
+def page_state(run: TrainingRun) -> str:
+    """What the status area was rendered for (its poll's ?seen=): a START, a STOP, an end, a new
+    attempt or the end of the reports window each changes it."""
+    return f"{run.status}.{run.attempt}.{page_phase(run)}"
+
+
 def status_context(request: HttpRequest, run: TrainingRun, actor=None, error: ApiError | None = None) -> dict[str, Any]:
     actor = actor or web_actor(request)
     startable = run.status in (Status.QUEUED, Status.FAILED, Status.CANCELLED) and not is_live(run)
@@ -176,6 +204,8 @@ def status_context(request: HttpRequest, run: TrainingRun, actor=None, error: Ap
     return {
         "run": run,
         "live": is_live(run),
+        "state": page_state(run),
+        "poll": STATUS_POLL[page_phase(run)],
         "writable": actor.can_write(run.project),
         "blockers": blockers,
         "action_error": None if isinstance(error, Unprocessable) else error,
@@ -210,7 +240,7 @@ def live_context(run: TrainingRun) -> dict[str, Any]:
     tail = list(log_lines(run).order_by("-id").values_list("line", flat=True)[:LOG_TAIL])[::-1]
     first = max(run.start_attempt, 1)
     label = "" if not run.attempt else f"attempt {run.attempt}" if first == run.attempt else f"attempts {first}–{run.attempt}"
-    return {"run": run, "live": is_live(run), "charts": run_charts(run), "log_tail": tail, "log_label": label, "earlier_attempts": list(range(1, first))}
+    return {"run": run, "live": is_live(run), "following": is_live(run) or reports_open(run), "charts": run_charts(run), "log_tail": tail, "log_label": label, "earlier_attempts": list(range(1, first))}
 
 
 def config_rows(run: TrainingRun) -> list[tuple[str, Any]]:
@@ -526,8 +556,9 @@ def checkpoints_context(run: TrainingRun, writable: bool) -> dict[str, Any]:
     lora = any(lora_of[c.attempt] for c in saved if c.kind in checkpoints.RESUMABLE_KINDS)
     return {
         "checkpoints": saved, "rows": rows, "branch_gone": branch_gone, "live": live, "save_steps": config.get("save_steps"),
-        # New steps while it trains, a merge in flight, a commit that lands in a moment: the table follows them.
-        "refreshing": bool(merging) or live or pending,
+        # New steps while it trains or its engine still reports after the end (a STOP's flush), a merge
+        # in flight, a commit that lands in a moment: the table follows them.
+        "refreshing": bool(merging) or live or reports_open(run) or pending,
         "has_steps": steps, "several_attempts": len({c.attempt for c in saved}) > 1,
         "lora": lora, "writable": writable, "resume_offered": writable and steps, "merge_offered": writable and steps and lora,
     }
@@ -768,8 +799,11 @@ def run_detail(request: HttpRequest, run_id: int, tab: str = "overview") -> Http
 @require_GET
 def run_status(request: HttpRequest, run_id: int) -> HttpResponse:
     run = get_run_for(web_actor(request), run_id)
+    seen = request.GET.get("seen", "")
+    if seen == page_state(run) and page_phase(run) == "idle":
+        return HttpResponse(status=204)  # the slow poll of a run that is not live: nothing to swap
     response = render(request, "training/run_detail.html#run_status", status_context(request, run))
-    if request.GET.get("seen") and request.GET["seen"] != run.status:
+    if seen and seen != page_state(run):
         response.headers["HX-Trigger"] = "run-changed"
     return response
 
