@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from django.db.models import Count
+from django.db.models import Count, Exists, OuterRef
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET, require_POST
@@ -15,6 +15,7 @@ from experiments.models import Experiment
 from experiments.services import create_experiment
 from studio.errors import ApiError, NotFound
 from studio.views import errors_by_field, studio_page, web_actor
+from training.models import MetricPoint
 from training.queries import runs_for
 from training.views import MAX_POINTS, align, chart_series
 
@@ -60,8 +61,12 @@ def experiment_detail(request: HttpRequest, experiment_id: int) -> HttpResponse:
     experiment = Experiment.objects.filter(pk=experiment_id, project_id__in=actor.scoped_project_ids()).select_related("project").first()
     if experiment is None:
         raise NotFound(f"No experiment {experiment_id} in your projects.")
-    runs = list(runs_for(actor).filter(experiment=experiment).order_by("-created_at", "-id"))
-    compared = runs[:COMPARE_LIMIT]
+    # The chart compares the most recent runs that have loss points: queued runs with none would
+    # take its slots and push out the curves there are (an index probe per run, not a count).
+    has_loss = Exists(MetricPoint.objects.filter(run=OuterRef("pk"), key="loss"))
+    runs = list(runs_for(actor).filter(experiment=experiment).annotate(has_loss=has_loss).order_by("-created_at", "-id"))
+    with_points = [run for run in runs if run.has_loss]
+    compared = with_points[:COMPARE_LIMIT]
     named = OrderedDict()
     for run in compared:
         named[f"#{run.pk} {run.name}"] = chart_series(run.pk, ["loss"], MAX_POINTS).get("loss", [])
@@ -70,5 +75,6 @@ def experiment_detail(request: HttpRequest, experiment_id: int) -> HttpResponse:
     repo_name = experiment_repo_name(experiment)
     repo = find_repo(experiment.project, repo_name)
     context = {"section": "experiments", "project": experiment.project, "experiment": experiment, "runs": runs, "repo": repo, "repo_name": repo_name,
-               "charts": [chart], "compared": len(compared), "writable": actor.can_write(experiment.project)}
+               "charts": [chart], "compared": len(compared), "with_points": len(with_points), "without_points": len(runs) - len(with_points),
+               "writable": actor.can_write(experiment.project)}
     return render(request, "experiments/detail.html", context)

@@ -8,16 +8,19 @@
 
   // uPlot gives the y axis a fixed 50 px, which clips labels such as "10,000" to "0,000": size it
   // to its widest tick label (the autosize recipe from uPlot's demos), re-measured on each redraw.
+  // uPlot lays the plot out in a few cycles, and the labels of a later one can be wider ("6.0" in
+  // the first, "6.25" in the next): the size follows them up, never down, so the cycles still
+  // converge (the demo's recipe kept the first cycle's size, and "6.25" was drawn as "5.25", its 6 cut).
   function axisSize(self, values, axisIdx, cycleNum) {
     var axis = self.axes[axisIdx];
-    if (cycleNum > 1) return axis._size;  // uPlot converges within a cycle or two; keep the last size
     var size = axis.ticks.size + axis.gap;
     var longest = (values || []).reduce(function (a, v) { return String(v).length > a.length ? String(v) : a; }, "");
     if (longest !== "") {
       self.ctx.font = axis.font[0];
       size += self.ctx.measureText(longest).width / devicePixelRatio;
     }
-    return Math.ceil(size) + 4;
+    size = Math.ceil(size) + 4;
+    return cycleNum > 1 ? Math.max(size, axis._size || 0) : size;
   }
 
   // The decimals that write x exactly (0.00025 → 5, 2.5e-7 → 8), to 12 significant digits.
