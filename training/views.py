@@ -692,7 +692,9 @@ def lineage_of(run: TrainingRun) -> list[dict[str, Any]]:
     if run.parent_id:
         saved = run.resume_checkpoint
         step = f"step {saved.step} of attempt {saved.attempt}" if saved is not None else "step ?"
-        items.append({"role": f"Resumed from ({step})", "ref": f"run #{run.parent_id}: {run.parent.name}", "kind": "run", "pinned": None,
+        # The commit on the parent's branch that holds the step's files (Checkpoint.commit), once committed.
+        pinned = {"commit": saved.commit, "repo": f"{run.project.slug}/{hub.experiment_repo_name(run.parent.experiment)}"} if saved is not None and saved.commit else None
+        items.append({"role": f"Resumed from ({step})", "ref": f"run #{run.parent_id}: {run.parent.name}", "kind": "run", "pinned": pinned,
                       "url": reverse("training:run", args=[run.parent_id])})
     mark_deleted_repos(run, items)
     link_pins(run, items)
