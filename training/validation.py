@@ -141,19 +141,22 @@ def bare_repo_name_findings(draft: Draft) -> list[Finding]:
 def image_findings(draft: Draft, image_has) -> list[Finding]:
     """Options the trainer image cannot run: a 422 "not available in this image", never a fallback."""
     config, findings = draft.config, []
+    off = "turn it off"
     wants = [
-        ("config.use_unsloth", config.get("use_unsloth"), "unsloth", "use_unsloth"),
-        ("config.use_vllm", config.get("use_vllm"), "vllm", "vLLM"),
-        ("config.judge.mode", (config.get("judge") or {}).get("mode") == "colocated" and config.get("rl_mode") == "ruler", "vllm", "a colocated judge (vLLM)"),
-        ("config.precision", config.get("precision") == "nvfp4", "transformer_engine", "NVFP4 (Transformer Engine)"),
+        ("config.use_unsloth", config.get("use_unsloth"), "unsloth", "use_unsloth", off),
+        ("config.use_vllm", config.get("use_vllm"), "vllm", "vLLM", off),
+        # A judge cannot be turned off: the other mode is the way out, named as the form and the API name it.
+        ("config.judge.mode", (config.get("judge") or {}).get("mode") == "colocated" and config.get("rl_mode") == "ruler", "vllm", "a colocated judge (vLLM)",
+         'choose External in the Judge select (config.judge.mode "external") and give its endpoint and API key secret'),
+        ("config.precision", config.get("precision") == "nvfp4", "transformer_engine", "NVFP4 (Transformer Engine)", off),
     ]
     if config.get("use_liger") and accelerators_of(draft.compute).is_cpu:
         findings.append(Finding("config.use_liger", "liger kernels need a GPU and this run asks for the CPU: remove use_liger"))
     else:
-        wants.append(("config.use_liger", config.get("use_liger"), "liger_kernel", "use_liger (liger kernels)"))
-    for field, wanted, module, label in wants:
+        wants.append(("config.use_liger", config.get("use_liger"), "liger_kernel", "use_liger (liger kernels)", off))
+    for field, wanted, module, label, fix in wants:
         if wanted and not image_has(module):
-            findings.append(Finding(field, f"{label} is not available in this image (no {module} package): turn it off"))
+            findings.append(Finding(field, f"{label} is not available in this image (no {module} package): {fix}"))
     return findings
 
 
