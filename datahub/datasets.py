@@ -407,5 +407,11 @@ def rows_findings(sources: list[Source], method: str, field: str, needs: RowNeed
                     findings.append(Finding(field, f"stopped after {MAX_FINDINGS} problems: fix these and start again"))
                     return findings
         if shape is None and not findings:
-            findings.append(Finding(field, f"{where or 'the dataset '}has no rows".strip()))
+            findings.append(Finding(field, no_rows(where)))
     return findings
+
+
+def no_rows(where: str = "") -> str:
+    """What START says of a dataset file without a single row, and the preview of that file too;
+    `where` names the file ("data/a.jsonl ") when the dataset has several."""
+    return f"{where or 'the dataset '}has no rows: add rows to it, or train on a dataset that has some"

@@ -361,6 +361,8 @@ def dataset_preview(request: HttpRequest, namespace: str, name: str, revision: s
         "section": "hub", "repo": repo, "tab": "preview", "revision": revision, "commit": commit, "preview": preview,
         "shape_label": datasets.SHAPE_LABELS.get(preview["shape"], preview["shape"]),
         "preview_rows": list(zip(preview["row_numbers"], preview["rows"], strict=True)),
+        # A file without a single row: START's own sentence, naming the file (as START does in a dataset of several).
+        "no_rows": "" if preview["rows"] or preview["problems"] else datasets.no_rows(f"{preview['path']} "),
         "branches": list(Branch.objects.filter(repo=repo)), "tags": list(Tag.objects.filter(repo=repo)),
     })
 
