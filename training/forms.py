@@ -63,7 +63,8 @@ DATASET_TYPE_CHOICES = [("", "Not set (the method's default)")] + [(t, t) for t 
 DEFAULT_CONFIG_TEXT = {
     "sft": "# Adapter: LoRA rank (delete for a full fine-tune; add load_in_4bit: true for QLoRA)\nlora_rank: 16\n",
     "dpo": "# DPO needs LoRA: the frozen base is the reference\nlora_rank: 16\n",
-    "grpo": "lora_rank: 16\n",
+    # Seed 002: GRPO full-finetunes by default, and its default learning rate (1e-6) is sized for that.
+    "grpo": "# Full fine-tune (seed 002's default). For LoRA adapters add lora_rank: 16 and a LoRA-scale learning rate (e.g. 2e-5)\n",
     "distill": "lora_rank: 16\n",
 }
 METHOD_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -110,10 +111,16 @@ def other_methods_values(values: dict[str, Any], method: str) -> list[tuple[str,
     return [(name, values[name]) for name in sorted(others - set(shown)) if values.get(name) not in (None, "")]
 
 
+def holds_default_config(values: dict[str, Any]) -> bool:
+    """Whether the config box is empty or holds a method's default text, which the picker replaces."""
+    text = (values.get("config_text") or "").replace("\r\n", "\n")
+    return not text.strip() or text in DEFAULT_CONFIG_TEXT.values()
+
+
 def with_method_defaults(values: dict[str, Any], method: str) -> dict[str, Any]:
     """Switching the picker: keep what was typed, fill the new method's card with its defaults."""
     merged = {**METHOD_DEFAULTS.get(method, {}), **{k: v for k, v in values.items() if v not in (None, "")}}
-    if not values.get("config_text") or values.get("config_text") in DEFAULT_CONFIG_TEXT.values():
+    if holds_default_config(values):
         merged["config_text"] = DEFAULT_CONFIG_TEXT.get(method, "")
     merged["method"] = method
     return merged

@@ -450,6 +450,7 @@ def new_run_part(request: HttpRequest, part: str) -> HttpResponse:
     project = web_actor(request).require_project()
     values = {k: request.GET.get(k, "") for k in request.GET.keys()}
     method = values["method"] if values.get("method") in Method.values else "sft"
+    swap_config = part == "method" and forms.holds_default_config(values)
     if part == "method":
         values = forms.with_method_defaults(values, method)
     elif part == "preset":
@@ -467,7 +468,7 @@ def new_run_part(request: HttpRequest, part: str) -> HttpResponse:
             '<p class="alert alert-error" role="alert">NEW RUN has no live part "{}": the parts are {}. Open <a href="{}">NEW RUN</a> instead.</p>',
             part, ", ".join(names), reverse("training:new")))
     values["method"] = method
-    context = {**form_context(request, project, values), "swap_dataset_help": part == "method", "oob": part == "quick"}
+    context = {**form_context(request, project, values), "swap_dataset_help": part == "method", "oob": part == "quick", "swap_config": swap_config}
     if part == "method":
         context["carried"] = forms.other_methods_values(values, method)
     response = render(request, f"training/new_run.html#{names[part]}", context)

@@ -728,3 +728,27 @@ def test_a_grpo_run_without_kl_says_why_its_kl_chart_is_empty(project, users):
     assert "No KL: it is measured against a reference model, which a run with kl_coef 0 does not load." in html
     with_kl = make_run(project, users["owner"], "grpo", name="with kl", config={**METHOD_BODIES["grpo"]["config"], "kl_coef": 0.05})
     assert "No KL:" not in client_for(users["owner"]).get(f"/training/runs/{with_kl.pk}/").content.decode()
+
+
+def test_new_run_grpo_defaults_to_a_full_fine_tune_as_seed_002_says(project, users):
+    # The config box held lora_rank: 16 beside a blank learning rate (1e-6, sized for a full fine-tune):
+    # a LoRA run at a full fine-tune's rate, unlike the API's default and seed 002's.
+    from training.forms import DEFAULT_CONFIG_TEXT
+
+    client = client_for(users["owner"])
+    page = client.get("/training/new/?method=grpo").content.decode()
+    box = page.split('name="config_text"')[1].split("</textarea>")[0]
+    assert "Full fine-tune" in box and "\nlora_rank" not in box and "2e-5" in box
+    # The picker swaps the box too while it holds a method's default text (SFT's LoRA one, here), and leaves a typed one.
+    card = client.get("/training/new/method", {"method": "grpo", "config_text": DEFAULT_CONFIG_TEXT["sft"]}, HTTP_HX_REQUEST="true").content.decode()
+    assert '<div id="config-box" hx-swap-oob="true">' in card and "Full fine-tune" in card
+    card = client.get("/training/new/method", {"method": "grpo", "config_text": "lora_rank: 8\n"}, HTTP_HX_REQUEST="true").content.decode()
+    assert 'id="config-box"' not in card
+    response = client.post("/training/new/", {
+        "name": "form grpo", "method": "grpo", "experiment": "", "base_model": "org/base", "config.rl_mode": "environment",
+        "config.environment_id": "builtin/arith@main", "config.rollouts_per_prompt": "8", "config.max_response_length": "8",
+        "compute.backend": "local", "compute.accelerators": "CPU", "config_text": box.split(">", 1)[1].replace("&#x27;", "'"),
+    })
+    assert response.status_code == 302, response.content.decode()[:2000]
+    run = project.runs.get(name="form grpo")
+    assert run.config.get("lora_rank") is None and run.config["learning_rate"] == 1e-6
