@@ -312,3 +312,17 @@ def test_the_end_of_a_lora_run_reports_its_adapter_then_its_merged_model(live_ru
     both = [{"step": 10, "path": out(run, "adapter"), "kind": "adapter"}, {"step": 10, "path": out(run, "merged"), "kind": "merged"}]
     assert send(run.pk, token, {"batch_id": "am", "checkpoints": both}).status_code == 200
     assert list(Checkpoint.objects.filter(run=run).order_by("id").values_list("step", "kind")) == [(9, "adapter"), (9, "merged"), (10, "adapter"), (10, "merged")]
+
+
+def test_a_batch_resent_after_the_reports_closed_is_still_a_duplicate_not_a_409(live_run):
+    # Its first answer was lost near the end of the run: the engine's reporter reads a 409 as
+    # "superseded", so the retry must get the duplicate answer, and store nothing twice.
+    run, token = live_run
+    assert send(run.pk, token, batch(run, batch_id="q1", status=None)).status_code == 200
+    ended(run, Status.COMPLETED, 61)
+    r = send(run.pk, token, batch(run, batch_id="q1", status=None))
+    assert r.status_code == 200 and r.json() == {"ok": True, "duplicate": True}
+    assert MetricPoint.objects.filter(run=run).count() == 2 and Checkpoint.objects.filter(run=run).count() == 1
+    assert LogLine.objects.filter(run=run, line="step 1").count() == 1
+    r = send(run.pk, token, batch(run, batch_id="q2", status=None))  # a batch never applied is still refused
+    assert r.status_code == 409 and MetricPoint.objects.filter(run=run).count() == 2

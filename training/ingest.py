@@ -41,8 +41,9 @@ def run_for_token(request: HttpRequest, run_id: int) -> TrainingRun:
 
 
 # After a run ends its engine may still be flushing: its last lines after a STOP (SIGTERM grace) or a
-# batch being retried. Past this window the attempt's reports are closed (409, nothing stored): a token
-# kept after the run must not add to, or publish a model for, a run that is over.
+# batch being retried. Past this window the attempt's reports are closed (409, nothing stored; a batch
+# already applied is still answered as a duplicate): a token kept after the run must not add to, or
+# publish a model for, a run that is over.
 LATE_REPORTS = timedelta(seconds=60)
 # What only a run that trained to its end produces; from a run that was stopped or failed it is refused.
 END_OF_TRAINING_KINDS = ("final", "adapter", "merged")
@@ -58,8 +59,12 @@ def require_open(run: TrainingRun) -> None:
 @router.post("/runs/{int:run_id}", response={200: IngestOut, 409: ErrorOut}, openapi_extra=body_schema(IngestBatchIn))
 def ingest(request: HttpRequest, run_id: int):
     run = run_for_token(request, run_id)
-    require_open(run)
     batch = parse_batch(request)
+    # A batch resent because its answer was lost is a duplicate even after the reports closed: the
+    # reporter reads a 409 as "superseded" and would stop retrying what it has still to send.
+    if IngestBatch.objects.filter(run=run, batch_id=batch.batch_id).exists():
+        return {"ok": True, "duplicate": True}
+    require_open(run)
     refuse_foreign_checkpoints(run, batch)
     try:
         with transaction.atomic():
