@@ -326,3 +326,38 @@ def test_a_batch_resent_after_the_reports_closed_is_still_a_duplicate_not_a_409(
     assert LogLine.objects.filter(run=run, line="step 1").count() == 1
     r = send(run.pk, token, batch(run, batch_id="q2", status=None))  # a batch never applied is still refused
     assert r.status_code == 409 and MetricPoint.objects.filter(run=run).count() == 2
+
+
+# ---- numbers are numbers ---------------------------------------------------------------------------
+# Strict, as a step is: pydantic's lax mode stored a metric "5" as 5.0 and true as 1.0.
+
+
+@pytest.mark.parametrize("value", ["5", True, "nan", [1]])
+@pytest.mark.parametrize("where, field", [
+    ("metric", "metrics[0].value"), ("reward", "rollouts[0].reward"), ("advantage", "rollouts[0].advantage"), ("progress", "progress.step"),
+])
+def test_a_number_sent_as_a_string_or_a_boolean_is_a_400_naming_the_field(live_run, value, where, field):
+    run, token = live_run
+    body = batch(run)
+    if where == "metric":
+        body["metrics"] = [{"step": 1, "key": "loss", "value": value}]
+    elif where == "progress":
+        body["progress"] = {"step": value, "max_steps": 10}
+    else:
+        body["rollouts"] = [{**body["rollouts"][0], where: value}]
+    r = send(run.pk, token, body)
+    assert r.status_code == 400, r.content
+    assert [e["field"] for e in r.json()["errors"]] == [field]
+    assert "number" in r.json()["errors"][0]["message"]
+    assert no_trace_of(run, body["batch_id"])
+    assert TrainingRun.objects.get(pk=run.pk).progress == {}
+
+
+def test_integers_are_numbers_and_keep_their_type_in_progress(live_run):
+    run, token = live_run
+    body = batch(run, metrics=[{"step": 1, "key": "loss", "value": 5}], progress={"step": 5, "max_steps": 10, "eta_s": 1.5, "mfu": None},
+                 rollouts=[{"step": 1, "prompt": "p", "completion": "c", "reward": 1, "advantage": 0}])
+    assert send(run.pk, token, body).status_code == 200
+    assert MetricPoint.objects.get(run=run).value == 5.0
+    assert list(Rollout.objects.filter(run=run).values_list("reward", "advantage")) == [(1.0, 0.0)]
+    assert TrainingRun.objects.get(pk=run.pk).progress == {"step": 5, "max_steps": 10, "eta_s": 1.5, "mfu": None}
