@@ -1,8 +1,10 @@
 from __future__ import annotations
 
 from django.contrib import admin
+from django.db import transaction
 
 from studio.models import ApiToken, AuditEvent, Membership, Plan, Project, ProjectSecret
+from studio.services import remove_member, revoke_member_tokens
 
 
 @admin.register(Plan)
@@ -20,6 +22,22 @@ class ProjectAdmin(admin.ModelAdmin):
     list_display = ("slug", "name", "plan", "created_at")
     list_select_related = ("plan",)
     inlines = [MembershipInline]
+
+    def save_formset(self, request, form, formset, change) -> None:
+        """A member taken out here (a deleted row, or a row given to another user) loses their
+        tokens for the project, as remove_member does: a later re-invite must not revive them."""
+        if formset.model is not Membership:
+            return super().save_formset(request, form, formset, change)
+        with transaction.atomic():
+            memberships = formset.save(commit=False)
+            for gone in formset.deleted_objects:
+                remove_member(gone.project, gone.user)
+            for row in formset.forms:
+                if row.instance.pk and "user" in row.changed_data and row not in formset.deleted_forms:
+                    revoke_member_tokens(row.instance.project, row.initial["user"])
+            for membership in memberships:
+                membership.save()
+            formset.save_m2m()
 
 
 @admin.register(ApiToken)

@@ -61,6 +61,21 @@ def add_member(project: Project, user, role: str) -> Membership:
     return member
 
 
+@transaction.atomic
+def remove_member(project: Project, user) -> None:
+    """Take `user` out of `project` and revoke every token they hold for it. authenticate_token
+    refuses a token while its user is no member; without the revocation, adding them back (a
+    re-invite) would bring back every token they ever had there."""
+    Membership.objects.filter(project=project, user=user).delete()
+    revoke_member_tokens(project, user)
+
+
+def revoke_member_tokens(project: Project, user) -> int:
+    """Revoke `user`'s live tokens for `project` (they left it, or their membership row was given to
+    someone else); returns how many."""
+    return ApiToken.objects.filter(project=project, user=user, revoked_at__isnull=True).update(revoked_at=timezone.now())
+
+
 def remember_project(user, project: Project) -> None:
     """The project `user` chose last: the one a new session of theirs opens in."""
     Membership.objects.filter(user=user, project=project).update(last_used_at=timezone.now())

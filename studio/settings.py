@@ -246,9 +246,16 @@ STUDIO_IMAGE_PACKAGES = envlist(
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "formatters": {"console": {"()": "studio.log.ConsoleFormatter"}},  # a 4xx is one line; a 5xx keeps its traceback
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "console"}},
     "root": {"handlers": ["console"], "level": env("LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "INFO"}},
+    "loggers": {
+        "django.db.backends": {"level": "INFO"},
+        # Django's default config gives "django" a console handler of its own (speaking under DEBUG)
+        # and its records also reach the root's: every 403, 400 and 500 line came out twice. Its
+        # mail_admins goes too: no ADMINS are set. django.server (runserver) keeps its own.
+        "django": {"handlers": [], "level": "INFO"},
+    },
 }
 
 SESSION_COOKIE_HTTPONLY = True

@@ -21,6 +21,7 @@ from studio import crypto
 from studio.models import ProjectSecret
 from tests.conftest import Api, sft_body
 from training import status as status_service
+from training.backends.local import output_dir
 from training.models import LogLine, MetricPoint, Status, TrainingRun
 
 # BAD_BODIES_EXAMPLES=1000 for a deeper local hunt; 60 keeps the file under a minute in `make test`.
@@ -238,7 +239,8 @@ def test_ingest_never_500s(ingest_api, queued_run):
 
 def test_ingest_valid_batch_is_applied(ingest_api, queued_run):
     """The happy path of the same harness, so the fuzzing above is known to reach the endpoint."""
-    response = ingest_api.post(f"/api/ingest/runs/{queued_run.pk}", VALID_BATCH)
+    saved = str(output_dir(queued_run.pk, 1) / "checkpoint-1")  # VALID_BATCH's path is no folder of this run: a 400
+    response = ingest_api.post(f"/api/ingest/runs/{queued_run.pk}", {**VALID_BATCH, "checkpoints": [{"step": 1, "path": saved}]})
     assert response.status_code == 200, response.content
     assert MetricPoint.objects.filter(run=queued_run, key="loss").count() == 1
 

@@ -308,3 +308,21 @@ def test_a_resumed_run_pins_its_base_model_where_the_checkpoints_attempt_trained
     # A fresh run of the same ref pins where it points now.
     fresh = services.create_run(project, users["owner"], name="fresh", method="sft", base_model="student@main", dataset=tiny_models["data_sft"], config={"max_steps": 2})
     assert services.start_run(fresh).pinned["base_model"]["commit"] == moved
+
+
+def test_an_interrupted_attempt_resumes_only_from_a_saved_step_in_its_own_run_folder(dpo_run, tmp_path):
+    # An engine can report any path, and the local engine reads resume_from on this machine: START's
+    # resume_findings refused such a folder for a resumed run, the resubmit after an interruption did not.
+    TrainingRun.objects.filter(pk=dpo_run.pk).update(attempt=2, interruptions=1, status=Status.PROVISIONING)
+    saved = save_step(dpo_run, 2, 5, {WEIGHTS: b"attempt 2, step 5"}, commit=False)
+    elsewhere = tmp_path / "elsewhere" / "checkpoint-10"
+    elsewhere.mkdir(parents=True)
+    Checkpoint.objects.create(run=dpo_run, attempt=2, step=10, kind="checkpoint", path=str(elsewhere))
+    Checkpoint.objects.create(run=dpo_run, attempt=2, step=15, kind="checkpoint", path=f"{run_dir(dpo_run.pk, 2)}/output/../../../../elsewhere/checkpoint-10")
+    adapter = run_dir(dpo_run.pk, 2) / "output" / "adapter"
+    adapter.mkdir()
+    Checkpoint.objects.create(run=dpo_run, attempt=2, step=20, kind="adapter", path=str(adapter))  # no optimizer state to resume
+    run = TrainingRun.objects.get(pk=dpo_run.pk)
+    assert services.last_checkpoint_path(run) == saved.path
+    Checkpoint.objects.filter(pk=saved.pk).delete()
+    assert services.last_checkpoint_path(run) is None

@@ -8,6 +8,7 @@ from django.test import Client
 
 from studio import crypto
 from tests.conftest import sft_body
+from training.backends.local import output_dir
 from training.models import Checkpoint, LogLine, MetricPoint, Rollout, Status, TrainingRun
 
 
@@ -25,12 +26,21 @@ def send(run_id: int, token: str | None, body: dict):
     return Client().post(f"/api/ingest/runs/{run_id}", data=json.dumps(body), content_type="application/json", **headers)
 
 
+def out(run, folder: str) -> str:
+    """A folder in the run attempt's output folder, where its engine saves (the ingest refuses others)."""
+    return str(output_dir(run.pk, run.attempt) / folder)
+
+
+def batch(run, **changes) -> dict:
+    """A batch of everything, its checkpoint in the run's own output folder."""
+    return {**BATCH, "checkpoints": [{"step": 2, "path": out(run, "checkpoint-2"), "kind": "checkpoint"}], **changes}
+
+
 BATCH = {
     "batch_id": "b1",
     "metrics": [{"step": 1, "key": "loss", "value": 2.5}, {"step": 2, "key": "loss", "value": 2.0}],
     "logs": ["step 1", "step 2"],
     "rollouts": [{"step": 1, "prompt": "1+1=", "completion": "2", "reward": 1.0, "advantage": 0.5, "components": {"exact": 1.0}}],
-    "checkpoints": [{"step": 2, "path": "/out/checkpoint-2", "kind": "checkpoint"}],
     "stage": "train",
     "status": "running",
     "progress": {"step": 2, "max_steps": 10, "tokens_per_s": 1000.0, "eta_s": 8},
@@ -39,19 +49,19 @@ BATCH = {
 
 def test_a_batch_lands_whole_and_moves_the_run_to_running(live_run):
     run, token = live_run
-    r = send(run.pk, token, BATCH)
+    r = send(run.pk, token, batch(run))
     assert r.status_code == 200 and r.json() == {"ok": True, "duplicate": False}
     run.refresh_from_db()
     assert run.status == Status.RUNNING and run.stage == "train" and run.progress["step"] == 2 and run.last_heartbeat_at
     assert list(MetricPoint.objects.filter(run=run).order_by("step").values_list("value", flat=True)) == [2.5, 2.0]
     assert Rollout.objects.get(run=run).components == {"exact": 1.0}
-    assert Checkpoint.objects.get(run=run).path == "/out/checkpoint-2"
+    assert Checkpoint.objects.get(run=run).path == out(run, "checkpoint-2")
     assert LogLine.objects.filter(run=run, line="step 2").exists()
 
 
 def test_completed_from_a_run_whose_running_report_was_lost_still_completes(live_run):
     run, token = live_run
-    r = send(run.pk, token, {**BATCH, "status": "completed"})
+    r = send(run.pk, token, batch(run, status="completed"))
     assert r.status_code == 200
     run.refresh_from_db()
     assert run.status == Status.COMPLETED and run.started_at is not None
@@ -59,8 +69,8 @@ def test_completed_from_a_run_whose_running_report_was_lost_still_completes(live
 
 def test_a_replayed_batch_is_counted_once(live_run):
     run, token = live_run
-    send(run.pk, token, BATCH)
-    r = send(run.pk, token, BATCH)
+    send(run.pk, token, batch(run))
+    r = send(run.pk, token, batch(run))
     assert r.status_code == 200 and r.json()["duplicate"] is True
     assert MetricPoint.objects.filter(run=run).count() == 2
     assert Rollout.objects.filter(run=run).count() == 1 and Checkpoint.objects.filter(run=run).count() == 1
@@ -71,7 +81,7 @@ def test_another_runs_token_gets_403_and_writes_nothing(api, live_run):
     other_id = api.post("/api/training-runs", sft_body()).json()["id"]
     other_token = crypto.new_token("ing")
     TrainingRun.objects.filter(pk=other_id).update(status=Status.PROVISIONING, attempt=1, ingest_token_hash=crypto.hash_token(other_token))
-    assert send(run.pk, other_token, BATCH).status_code == 403
+    assert send(run.pk, other_token, batch(run)).status_code == 403
     assert not MetricPoint.objects.filter(run=run).exists()
     assert TrainingRun.objects.get(pk=run.pk).status == Status.PROVISIONING
 
@@ -79,7 +89,7 @@ def test_another_runs_token_gets_403_and_writes_nothing(api, live_run):
 def test_an_old_attempts_token_gets_403(live_run):
     run, old = live_run
     TrainingRun.objects.filter(pk=run.pk).update(attempt=2, ingest_token_hash=crypto.hash_token("ing_new"))
-    assert send(run.pk, old, BATCH).status_code == 403
+    assert send(run.pk, old, batch(run)).status_code == 403
     assert not MetricPoint.objects.filter(run=run).exists()
 
 
@@ -91,7 +101,7 @@ def test_a_restart_ends_the_failed_attempts_token_before_the_new_attempt_is_disp
     send(run.pk, old, {"batch_id": "b", "status": "failed", "error": {"code": "training_error", "message": "boom"}})
     assert api.post(f"/api/training-runs/{run.pk}/start").status_code == 202  # on_commit never fires here
     assert TrainingRun.objects.get(pk=run.pk).status == Status.QUEUED
-    assert send(run.pk, old, {**BATCH, "batch_id": "late"}).status_code == 403
+    assert send(run.pk, old, batch(run, batch_id="late")).status_code == 403
     run.refresh_from_db()
     assert run.status == Status.QUEUED and run.stage == "" and run.progress == {}
     assert not MetricPoint.objects.filter(run=run).exists() and not Rollout.objects.filter(run=run).exists()
@@ -99,12 +109,12 @@ def test_a_restart_ends_the_failed_attempts_token_before_the_new_attempt_is_disp
 
 def test_a_user_api_token_is_not_an_ingest_token(live_run, tokens):
     run, _ = live_run
-    assert send(run.pk, tokens["owner"], BATCH).status_code == 403
+    assert send(run.pk, tokens["owner"], batch(run)).status_code == 403
 
 
 def test_no_token_gets_401(live_run):
     run, _ = live_run
-    assert send(run.pk, None, BATCH).status_code == 401
+    assert send(run.pk, None, batch(run)).status_code == 401
 
 
 def test_reported_failure_keeps_its_code_and_log_tail(live_run):
@@ -144,8 +154,8 @@ def test_a_stopped_run_takes_its_engines_last_flush_but_no_end_of_training_artif
     # A token kept after STOP published a "final" model for a cancelled run and rewrote its stage and progress.
     run, token = live_run
     ended(run, Status.CANCELLED, 3)
-    late = {**BATCH, "status": None, "stage": "merge", "progress": {"step": 99},
-            "checkpoints": [{"step": 4, "path": "/out/checkpoint-4", "kind": "checkpoint"}, {"step": 9, "path": "/out/final", "kind": "final"}]}
+    late = batch(run, status=None, stage="merge", progress={"step": 99},
+                 checkpoints=[{"step": 4, "path": out(run, "checkpoint-4"), "kind": "checkpoint"}, {"step": 9, "path": out(run, "final"), "kind": "final"}])
     assert send(run.pk, token, late).status_code == 200
     run.refresh_from_db()
     assert run.status == Status.CANCELLED and run.stage == "train" and run.progress == {"step": 5, "max_steps": 10}
@@ -158,7 +168,7 @@ def test_a_stopped_run_takes_its_engines_last_flush_but_no_end_of_training_artif
 def test_reports_a_minute_after_the_run_ended_are_a_409_and_store_nothing(live_run, status):
     run, token = live_run
     ended(run, status, 61)
-    r = send(run.pk, token, {**BATCH, "status": None})
+    r = send(run.pk, token, batch(run, status=None))
     assert r.status_code == 409 and r.json()["errors"][0]["field"] == "status" and "reports are closed" in r.json()["detail"]
     assert ("START the run again" in r.json()["errors"][0]["message"]) is (status != Status.COMPLETED)  # a completed run cannot start again
     assert not MetricPoint.objects.filter(run=run).exists() and not Checkpoint.objects.filter(run=run).exists()
@@ -167,7 +177,7 @@ def test_reports_a_minute_after_the_run_ended_are_a_409_and_store_nothing(live_r
 
 def test_progress_holds_numbers_only(live_run):
     run, token = live_run
-    r = send(run.pk, token, {**BATCH, "progress": {"step": "x", "max_steps": {"a": 1}}})
+    r = send(run.pk, token, batch(run, progress={"step": "x", "max_steps": {"a": 1}}))
     assert r.status_code == 400 and {e["field"] for e in r.json()["errors"]} >= {"progress.step"}
     assert TrainingRun.objects.get(pk=run.pk).progress == {}
 
@@ -189,7 +199,7 @@ def test_a_completion_with_a_nul_does_not_cost_the_batch_its_metrics(transaction
     reporter = Reporter(f"{live_server.url}/api/ingest/runs/{run.pk}", token, flush_interval=0.05, echo=False).start()
     reporter.rollout({"step": 3, "prompt": "1+1=", "completion": "2\x00\ud800", "reward": 0.5, "advantage": None, "components": {}})
     reporter.metric(3, "loss", 0.25)
-    reporter.checkpoint(3, "/out/adapter", "adapter")
+    reporter.checkpoint(3, out(run, "adapter"), "adapter")
     assert reporter.close(timeout=10)
     assert list(Rollout.objects.filter(run=run).values_list("completion", flat=True)) == ["2\ufffd?"]
     assert MetricPoint.objects.filter(run=run, step=3, key="loss").exists()
@@ -209,7 +219,7 @@ def test_non_finite_numbers_from_the_engine_do_not_cost_the_batch(transactional_
     reporter.rollout({"step": 4, "prompt": "1/0=", "completion": "?", "reward": float("nan"), "advantage": None, "components": {}})
     reporter.rollout({"step": 4, "prompt": "1+1=", "completion": "2", "reward": 1.0, "advantage": float("nan"), "components": {"ratio": float("inf")}})
     reporter.progress({"step": 4, "max_steps": 10, "eta_s": float("inf")})
-    reporter.checkpoint(4, "/out/checkpoint-4", "checkpoint")
+    reporter.checkpoint(4, out(run, "checkpoint-4"), "checkpoint")
     assert reporter.close(timeout=10)
     assert list(MetricPoint.objects.filter(run=run).values_list("key", "value")) == [("grad_norm", 1.5)]
     assert list(Rollout.objects.filter(run=run).values_list("completion", "reward", "advantage", "components")) == [("2", 1.0, None, {"ratio": None})]
@@ -239,3 +249,115 @@ def test_a_backlog_over_the_request_limit_arrives_whole_and_in_order(transaction
     lines = list(LogLine.objects.filter(run=run, line__startswith="step ").order_by("id").values_list("line", flat=True))
     assert lines == [f"step {step}: {'x' * 60}" for step in range(3000)]
     assert TrainingRun.objects.get(pk=run.pk).status == Status.RUNNING
+
+
+# ---- what a checkpoint report may say ------------------------------------------------------------
+# The Studio commits, merges and resumes from the folders an engine reports, and an engine runs code
+# its project controls. The engine saves under its spec's output_dir (checkpoint-<step>, final,
+# adapter, merged); on the local backend that is the attempt's own output folder on this machine.
+
+
+def no_trace_of(run, batch_id: str) -> bool:
+    return not (MetricPoint.objects.filter(run=run).exists() or LogLine.objects.filter(run=run).exists()
+                or Rollout.objects.filter(run=run).exists() or Checkpoint.objects.filter(run=run).exists()
+                or run.ingest_batches.filter(batch_id=batch_id).exists())
+
+
+@pytest.mark.parametrize("where", ["/etc/passwd", "../../../../etc", "dotdot", "another attempt", "another run", "link", "the output folder"])
+def test_a_checkpoint_outside_the_attempts_output_folder_is_a_400_and_nothing_of_the_batch_is_stored(api, live_run, settings, tmp_path, where):
+    settings.STUDIO_RUNS_DIR = tmp_path / "runs"
+    run, token = live_run
+    own = output_dir(run.pk, 1)
+    own.mkdir(parents=True)
+    path = {"dotdot": f"{own}/../../../../etc", "another attempt": str(output_dir(run.pk, 2) / "checkpoint-1"),
+            "another run": str(output_dir(run.pk + 1, 1) / "checkpoint-1"), "link": str(own / "checkpoint-1"),
+            "the output folder": str(own)}.get(where, where)
+    if where == "link":
+        (own / "checkpoint-1").symlink_to("/etc")
+    body = batch(run, checkpoints=[{"step": 1, "path": str(own / "checkpoint-1") if where != "link" else str(own / "checkpoint-0")},
+                                   {"step": 2, "path": path, "kind": "merged" if where == "../../../../etc" else "checkpoint"}])
+    r = send(run.pk, token, body)
+    assert r.status_code == 400, r.content
+    assert r.json()["errors"][0]["field"] == "checkpoints[1].path"
+    assert "output folder" in r.json()["errors"][0]["message"] or "absolute path" in r.json()["errors"][0]["message"]
+    assert no_trace_of(run, body["batch_id"])
+    assert TrainingRun.objects.get(pk=run.pk).status == Status.PROVISIONING  # its "running" was not applied either
+
+
+def test_a_remote_engines_checkpoint_path_must_be_an_absolute_path_without_dotdot(live_run):
+    # A dstack or Modal machine's folders cannot be looked at from here: only their shape is checked.
+    run, token = live_run
+    TrainingRun.objects.filter(pk=run.pk).update(compute={"backend": "dstack", "accelerators": "A100:1"})
+    for i, path in enumerate(["../../../../etc", "/tmp/studio-output/../../etc", "checkpoint-1"]):
+        r = send(run.pk, token, {"batch_id": f"bad{i}", "checkpoints": [{"step": 1, "path": path}]})
+        assert r.status_code == 400 and r.json()["errors"][0]["field"] == "checkpoints[0].path", r.content
+    assert send(run.pk, token, {"batch_id": "ok", "checkpoints": [{"step": 1, "path": "/tmp/studio-output/checkpoint-1"}]}).status_code == 200
+    assert list(Checkpoint.objects.filter(run=run).values_list("path", flat=True)) == ["/tmp/studio-output/checkpoint-1"]
+
+
+def test_a_merged_model_mid_run_is_a_400_naming_the_kind(live_run):
+    # The engine reports "merged" only at the end of a LoRA run, after that step's adapter.
+    run, token = live_run
+    body = batch(run, checkpoints=[{"step": 1, "path": out(run, "merged"), "kind": "merged"}])
+    r = send(run.pk, token, body)
+    assert r.status_code == 400 and r.json()["errors"][0]["field"] == "checkpoints[0].kind", r.content
+    assert "adapter" in r.json()["errors"][0]["message"]
+    assert no_trace_of(run, body["batch_id"])
+
+
+def test_the_end_of_a_lora_run_reports_its_adapter_then_its_merged_model(live_run):
+    run, token = live_run
+    assert send(run.pk, token, {"batch_id": "a", "checkpoints": [{"step": 9, "path": out(run, "adapter"), "kind": "adapter"}]}).status_code == 200
+    assert send(run.pk, token, {"batch_id": "m", "checkpoints": [{"step": 9, "path": out(run, "merged"), "kind": "merged"}]}).status_code == 200
+    both = [{"step": 10, "path": out(run, "adapter"), "kind": "adapter"}, {"step": 10, "path": out(run, "merged"), "kind": "merged"}]
+    assert send(run.pk, token, {"batch_id": "am", "checkpoints": both}).status_code == 200
+    assert list(Checkpoint.objects.filter(run=run).order_by("id").values_list("step", "kind")) == [(9, "adapter"), (9, "merged"), (10, "adapter"), (10, "merged")]
+
+
+def test_a_batch_resent_after_the_reports_closed_is_still_a_duplicate_not_a_409(live_run):
+    # Its first answer was lost near the end of the run: the engine's reporter reads a 409 as
+    # "superseded", so the retry must get the duplicate answer, and store nothing twice.
+    run, token = live_run
+    assert send(run.pk, token, batch(run, batch_id="q1", status=None)).status_code == 200
+    ended(run, Status.COMPLETED, 61)
+    r = send(run.pk, token, batch(run, batch_id="q1", status=None))
+    assert r.status_code == 200 and r.json() == {"ok": True, "duplicate": True}
+    assert MetricPoint.objects.filter(run=run).count() == 2 and Checkpoint.objects.filter(run=run).count() == 1
+    assert LogLine.objects.filter(run=run, line="step 1").count() == 1
+    r = send(run.pk, token, batch(run, batch_id="q2", status=None))  # a batch never applied is still refused
+    assert r.status_code == 409 and MetricPoint.objects.filter(run=run).count() == 2
+
+
+# ---- numbers are numbers ---------------------------------------------------------------------------
+# Strict, as a step is: pydantic's lax mode stored a metric "5" as 5.0 and true as 1.0.
+
+
+@pytest.mark.parametrize("value", ["5", True, "nan", [1]])
+@pytest.mark.parametrize("where, field", [
+    ("metric", "metrics[0].value"), ("reward", "rollouts[0].reward"), ("advantage", "rollouts[0].advantage"), ("progress", "progress.step"),
+])
+def test_a_number_sent_as_a_string_or_a_boolean_is_a_400_naming_the_field(live_run, value, where, field):
+    run, token = live_run
+    body = batch(run)
+    if where == "metric":
+        body["metrics"] = [{"step": 1, "key": "loss", "value": value}]
+    elif where == "progress":
+        body["progress"] = {"step": value, "max_steps": 10}
+    else:
+        body["rollouts"] = [{**body["rollouts"][0], where: value}]
+    r = send(run.pk, token, body)
+    assert r.status_code == 400, r.content
+    assert [e["field"] for e in r.json()["errors"]] == [field]
+    assert "number" in r.json()["errors"][0]["message"]
+    assert no_trace_of(run, body["batch_id"])
+    assert TrainingRun.objects.get(pk=run.pk).progress == {}
+
+
+def test_integers_are_numbers_and_keep_their_type_in_progress(live_run):
+    run, token = live_run
+    body = batch(run, metrics=[{"step": 1, "key": "loss", "value": 5}], progress={"step": 5, "max_steps": 10, "eta_s": 1.5, "mfu": None},
+                 rollouts=[{"step": 1, "prompt": "p", "completion": "c", "reward": 1, "advantage": 0}])
+    assert send(run.pk, token, body).status_code == 200
+    assert MetricPoint.objects.get(run=run).value == 5.0
+    assert list(Rollout.objects.filter(run=run).values_list("reward", "advantage")) == [(1.0, 0.0)]
+    assert TrainingRun.objects.get(pk=run.pk).progress == {"step": 5, "max_steps": 10, "eta_s": 1.5, "mfu": None}

@@ -15,7 +15,7 @@ from experiments.models import Experiment
 from studio.auth import BAD_TOKEN
 from studio.crypto import hash_token
 from studio.models import ApiToken, ProjectSecret
-from studio.services import add_member, create_api_token, create_plan, revoke_api_token, set_plan, set_secret
+from studio.services import add_member, create_api_token, create_plan, remove_member, revoke_api_token, set_plan, set_secret
 from tests.conftest import Api, assert_error, sft_body
 from training import status as status_service
 from training.models import Checkpoint, LogLine, MetricPoint, Rollout, Status, TrainingRun
@@ -217,9 +217,68 @@ def test_revoked_token_is_401(world, tokens):
 
 
 def test_token_of_removed_member_is_401(world, tokens, project, users):
-    project.memberships.filter(user=users["member"]).delete()
+    remove_member(project, users["member"])
     # A token was sent: the answer says what is wrong with it, not "send a token".
     assert assert_error(Api(Client(), tokens["member"]).get(f"/api/training-runs/{world['queued']}"), 401)["detail"] == BAD_TOKEN
+
+
+def test_removing_a_member_revokes_their_tokens_so_a_reinvite_does_not_revive_them(tokens, project, other_project, users):
+    # authenticate_token refused a removed member's token only while they stayed out: adding them
+    # back made every token they had before answer 200 again.
+    add_member(other_project, users["viewer"], "viewer")
+    _, elsewhere = create_api_token(users["viewer"], other_project)
+    remove_member(project, users["viewer"])
+    assert not project.memberships.filter(user=users["viewer"]).exists()
+    mine = ApiToken.objects.get(token_hash=hash_token(tokens["viewer"]))
+    assert mine.revoked_at is not None
+    assert ApiToken.objects.get(token_hash=hash_token(elsewhere)).revoked_at is None  # their token for another project stays
+    assert ApiToken.objects.get(token_hash=hash_token(tokens["member"])).revoked_at is None  # and other members' tokens
+    add_member(project, users["viewer"], "viewer")
+    assert assert_error(Api(Client(), tokens["viewer"]).get("/api/training-runs"), 401)["detail"] == BAD_TOKEN
+    assert Api(Client(), elsewhere).get("/api/training-runs").status_code == 200
+    assert Api(Client(), create_api_token(users["viewer"], project)[1]).get("/api/training-runs").status_code == 200  # a new token works
+
+
+def admin_client() -> Client:
+    from django.contrib.auth import get_user_model
+
+    client = Client()
+    client.force_login(get_user_model().objects.create_superuser("root", "root@example.com", "pw"))
+    return client
+
+
+def admin_memberships_post(project, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The project's admin change form as the browser posts it, with `rows` as its Membership inline."""
+    data: dict[str, Any] = {"slug": project.slug, "name": project.name, "plan": project.plan_id or "",
+                            "memberships-TOTAL_FORMS": len(rows), "memberships-INITIAL_FORMS": sum(1 for r in rows if r.get("id")),
+                            "memberships-MIN_NUM_FORMS": 0, "memberships-MAX_NUM_FORMS": 1000}
+    for i, row in enumerate(rows):
+        data.update({f"memberships-{i}-{key}": value for key, value in row.items()})
+        data[f"memberships-{i}-project"] = project.pk
+    return data
+
+
+def test_removing_a_member_in_the_admin_revokes_their_tokens(tokens, project, users):
+    # The admin's Membership inline is where an owner's staff remove someone.
+    rows = [{"id": m.pk, "user": m.user_id, "role": m.role, **({"DELETE": "on"} if m.user_id == users["viewer"].pk else {})}
+            for m in project.memberships.order_by("pk")]
+    r = admin_client().post(f"/admin/studio/project/{project.pk}/change/", admin_memberships_post(project, rows))
+    assert r.status_code == 302, r.content.decode()[:3000]
+    assert not project.memberships.filter(user=users["viewer"]).exists()
+    assert ApiToken.objects.get(token_hash=hash_token(tokens["viewer"])).revoked_at is not None
+    assert ApiToken.objects.get(token_hash=hash_token(tokens["member"])).revoked_at is None
+    add_member(project, users["viewer"], "viewer")
+    assert Api(Client(), tokens["viewer"]).get("/api/training-runs").status_code == 401
+
+
+def test_a_membership_row_given_to_another_user_in_the_admin_revokes_the_first_users_tokens(tokens, project, users):
+    rows = [{"id": m.pk, "user": users["outsider"].pk if m.user_id == users["viewer"].pk else m.user_id, "role": m.role}
+            for m in project.memberships.order_by("pk")]
+    assert admin_client().post(f"/admin/studio/project/{project.pk}/change/", admin_memberships_post(project, rows)).status_code == 302
+    assert project.memberships.filter(user=users["outsider"], role="viewer").exists() and not project.memberships.filter(user=users["viewer"]).exists()
+    assert ApiToken.objects.get(token_hash=hash_token(tokens["viewer"])).revoked_at is not None
+    add_member(project, users["viewer"], "viewer")
+    assert Api(Client(), tokens["viewer"]).get("/api/training-runs").status_code == 401
 
 
 def test_token_sees_only_its_own_project_even_when_user_is_in_both(world, project, other_project, users):

@@ -17,9 +17,10 @@ from pydantic import ValidationError as PydanticValidationError
 from datahub.services import record_checkpoint
 from studio import crypto
 from studio.api import ErrorOut, body_schema, json_body, loads_json, parse_body, unstorable
-from studio.errors import Conflict, Finding, Forbidden, Unauthorized
+from studio.errors import BadRequest, Conflict, Finding, Forbidden, Unauthorized
 from studio.ratelimit import check_auth_allowed, note_auth_failure
 from training import status as status_service
+from training.backends import get_backend
 from training.models import TERMINAL_STATUSES, Checkpoint, ErrorCode, IngestBatch, LogLine, MetricPoint, Rollout, Status, TrainingRun
 from training.schemas import IngestBatchIn, IngestOut
 
@@ -40,8 +41,9 @@ def run_for_token(request: HttpRequest, run_id: int) -> TrainingRun:
 
 
 # After a run ends its engine may still be flushing: its last lines after a STOP (SIGTERM grace) or a
-# batch being retried. Past this window the attempt's reports are closed (409, nothing stored): a token
-# kept after the run must not add to, or publish a model for, a run that is over.
+# batch being retried. Past this window the attempt's reports are closed (409, nothing stored; a batch
+# already applied is still answered as a duplicate): a token kept after the run must not add to, or
+# publish a model for, a run that is over.
 LATE_REPORTS = timedelta(seconds=60)
 # What only a run that trained to its end produces; from a run that was stopped or failed it is refused.
 END_OF_TRAINING_KINDS = ("final", "adapter", "merged")
@@ -57,8 +59,13 @@ def require_open(run: TrainingRun) -> None:
 @router.post("/runs/{int:run_id}", response={200: IngestOut, 409: ErrorOut}, openapi_extra=body_schema(IngestBatchIn))
 def ingest(request: HttpRequest, run_id: int):
     run = run_for_token(request, run_id)
-    require_open(run)
     batch = parse_batch(request)
+    # A batch resent because its answer was lost is a duplicate even after the reports closed: the
+    # reporter reads a 409 as "superseded" and would stop retrying what it has still to send.
+    if IngestBatch.objects.filter(run=run, batch_id=batch.batch_id).exists():
+        return {"ok": True, "duplicate": True}
+    require_open(run)
+    refuse_foreign_checkpoints(run, batch)
     try:
         with transaction.atomic():
             IngestBatch.objects.create(run=run, batch_id=batch.batch_id)
@@ -89,6 +96,34 @@ def parse_batch(request: HttpRequest) -> IngestBatchIn:
     return parse_body(request, IngestBatchIn)
 
 
+def refuse_foreign_checkpoints(run: TrainingRun, batch: IngestBatchIn) -> None:
+    """A 400 (nothing of the batch stored, as for any bad item) for a checkpoint this attempt's engine
+    cannot have saved. Studio commits, merges and resumes from the folders an engine reports, and an
+    engine runs code its project controls: a path elsewhere on this machine (/etc, another run's
+    output) or a "merged" model of a step that was never trained to its end must not be listed."""
+    backend = get_backend(run.backend_name)
+    findings = []
+    adapters = {c.step for c in batch.checkpoints if c.kind == "adapter"}
+    for i, reported in enumerate(batch.checkpoints):
+        problem = backend.reported_path_problem(run.pk, run.attempt, reported.path) if backend is not None else None
+        if problem:
+            findings.append(Finding(f"checkpoints[{i}].path", problem))
+        # The engine merges its adapter into the base at the end of a LoRA run, after reporting the
+        # adapter; a Merge asked for in the Studio records its own. (A run that ended other than
+        # completed records neither: apply_batch logs them instead.)
+        if reported.kind == "merged" and not ended_early(run) and reported.step not in adapters and not Checkpoint.objects.filter(
+                run=run, attempt=run.attempt, step=reported.step, kind="adapter").exists():
+            findings.append(Finding(f"checkpoints[{i}].kind", f"a merged model comes at the end of a LoRA run, after its adapter, and step {reported.step} "
+                                                              "has no adapter: report the adapter of that step first, or report this folder as kind checkpoint"))
+    if findings:
+        raise BadRequest("This batch reports a checkpoint this attempt's engine cannot have saved: nothing of the batch was stored.", findings)
+
+
+def ended_early(run: TrainingRun) -> bool:
+    """Whether the run ended without completing: its end-of-training checkpoints are not recorded."""
+    return run.status in TERMINAL_STATUSES and run.status != Status.COMPLETED
+
+
 def insert_metric_points(run_id: int, rows: list[tuple[int, str, float]]) -> None:
     """PostgreSQL: one COPY (~10× an INSERT of model instances); elsewhere bulk_create."""
     if not rows:
@@ -107,7 +142,7 @@ def apply_batch(run: TrainingRun, batch: IngestBatchIn) -> None:
     insert_metric_points(run.pk, [(m.step, m.key, m.value) for m in batch.metrics])
     lines = list(batch.logs)
     for reported in batch.checkpoints:
-        if ended and run.status != Status.COMPLETED and reported.kind in END_OF_TRAINING_KINDS:
+        if ended_early(run) and reported.kind in END_OF_TRAINING_KINDS:
             lines.append(f"[studio] the {reported.kind} checkpoint (step {reported.step}) reported after the run was {run.status} is not recorded")
             continue
         record_checkpoint(run, Checkpoint.objects.create(run=run, attempt=attempt, **reported.model_dump()))

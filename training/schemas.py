@@ -5,7 +5,7 @@ from decimal import Decimal
 from typing import Annotated, Any, Literal
 
 from ninja import Schema
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, StrictStr, field_validator
 from pydantic_core import PydanticCustomError
 
 from studio.parsing import control_character
@@ -190,6 +190,20 @@ class AttemptOut(Schema):
 Step = Annotated[int, Field(ge=0, le=2**31 - 1, strict=True)]
 
 
+# Strict as Step is: lax mode stored "5" as 5.0 and true as 1.0. An int is still a number (5 → 5.0).
+Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+
+
+def _progress_number(value: Any) -> Any:
+    # One message for the whole union (strict int | strict float | None would answer with three).
+    if value is None or type(value) in (int, float):
+        return value
+    raise PydanticCustomError("progress_number", "must be a number or null: send 5 or 0.5, not a string, true/false, a list or an object")
+
+
+ProgressValue = Annotated[int | float | None, BeforeValidator(_progress_number)]
+
+
 def _one_line(text: str) -> str:
     if control_character(text) is not None:
         raise PydanticCustomError("control_character", "must not contain control characters (a newline, a tab, an escape): remove them")
@@ -208,15 +222,15 @@ Label = Annotated[str, AfterValidator(_one_line)]
 class IngestMetric(BaseModel):
     step: Step
     key: Label = Field(min_length=1, max_length=100)
-    value: float = Field(allow_inf_nan=False)
+    value: Number
 
 
 class IngestRollout(BaseModel):
     step: Step
     prompt: str
     completion: str
-    reward: float = Field(allow_inf_nan=False)
-    advantage: float | None = Field(None, allow_inf_nan=False)
+    reward: Number
+    advantage: Number | None = None
     components: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -242,7 +256,7 @@ class IngestBatchIn(BaseModel):
     status: Literal["running", "completed", "failed"] | None = None
     error: IngestError | None = None
     # step, max_steps, tokens_per_s, step_time_s, eta_s, mfu, gpu_memory_gb: numbers the run page shows
-    progress: dict[Annotated[str, Field(max_length=64)], int | float | None] | None = Field(None, max_length=64)
+    progress: dict[Annotated[str, Field(max_length=64)], ProgressValue] | None = Field(None, max_length=64)
 
 
 class IngestOut(Schema):

@@ -484,9 +484,15 @@ def backoff_seconds(failures: int) -> int:
 
 def last_checkpoint_path(run: TrainingRun) -> str | None:
     """Where an attempt after a spot interruption resumes from: the newest step this START's attempts
-    saved. An attempt before a "Start again" trained other weights, maybe further: never those."""
-    checkpoint = Checkpoint.objects.filter(run=run, attempt__gte=run.start_attempt).exclude(kind="final").order_by("-step", "-id").first()
-    return checkpoint.path if checkpoint else None
+    saved. An attempt before a "Start again" trained other weights, maybe further: never those. Only
+    a saved step (kind checkpoint: a final, adapter or merged folder has no optimizer state to resume),
+    and on the local backend only a folder inside its attempt's own run folder, as START's
+    resume_findings checks for a resumed run: an engine can report any path."""
+    saved = Checkpoint.objects.filter(run=run, attempt__gte=run.start_attempt, kind="checkpoint").order_by("-step", "-id")
+    for checkpoint in saved:
+        if run.backend_name != "local" or checkpoint_dir(checkpoint) is not None:
+            return checkpoint.path
+    return None
 
 
 def submit_attempt(run: TrainingRun, token: str) -> None:

@@ -1,12 +1,14 @@
 """An engine reports checkpoint paths over ingest, and a remote engine runs code its project controls:
-Studio commits (and merges next to) only a folder inside that run attempt's own folder on this
-machine, never another run's or project's files or the rest of the machine."""
+the ingest refuses a path outside that run attempt's own output folder on this machine, and Studio
+commits (and merges next to) only a folder inside it, never another run's or project's files or the
+rest of the machine."""
 from __future__ import annotations
 
 import pytest
 
 from datahub import repos
 from datahub.models import Repo, TreeEntry
+from datahub.services import commit_checkpoint
 from studio import crypto
 from tests.conftest import sft_body
 from training import checkpoints
@@ -31,11 +33,12 @@ def elsewhere(tmp_path):
     return folder
 
 
-def report(api, run, django_capture_on_commit_callbacks, batch_id: str, path: str, kind: str = "checkpoint"):
+def report(api, run, django_capture_on_commit_callbacks, batch_id: str, path: str, kind: str = "checkpoint", status: int = 200):
     with django_capture_on_commit_callbacks(execute=True):
         r = api.client.post(f"/api/ingest/runs/{run.pk}", data={"batch_id": batch_id, "checkpoints": [{"step": 1, "path": path, "kind": kind}]},
                             content_type="application/json", HTTP_AUTHORIZATION="Bearer ing_test")
-    assert r.status_code == 200, r.content
+    assert r.status_code == status, r.content
+    return r
 
 
 def committed_paths() -> set[str]:
@@ -43,7 +46,7 @@ def committed_paths() -> set[str]:
 
 
 @pytest.mark.parametrize("how", ["absolute", "dotdot", "link"])
-def test_a_reported_path_outside_the_runs_folder_is_not_committed(api, reporting_run, elsewhere, eager_celery, django_capture_on_commit_callbacks, how):
+def test_a_reported_path_outside_the_runs_folder_is_refused_and_not_committed(api, reporting_run, elsewhere, eager_celery, django_capture_on_commit_callbacks, how):
     own = run_dir(reporting_run.pk, 1) / "output"
     own.mkdir(parents=True)
     if how == "absolute":
@@ -53,16 +56,23 @@ def test_a_reported_path_outside_the_runs_folder_is_not_committed(api, reporting
     else:
         (own / "checkpoint-1").symlink_to(elsewhere)
         path = str(own / "checkpoint-1")
-    report(api, reporting_run, django_capture_on_commit_callbacks, "b1", path)
+    r = report(api, reporting_run, django_capture_on_commit_callbacks, "b1", path, status=400)
+    assert [e["field"] for e in r.json()["errors"]] == ["checkpoints[0].path"]
+    assert not Checkpoint.objects.filter(run=reporting_run).exists()
+    assert not any(p.endswith("secret.txt") for p in committed_paths())
+    # A checkpoint row that got in another way (reported before the ingest checked) is still not committed.
+    saved = Checkpoint.objects.create(run=reporting_run, attempt=1, step=1, path=path)
+    assert commit_checkpoint(saved.pk) is None
     assert not any(p.endswith("secret.txt") for p in committed_paths())
 
 
-def test_another_runs_output_is_not_committed(api, reporting_run, eager_celery, django_capture_on_commit_callbacks):
+def test_another_runs_output_is_refused(api, reporting_run, eager_celery, django_capture_on_commit_callbacks):
     other = api.post("/api/training-runs", sft_body()).json()["id"]
     theirs = run_dir(other, 1) / "output" / "checkpoint-1"
     theirs.mkdir(parents=True)
     (theirs / "model.safetensors").write_bytes(b"their weights")
-    report(api, reporting_run, django_capture_on_commit_callbacks, "b1", str(theirs))
+    report(api, reporting_run, django_capture_on_commit_callbacks, "b1", str(theirs), status=400)
+    assert not Checkpoint.objects.filter(run=reporting_run).exists()
     assert "checkpoints/step-1/model.safetensors" not in committed_paths()
 
 

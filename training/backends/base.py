@@ -88,6 +88,15 @@ class Backend:
         """The first, quick step of stop(), taken by STOP's own request: the engine starts to stop
         even while every worker is busy (stop(), a task, finishes the job). Default: nothing."""
 
+    def reported_path_problem(self, run_id: int, attempt: int, path: str) -> str | None:
+        """Why `path`, a checkpoint folder this attempt's engine reported, cannot be one it saved; None
+        when it can be. The engine saves under its spec's output_dir, which is absolute. A backend
+        whose engine runs on this machine checks that it lies inside that folder; a remote machine's
+        folders cannot be checked from here, beyond their shape."""
+        if not path.startswith("/") or ".." in path.split("/"):
+            return f"{path} is not where an engine saves: report the absolute path of the folder, under the spec's output_dir, without .. parts"
+        return None
+
     def logs(self, run, tail: int = 200) -> list[str]:
         return []
 

@@ -49,6 +49,12 @@ def run_dir(run_id: int, attempt: int) -> Path:
     return Path(settings.STUDIO_RUNS_DIR) / str(run_id) / f"attempt-{attempt}"
 
 
+def output_dir(run_id: int, attempt: int) -> Path:
+    """The attempt's engine output_dir: every folder it saves (checkpoint-<step>, final, adapter,
+    merged) lies inside it."""
+    return run_dir(run_id, attempt) / "output"
+
+
 def checkpoint_dir(checkpoint) -> Path | None:
     """The folder of a reported checkpoint when it lies inside its own run's attempt folder on this
     machine (links and .. resolved first), else None. An engine can report any path (a remote one
@@ -124,6 +130,20 @@ class LocalBackend(Backend):
             findings.append(Finding("compute.accelerators", f"the local backend has {counted(available, 'GPU')} and this run asks for {accel.count}: use CPU here, or a remote backend"))
         return findings
 
+    def reported_path_problem(self, run_id: int, attempt: int, path: str) -> str | None:
+        problem = super().reported_path_problem(run_id, attempt, path)
+        if problem:
+            return problem
+        own = output_dir(run_id, attempt).resolve()
+        try:
+            # Not strict: the folder is checked again, strictly, where it is read (checkpoint_dir).
+            folder = Path(path).resolve()
+        except (OSError, RuntimeError, ValueError):
+            folder = own
+        if folder == own or not folder.is_relative_to(own):
+            return f"{path} is not inside this attempt's output folder {own} (links resolved): report only folders the engine saved under its output_dir"
+        return None
+
     def image_has(self, module: str) -> bool:
         from training.validation import local_image_has
 
@@ -134,7 +154,7 @@ class LocalBackend(Backend):
         directory.mkdir(parents=True, exist_ok=True)
         for folder in (directory.parent, directory):
             folder.chmod(0o700)  # engine.log and the checkpoints are the project's, not other local users'
-        job.output_dir = str(directory / "output")
+        job.output_dir = str(output_dir(job.run_id, job.attempt))
         job.cache_dir = str(directory.parent / "cache")  # shared by the run's attempts (DISTILL's capture); DELETE removes it with the run
         spec_path = directory / "spec.json"
         fd = os.open(spec_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
