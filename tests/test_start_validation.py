@@ -408,7 +408,7 @@ def test_choice_values_in_any_case_are_stored_in_lower_case_so_start_checks_them
 
 
 def test_a_child_run_resumes_only_from_its_parents_own_run_folder(api, tmp_path, settings):
-    from training.backends.local import run_dir
+    from training.backends.local import output_dir
     from training.models import Checkpoint
 
     settings.STUDIO_RUNS_DIR = str(tmp_path / "runs")  # not var/runs, where an earlier session's run of this id may be
@@ -418,7 +418,7 @@ def test_a_child_run_resumes_only_from_its_parents_own_run_folder(api, tmp_path,
     elsewhere = tmp_path / "someone-elses" / "checkpoint-3"
     elsewhere.mkdir(parents=True)
     Checkpoint.objects.create(run_id=parent_id, attempt=1, step=3, path=str(elsewhere))
-    own = run_dir(parent_id, 1) / "checkpoint-6"
+    own = output_dir(parent_id, 1) / "checkpoint-6"
     own.mkdir(parents=True)
     Checkpoint.objects.create(run_id=parent_id, attempt=1, step=6, path=str(own))
     refused = api.post(f"/api/training-runs/{parent_id}/checkpoints/3/resume").json()["id"]
@@ -435,14 +435,14 @@ def test_a_child_run_resumes_only_from_its_parents_own_run_folder(api, tmp_path,
 def test_a_resumed_run_trains_the_same_model_and_adapter_past_its_step(api, project, settings, tmp_path):
     # A PATCH of the child's model or adapter failed the engine on a size mismatch; a max_steps at or
     # below the step it resumes from trained nothing, "completed" and published a model.
-    from training.backends.local import run_dir
+    from training.backends.local import output_dir
     from training.models import Checkpoint
 
     settings.STUDIO_RUNS_DIR = str(tmp_path / "runs")
     parent_id = make_run(api, config={"max_steps": 30, "lora_rank": 8})
     TrainingRun.objects.filter(pk=parent_id).update(status=Status.COMPLETED)
     for step in (10, 30):
-        folder = run_dir(parent_id, 1) / f"checkpoint-{step}"
+        folder = output_dir(parent_id, 1) / f"checkpoint-{step}"
         folder.mkdir(parents=True)
         Checkpoint.objects.create(run_id=parent_id, attempt=1, step=step, path=str(folder))
     last = api.post(f"/api/training-runs/{parent_id}/checkpoints/30/resume").json()["id"]
@@ -459,3 +459,16 @@ def test_a_resumed_run_trains_the_same_model_and_adapter_past_its_step(api, proj
     assert f"step 10 of run #{parent_id} trained {parent_model}: set base_model back to it" in found["base_model"]
     assert "saved an adapter with lora_rank 8: set it back, or start a new run with lora_rank 16" in found["config.lora_rank"]
     assert TrainingRun.objects.get(pk=child).status == Status.QUEUED
+
+
+def test_a_stored_checkpoint_row_pointing_at_its_attempt_folder_itself_is_not_a_checkpoint(api, tmp_path, settings):
+    # The attempt folder holds spec.json with the ingest token: only its output folder's saves are checkpoints.
+    from training.backends.local import checkpoint_dir, output_dir, run_dir
+    from training.models import Checkpoint
+
+    settings.STUDIO_RUNS_DIR = str(tmp_path / "runs")
+    parent_id = make_run(api)
+    (output_dir(parent_id, 1) / "checkpoint-2").mkdir(parents=True)
+    rows = [Checkpoint.objects.create(run_id=parent_id, attempt=1, step=step, path=str(path))
+            for step, path in ((1, run_dir(parent_id, 1)), (2, output_dir(parent_id, 1) / "checkpoint-2"), (3, output_dir(parent_id, 1)))]
+    assert [checkpoint_dir(row) is not None for row in rows] == [False, True, False]

@@ -56,16 +56,17 @@ def output_dir(run_id: int, attempt: int) -> Path:
 
 
 def checkpoint_dir(checkpoint) -> Path | None:
-    """The folder of a reported checkpoint when it lies inside its own run's attempt folder on this
+    """The folder of a reported checkpoint when it lies inside its own attempt's output folder on this
     machine (links and .. resolved first), else None. An engine can report any path (a remote one
     reports paths on its own machine): Studio reads, merges or resumes only its attempt's own output,
-    never another run's or project's files or the rest of this machine."""
-    own = run_dir(checkpoint.run_id, checkpoint.attempt).resolve()
+    never another run's or project's files, the attempt folder's spec (it holds the ingest token) or
+    the rest of this machine. Ingest refuses such paths too; this also guards rows stored before."""
+    own = output_dir(checkpoint.run_id, checkpoint.attempt).resolve()
     try:
         folder = Path(checkpoint.path).resolve(strict=True)
     except (OSError, RuntimeError, ValueError):
         return None
-    return folder if folder.is_relative_to(own) and folder.is_dir() else None
+    return folder if folder.is_relative_to(own) and folder != own and folder.is_dir() else None
 
 
 def engine_env(extra: dict[str, str]) -> dict[str, str]:
