@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -136,6 +137,22 @@ def test_teacher_with_same_tokenizer_passes(api, tmp_path):
     teacher = write_model(tmp_path / "teacher", {"a": 0, "b": 1})
     run_id = make_run(api, method="distill", base_model=student, config={"distillation": {"teacher_model": teacher}})
     assert start(api, run_id).status_code == 202
+
+
+def test_a_data_hub_teacher_with_another_tokenizer_returns_422_before_start(api, project, tmp_path):
+    # Only local folders were compared: a Data Hub teacher of another family failed the engine before capture.
+    from datahub.commits import commit_files
+    from datahub.repos import create_repo
+
+    student = write_model(tmp_path / "student", {"a": 0, "b": 1})
+    for name, vocab in (("teacher-mm", {"a": 0, "c": 1}), ("teacher-ok", {"a": 0, "b": 1})):
+        folder = Path(write_model(tmp_path / name, vocab))
+        commit_files(create_repo(project, name, "model"), "main", {p.name: p for p in folder.iterdir()}, message=name)
+    mismatched = make_run(api, method="distill", base_model=student, config={"distillation": {"teacher_model": "teacher-mm@main"}})
+    body = assert_start_refused(api, mismatched, 422, "config.distillation.teacher_model")
+    assert any("the teacher's tokenizer differs from the student's" in e["message"] for e in body["errors"])
+    fine = make_run(api, method="distill", base_model=student, config={"distillation": {"teacher_model": "teacher-ok@main"}})
+    assert "config.distillation.teacher_model" not in [e["field"] for e in start(api, fine).json().get("errors", [])]
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -259,26 +260,60 @@ def fit_findings(draft: Draft) -> list[Finding]:
     return [Finding(verdict.field, verdict.message)]
 
 
-def tokenizer_fingerprint(model_dir: Path) -> str | None:
-    """A hash of the vocabulary, so two tokenizers compare equal when their ids mean the same."""
-    tok = model_dir / "tokenizer.json"
-    if tok.is_file():
-        data = json.loads(tok.read_text())
+TOKENIZER_MAX_BYTES = 100_000_000  # a tokenizer.json is a few MB; a file far larger is not compared
+
+
+def tokenizer_fingerprint(read: Callable[[str], bytes | None]) -> str | None:
+    """A hash of the vocabulary, so two tokenizers compare equal when their ids mean the same.
+    `read(name)` gives a file of the model folder (None when it has none)."""
+    raw = read("tokenizer.json")
+    if raw is not None:
+        data = json.loads(raw)
         vocab = (data.get("model") or {}).get("vocab")
         added = sorted((t.get("id"), t.get("content")) for t in data.get("added_tokens", []))
         return hashlib.sha256(json.dumps([vocab, added], sort_keys=True).encode()).hexdigest()
-    vocab_file = model_dir / "vocab.json"
-    if vocab_file.is_file():
-        return hashlib.sha256(vocab_file.read_bytes()).hexdigest()
-    return None
+    vocab_file = read("vocab.json")
+    return hashlib.sha256(vocab_file).hexdigest() if vocab_file is not None else None
+
+
+def model_file_reader(project, ref: str | None) -> Callable[[str], bytes | None] | None:
+    """Reads files of a model the Studio can see: a local folder, or a Data Hub repo@ref (the files of
+    the commit it resolves to). None for an HF id or a ref that does not resolve: the engine checks."""
+    folder = local_model_dir(ref)
+    if folder is not None:
+        return lambda name: (folder / name).read_bytes() if (folder / name).is_file() else None
+    if project is None or not isinstance(ref, str) or ref_kind(ref) != "hub":
+        return None
+    from datahub.refs import parse_ref
+    from datahub.repos import tree
+    from datahub.storage import open_blob
+    from studio.errors import ApiError
+
+    try:
+        _, commit = parse_ref(project, ref, "ref")
+    except ApiError:
+        return None
+    files = tree(commit)
+
+    def read(name: str) -> bytes | None:
+        blob = files.get(name)
+        if blob is None or blob.size > TOKENIZER_MAX_BYTES:
+            return None
+        with open_blob(blob.storage_name) as fh:
+            return fh.read()
+
+    return read
 
 
 def teacher_tokenizer_findings(draft: Draft) -> list[Finding]:
     teacher = (draft.config.get("distillation") or {}).get("teacher_model") if draft.method == "distill" else None
-    student_dir, teacher_dir = local_model_dir(draft.base_model), local_model_dir(teacher)
-    if not (student_dir and teacher_dir):
-        return []  # not both resolvable here: the engine checks again before capture
-    student_fp, teacher_fp = tokenizer_fingerprint(student_dir), tokenizer_fingerprint(teacher_dir)
+    student, teacher_files = model_file_reader(draft.project, draft.base_model), model_file_reader(draft.project, teacher)
+    if not (student and teacher_files):
+        return []  # not both readable here (an HF id): the engine checks again before capture
+    try:
+        student_fp, teacher_fp = tokenizer_fingerprint(student), tokenizer_fingerprint(teacher_files)
+    except ValueError:
+        return []  # a tokenizer.json that does not parse: the engine's loader says so
     if student_fp and teacher_fp and student_fp != teacher_fp:
         return [Finding("config.distillation.teacher_model", "the teacher's tokenizer differs from the student's: distillation compares token ids, so pick a teacher of the same family")]
     return []
