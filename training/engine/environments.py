@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import traceback
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
@@ -22,8 +23,34 @@ from typing import Any
 from .spec import SpecError
 
 
+class PackageError(RuntimeError):
+    """An environment package failed; the message is a whole sentence naming the environment (the cause is chained)."""
+
+
+class PackageCallError(PackageError):
+    """A package callback (score, a reward function, a tool, prompts) raised during the run."""
+
+
+def _package_frame(exc: BaseException, root: Path) -> tuple[str, int, str] | None:
+    """The innermost traceback frame inside the package: (path relative to its root, line, function)."""
+    root = root.resolve()
+    found = None
+    for frame in traceback.extract_tb(exc.__traceback__):
+        try:
+            rel = Path(frame.filename).resolve().relative_to(root)
+        except (ValueError, OSError):
+            continue
+        found = (rel.as_posix(), frame.lineno or 0, frame.name)
+    return found
+
+
 class Environment(ABC):
     id: str = ""
+    # Set for a loaded package (packages.load_package): where its files lie, so a failure inside it is
+    # named by package-relative file:line rather than by the staged copy in the run directory.
+    package_dir: Path | None = None
+    # The id as failures name it: the pinned commit instead of the branch when the spec says which.
+    ref: str = ""
     # The columns score() reads from a row, beyond "prompt": a run's own dataset must have them
     # (a package declares them as ROW_KEYS in its __init__.py; Studio checks them before START too).
     row_keys: tuple[str, ...] = ()
@@ -41,6 +68,26 @@ class Environment(ABC):
     def score_group(self, rows: list[dict[str, Any]], completions: list[str]) -> list[dict[str, float]]:
         """Scores for one step's rollouts; judges that compare a group override this."""
         return [self.score(row, completion) for row, completion in zip(rows, completions, strict=True)]
+
+    def guarded(self, what: str, fn: Any, *args: Any) -> Any:
+        """Call `fn` (one of the package's callbacks, named `what`, e.g. "score()"); a failure in a
+        package's code becomes a `PackageCallError` naming the environment, the callback and the file:line
+        in the package, so the run's error says where to look without reading the log."""
+        if self.package_dir is None:  # a built-in: its errors are the engine's own
+            return fn(*args)
+        try:
+            return fn(*args)
+        except (PackageError, SpecError):
+            raise
+        except Exception as exc:
+            where = _package_frame(exc, self.package_dir)
+            at = ""
+            if where is not None:
+                path, line, func = where
+                inside = "" if f"{func}()" == what or func == "<module>" else f" in {func}()"
+                at = f"{inside} at {path}:{line}"
+            raise PackageCallError(f"environment {self.ref or self.id}: {what} raised {type(exc).__name__}: {exc}{at}; "
+                                   "fix the package and start the run again") from exc
 
 
 class ArithEnvironment(Environment):
@@ -161,7 +208,10 @@ def environment_for(spec: Any, reporter: Any = None) -> Environment:
         where = f"{block.get('repo')}@{str(block.get('commit'))[:12]}" if block.get("commit") else str(directory)
         reporter.log(f"environment {environment_id}: loading the package staged from {where}")
     try:
-        return load_package(directory, environment_id)
+        env = load_package(directory, environment_id)
+        if block.get("commit"):
+            env.ref = f"{name}@{str(block['commit'])[:12]}"
+        return env
     except EnvironmentLoadError:
         raise
     except BaseException as exc:
