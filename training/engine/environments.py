@@ -15,12 +15,20 @@ from __future__ import annotations
 import os
 import random
 import re
+import statistics
 import traceback
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from .spec import SpecError
+
+
+def group_std(rewards: Sequence[float]) -> float:
+    """The spread of one prompt's rollout rewards as TRL's ``reward_std`` metric and its advantages take it:
+    the sample standard deviation (n − 1). The engine's reported advantages and the Rollouts tab use this."""
+    return statistics.stdev(rewards) if len(rewards) > 1 else 0.0
 
 
 class PackageError(RuntimeError):

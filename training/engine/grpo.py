@@ -22,7 +22,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from .common import Context, StudioCallback, TokenCountingMixin, build_config, train_and_finish
 from .data import load_rows
-from .environments import Environment, environment_for
+from .environments import Environment, environment_for, group_std
 from .modeling import Device, load_policy, load_tokenizer
 from .rollout import StaticDecoder, static_decoder_support
 from .spec import SpecError
@@ -74,7 +74,7 @@ def make_reward_fn(env: Environment, ctx: Context, group: int, trainer_ref: list
         if step % every == 0:
             for start in range(0, len(scores), group):
                 chunk = totals[start : start + group]
-                std = chunk.std() if chunk.numel() > 1 else torch.tensor(0.0)
+                std = group_std(chunk.tolist())
                 adv = (chunk - chunk.mean()) / (std + ADVANTAGE_EPS)
                 for j in range(chunk.numel()):
                     i = start + j
