@@ -323,13 +323,22 @@ class RowNeeds:
     keys: tuple[str, ...]
     who: str  # "builtin/gsm-maths", named in each finding
 
-    def problem(self, row: dict) -> str | None:
+    def problem(self, row: dict, skip: frozenset[str] = frozenset()) -> tuple[str, str] | None:
+        """The first needed key this row lacks or leaves empty, with the finding's text; keys in `skip`
+        (columns already reported as absent from the whole file) are not looked at."""
         for key in self.keys:
+            if key in skip:
+                continue
             if row.get(key) is None or (isinstance(row[key], str) and not row[key].strip()):
                 state = "missing" if key not in row else "empty"
-                return (f'"{key}" is {state}: {self.who} scores each completion against the row\'s {", ".join(self.keys)}; '
-                        "add it to every row, or leave dataset empty to use the environment's own prompts")
+                return key, (f'"{key}" is {state}: {self.who} scores each completion against the row\'s {", ".join(self.keys)}; '
+                             "add it to every row, or leave dataset empty to use the environment's own prompts")
         return None
+
+    def absent_column(self, key: str, where: str) -> str:
+        """One finding for a column that no checked row of a file has, instead of one per row."""
+        return (f'{where or "the dataset "}has no "{key}" column, which {self.who} reads from every row (its ROW_KEYS: '
+                f'{", ".join(self.keys)}): add the column, or leave dataset empty to use the environment\'s own prompts')
 
     def cache_key(self) -> str:
         return f"{self.who}:{','.join(self.keys)}"
@@ -378,7 +387,9 @@ def rows_findings(sources: list[Source], method: str, field: str, needs: RowNeed
                   set_aside: Callable[[str], str] = lambda path: f"remove {path}") -> list[Finding]:
     """Every row of every file against what `method` trains on (and `needs`); at most MAX_FINDINGS.
     A file of the wrong shape among others is a finding that ends with `set_aside(path)`: how to take
-    that file out of the dataset (the run trains on every data file)."""
+    that file out of the dataset (the run trains on every data file). A needed column that every row
+    checked so far lacks (at the end of the file, or when the findings reach MAX_FINDINGS) is one
+    finding for the file, not one per row; rows that are bad on their own keep their own findings."""
     wanted = METHOD_SHAPES.get(method)
     if wanted is None:
         return []
@@ -387,6 +398,11 @@ def rows_findings(sources: list[Source], method: str, field: str, needs: RowNeed
     for entry in sources:
         where = f"{entry.path} " if len(sources) > 1 else ""
         shape = None
+        # This file's findings, each with the needed key a row lacked entirely (None for any other problem).
+        pending: list[tuple[Finding, str | None]] = []
+        lacking = dict.fromkeys(needs.keys if needs is not None else (), 0)
+        checked = 0  # rows of this file checked against `needs`
+        absent: frozenset[str] = frozenset()
         for number, row in iter_rows(entry):
             if number > max_rows:
                 break
@@ -395,20 +411,46 @@ def rows_findings(sources: list[Source], method: str, field: str, needs: RowNeed
                 if shape not in wanted:
                     expected = " or ".join(SHAPE_LABELS[s] for s in wanted)
                     todo = set_aside(entry.path) if len(sources) > 1 else _other_data_or_method(shape)
-                    findings.append(Finding(field, f"{where}rows look like {SHAPE_LABELS[shape]} (columns: {', '.join(sorted(row))}); "
-                                                   f"{method.upper()} trains on {expected} rows: {todo}"))
+                    pending.append((Finding(field, f"{where}rows look like {SHAPE_LABELS[shape]} (columns: {', '.join(sorted(row))}); "
+                                                   f"{method.upper()} trains on {expected} rows: {todo}"), None))
                     break
             problem = row_problem(row, shape or "text") if shape or isinstance(row, RowError) else None
+            key = None
             if problem is None and needs is not None and isinstance(row, dict):
-                problem = needs.problem(row)
+                checked += 1
+                for k in lacking:
+                    lacking[k] += k not in row
+                found = needs.problem(row, absent)
+                if found is not None:
+                    key, problem = found[0] if found[0] not in row else None, found[1]
             if problem:
-                findings.append(Finding(field, f"{where}row {number}: {problem}"))
-                if len(findings) >= MAX_FINDINGS:
+                pending.append((Finding(field, f"{where}row {number}: {problem}"), key))
+                if len(findings) + len(pending) >= MAX_FINDINGS and needs is not None:
+                    absent = _collapse_absent(pending, lacking, checked, absent, needs, field, where)
+                if len(findings) + len(pending) >= MAX_FINDINGS:
+                    findings += [f for f, _ in pending]
                     findings.append(Finding(field, f"stopped after {MAX_FINDINGS} problems: fix these and start again"))
                     return findings
+        if needs is not None:
+            absent = _collapse_absent(pending, lacking, checked, absent, needs, field, where)
+        findings += [f for f, _ in pending]
         if shape is None and not findings:
             findings.append(Finding(field, no_rows(where)))
     return findings
+
+
+def _collapse_absent(pending: list[tuple[Finding, str | None]], lacking: dict[str, int], checked: int,
+                     absent: frozenset[str], needs: RowNeeds, field: str, where: str) -> frozenset[str]:
+    """Needed keys that every checked row of the file lacked become one finding each, in `pending` in
+    place of their per-row findings (where the first of those was); returns the keys now reported absent."""
+    new = frozenset(k for k, n in lacking.items() if checked and n == checked and k not in absent)
+    if not new:
+        return absent
+    kept = [(f, k) for f, k in pending if k not in new]
+    first = next((i for i, (_, k) in enumerate(pending) if k in new), len(kept))
+    column: list[tuple[Finding, str | None]] = [(Finding(field, needs.absent_column(k, where)), None) for k in needs.keys if k in new]
+    pending[:] = kept[:first] + column + kept[first:]
+    return absent | new
 
 
 def no_rows(where: str = "") -> str:

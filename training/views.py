@@ -35,6 +35,7 @@ from studio.views import errors_by_field, studio_page, web_actor
 from training import checkpoints, forms, services
 from training.backends.local import checkpoint_dir
 from training.compute import accelerators_of
+from training.engine.environments import group_std
 from training.fit_report import fit_report, form_fit_report
 from training.ingest import LATE_REPORTS
 from training.methods import distill as distill_method
@@ -774,7 +775,7 @@ def rollout_groups(run: TrainingRun, request: HttpRequest) -> dict[str, Any]:
     for (s, prompt), items in groups.items():
         rewards = [r.reward for r in items]
         out.append({"step": s, "prompt": prompt, "rollouts": items, "mean": statistics.fmean(rewards),
-                    "std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0, "min": min(rewards), "max": max(rewards)})
+                    "std": group_std(rewards), "min": min(rewards), "max": max(rewards)})
     raw_bounds = {k: request.GET.get(k, "") if k in notes else bounds[k] for k in bounds}
     return {"groups": out, "steps": steps, "chosen_step": "all" if step == "all" else chosen_step, "notes": notes, **raw_bounds}
 

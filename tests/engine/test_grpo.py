@@ -72,3 +72,14 @@ def test_grpo_with_kl_system_prompt_and_lora(tiny, ingest: IngestStub, tmp_path:
     assert len(rollouts) == 3 * 4
     assert rollouts[0]["prompt"].startswith("What is ")  # the user turn, not the system prompt
     assert [c["kind"] for c in ingest.collect("checkpoints")] == ["adapter", "merged"]
+
+
+def test_arith_scores_a_row_without_answer_or_sum_0_and_warns_once() -> None:
+    logged: list[str] = []
+    env = ArithEnvironment(log=logged.append)
+    assert env.score({"prompt": "Q1", "answer": "A"}, "A")["exact"] == 1.0
+    assert env.score({"prompt": "Q2"}, "4") == {"format": 0.0, "digits": 0.0, "exact": 0.0, "total": 0.0}
+    assert env.score({"prompt": "Q3"}, "4")["total"] == 0.0
+    assert env.score({"prompt": "What is 2+2?"}, "4")["exact"] == 1.0
+    assert logged == ['builtin/arith: the row with prompt \'Q2\' has no "answer" and no a+b in its prompt, so its rollouts score 0 '
+                      '(later such rows too, without another warning): give those rows an "answer" column']

@@ -14,7 +14,7 @@ import pytest
 from tests.engine.conftest import IngestStub, ingest, make_spec, run_inprocess, tiny  # noqa: F401 - fixtures
 from tests.environments.conftest import CATALOGUE
 from training.engine import ruler
-from training.engine.environments import environment_for
+from training.engine.environments import PackageCallError, environment_for
 from training.engine.packages import EnvironmentLoadError, TasksetEnvironment, load_package
 
 FAST = {"max_steps": 3, "learning_rate": 1e-2, "rollouts_per_prompt": 4, "max_response_length": 8, "rollout_log_steps": 1}
@@ -291,3 +291,59 @@ def test_grpo_refuses_a_dataset_without_the_columns_its_environment_scores_again
     rows.write_text('{"prompt": "What is 2+2?", "solution": "4"}\n')
     assert run_inprocess(spec) == 2  # a spec error
     assert 'has no "answer" column (its columns: prompt, solution)' in ingest.scalars("error")[-1]["message"]
+
+
+BROKEN_SCORE = '''
+class Env:
+    def rows(self):
+        return [{"prompt": "What is 2+2?", "answer": "4"}]
+
+    def score(self, row, completion):
+        return {"correct": float(completion.strip() == row["answer"]), "bogus": row["missing_column"] / 0}
+
+
+def load_environment(**kwargs):
+    return Env()
+'''
+
+
+def test_a_failing_score_names_the_environment_commit_callback_and_package_line(tiny, ingest: IngestStub, tmp_path):  # noqa: F811
+    # The staged copy lies in the run directory; the message names the package's own file and line.
+    pkg = write_package(tmp_path / "out" / "environment", BROKEN_SCORE)
+    line = BROKEN_SCORE.splitlines().index('        return {"correct": float(completion.strip() == row["answer"]), "bogus": row["missing_column"] / 0}') + 1
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    spec = make_spec("grpo", tiny["student"], [], tmp_path / "out", {**FAST, "environment_id": "my-gsm@main"}, ingest,
+                     environment={"id": "my-gsm@main", "path": str(pkg), "repo": "my-gsm", "commit": commit})
+    assert run_inprocess(spec) == 1
+    assert ingest.scalars("error")[-1]["message"] == (
+        f"environment my-gsm@{commit[:12]}: score() raised KeyError: 'missing_column' at __init__.py:{line}; "
+        "fix the package and start the run again")
+    assert not ingest.series("reward")
+
+
+def test_a_failing_helper_or_tool_is_located_in_its_own_module(tmp_path):
+    pkg = write_package(tmp_path / "pkg", '''
+from .rules import check
+
+
+class Env:
+    tool_stop = "</calc>"
+
+    def rows(self):
+        return [{"prompt": "p"}]
+
+    def call_tool(self, text):
+        return check(text)
+
+    def score(self, row, completion):
+        return check(completion)
+
+
+def load_environment(**kwargs):
+    return Env()
+''', **{"rules.py": "def check(text):\n    return int(text)\n"})
+    env = environment_for(spec_of({"environment_id": "helper@main"}, {"path": str(pkg)}))
+    with pytest.raises(PackageCallError, match=r"^environment helper@main: score\(\) raised ValueError: .* in check\(\) at rules.py:2; "):
+        env.guarded("score()", env.score_group, [{"prompt": "p"}], ["seven"])
+    with pytest.raises(PackageCallError, match=r"^environment helper@main: call_tool\(\) raised ValueError: .* in check\(\) at rules.py:2; "):
+        env.guarded("call_tool()", env.call_tool, "x</calc>")

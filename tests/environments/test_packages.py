@@ -2,6 +2,7 @@
 pre-start 422 for a package importing something outside the trainer image's set."""
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -307,6 +308,20 @@ def test_start_checks_a_runs_own_dataset_has_the_columns_its_environment_scores_
         f'row 2: "label" is missing: needs-label scores each completion against the row\'s prompt, label; {advice}']
     commit_files(data, "main", {"train.jsonl": b'{"prompt": "a", "label": "x"}\n'})
     assert dataset_messages("needs-label@main", "labelled@main") == []
+
+
+def test_start_says_once_that_a_dataset_lacks_a_column_its_environment_reads(api, tmp_path):
+    rows = tmp_path / "no-answer.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": f"{n}+{n}?", "solution": str(2 * n)} if n != 3 else {"prompt": " ", "solution": "6"}) + "\n"
+                            for n in range(1, 31)))
+    body = {"name": "own data", "method": "grpo", "base_model": "org/base", "dataset": str(rows), "config": {"environment_id": "builtin/gsm-maths@main"}}
+    r = api.post("/api/training-runs", body)
+    assert r.status_code == 201, r.content
+    messages = [e["message"] for e in api.post(f"/api/training-runs/{r.json()['id']}/start").json().get("errors", []) if e["field"] == "dataset"]
+    assert messages[0] == ('the dataset has no "answer" column, which builtin/gsm-maths reads from every row (its ROW_KEYS: prompt, answer): '
+                           "add the column, or leave dataset empty to use the environment's own prompts")
+    # A row that is bad on its own still gets its own finding; no 20 copies of the same one, no "stopped after".
+    assert len(messages) == 2 and messages[1].startswith("row 3: "), messages
 
 
 def test_row_keys_are_read_without_importing_the_package():

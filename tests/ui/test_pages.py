@@ -263,6 +263,21 @@ def test_rollouts_grouped_by_prompt(project, users):
     assert html.count("rollout-group") == 2  # step 2, unfiltered
 
 
+def test_rollouts_tab_shows_components_the_system_prompt_and_the_sample_std_of_reward_std(project, users):
+    run = make_run(project, users["owner"], "grpo")
+    run.config = {**(run.config or {}), "system_prompt": "Answer with digits only."}
+    run.save(update_fields=["config"])
+    Rollout.objects.bulk_create([
+        Rollout(run=run, step=1, prompt="What is 2+2?", completion="4", reward=1.0, advantage=0.7, components={"format": 1.0, "digits": 1.0, "exact": 1.0}),
+        Rollout(run=run, step=1, prompt="What is 2+2?", completion="5", reward=0.8, advantage=-0.7, components={"format": 1.0, "digits": 0.0, "exact": 0.0}),
+    ])
+    html = client_for(users["owner"]).get(f"/training/runs/{run.pk}/rollouts/").content.decode()
+    # reward_std and the advantages use the sample std (n - 1): 0.141 here, where the population std is 0.100.
+    assert "reward mean 0.900, std 0.141," in html
+    assert all(f"<span>{name} 1.000</span>" in html for name in ("format", "digits", "exact")) and html.count("</span> · <span>") == 4
+    assert "<span>digits 0.000</span>" in html and "Answer with digits only." in html
+
+
 @pytest.mark.parametrize("step", ["²", "-1", "1.0"])
 def test_rollouts_tab_takes_a_step_that_is_not_ascii_digits_as_no_step(project, users, step):
     # "²".isdigit() is True, yet int("²") raises: it was a 500.

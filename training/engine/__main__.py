@@ -14,6 +14,7 @@ import sys
 import traceback
 from typing import Any
 
+from .environments import PackageError
 from .reporter import Reporter, Superseded
 from .spec import Spec, SpecError, load_spec
 
@@ -138,6 +139,8 @@ def _execute(spec: Spec, reporter: Reporter) -> int:
             reporter.log(line)
         if _is_oom(exc):
             code, message = "oom", oom_message(spec, exc, reporter)
+        elif isinstance(exc, PackageError):  # a sentence naming the environment, what raised and where
+            code, message = "training_error", str(exc)
         else:
             code, message = "training_error", f"{type(exc).__name__}: {exc}"
         reporter.status("failed", {"code": code, "message": message, "log_tail": list(reporter.log_tail)})

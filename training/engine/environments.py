@@ -15,15 +15,50 @@ from __future__ import annotations
 import os
 import random
 import re
+import statistics
+import traceback
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from .spec import SpecError
 
 
+def group_std(rewards: Sequence[float]) -> float:
+    """The spread of one prompt's rollout rewards as TRL's ``reward_std`` metric and its advantages take it:
+    the sample standard deviation (n − 1). The engine's reported advantages and the Rollouts tab use this."""
+    return statistics.stdev(rewards) if len(rewards) > 1 else 0.0
+
+
+class PackageError(RuntimeError):
+    """An environment package failed; the message is a whole sentence naming the environment (the cause is chained)."""
+
+
+class PackageCallError(PackageError):
+    """A package callback (score, a reward function, a tool, prompts) raised during the run."""
+
+
+def _package_frame(exc: BaseException, root: Path) -> tuple[str, int, str] | None:
+    """The innermost traceback frame inside the package: (path relative to its root, line, function)."""
+    root = root.resolve()
+    found = None
+    for frame in traceback.extract_tb(exc.__traceback__):
+        try:
+            rel = Path(frame.filename).resolve().relative_to(root)
+        except (ValueError, OSError):
+            continue
+        found = (rel.as_posix(), frame.lineno or 0, frame.name)
+    return found
+
+
 class Environment(ABC):
     id: str = ""
+    # Set for a loaded package (packages.load_package): where its files lie, so a failure inside it is
+    # named by package-relative file:line rather than by the staged copy in the run directory.
+    package_dir: Path | None = None
+    # The id as failures name it: the pinned commit instead of the branch when the spec says which.
+    ref: str = ""
     # The columns score() reads from a row, beyond "prompt": a run's own dataset must have them
     # (a package declares them as ROW_KEYS in its __init__.py; Studio checks them before START too).
     row_keys: tuple[str, ...] = ()
@@ -42,6 +77,26 @@ class Environment(ABC):
         """Scores for one step's rollouts; judges that compare a group override this."""
         return [self.score(row, completion) for row, completion in zip(rows, completions, strict=True)]
 
+    def guarded(self, what: str, fn: Any, *args: Any) -> Any:
+        """Call `fn` (one of the package's callbacks, named `what`, e.g. "score()"); a failure in a
+        package's code becomes a `PackageCallError` naming the environment, the callback and the file:line
+        in the package, so the run's error says where to look without reading the log."""
+        if self.package_dir is None:  # a built-in: its errors are the engine's own
+            return fn(*args)
+        try:
+            return fn(*args)
+        except (PackageError, SpecError):
+            raise
+        except Exception as exc:
+            where = _package_frame(exc, self.package_dir)
+            at = ""
+            if where is not None:
+                path, line, func = where
+                inside = "" if f"{func}()" == what or func == "<module>" else f" in {func}()"
+                at = f"{inside} at {path}:{line}"
+            raise PackageCallError(f"environment {self.ref or self.id}: {what} raised {type(exc).__name__}: {exc}{at}; "
+                                   "fix the package and start the run again") from exc
+
 
 class ArithEnvironment(Environment):
     """Two-number addition with a dense reward, so even a tiny random model climbs it.
@@ -53,8 +108,10 @@ class ArithEnvironment(Environment):
     id = "builtin/arith"
     _pattern = re.compile(r"(\d+)\s*\+\s*(\d+)")
 
-    def __init__(self, max_operand: int = 9) -> None:
+    def __init__(self, max_operand: int = 9, log: Callable[[str], None] = print) -> None:
         self.max_operand = max_operand
+        self.log = log  # the run log (environment_for passes the reporter's)
+        self._warned = False
 
     def prompts(self, n: int, seed: int) -> list[dict[str, Any]]:
         rng = random.Random(seed)
@@ -64,16 +121,23 @@ class ArithEnvironment(Environment):
             rows.append({"prompt": f"What is {a}+{b}? Answer with digits only.", "answer": str(a + b)})
         return rows
 
-    def answer_for(self, row: dict[str, Any]) -> str:
+    def answer_for(self, row: dict[str, Any]) -> str | None:
+        """The row's ``answer``, else the sum of the first ``a+b`` in its prompt; None when it has neither."""
         if row.get("answer") not in (None, ""):
             return str(row["answer"])
         match = self._pattern.search(str(row.get("prompt", "")))
-        if not match:
-            raise ValueError(f"builtin/arith: cannot find 'a+b' in prompt {row.get('prompt')!r}")
-        return str(int(match.group(1)) + int(match.group(2)))
+        return str(int(match.group(1)) + int(match.group(2))) if match else None
 
     def score(self, row: dict[str, Any], completion: str) -> dict[str, float]:
         answer = self.answer_for(row)
+        if answer is None:
+            # A run's own dataset may mix such rows in (ROW_KEYS cannot say "answer, or a+b in the prompt",
+            # so START lets them through): they score 0 rather than failing the run mid-way, said once.
+            if not self._warned:
+                self._warned = True
+                self.log(f'builtin/arith: the row with prompt {str(row.get("prompt"))[:80]!r} has no "answer" and no a+b in its prompt, '
+                         'so its rollouts score 0 (later such rows too, without another warning): give those rows an "answer" column')
+            return {"format": 0.0, "digits": 0.0, "exact": 0.0, "total": 0.0}
         text = completion.strip()
         head = text[: max(len(answer), 4)]
         fmt = sum(ch.isdigit() for ch in head) / len(head) if head else 0.0
@@ -155,13 +219,19 @@ def environment_for(spec: Any, reporter: Any = None) -> Environment:
     environment_id = str(spec.cfg("environment_id", "builtin/arith@main"))
     name = environment_id.split("@", 1)[0]
     if name in _REGISTRY:
-        return _REGISTRY[name]()
+        env = _REGISTRY[name]()
+        if reporter is not None and isinstance(env, ArithEnvironment):
+            env.log = reporter.log
+        return env
     directory = _staged_directory(spec, block, environment_id)
     if reporter is not None:
         where = f"{block.get('repo')}@{str(block.get('commit'))[:12]}" if block.get("commit") else str(directory)
         reporter.log(f"environment {environment_id}: loading the package staged from {where}")
     try:
-        return load_package(directory, environment_id)
+        env = load_package(directory, environment_id)
+        if block.get("commit"):
+            env.ref = f"{name}@{str(block['commit'])[:12]}"
+        return env
     except EnvironmentLoadError:
         raise
     except BaseException as exc:

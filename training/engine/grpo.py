@@ -22,7 +22,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from .common import Context, StudioCallback, TokenCountingMixin, build_config, train_and_finish
 from .data import load_rows
-from .environments import Environment, environment_for
+from .environments import Environment, environment_for, group_std
 from .modeling import Device, load_policy, load_tokenizer
 from .rollout import StaticDecoder, static_decoder_support
 from .spec import SpecError
@@ -65,7 +65,7 @@ def make_reward_fn(env: Environment, ctx: Context, group: int, trainer_ref: list
             row = {k: v[i] for k, v in extra.items()}
             row["prompt"] = _prompt_text(prompt)
             rows.append(row)
-        scores = env.score_group(rows, [_completion_text(c) for c in completions])
+        scores = env.guarded("score()", env.score_group, rows, [_completion_text(c) for c in completions])
         totals = torch.tensor([s["total"] for s in scores], dtype=torch.float32)
         rep = ctx.reporter
         for key in scores[0]:
@@ -74,7 +74,7 @@ def make_reward_fn(env: Environment, ctx: Context, group: int, trainer_ref: list
         if step % every == 0:
             for start in range(0, len(scores), group):
                 chunk = totals[start : start + group]
-                std = chunk.std() if chunk.numel() > 1 else torch.tensor(0.0)
+                std = group_std(chunk.tolist())
                 adv = (chunk - chunk.mean()) / (std + ADVANTAGE_EPS)
                 for j in range(chunk.numel()):
                     i = start + j
@@ -104,7 +104,7 @@ def _prompt_rows(ctx: Context, env: Environment) -> Any:
         _check_row_keys(ds, env)
     else:
         n = max(int(spec.cfg("max_steps", 100)), 64)
-        ds = datasets.Dataset.from_list(env.prompts(n, seed=int(spec.cfg("seed", 42))))
+        ds = datasets.Dataset.from_list(env.guarded("prompts()", env.prompts, n, int(spec.cfg("seed", 42))))
     system_prompt = spec.cfg("system_prompt") or getattr(env, "system_prompt", None)
     if system_prompt:
         # A system prompt turns each string prompt into a chat, so the model's chat template applies.

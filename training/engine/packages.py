@@ -27,13 +27,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from .environments import Environment
+from .environments import Environment, PackageError
 
 # CONFIG keys that describe the package (the catalogue and the Environments page show them), not arguments.
 CONFIG_METADATA = ("name", "description")
 
 
-class EnvironmentLoadError(RuntimeError):
+class EnvironmentLoadError(PackageError):
     """The environment package is missing or could not be loaded (the cause is chained)."""
 
 
@@ -118,6 +118,7 @@ def load_package(directory: Path | str, environment_id: str = "", overrides: dic
         obj = _instantiate_taskset(classes[0])
     env = wrap(obj, environment_id)
     env.config = config
+    env.package_dir = package_root(directory)
     keys = getattr(module, "ROW_KEYS", ())
     env.row_keys = tuple(k for k in keys if isinstance(k, str)) if isinstance(keys, (list, tuple)) else ()
     return env

@@ -51,7 +51,7 @@ def make_rollout_func(env: Any, tokenizer: Any, max_completion_length: int) -> A
                     text = tokenizer.decode(completion, skip_special_tokens=True)
                     if ended or not new or not text.rstrip().endswith(stop) or calls >= max_calls:
                         break
-                    reply = env.call_tool(text)
+                    reply = env.guarded("call_tool()", env.call_tool, text)
                     if reply is None:
                         break
                     calls += 1
