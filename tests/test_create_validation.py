@@ -155,6 +155,44 @@ class TestGrpoSubmitRejections:
         assert "single-GPU" in body["errors"][0]["message"] and "asked for 2" in body["errors"][0]["message"]
 
 
+GRPO_ARITH = {"environment_id": "builtin/arith@main", "rollouts_per_prompt": 4, "max_response_length": 8}
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "says"),
+    [
+        ("generation_batch_size", 6, "multiple of the global batch"),
+        ("temperature", 0, "greater than 0"),
+        ("temperature", -1.0, "greater than 0"),
+        ("top_k", -5, "at least 0"),
+        ("top_p", 0, "greater than 0"),
+        ("top_p", 1.5, "at most 1"),
+        ("min_p", 2, "at most 1"),
+        ("repetition_penalty", 0, "greater than 0"),
+        ("steps_per_generation", 0, "at least 1"),
+    ],
+)
+def test_grpo_sampling_settings_the_trainer_refuses_are_400_at_create_and_patch(api, key, value, says):
+    # QA: each passed create and START, then failed the run inside TRL with a message naming no field.
+    body = assert_refused(api, 400, f"config.{key}", method="grpo", dataset=None, config={**GRPO_ARITH, key: value})
+    assert says in body["errors"][0]["message"], body
+    run_id = create(api, method="grpo", dataset=None, config=GRPO_ARITH).json()["id"]
+    before = TrainingRun.objects.get(pk=run_id).config
+    assert_error(api.patch(f"/api/training-runs/{run_id}", {"config": {key: value}}), 400, f"config.{key}")
+    assert TrainingRun.objects.get(pk=run_id).config == before
+
+
+def test_grpo_generation_batch_size_must_be_whole_groups(api):
+    body = assert_refused(api, 400, "config.generation_batch_size", method="grpo", dataset=None, config={**GRPO_ARITH, "generation_batch_size": 6})
+    assert "rollouts_per_prompt (4)" in body["errors"][0]["message"] and "use 4 or 8" in body["errors"][0]["message"]
+    assert_refused(api, 400, "config.generation_batch_size", method="grpo", dataset=None, config={**GRPO_ARITH, "generation_batch_size": 8, "steps_per_generation": 2})
+    # In range, they are stored as given.
+    good = {"generation_batch_size": 8, "temperature": 0.7, "top_k": 50, "top_p": 0.9, "min_p": 0.05, "repetition_penalty": 1.1}
+    r = create(api, method="grpo", dataset=None, config={**GRPO_ARITH, **good})
+    assert r.status_code == 201, r.content
+    assert {k: TrainingRun.objects.get(pk=r.json()["id"]).config[k] for k in good} == good
+
+
 @pytest.mark.parametrize(("method", "extra"), [("sft", {}), ("dpo", {"loss": {"type": "dpo"}}), ("distill", {"distillation": {"teacher_model": "org/teacher"}})])
 def test_qlora_on_more_than_one_gpu_is_400_and_a_patch_cannot_get_there(api, method, extra):
     # Seed 002: QLoRA runs on a single GPU; for several, 16-bit LoRA.

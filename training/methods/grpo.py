@@ -27,6 +27,22 @@ DEFAULTS = {
 GPU_BLOCKS = Key("int", minimum=0, maximum=65_536)
 
 
+def generation_batch_findings(config: dict) -> list[Finding]:
+    """TRL's generation-batch rules, as this engine sets TRL up: one process, per-device batch =
+    rollouts_per_prompt, no accumulation (training/engine/grpo.py), so the global batch is one group."""
+    group = config.get("rollouts_per_prompt", DEFAULTS["rollouts_per_prompt"])
+    size = config.get("generation_batch_size")
+    if size is not None and config.get("steps_per_generation") is not None:
+        return [Finding("config.generation_batch_size", "set generation_batch_size or steps_per_generation, not both: "
+                                                        "generation_batch_size = steps_per_generation × rollouts_per_prompt")]
+    if size is not None and size % group:
+        lower = size - size % group
+        use = f"{lower} or {lower + group}" if lower else str(group)
+        return [Finding("config.generation_batch_size", f"must be a multiple of the global batch, which for GRPO is one prompt's rollouts_per_prompt "
+                                                        f"({group}) completions: use {use}, or set steps_per_generation instead")]
+    return []
+
+
 class GRPO(TrainingMethod):
     """Group Relative Policy Optimisation with rewards from an environment or a RULER judge."""
 
@@ -62,6 +78,7 @@ class GRPO(TrainingMethod):
             findings.append(Finding("config.global_batch_size", "GRPO does not support global_batch_size: each step trains on one prompt and its rollouts_per_prompt completions; remove it"))
         if "max_prompt_length" in config and not config.get("use_unsloth"):
             findings.append(Finding("config.max_prompt_length", "max_prompt_length only applies with use_unsloth: the default trainer does not truncate prompts; remove it or set use_unsloth: true"))
+        findings += generation_batch_findings(config)
         if config.get("load_in_4bit") and config.get("lora_rank") is None:
             findings.append(Finding("config.lora_rank", "load_in_4bit (QLoRA) trains adapters on a frozen 4-bit base: set lora_rank (e.g. 16)"))
         # use_liger's restrictions apply to every method: training/validation.py liger_findings.
