@@ -193,6 +193,31 @@ def test_grpo_generation_batch_size_must_be_whole_groups(api):
     assert {k: TrainingRun.objects.get(pk=r.json()["id"]).config[k] for k in good} == good
 
 
+@pytest.mark.parametrize(
+    ("key", "value", "use"),
+    [("per_device_train_batch_size", 3, "set rollouts_per_prompt"), ("gradient_accumulation_steps", 4, "set rollouts_per_prompt"), ("num_epochs", 3, "set max_steps")],
+)
+def test_grpo_refuses_batch_keys_its_engine_overrides_naming_the_key_to_use(api, key, value, use):
+    # QA: accepted and shown on the run, while the engine trained one group per step, for max_steps.
+    body = assert_refused(api, 400, f"config.{key}", method="grpo", dataset=None, config={**GRPO_ARITH, key: value})
+    message = next(e["message"] for e in body["errors"] if e["field"] == f"config.{key}")
+    assert "one prompt and its rollouts_per_prompt completions" in message and use in message, message
+    run_id = create(api, method="grpo", dataset=None, config=GRPO_ARITH).json()["id"]
+    before = TrainingRun.objects.get(pk=run_id).config
+    assert_error(api.patch(f"/api/training-runs/{run_id}", {"config": {key: value}}), 400, f"config.{key}")
+    assert TrainingRun.objects.get(pk=run_id).config == before
+
+
+def test_grpo_keeps_seed_002s_num_epochs_default(api):
+    # Seed 002 lists num_epochs with default 1 ("not used by GRPO"): stored, and a PATCH of something else passes.
+    r = create(api, method="grpo", dataset=None, config={**GRPO_ARITH, "num_epochs": 1})
+    assert r.status_code == 201, r.content
+    assert TrainingRun.objects.get(pk=r.json()["id"]).config["num_epochs"] == 1
+    assert api.patch(f"/api/training-runs/{r.json()['id']}", {"config": {"max_steps": 7}}).status_code == 200
+    # SFT still uses all three.
+    assert create(api, config={"per_device_train_batch_size": 3, "gradient_accumulation_steps": 4, "num_epochs": 3}).status_code == 201
+
+
 @pytest.mark.parametrize(("method", "extra"), [("sft", {}), ("dpo", {"loss": {"type": "dpo"}}), ("distill", {"distillation": {"teacher_model": "org/teacher"}})])
 def test_qlora_on_more_than_one_gpu_is_400_and_a_patch_cannot_get_there(api, method, extra):
     # Seed 002: QLoRA runs on a single GPU; for several, 16-bit LoRA.
