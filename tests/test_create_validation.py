@@ -335,25 +335,54 @@ def test_dataset_shapes_are_accepted(api):
 ZERO_WEIGHTS = {"teacher_model": "org/teacher", "kd_weight": 0, "ce_weight": 0}
 
 
-def test_distill_with_both_weights_zero_is_refused_at_start_on_both_fields(api, project, users):
+@pytest.mark.parametrize(
+    ("block", "field", "says"),
+    [
+        ({"top_k": 0}, "config.distillation.top_k", "from 1 to 1024"),
+        ({"top_k": 2000}, "config.distillation.top_k", "from 1 to 1024"),
+        ({"temperature": 0}, "config.distillation.temperature", "greater than 0"),
+        ({"kd_weight": -1}, "config.distillation.kd_weight", "0 or more"),
+        ({"ce_weight": -0.5}, "config.distillation.ce_weight", "0 or more"),
+        ({"kd_weight": 1.5}, "config.distillation.ce_weight", "set ce_weight"),
+        ({"kd_weight": 0, "ce_weight": 0}, "config.distillation.kd_weight", "give at least one a weight above 0"),
+    ],
+)
+def test_distill_ranges_are_400_at_create_and_patch(api, block, field, says):
+    # They were a 201 at create and a 422 at START, where GRPO's ranges are a 400 at create.
+    body = assert_refused(api, 400, field, method="distill", config={"distillation": {"teacher_model": "org/teacher", **block}})
+    assert any(e["field"] == field and says in e["message"] for e in body["errors"]), body
+    run_id = create(api, method="distill", config={"distillation": {"teacher_model": "org/teacher"}}).json()["id"]
+    before = TrainingRun.objects.get(pk=run_id).config
+    assert_error(api.patch(f"/api/training-runs/{run_id}", {"config": {"distillation": block}}), 400, field)
+    assert TrainingRun.objects.get(pk=run_id).config == before
+
+
+def test_distill_with_both_weights_zero_is_refused_on_both_fields(api):
     # kd_weight 0 and ce_weight 0: the loss is 0 × KD + 0 × CE, so the run would train on nothing.
-    # A range rule, so START's 422 like DISTILL's other ranges (the contract); the run stays queued.
-    run_id = create(api, method="distill", config={"distillation": ZERO_WEIGHTS}).json()["id"]
-    body = assert_error(api.post(f"/api/training-runs/{run_id}/start"), 422, "config.distillation.kd_weight")
+    body = assert_refused(api, 400, "config.distillation.kd_weight", method="distill", config={"distillation": ZERO_WEIGHTS})
     zero = [e for e in body["errors"] if e["field"] in ("config.distillation.kd_weight", "config.distillation.ce_weight")]
     assert len(zero) == 2 and all("at least one" in e["message"] and "above 0" in e["message"] for e in zero), body
+    # Either weight alone may be 0: kd_weight 0 is plain SFT (ce_weight defaults to 1), ce_weight 0 pure distillation.
+    for weights in ({"kd_weight": 0}, {"kd_weight": 0, "ce_weight": 0.5}, {"kd_weight": 1, "ce_weight": 0}):
+        r = create(api, method="distill", config={"distillation": {"teacher_model": "org/teacher", **weights}})
+        assert r.status_code == 201, (weights, r.content)
+        fields = [e["field"] for e in api.post(f"/api/training-runs/{r.json()['id']}/start").json().get("errors", [])]
+        assert "config.distillation.kd_weight" not in fields and "config.distillation.ce_weight" not in fields, (weights, fields)
+
+
+def test_a_stored_distill_run_with_both_weights_zero_shows_why_beside_start(api, users):
+    # A run stored before create refused it: START's 422 and the run page say so, from the same rule.
+    run_id = create(api, method="distill", config={"distillation": {"teacher_model": "org/teacher"}}).json()["id"]
+    config = TrainingRun.objects.get(pk=run_id).config
+    config["distillation"].update(kd_weight=0, ce_weight=0)
+    TrainingRun.objects.filter(pk=run_id).update(config=config)
+    assert_error(api.post(f"/api/training-runs/{run_id}/start"), 422, "config.distillation.kd_weight")
     assert TrainingRun.objects.get(pk=run_id).status == "queued"
-    # The run page shows it beside the Start button, from the same rule.
     from django.test import Client
 
     client = Client()
     client.force_login(users["owner"])
     assert "give at least one a weight above 0" in client.get(f"/training/runs/{run_id}/").content.decode()
-    # Either weight alone may be 0: kd_weight 0 is plain SFT (ce_weight defaults to 1), ce_weight 0 pure distillation.
-    for weights in ({"kd_weight": 0}, {"kd_weight": 0, "ce_weight": 0.5}, {"kd_weight": 1, "ce_weight": 0}):
-        run_id = create(api, method="distill", config={"distillation": {"teacher_model": "org/teacher", **weights}}).json()["id"]
-        fields = [e["field"] for e in api.post(f"/api/training-runs/{run_id}/start").json().get("errors", [])]
-        assert "config.distillation.kd_weight" not in fields and "config.distillation.ce_weight" not in fields, (weights, fields)
 
 
 def test_a_data_hub_ref_of_another_project_is_refused_at_create_naming_its_field(api, project):
