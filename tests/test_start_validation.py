@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -87,6 +88,24 @@ def test_start_rechecks_distill_ranges_of_a_run_stored_before_create_checked_the
     TrainingRun.objects.filter(pk=run_id).update(config=run.config)
     body = assert_start_refused(api, run_id, 422, "config.distillation.top_k")
     assert {"config.distillation.temperature", "config.distillation.kd_weight", "config.distillation.ce_weight"} <= {e["field"] for e in body["errors"]}
+
+
+def test_lengths_past_the_models_context_return_422_naming_the_limit(api, tiny_local_model):
+    # QA: max_response_length 100000 on a 512-position model passed create and START.
+    config_file = Path(tiny_local_model) / "config.json"
+    config_file.write_text(json.dumps({"model_type": "llama", "max_position_embeddings": 512}))
+    arith = {"environment_id": "builtin/arith@main", "rollouts_per_prompt": 4}
+    run_id = make_run(api, **grpo(**arith, max_response_length=100000), base_model=tiny_local_model)
+    body = assert_start_refused(api, run_id, 422, "config.max_response_length")
+    message = next(e["message"] for e in body["errors"] if e["field"] == "config.max_response_length")
+    assert "at most 512 positions" in message and "below 512" in message, message
+    run_id = make_run(api, **grpo(**arith, use_unsloth=True, max_prompt_length=500, max_response_length=100), base_model=tiny_local_model)
+    assert "lower max_prompt_length to 412" in json.dumps(start(api, run_id).json())
+    run_id = make_run(api, config={"max_length": 4096}, base_model=tiny_local_model, dataset="org/data")
+    assert_start_refused(api, run_id, 422, "config.max_length")
+    # Within the context, no such finding.
+    run_id = make_run(api, **grpo(**arith, max_response_length=8), base_model=tiny_local_model)
+    assert start(api, run_id).status_code == 202
 
 
 def test_grpo_needs_no_dataset_on_cpu(api):
