@@ -481,3 +481,23 @@ def test_a_resumed_run_trains_the_same_model_and_adapter_past_its_step(api, proj
     assert f"step 10 of run #{parent_id} trained {parent_model}: set base_model back to it" in found["base_model"]
     assert "saved an adapter with lora_rank 8: set it back, or start a new run with lora_rank 16" in found["config.lora_rank"]
     assert TrainingRun.objects.get(pk=child).status == Status.QUEUED
+
+
+def test_resuming_a_full_fine_tune_with_lora_rank_says_the_step_saved_full_weights(api, settings, tmp_path):
+    # QA: the message said "saved an adapter with lora_rank None" of a checkpoint holding full weights.
+    from training.backends.local import run_dir
+    from training.models import Checkpoint
+
+    settings.STUDIO_RUNS_DIR = str(tmp_path / "runs")
+    parent_id = make_run(api, config={"max_steps": 30})
+    TrainingRun.objects.filter(pk=parent_id).update(status=Status.COMPLETED)
+    folder = run_dir(parent_id, 1) / "checkpoint-4"
+    folder.mkdir(parents=True)
+    Checkpoint.objects.create(run_id=parent_id, attempt=1, step=4, path=str(folder))
+    child = api.post(f"/api/training-runs/{parent_id}/checkpoints/4/resume").json()["id"]
+    assert api.patch(f"/api/training-runs/{child}", {"config": {"lora_rank": 8}}).status_code == 200
+    body = assert_start_refused(api, child, 422, "config.lora_rank")
+    message = next(e["message"] for e in body["errors"] if e["field"] == "config.lora_rank")
+    assert message == f"step 4 of run #{parent_id} saved full weights (no LoRA): remove lora_rank, or start a new run to train an adapter"
+    assert "None" not in json.dumps(body)
+    assert TrainingRun.objects.get(pk=child).status == Status.QUEUED
