@@ -138,8 +138,15 @@ class TestGrpoSubmitRejections:
     def test_max_prompt_length_without_unsloth(self, api):
         self.grpo(api, {"max_prompt_length": 512}, field="config.max_prompt_length")
 
-    def test_load_in_4bit_without_lora_rank(self, api):
-        self.grpo(api, {"load_in_4bit": True, "lora": True}, field="config.lora_rank")
+    def test_load_in_4bit_without_lora(self, api):
+        self.grpo(api, {"load_in_4bit": True}, field="config.load_in_4bit")
+
+    def test_load_in_4bit_with_lora_true_is_qlora_at_rank_16(self, api):
+        # QA: refused with "set lora_rank", though lora: true means rank 16 for every other method.
+        r = create(api, method="grpo", dataset=None, config={"environment_id": "builtin/arith@main", "lora": True, "load_in_4bit": True})
+        assert r.status_code == 201, r.content
+        config = TrainingRun.objects.get(pk=r.json()["id"]).config
+        assert config["lora_rank"] == 16 and config["load_in_4bit"] is True
 
     def test_liger_with_more_than_one_gpu(self, api):
         self.grpo(api, {"use_liger": True}, compute={"backend": "dstack", "accelerators": "H100:2"}, field="config.use_liger")

@@ -97,8 +97,7 @@ class GRPO(TrainingMethod):
             findings.append(Finding("config.max_prompt_length", "max_prompt_length only applies with use_unsloth: the default trainer does not truncate prompts; remove it or set use_unsloth: true"))
         findings += generation_batch_findings(config)
         findings += unused_batch_findings(config)
-        if config.get("load_in_4bit") and config.get("lora_rank") is None:
-            findings.append(Finding("config.lora_rank", "load_in_4bit (QLoRA) trains adapters on a frozen 4-bit base: set lora_rank (e.g. 16)"))
+        # load_in_4bit without LoRA: the shared rule (TrainingMethod.check_types, lora_enabled), where lora: true is rank 16.
         # use_liger's restrictions apply to every method: training/validation.py liger_findings.
         return findings
 
