@@ -138,8 +138,15 @@ class TestGrpoSubmitRejections:
     def test_max_prompt_length_without_unsloth(self, api):
         self.grpo(api, {"max_prompt_length": 512}, field="config.max_prompt_length")
 
-    def test_load_in_4bit_without_lora_rank(self, api):
-        self.grpo(api, {"load_in_4bit": True, "lora": True}, field="config.lora_rank")
+    def test_load_in_4bit_without_lora(self, api):
+        self.grpo(api, {"load_in_4bit": True}, field="config.load_in_4bit")
+
+    def test_load_in_4bit_with_lora_true_is_qlora_at_rank_16(self, api):
+        # QA: refused with "set lora_rank", though lora: true means rank 16 for every other method.
+        r = create(api, method="grpo", dataset=None, config={"environment_id": "builtin/arith@main", "lora": True, "load_in_4bit": True})
+        assert r.status_code == 201, r.content
+        config = TrainingRun.objects.get(pk=r.json()["id"]).config
+        assert config["lora_rank"] == 16 and config["load_in_4bit"] is True
 
     def test_liger_with_more_than_one_gpu(self, api):
         self.grpo(api, {"use_liger": True}, compute={"backend": "dstack", "accelerators": "H100:2"}, field="config.use_liger")
@@ -153,6 +160,69 @@ class TestGrpoSubmitRejections:
     def test_unsloth_with_more_than_one_gpu(self, api):
         body = self.grpo(api, {"use_unsloth": True}, compute={"backend": "dstack", "accelerators": "H100:2"}, field="config.use_unsloth")
         assert "single-GPU" in body["errors"][0]["message"] and "asked for 2" in body["errors"][0]["message"]
+
+
+GRPO_ARITH = {"environment_id": "builtin/arith@main", "rollouts_per_prompt": 4, "max_response_length": 8}
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "says"),
+    [
+        ("generation_batch_size", 6, "multiple of the global batch"),
+        ("temperature", 0, "greater than 0"),
+        ("temperature", -1.0, "greater than 0"),
+        ("top_k", -5, "at least 0"),
+        ("top_p", 0, "greater than 0"),
+        ("top_p", 1.5, "at most 1"),
+        ("min_p", 2, "at most 1"),
+        ("repetition_penalty", 0, "greater than 0"),
+        ("steps_per_generation", 0, "at least 1"),
+    ],
+)
+def test_grpo_sampling_settings_the_trainer_refuses_are_400_at_create_and_patch(api, key, value, says):
+    # QA: each passed create and START, then failed the run inside TRL with a message naming no field.
+    body = assert_refused(api, 400, f"config.{key}", method="grpo", dataset=None, config={**GRPO_ARITH, key: value})
+    assert says in body["errors"][0]["message"], body
+    run_id = create(api, method="grpo", dataset=None, config=GRPO_ARITH).json()["id"]
+    before = TrainingRun.objects.get(pk=run_id).config
+    assert_error(api.patch(f"/api/training-runs/{run_id}", {"config": {key: value}}), 400, f"config.{key}")
+    assert TrainingRun.objects.get(pk=run_id).config == before
+
+
+def test_grpo_generation_batch_size_must_be_whole_groups(api):
+    body = assert_refused(api, 400, "config.generation_batch_size", method="grpo", dataset=None, config={**GRPO_ARITH, "generation_batch_size": 6})
+    assert "rollouts_per_prompt (4)" in body["errors"][0]["message"] and "use 4 or 8" in body["errors"][0]["message"]
+    assert_refused(api, 400, "config.generation_batch_size", method="grpo", dataset=None, config={**GRPO_ARITH, "generation_batch_size": 8, "steps_per_generation": 2})
+    # In range, they are stored as given.
+    good = {"generation_batch_size": 8, "temperature": 0.7, "top_k": 50, "top_p": 0.9, "min_p": 0.05, "repetition_penalty": 1.1}
+    r = create(api, method="grpo", dataset=None, config={**GRPO_ARITH, **good})
+    assert r.status_code == 201, r.content
+    assert {k: TrainingRun.objects.get(pk=r.json()["id"]).config[k] for k in good} == good
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "use"),
+    [("per_device_train_batch_size", 3, "set rollouts_per_prompt"), ("gradient_accumulation_steps", 4, "set rollouts_per_prompt"), ("num_epochs", 3, "set max_steps")],
+)
+def test_grpo_refuses_batch_keys_its_engine_overrides_naming_the_key_to_use(api, key, value, use):
+    # QA: accepted and shown on the run, while the engine trained one group per step, for max_steps.
+    body = assert_refused(api, 400, f"config.{key}", method="grpo", dataset=None, config={**GRPO_ARITH, key: value})
+    message = next(e["message"] for e in body["errors"] if e["field"] == f"config.{key}")
+    assert "one prompt and its rollouts_per_prompt completions" in message and use in message, message
+    run_id = create(api, method="grpo", dataset=None, config=GRPO_ARITH).json()["id"]
+    before = TrainingRun.objects.get(pk=run_id).config
+    assert_error(api.patch(f"/api/training-runs/{run_id}", {"config": {key: value}}), 400, f"config.{key}")
+    assert TrainingRun.objects.get(pk=run_id).config == before
+
+
+def test_grpo_keeps_seed_002s_num_epochs_default(api):
+    # Seed 002 lists num_epochs with default 1 ("not used by GRPO"): stored, and a PATCH of something else passes.
+    r = create(api, method="grpo", dataset=None, config={**GRPO_ARITH, "num_epochs": 1})
+    assert r.status_code == 201, r.content
+    assert TrainingRun.objects.get(pk=r.json()["id"]).config["num_epochs"] == 1
+    assert api.patch(f"/api/training-runs/{r.json()['id']}", {"config": {"max_steps": 7}}).status_code == 200
+    # SFT still uses all three.
+    assert create(api, config={"per_device_train_batch_size": 3, "gradient_accumulation_steps": 4, "num_epochs": 3}).status_code == 201
 
 
 @pytest.mark.parametrize(("method", "extra"), [("sft", {}), ("dpo", {"loss": {"type": "dpo"}}), ("distill", {"distillation": {"teacher_model": "org/teacher"}})])
@@ -272,25 +342,54 @@ def test_dataset_shapes_are_accepted(api):
 ZERO_WEIGHTS = {"teacher_model": "org/teacher", "kd_weight": 0, "ce_weight": 0}
 
 
-def test_distill_with_both_weights_zero_is_refused_at_start_on_both_fields(api, project, users):
+@pytest.mark.parametrize(
+    ("block", "field", "says"),
+    [
+        ({"top_k": 0}, "config.distillation.top_k", "from 1 to 1024"),
+        ({"top_k": 2000}, "config.distillation.top_k", "from 1 to 1024"),
+        ({"temperature": 0}, "config.distillation.temperature", "greater than 0"),
+        ({"kd_weight": -1}, "config.distillation.kd_weight", "0 or more"),
+        ({"ce_weight": -0.5}, "config.distillation.ce_weight", "0 or more"),
+        ({"kd_weight": 1.5}, "config.distillation.ce_weight", "set ce_weight"),
+        ({"kd_weight": 0, "ce_weight": 0}, "config.distillation.kd_weight", "give at least one a weight above 0"),
+    ],
+)
+def test_distill_ranges_are_400_at_create_and_patch(api, block, field, says):
+    # They were a 201 at create and a 422 at START, where GRPO's ranges are a 400 at create.
+    body = assert_refused(api, 400, field, method="distill", config={"distillation": {"teacher_model": "org/teacher", **block}})
+    assert any(e["field"] == field and says in e["message"] for e in body["errors"]), body
+    run_id = create(api, method="distill", config={"distillation": {"teacher_model": "org/teacher"}}).json()["id"]
+    before = TrainingRun.objects.get(pk=run_id).config
+    assert_error(api.patch(f"/api/training-runs/{run_id}", {"config": {"distillation": block}}), 400, field)
+    assert TrainingRun.objects.get(pk=run_id).config == before
+
+
+def test_distill_with_both_weights_zero_is_refused_on_both_fields(api):
     # kd_weight 0 and ce_weight 0: the loss is 0 × KD + 0 × CE, so the run would train on nothing.
-    # A range rule, so START's 422 like DISTILL's other ranges (the contract); the run stays queued.
-    run_id = create(api, method="distill", config={"distillation": ZERO_WEIGHTS}).json()["id"]
-    body = assert_error(api.post(f"/api/training-runs/{run_id}/start"), 422, "config.distillation.kd_weight")
+    body = assert_refused(api, 400, "config.distillation.kd_weight", method="distill", config={"distillation": ZERO_WEIGHTS})
     zero = [e for e in body["errors"] if e["field"] in ("config.distillation.kd_weight", "config.distillation.ce_weight")]
     assert len(zero) == 2 and all("at least one" in e["message"] and "above 0" in e["message"] for e in zero), body
+    # Either weight alone may be 0: kd_weight 0 is plain SFT (ce_weight defaults to 1), ce_weight 0 pure distillation.
+    for weights in ({"kd_weight": 0}, {"kd_weight": 0, "ce_weight": 0.5}, {"kd_weight": 1, "ce_weight": 0}):
+        r = create(api, method="distill", config={"distillation": {"teacher_model": "org/teacher", **weights}})
+        assert r.status_code == 201, (weights, r.content)
+        fields = [e["field"] for e in api.post(f"/api/training-runs/{r.json()['id']}/start").json().get("errors", [])]
+        assert "config.distillation.kd_weight" not in fields and "config.distillation.ce_weight" not in fields, (weights, fields)
+
+
+def test_a_stored_distill_run_with_both_weights_zero_shows_why_beside_start(api, users):
+    # A run stored before create refused it: START's 422 and the run page say so, from the same rule.
+    run_id = create(api, method="distill", config={"distillation": {"teacher_model": "org/teacher"}}).json()["id"]
+    config = TrainingRun.objects.get(pk=run_id).config
+    config["distillation"].update(kd_weight=0, ce_weight=0)
+    TrainingRun.objects.filter(pk=run_id).update(config=config)
+    assert_error(api.post(f"/api/training-runs/{run_id}/start"), 422, "config.distillation.kd_weight")
     assert TrainingRun.objects.get(pk=run_id).status == "queued"
-    # The run page shows it beside the Start button, from the same rule.
     from django.test import Client
 
     client = Client()
     client.force_login(users["owner"])
     assert "give at least one a weight above 0" in client.get(f"/training/runs/{run_id}/").content.decode()
-    # Either weight alone may be 0: kd_weight 0 is plain SFT (ce_weight defaults to 1), ce_weight 0 pure distillation.
-    for weights in ({"kd_weight": 0}, {"kd_weight": 0, "ce_weight": 0.5}, {"kd_weight": 1, "ce_weight": 0}):
-        run_id = create(api, method="distill", config={"distillation": {"teacher_model": "org/teacher", **weights}}).json()["id"]
-        fields = [e["field"] for e in api.post(f"/api/training-runs/{run_id}/start").json().get("errors", [])]
-        assert "config.distillation.kd_weight" not in fields and "config.distillation.ce_weight" not in fields, (weights, fields)
 
 
 def test_a_data_hub_ref_of_another_project_is_refused_at_create_naming_its_field(api, project):

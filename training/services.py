@@ -231,9 +231,16 @@ def resumed_shape_findings(run: TrainingRun, checkpoint: Checkpoint) -> list[Fin
         if (run.base_model or "") != (trained["base_model"] or ""):
             findings.append(Finding("base_model", f"{what} trained {trained['base_model']}: set base_model back to it, or start a new run to train {run.base_model or 'another model'}"))
         mine, theirs = run.config or {}, trained["config"] or {}
-        for key in ("lora_rank", "load_in_4bit"):
-            if mine.get(key) != theirs.get(key):
-                findings.append(Finding(f"config.{key}", f"{what} saved an adapter with {key} {theirs.get(key)}: set it back, or start a new run with {key} {mine.get(key)}"))
+        if theirs.get("lora_rank") is None:
+            # A full fine-tune's checkpoint holds the model's weights, not an adapter of any rank.
+            for key in ("lora_rank", "load_in_4bit"):
+                if mine.get(key) not in (None, False):
+                    findings.append(Finding(f"config.{key}", f"{what} saved full weights (no LoRA): remove {key}, or start a new run to train an adapter"))
+        else:
+            for key, unset in (("lora_rank", None), ("load_in_4bit", False)):
+                if (mine.get(key) or unset) != (theirs.get(key) or unset):
+                    instead = f"start a new run with {key} {mine.get(key)}" if mine.get(key) not in (None, False) else f"start a new run without {key}"
+                    findings.append(Finding(f"config.{key}", f"{what} saved an adapter with {key} {theirs.get(key) or unset}: set it back, or {instead}"))
     max_steps = (run.config or {}).get("max_steps")
     if isinstance(max_steps, int) and max_steps <= checkpoint.step:
         findings.append(Finding("config.max_steps", f"{what} is where this run starts, and max_steps is {max_steps}: raise max_steps above {checkpoint.step} to train further"))

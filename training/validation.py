@@ -22,7 +22,7 @@ from training.backends import get_backend
 from training.compute import GPU_MEMORY_GIB, accelerators_of, check_compute, normalise_compute, precision_findings
 from training.engine import fit, liger
 from training.forms import hub_model_files
-from training.keys import json_findings, normalise_block
+from training.keys import is_number, json_findings, normalise_block
 from training.methods import NOT_YET_SUPPORTED, get_method
 from training.methods.base import Draft, TrainingMethod
 from training.refs import HUB_REF, check_dataset, check_ref, dataset_entries, inside_local_roots, local_model_dir, ref_kind
@@ -107,6 +107,7 @@ def start_findings(draft: Draft) -> list[Finding]:
     accel = accelerators_of(draft.compute)
     findings += precision_findings(draft.config.get("precision"), accel)
     findings += fit_findings(draft)
+    findings += context_findings(draft)
     backend = get_backend(draft.compute.get("backend", "local"))
     if backend is None:
         findings.append(Finding("compute.backend", "unknown backend: use local, dstack or modal"))
@@ -208,6 +209,34 @@ def model_config(ref: str | None, project=None) -> dict | None:
         except (OSError, ValueError):
             pass
     return fit.known_config(ref)
+
+
+# Where a config.json states how many positions the model can attend over (GPT-2 and Falcon name it differently).
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+
+
+def context_findings(draft: Draft) -> list[Finding]:
+    """Lengths longer than the base model's context: the run got as far as its first long batch. Only
+    where the Studio can read the model's config (as the fit check); the engine is not asked."""
+    model = model_config(draft.base_model, draft.project) or {}
+    limit = next((model[key] for key in CONTEXT_KEYS if is_number(model.get(key)) and model[key] > 0), None)
+    if limit is None:
+        return []
+    config, limit = draft.config, int(limit)
+    where = f"{draft.base_model} attends over at most {limit} positions (its config's max_position_embeddings)"
+    if draft.method != "grpo":
+        length = config.get("max_length")
+        if is_number(length) and length > limit:
+            return [Finding("config.max_length", f"{where}, and max_length is {length}: set max_length to {limit} or less")]
+        return []
+    response, prompt = config.get("max_response_length"), config.get("max_prompt_length") if config.get("use_unsloth") else None
+    if is_number(response) and response >= limit:
+        return [Finding("config.max_response_length", f"{where}, and a completion of max_response_length {response} tokens leaves no room for the prompt: "
+                                                      f"set max_response_length below {limit}")]
+    if is_number(response) and is_number(prompt) and prompt + response > limit:
+        return [Finding("config.max_prompt_length", f"{where}, and with use_unsloth the context is max_prompt_length + max_response_length = "
+                                                    f"{prompt + response}: lower max_prompt_length to {limit - response} or less")]
+    return []
 
 
 @dataclass(frozen=True)

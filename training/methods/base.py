@@ -34,7 +34,8 @@ def trl_key(name: str, spec: dict[str, Any]) -> Key:
     low, high = TRL_BOUNDS.get(name, (None, None))
     if kind == "int" and high is None:
         high = 2**31 - 1
-    return Key(kind, choices=tuple(spec.get("choices", ())), nullable=spec["nullable"], minimum=low, maximum=high)
+    hint = TRL_ABOVE_ZERO.get(name, "")
+    return Key(kind, choices=tuple(spec.get("choices", ())), nullable=spec["nullable"], minimum=low, maximum=high, positive=bool(hint), hint=hint)
 
 
 # Upper bounds catch values that parse but cannot run (a max_steps that never ends, an epoch count
@@ -132,6 +133,16 @@ TRL_BOUNDS: dict[str, tuple[float | None, float | None]] = {
     "warmup_steps": (0, None), "dataloader_num_workers": (0, 64), "weight_decay": (0, None), "max_grad_norm": (0, None),
     "adam_beta1": (0, 1), "adam_beta2": (0, 1), "adam_epsilon": (0, None), "label_smoothing_factor": (0, 1),
     "save_total_limit": (0, None), "dataloader_prefetch_factor": (1, None),
+    # GRPOConfig's sampling and generation batch: out of range, the run failed inside the trainer with a
+    # message naming no field (a ZeroDivisionError for temperature 0, the static decoder's ValueError).
+    "temperature": (0, None), "top_p": (0, 1), "top_k": (0, None), "min_p": (0, 1), "repetition_penalty": (0, None),
+    "generation_batch_size": (1, None), "steps_per_generation": (1, None),
+}
+# Of TRL_BOUNDS, those whose lower bound 0 is itself refused, with how the message describes the range.
+TRL_ABOVE_ZERO = {
+    "temperature": "a number greater than 0 (default 1.0; lower samples closer to the most likely token)",
+    "top_p": "a number greater than 0 and at most 1 (default 1.0, no nucleus filtering)",
+    "repetition_penalty": "a number greater than 0 (default 1.0, no penalty)",
 }
 
 # The Studio trains without an evaluation split: settings that need one failed the run after it started.

@@ -17,7 +17,7 @@ MAX_TOP_K = 1024
 
 
 def top_k_finding(top_k: Any) -> Finding | None:
-    """The one top_k rule: START's finding, and NEW RUN's storage estimate shows it too."""
+    """The one top_k rule: create's (and START's) finding, and NEW RUN's storage estimate shows it too."""
     if isinstance(top_k, int) and 1 <= top_k <= MAX_TOP_K:
         return None
     return Finding("config.distillation.top_k", f"top_k must be an integer from 1 to {MAX_TOP_K} (default 64), got {top_k}")
@@ -34,6 +34,28 @@ def zero_weights_findings(block: dict) -> list[Finding]:
     return [Finding("config.distillation.kd_weight", why), Finding("config.distillation.ce_weight", why)]
 
 
+def range_findings(block: dict) -> list[Finding]:
+    """The distillation block's value ranges, on the block with its defaults applied (ce_weight's
+    follows kd_weight). One rule, two callers: create and PATCH (400), and START for stored runs (422)."""
+    findings = []
+    top_k = top_k_finding(block.get("top_k"))
+    if top_k is not None:
+        findings.append(top_k)
+    temperature = block.get("temperature")
+    if not (is_number(temperature) and temperature > 0):
+        findings.append(Finding("config.distillation.temperature", f"temperature must be greater than 0 (default 1.0), got {temperature}"))
+    kd = block.get("kd_weight")
+    if not (is_number(kd) and kd >= 0):
+        findings.append(Finding("config.distillation.kd_weight", f"kd_weight must be 0 or more (default 0.5), got {kd}"))
+    ce = block.get("ce_weight")
+    if ce is None:
+        if is_number(kd) and kd > 1:
+            findings.append(Finding("config.distillation.ce_weight", f"with kd_weight {kd} > 1 the default 1 − kd_weight is negative: set ce_weight (0 for pure distillation)"))
+    elif not (is_number(ce) and ce >= 0):
+        findings.append(Finding("config.distillation.ce_weight", f"ce_weight must be 0 or more, got {ce}"))
+    return findings + zero_weights_findings(block)
+
+
 class Distill(TrainingMethod):
     """SFT config plus a `distillation:` block naming the teacher; capture, then train."""
 
@@ -46,7 +68,7 @@ class Distill(TrainingMethod):
         block = draft.config.get("distillation")
         if not isinstance(block, dict) or not isinstance(block.get("teacher_model"), str) or not block["teacher_model"].strip():
             return [Finding("config.distillation.teacher_model", 'DISTILL needs a distillation block naming the teacher, e.g. {"distillation": {"teacher_model": "Qwen/Qwen3-1.7B"}}')]
-        return []
+        return range_findings(self.apply_defaults(draft.config)["distillation"])
 
     def apply_defaults(self, config: dict) -> dict:
         config = super().apply_defaults(config)
@@ -61,21 +83,6 @@ class Distill(TrainingMethod):
         return config
 
     def start_findings(self, draft: Draft) -> list[Finding]:
-        block = draft.config.get("distillation") or {}
-        findings = []
-        top_k = top_k_finding(block.get("top_k"))
-        if top_k is not None:
-            findings.append(top_k)
-        temperature = block.get("temperature")
-        if not (is_number(temperature) and temperature > 0):
-            findings.append(Finding("config.distillation.temperature", f"temperature must be greater than 0 (default 1.0), got {temperature}"))
-        kd = block.get("kd_weight")
-        if not (is_number(kd) and kd >= 0):
-            findings.append(Finding("config.distillation.kd_weight", f"kd_weight must be 0 or more (default 0.5), got {kd}"))
-        ce = block.get("ce_weight")
-        if ce is None:
-            if is_number(kd) and kd > 1:
-                findings.append(Finding("config.distillation.ce_weight", f"with kd_weight {kd} > 1 the default 1 − kd_weight is negative: set ce_weight (0 for pure distillation)"))
-        elif not (is_number(ce) and ce >= 0):
-            findings.append(Finding("config.distillation.ce_weight", f"ce_weight must be 0 or more, got {ce}"))
-        return findings + zero_weights_findings(block)
+        # Create and PATCH refuse these (400); a run stored before they did may still hold one.
+        block = draft.config.get("distillation")
+        return range_findings(block if isinstance(block, dict) else {})

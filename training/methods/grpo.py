@@ -27,6 +27,39 @@ DEFAULTS = {
 GPU_BLOCKS = Key("int", minimum=0, maximum=65_536)
 
 
+def generation_batch_findings(config: dict) -> list[Finding]:
+    """TRL's generation-batch rules, as this engine sets TRL up: one process, per-device batch =
+    rollouts_per_prompt, no accumulation (training/engine/grpo.py), so the global batch is one group."""
+    group = config.get("rollouts_per_prompt", DEFAULTS["rollouts_per_prompt"])
+    size = config.get("generation_batch_size")
+    if size is not None and config.get("steps_per_generation") is not None:
+        return [Finding("config.generation_batch_size", "set generation_batch_size or steps_per_generation, not both: "
+                                                        "generation_batch_size = steps_per_generation × rollouts_per_prompt")]
+    if size is not None and size % group:
+        lower = size - size % group
+        use = f"{lower} or {lower + group}" if lower else str(group)
+        return [Finding("config.generation_batch_size", f"must be a multiple of the global batch, which for GRPO is one prompt's rollouts_per_prompt "
+                                                        f"({group}) completions: use {use}, or set steps_per_generation instead")]
+    return []
+
+
+GRPO_STEP = "a GRPO step trains on one prompt and its rollouts_per_prompt completions"
+# Keys every method has that GRPO's engine overrides (training/engine/grpo.py: the per-device batch is the
+# group, with no accumulation; max_steps is always set, so TRL never reads the epoch count): accepted,
+# they were stored and shown on the run while the trainer did something else. Each with what to use.
+UNUSED_BY_GRPO = {
+    "per_device_train_batch_size": "the batch is the group: set rollouts_per_prompt for more completions per step",
+    "gradient_accumulation_steps": "there is no accumulation: set rollouts_per_prompt for a larger group, or lower learning_rate for smaller updates",
+    "num_epochs": "the run length is max_steps (one pass over an N-prompt dataset is N steps): set max_steps",
+}
+
+
+def unused_batch_findings(config: dict) -> list[Finding]:
+    """num_epochs 1 is seed 002's default, stored on every GRPO run, so it is the one value let through."""
+    return [Finding(f"config.{key}", f"GRPO does not use {key}: {GRPO_STEP}, and {why}; remove {key}")
+            for key, why in UNUSED_BY_GRPO.items() if key in config and not (key == "num_epochs" and config[key] == DEFAULTS["num_epochs"])]
+
+
 class GRPO(TrainingMethod):
     """Group Relative Policy Optimisation with rewards from an environment or a RULER judge."""
 
@@ -62,8 +95,9 @@ class GRPO(TrainingMethod):
             findings.append(Finding("config.global_batch_size", "GRPO does not support global_batch_size: each step trains on one prompt and its rollouts_per_prompt completions; remove it"))
         if "max_prompt_length" in config and not config.get("use_unsloth"):
             findings.append(Finding("config.max_prompt_length", "max_prompt_length only applies with use_unsloth: the default trainer does not truncate prompts; remove it or set use_unsloth: true"))
-        if config.get("load_in_4bit") and config.get("lora_rank") is None:
-            findings.append(Finding("config.lora_rank", "load_in_4bit (QLoRA) trains adapters on a frozen 4-bit base: set lora_rank (e.g. 16)"))
+        findings += generation_batch_findings(config)
+        findings += unused_batch_findings(config)
+        # load_in_4bit without LoRA: the shared rule (TrainingMethod.check_types, lora_enabled), where lora: true is rank 16.
         # use_liger's restrictions apply to every method: training/validation.py liger_findings.
         return findings
 
