@@ -219,11 +219,11 @@ def context_findings(draft: Draft) -> list[Finding]:
     """Lengths longer than the base model's context: the run got as far as its first long batch. Only
     where the Studio can read the model's config (as the fit check); the engine is not asked."""
     model = model_config(draft.base_model, draft.project) or {}
-    limit = next((model[key] for key in CONTEXT_KEYS if is_number(model.get(key)) and model[key] > 0), None)
-    if limit is None:
+    key = next((key for key in CONTEXT_KEYS if is_number(model.get(key)) and model[key] > 0), None)
+    if key is None:
         return []
-    config, limit = draft.config, int(limit)
-    where = f"{draft.base_model} attends over at most {limit} positions (its config's max_position_embeddings)"
+    config, limit = draft.config, int(model[key])
+    where = f"{draft.base_model} attends over at most {limit} positions (its config's {key})"
     if draft.method != "grpo":
         length = config.get("max_length")
         if is_number(length) and length > limit:
@@ -341,8 +341,8 @@ def teacher_tokenizer_findings(draft: Draft) -> list[Finding]:
         return []  # not both readable here (an HF id): the engine checks again before capture
     try:
         student_fp, teacher_fp = tokenizer_fingerprint(student), tokenizer_fingerprint(teacher_files)
-    except ValueError:
-        return []  # a tokenizer.json that does not parse: the engine's loader says so
+    except (ValueError, AttributeError, TypeError):
+        return []  # a tokenizer.json that does not parse, or not as a tokenizer: the engine's loader says so
     if student_fp and teacher_fp and student_fp != teacher_fp:
         return [Finding("config.distillation.teacher_model", "the teacher's tokenizer differs from the student's: distillation compares token ids, so pick a teacher of the same family")]
     return []
