@@ -96,3 +96,12 @@ def test_a_restarted_run_reuses_the_last_attempts_capture_of_the_same_teacher(ti
     weights = next(Path(tiny["teacher"]).glob("*.safetensors"))
     weights.touch()
     assert any("wrote shard-00000.kd" in line for line in attempt(4, k=8))
+
+
+def test_a_top_k_wider_than_the_vocabulary_keeps_every_token_and_says_so(tiny, ingest: IngestStub, tmp_path: Path) -> None:
+    # It was clamped silently: the log read top_k=501 for a config of 600, with no reason.
+    assert run_inprocess(_spec(tiny, tmp_path, ingest, k=600, max_steps=1)) == 0
+    header = kd_format.read_header(tmp_path / "kd" / "shard-00000.kd")
+    assert header.k == header.vocab_size
+    logs = ingest.collect("logs")
+    assert any(f"top_k 600 is more than the {header.vocab_size} tokens of the vocabulary; keeping all {header.vocab_size}" in line for line in logs), logs[:20]

@@ -271,7 +271,9 @@ def run(ctx: Context) -> None:
         raise SpecError("dataset: DISTILL needs SFT-shaped rows (messages, text or prompt/completion)")
     dataset = with_system_prompt(dataset, spec.cfg("system_prompt"))
     vocab_size = len(tokenizer)
-    k = min(k, vocab_size)
+    if k > vocab_size:  # a top-K wider than the vocabulary keeps every token: say so, the config still reads k
+        ctx.reporter.log(f"capture: top_k {k} is more than the {vocab_size} tokens of the vocabulary; keeping all {vocab_size} (top_k={vocab_size})")
+        k = vocab_size
     check_teacher_tokenizer(ctx, tokenizer, str(dist["teacher_model"]))
 
     ctx.reporter.stage("capture")
