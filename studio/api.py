@@ -41,7 +41,8 @@ class ErrorOut(Schema):
 
 COMPONENTS = "#/components/schemas/{model}"
 ERROR_RESPONSE = {
-    "description": "The error body (401 → 404 → 403 → 402 → 409 → 400/422, the first that applies)",
+    "description": "The error body (401 → 404 → 403 → 402 → 409 → 400/422, the first that applies; a query "
+                   "parameter the endpoint does not take, or one given twice, is a 400 right after the 401)",
     "content": {"application/json": {"schema": {"$ref": COMPONENTS.format(model="ErrorOut")}}},
 }
 
