@@ -103,3 +103,24 @@ def test_settings_the_studio_owns_are_ignored_by_the_engine_too(tiny, ingest: In
     logs = ingest.collect("logs")
     assert any(line.startswith("config.output_dir: set by the Studio") for line in logs)
     assert any(line.startswith("config.report_to: set by the Studio") for line in logs)
+
+
+def test_a_resume_with_more_steps_follows_its_own_learning_rate_schedule(tiny, tmp_path: Path) -> None:
+    # Saved at step 3 of 6, resumed with max_steps 9: the first resumed step took the old schedule's rate
+    # (stored in the optimizer), the next ones the new schedule's, so the rate went down and up again.
+    cfg = {**SFT_CONFIG, "max_steps": 6, "save_steps": 3, "per_device_train_batch_size": 4}
+    first = tmp_path / "first"
+    assert run_inprocess(make_spec("sft", tiny["student"], [tiny["sft"]], first, cfg)) == 0
+    fresh, resumed = IngestStub(), IngestStub()
+    try:
+        longer = {**cfg, "max_steps": 9}
+        assert run_inprocess(make_spec("sft", tiny["student"], [tiny["sft"]], tmp_path / "fresh", longer, fresh)) == 0
+        spec = make_spec("sft", tiny["student"], [tiny["sft"]], tmp_path / "resumed", longer, resumed, resume_from=str(first / "checkpoint-3"))
+        assert run_inprocess(spec) == 0
+        rates = sorted(resumed.metrics()["learning_rate"])
+        assert [step for step, _ in rates] == [4, 5, 6, 7, 8, 9]
+        assert rates == [(step, rate) for step, rate in sorted(fresh.metrics()["learning_rate"]) if step > 3]  # an unbroken 9-step schedule
+        assert any("resume: learning rate" in line for line in resumed.collect("logs"))
+    finally:
+        fresh.close()
+        resumed.close()

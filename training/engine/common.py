@@ -161,6 +161,22 @@ class TokenCountingMixin:
         return super().compute_loss(model, inputs, *args, **kwargs)  # type: ignore[misc]
 
 
+def follow_schedule(optimizer: Any, scheduler: Any, rep: Any) -> None:
+    """On resume, the learning rate of this run's schedule at the step it resumes from. The checkpoint's
+    optimizer holds the rate its own schedule gave: with max_steps raised since (a resumed run may
+    train further), the first resumed step took the old schedule's rate and the next ones the new
+    schedule's (0.004, then 0.0075 above it). Nothing changes where both schedules agree."""
+    if optimizer is None or not isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
+        return
+    rates = [base * fn(scheduler.last_epoch) for base, fn in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)]
+    if all(abs(group["lr"] - rate) <= 1e-12 * max(1.0, abs(rate)) for group, rate in zip(optimizer.param_groups, rates, strict=True)):
+        return
+    for group, rate in zip(optimizer.param_groups, rates, strict=True):
+        group["lr"] = rate
+    scheduler._last_lr = rates  # what TRL logs as learning_rate
+    rep.log(f"resume: learning rate {rates[0]:.3g} from this run's schedule at step {scheduler.last_epoch} (the checkpoint's schedule gave another)")
+
+
 class StudioCallback(TrainerCallback):
     """Streams TRL's logs, per-step speed/progress and checkpoints to the reporter.
 
@@ -207,6 +223,8 @@ class StudioCallback(TrainerCallback):
                 f"perf: {self.shape.matmul_params / 1e6:.1f}M matmul weights ({self.shape.trainable_matmul_params / 1e6:.1f}M trainable), "
                 f"MFU against {self.peak.tflops:g} TFLOP/s dense bf16 ({self.peak.name})"
             )
+        if state.global_step > 0:
+            follow_schedule(kwargs.get("optimizer"), kwargs.get("lr_scheduler"), rep)
         # Drop whatever earlier counting left (a resumed trainer, a capture stage) so step 1 is clean.
         self._take_counts()
         if self.on_cuda:
