@@ -168,7 +168,7 @@ def follow_schedule(optimizer: Any, scheduler: Any, rep: Any) -> None:
     schedule's (0.004, then 0.0075 above it). Nothing changes where both schedules agree."""
     if optimizer is None or not isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
         return
-    rates = [base * fn(scheduler.last_epoch) for base, fn in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)]
+    rates: list[float] = [float(base * fn(scheduler.last_epoch)) for base, fn in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)]
     if all(abs(group["lr"] - rate) <= 1e-12 * max(1.0, abs(rate)) for group, rate in zip(optimizer.param_groups, rates, strict=True)):
         return
     for group, rate in zip(optimizer.param_groups, rates, strict=True):
