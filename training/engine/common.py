@@ -173,7 +173,8 @@ def follow_schedule(optimizer: Any, scheduler: Any, rep: Any) -> None:
         return
     for group, rate in zip(optimizer.param_groups, rates, strict=True):
         group["lr"] = rate
-    scheduler._last_lr = rates  # what TRL logs as learning_rate
+    last: list[float | torch.Tensor] = list(rates)
+    scheduler._last_lr = last  # what TRL logs as learning_rate
     rep.log(f"resume: learning rate {rates[0]:.3g} from this run's schedule at step {scheduler.last_epoch} (the checkpoint's schedule gave another)")
 
 
