@@ -398,3 +398,11 @@ def test_a_data_hub_ref_of_another_project_is_refused_at_create_naming_its_field
     assert "names project someone-else" in body["errors"][0]["message"] and "their-data@main" in body["errors"][0]["message"]
     assert_refused(api, 400, "base_model", base_model="someone-else/their-model@main")
     assert create(api, dataset=f"{project.slug}/my-data@main").status_code == 201  # its own project, written out
+
+
+def test_grpo_ruler_mode_with_an_environment_id_is_refused_naming_the_unused_key(api):
+    # Taken without comment: the judge scored the rollouts and the environment named was never loaded.
+    ruler = {"rl_mode": "ruler", "environment_id": "builtin/arith@main", "ruler_task_args": {"dataset": "prompts@main", "system_prompt": "be right"}}
+    body = assert_refused(api, 400, "config.environment_id", method="grpo", config=ruler)
+    assert "remove environment_id, or set rl_mode: environment" in body["errors"][0]["message"]
+    assert create(api, method="grpo", config={k: v for k, v in ruler.items() if k != "environment_id"}).status_code == 201

@@ -95,6 +95,9 @@ class GRPO(TrainingMethod):
             findings.append(Finding("config.global_batch_size", "GRPO does not support global_batch_size: each step trains on one prompt and its rollouts_per_prompt completions; remove it"))
         if "max_prompt_length" in config and not config.get("use_unsloth"):
             findings.append(Finding("config.max_prompt_length", "max_prompt_length only applies with use_unsloth: the default trainer does not truncate prompts; remove it or set use_unsloth: true"))
+        if config.get("rl_mode") == "ruler" and config.get("environment_id"):
+            findings.append(Finding("config.environment_id", "RULER mode scores rollouts with its judge, and environment_id would be silently unused: "
+                                                             "remove environment_id, or set rl_mode: environment to score with the environment"))
         findings += generation_batch_findings(config)
         findings += unused_batch_findings(config)
         # load_in_4bit without LoRA: the shared rule (TrainingMethod.check_types, lora_enabled), where lora: true is rank 16.
