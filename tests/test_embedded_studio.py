@@ -119,7 +119,7 @@ def test_the_embedded_studio_serves_and_trains(embedded_env, tmp_path):
         # "CHECKPOINTS/STEP-2" listed checkpoints/step-2's files.
         files = f"{base}/api/hub/repos/experiment-default/files?ref=run-{run['id']}&path="
         assert http("GET", files + "checkpoints/step-2", token)[1]["files"]
-        assert http("GET", files + "CHECKPOINTS/STEP-2", token)[1]["files"] == []
+        assert http("GET", files + "CHECKPOINTS/STEP-2", token)[0] == 404  # a folder the ref does not have
         hf_tree = f"{base}/hub/api/models/demo/experiment-default/tree/run-{run['id']}/"
         assert http("GET", hf_tree + "checkpoints/step-2", token)[0] == 200
         assert http("GET", hf_tree + "CHECKPOINTS/STEP-2", token)[0] == 404

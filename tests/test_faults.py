@@ -104,7 +104,9 @@ class WebProcess:
 
     def start(self) -> None:
         env = {**os.environ, "DATABASE_URL": db_url(), "DEBUG": "1", "GUNICORN_BIND": f"127.0.0.1:{self.port}",
-               "GUNICORN_WORKERS": "1", "GUNICORN_THREADS": "4", "STUDIO_VAR_DIR": str(self.tmp_path / "var")}
+               "GUNICORN_WORKERS": "1", "GUNICORN_THREADS": "4", "STUDIO_VAR_DIR": str(self.tmp_path / "var"),
+               # The worker's: ingest takes a checkpoint only inside the attempt's output folder there.
+               "STUDIO_RUNS_DIR": str(self.tmp_path / "runs")}
         self.proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", "studio/gunicorn.conf.py", "studio.wsgi:application"],
                                      cwd=REPO_ROOT, env=env, stdout=(self.tmp_path / f"web-{time.time_ns()}.log").open("wb"), stderr=subprocess.STDOUT)
 
