@@ -361,17 +361,25 @@ def params_from_config(cfg: dict) -> int | None:
     return int(layers * (attention + mlp) + embeddings)
 
 
-def hub_model_files(project, ref: str) -> tuple[dict, int | None] | None:
-    """config.json and the weight files' total size of a Data Hub model ref; None if it does not resolve."""
+def hub_ref_tree(project, ref: str) -> dict | None:
+    """The files (path → blob) of the commit a Data Hub ref of `project` resolves to; None if it does not."""
     from datahub.refs import parse_ref
     from datahub.repos import tree
-    from datahub.storage import open_blob
 
     try:
-        _, commit = parse_ref(project, ref, "config.distillation.teacher_model")
+        _, commit = parse_ref(project, ref, "ref")
     except ApiError:
         return None
-    files = tree(commit)
+    return tree(commit)
+
+
+def hub_model_files(project, ref: str) -> tuple[dict, int | None] | None:
+    """config.json and the weight files' total size of a Data Hub model ref; None if it does not resolve."""
+    from datahub.storage import open_blob
+
+    files = hub_ref_tree(project, ref)
+    if files is None:
+        return None
     cfg: dict = {}
     blob = files.get("config.json")
     if blob is not None and blob.size < 1_000_000:

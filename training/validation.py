@@ -21,7 +21,7 @@ from studio.parsing import control_character
 from training.backends import get_backend
 from training.compute import GPU_MEMORY_GIB, accelerators_of, check_compute, normalise_compute, precision_findings
 from training.engine import fit, liger
-from training.forms import hub_model_files
+from training.forms import hub_model_files, hub_ref_tree
 from training.keys import is_number, json_findings, normalise_block
 from training.methods import NOT_YET_SUPPORTED, get_method
 from training.methods.base import Draft, TrainingMethod
@@ -313,16 +313,11 @@ def model_file_reader(project, ref: str | None) -> Callable[[str], bytes | None]
         return lambda name: (folder / name).read_bytes() if (folder / name).is_file() else None
     if project is None or not isinstance(ref, str) or ref_kind(ref) != "hub":
         return None
-    from datahub.refs import parse_ref
-    from datahub.repos import tree
     from datahub.storage import open_blob
-    from studio.errors import ApiError
 
-    try:
-        _, commit = parse_ref(project, ref, "ref")
-    except ApiError:
+    files = hub_ref_tree(project, ref)
+    if files is None:
         return None
-    files = tree(commit)
 
     def read(name: str) -> bytes | None:
         blob = files.get(name)
