@@ -188,3 +188,30 @@ def test_a_lone_item_larger_than_studio_takes_is_dropped_and_the_rest_arrives(in
     assert ingest.collect("logs") == ["before", "after"] and ingest.collect("rollouts") == []
     assert ingest.scalars("status") == ["running", "completed"]
     assert "one of rollouts is" in capsys.readouterr().err
+
+
+def test_a_refused_item_is_dropped_alone_and_the_rest_of_its_batch_arrives(ingest: IngestStub, capsys) -> None:
+    # Studio stores nothing of a batch it answers 400 (a checkpoint outside the output folder, say).
+    # Dropping the whole batch lost the metrics and the final status that came with the bad item.
+    ingest.answer = lambda body: 400 if any(c["path"] == "/etc" for c in body["checkpoints"]) else None
+    rep = Reporter(ingest.url, TOKEN, flush_interval=0.05, echo=False)
+    rep.status("running")
+    for step in range(1, 9):
+        rep.metric(step, "loss", 1.0 / step)
+    rep.checkpoint(4, "/tmp/out/checkpoint-4", "checkpoint")
+    rep.checkpoint(8, "/etc", "checkpoint")
+    rep.log("done", echo=False)
+    rep.status("completed")
+    assert rep.start().close(timeout=30)
+    assert [m["step"] for m in ingest.collect("metrics")] == list(range(1, 9))
+    assert ingest.collect("checkpoints") == [{"step": 4, "path": "/tmp/out/checkpoint-4", "kind": "checkpoint"}]
+    assert "done" in ingest.collect("logs") and ingest.scalars("status") == ["running", "completed"]
+    assert "Studio refused one of checkpoints" in capsys.readouterr().err
+
+
+def test_a_refused_batch_without_items_is_not_split_forever(ingest: IngestStub) -> None:
+    ingest.answer = lambda body: 400 if body["status"] == "bogus" else None
+    rep = Reporter(ingest.url, TOKEN, flush_interval=0.05, echo=False)
+    rep.status("bogus")
+    assert rep.start().close(timeout=10)
+    assert sum(a["status"] == 400 for a in ingest.attempts) == 1

@@ -7,7 +7,9 @@ connection error or a 5xx is resent with the *same* batch_id (the server dedups)
 A 401/403 means this attempt was superseded, a 409 that its run ended a while ago: the reporter stops
 and the engine must exit.
 A batch too large for one request (a backlog left by an outage, a burst of long rollouts) goes as
-smaller batches, in order: resending it whole would be refused forever and starve the heartbeat.
+smaller batches, in order: resending it whole would be refused forever and starve the heartbeat. A
+batch Studio refuses (another 4xx: it stores nothing of it) is halved the same way until the item it
+refuses is alone; that item is dropped with Studio's reason, and the rest of the batch still arrives.
 """
 
 from __future__ import annotations
@@ -50,10 +52,11 @@ def storable(value: Any) -> Any:
 def split_batch(batch: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """Two batches that say what `batch` says, in its order: the first half of its items, then the
     rest with its stage, status, error and progress (a status goes after the metrics it ends). Each
-    gets its own batch_id: nothing of `batch` was stored. None for a lone item with nothing else."""
+    gets its own batch_id: nothing of `batch` was stored. None for a lone item with nothing else, or
+    for a batch with no items."""
     items = [(key, item) for key in ITEM_KEYS for item in batch[key]]
     rest = {key: batch[key] for key in batch if key not in ITEM_KEYS and key != "batch_id"}
-    if len(items) <= 1 and all(value is None for value in rest.values()):
+    if not items or (len(items) == 1 and all(value is None for value in rest.values())):
         return None
     cut = (len(items) + 1) // 2
     first: dict[str, Any] = {key: [] for key in ITEM_KEYS} | {key: None for key in rest}
@@ -62,6 +65,16 @@ def split_batch(batch: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]] 
         (first if i < cut else second)[key].append(item)
     first["batch_id"], second["batch_id"] = uuid.uuid4().hex, uuid.uuid4().hex
     return first, second
+
+
+def refusal(exc: urllib.error.HTTPError) -> str:
+    """Studio's reason for a 4xx, with the fields it names, in one line."""
+    try:
+        body = json.loads(exc.read())
+        fields = "; ".join(f"{f.get('field')}: {f.get('message')}" for f in body.get("errors") or [])
+        return f"{body.get('detail')}" + (f" ({fields})" if fields else "")
+    except (ValueError, AttributeError, OSError):
+        return "no reason given"
 
 
 class Superseded(RuntimeError):
@@ -201,14 +214,20 @@ class Reporter:
                 return
 
     def _send(self, batch: dict[str, Any]) -> None:
-        """Send `batch`, as smaller batches in order when it is too large for one request."""
+        """Send `batch`, as smaller batches in order when it is too large for one request, or when
+        Studio refuses it (a 400 stores nothing of a batch): halving isolates the item it refuses,
+        which is dropped, and the rest (the status it carries too) still arrives."""
         body = json.dumps(batch).encode()
-        if len(body) <= MAX_BATCH_BYTES and self._send_with_retry(batch, body) != "too large":
+        outcome = "too large" if len(body) > MAX_BATCH_BYTES else self._send_with_retry(batch, body)
+        if outcome not in ("too large", "refused"):
             return
         halves = split_batch(batch)
         if halves is None:
             key = next((key for key in ITEM_KEYS if batch[key]), "its parts")
-            self._warn(f"reporter: one of {key} is {len(body)} bytes, more than Studio takes in a request; dropping it")
+            if outcome == "too large":
+                self._warn(f"reporter: one of {key} is {len(body)} bytes, more than Studio takes in a request; dropping it")
+            else:
+                self._warn(f"reporter: Studio refused one of {key}; dropping it")
             return
         for half in halves:
             if self.superseded.is_set() or self._gave_up:
@@ -219,7 +238,7 @@ class Reporter:
         delay = 0.5
         while True:
             outcome = self._post(batch, body)
-            if outcome in ("ok", "drop", "superseded", "too large"):
+            if outcome in ("ok", "refused", "superseded", "too large"):
                 return outcome
             deadline = self._drain_deadline
             if deadline is not None and time.monotonic() + delay > deadline:
@@ -256,8 +275,8 @@ class Reporter:
                 self._warn(f"reporter: ingest answered {exc.code}; retrying batch {batch['batch_id']}")
                 return "retry"
             # Another 4xx will not get better by resending the same body.
-            self._warn(f"reporter: ingest rejected batch {batch['batch_id']} with {exc.code}; dropping it")
-            return "drop"
+            self._warn(f"reporter: ingest refused batch {batch['batch_id']} with {exc.code}: {refusal(exc)}")
+            return "refused"
         except (urllib.error.URLError, OSError) as exc:
             self._warn(f"reporter: ingest unreachable ({exc}); retrying batch {batch['batch_id']}")
             return "retry"
