@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import models
+from django.utils import timezone
 
 
 class Plan(models.Model):
@@ -40,6 +41,10 @@ class Membership(models.Model):
     role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
     # When the user last switched to this project: a new session (after logging in) opens there.
     last_used_at = models.DateTimeField(null=True, blank=True)
+    # When this membership began. A token its user made before then belongs to an earlier membership,
+    # however that one ended (the service, the admin, a shell or SQL), and does not come back with this
+    # one. Null for memberships older than the column: their tokens are judged by revocation alone.
+    joined_at = models.DateTimeField(null=True, blank=True, default=timezone.now)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["project", "user"], name="one_membership_per_user")]

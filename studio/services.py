@@ -57,7 +57,9 @@ def set_plan(project: Project, plan: Plan | None) -> Project:
 def add_member(project: Project, user, role: str) -> Membership:
     if role not in Role.values:
         raise BadRequest(errors=[Finding("role", f"role must be one of {', '.join(Role.values)}")])
-    member, _ = Membership.objects.update_or_create(project=project, user=user, defaults={"role": role})
+    member, joined = Membership.objects.update_or_create(project=project, user=user, defaults={"role": role})
+    if joined:  # tokens left from an earlier membership, however it ended, are shown revoked
+        revoke_member_tokens(project, user)
     return member
 
 
@@ -96,13 +98,15 @@ def create_api_token(user, project: Project, *, name: str = "") -> tuple[ApiToke
 
 
 def authenticate_token(plaintext: str) -> ApiToken | None:
-    """The live token for this plaintext, if its user is still a member of its project."""
+    """The live token for this plaintext, if its user is still a member of its project, in the
+    membership the token was made in."""
     token = (
         ApiToken.objects.select_related("project", "project__plan", "user")
         .filter(token_hash=crypto.hash_token(plaintext), revoked_at__isnull=True, user__is_active=True)
         .first()
     )
-    if token is None or not Membership.objects.filter(project=token.project, user=token.user).exists():
+    membership = Membership.objects.filter(project=token.project, user=token.user).first() if token else None
+    if token is None or membership is None or (membership.joined_at and token.created_at < membership.joined_at):
         return None
     # Only write when it moved a minute: a busy client must not turn every read into a write.
     now = timezone.now()

@@ -239,6 +239,27 @@ def test_removing_a_member_revokes_their_tokens_so_a_reinvite_does_not_revive_th
     assert Api(Client(), create_api_token(users["viewer"], project)[1]).get("/api/training-runs").status_code == 200  # a new token works
 
 
+def test_a_membership_deleted_outside_the_service_does_not_revive_its_tokens_on_a_reinvite(tokens, project, users):
+    # A shell or SQL delete skips remove_member's revocation: the token stayed live, and came back
+    # with the next invite. A token belongs to the membership it was made in.
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM studio_membership WHERE project_id = %s AND user_id = %s", [project.pk, users["viewer"].pk])
+    assert ApiToken.objects.get(token_hash=hash_token(tokens["viewer"])).revoked_at is None
+    add_member(project, users["viewer"], "viewer")
+    assert assert_error(Api(Client(), tokens["viewer"]).get("/api/training-runs"), 401)["detail"] == BAD_TOKEN
+    assert ApiToken.objects.get(token_hash=hash_token(tokens["viewer"])).revoked_at is not None  # and its page says so
+    assert Api(Client(), create_api_token(users["viewer"], project)[1]).get("/api/training-runs").status_code == 200
+
+
+def test_a_membership_from_before_joined_at_was_recorded_keeps_its_tokens(tokens, project, users):
+    project.memberships.filter(user=users["member"]).update(joined_at=None)
+    assert Api(Client(), tokens["member"]).get("/api/training-runs").status_code == 200
+    add_member(project, users["member"], "viewer")  # a role change is the same membership
+    assert Api(Client(), tokens["member"]).get("/api/training-runs").status_code == 200
+
+
 def admin_client() -> Client:
     from django.contrib.auth import get_user_model
 
