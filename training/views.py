@@ -337,7 +337,7 @@ def form_context(request: HttpRequest, project, values: dict[str, Any], errors: 
                     "liger": forms.LIGER_CHOICES, "checkpointing": forms.CHECKPOINTING_CHOICES, "packing": forms.PACKING_CHOICES,
                     "rollout_engine": forms.ROLLOUT_ENGINE_CHOICES},
         "performance_open": forms.performance_open(values, errors),
-        "estimate": forms.storage_estimate(values.get("config.distillation.top_k"), values.get("distill_tokens")) if distill else None,
+        "estimate": forms.distill_storage_estimate(values, project) if distill else None,
         "estimate_finding": top_k_finding_of(values) if distill else None,
         "environment_choices": environment_choices(project) if method == "grpo" else [],
         "suggestions": RefSuggestions(project, method),
