@@ -40,7 +40,7 @@ from training.fit_report import fit_report, form_fit_report
 from training.ingest import LATE_REPORTS
 from training.methods import distill as distill_method
 from training.methods.base import lora_enabled
-from training.models import ACTIVE_STATUSES, TERMINAL_STATUSES, Checkpoint, Method, MetricPoint, Rollout, Status, TrainingRun
+from training.models import ACTIVE_STATUSES, TERMINAL_STATUSES, Checkpoint, Method, MetricPoint, Rollout, RunAttempt, Status, TrainingRun
 from training.queries import filter_rollouts, get_run_for, log_lines, runs_for, search_runs
 from training.refs import HUB_REF, dataset_entries, ref_kind
 from training.suggestions import RefSuggestions
@@ -777,7 +777,30 @@ def rollout_groups(run: TrainingRun, request: HttpRequest) -> dict[str, Any]:
         out.append({"step": s, "prompt": prompt, "rollouts": items, "mean": statistics.fmean(rewards),
                     "std": group_std(rewards), "min": min(rewards), "max": max(rewards)})
     raw_bounds = {k: request.GET.get(k, "") if k in notes else bounds[k] for k in bounds}
-    return {"groups": out, "steps": steps, "chosen_step": "all" if step == "all" else chosen_step, "notes": notes, **raw_bounds}
+    return {"groups": out, "steps": steps, "chosen_step": "all" if step == "all" else chosen_step, "notes": notes,
+            "system_prompt": shown_system_prompt(run), **raw_bounds}
+
+
+def shown_system_prompt(run: TrainingRun) -> dict[str, str] | None:
+    """The system prompt the Rollouts tab shows, and where it came from: the one the latest attempt's
+    engine reported it used (an environment package may set its own), else the configured one (an
+    engine that reports none, a run not started yet)."""
+    config = run.config or {}
+    configured = str(config.get("system_prompt") or "")
+    reported = RunAttempt.objects.filter(run=run, system_prompt__isnull=False).order_by("-attempt").values_list("system_prompt", flat=True).first()
+    if reported is None:
+        return {"text": configured, "source": "config.system_prompt"} if configured else None
+    if not reported:
+        return None
+    ruler = config.get("ruler_task_args")
+    ruler = ruler if isinstance(ruler, dict) else {}
+    if reported == configured:
+        source = "config.system_prompt"
+    elif config.get("rl_mode") == "ruler" and reported == ruler.get("system_prompt"):
+        source = "ruler_task_args.system_prompt: RULER gives the policy the judge's criteria"
+    else:
+        source = f"set by the environment {config.get('environment_id') or ''} itself".replace("  ", " ")
+    return {"text": reported, "source": source}
 
 
 @studio_page

@@ -320,6 +320,25 @@ def test_rollouts_tab_shows_components_the_system_prompt_and_the_sample_std_of_r
     assert "<span>digits 0.000</span>" in html and "Answer with digits only." in html
 
 
+def test_rollouts_tab_shows_the_system_prompt_the_engine_reported_its_environment_set(project, users):
+    from training.models import RunAttempt
+
+    run = make_run(project, users["owner"], "grpo")  # builtin/arith@main, no system_prompt in its config
+    Rollout.objects.create(run=run, step=1, prompt="What is 2+2?", completion="4", reward=1.0)
+    client = client_for(users["owner"])
+    assert 'data-testid="system-prompt"' not in client.get(f"/training/runs/{run.pk}/rollouts/").content.decode()
+    attempt = RunAttempt.objects.create(run=run, attempt=1, config=run.config, system_prompt="Answer with digits only.")
+    html = client.get(f"/training/runs/{run.pk}/rollouts/").content.decode()
+    assert re.search(r'data-testid="system-prompt".*set by the environment builtin/arith@main itself.*Answer with digits only\.', html)
+    # Reported as the configured one: named as the config's.
+    run.config = {**run.config, "system_prompt": "Answer with digits only."}
+    run.save(update_fields=["config"])
+    assert "(config.system_prompt)" in client.get(f"/training/runs/{run.pk}/rollouts/").content.decode()
+    # Reported as none used: none shown, though a later edit configured one.
+    RunAttempt.objects.filter(pk=attempt.pk).update(system_prompt="")
+    assert 'data-testid="system-prompt"' not in client.get(f"/training/runs/{run.pk}/rollouts/").content.decode()
+
+
 @pytest.mark.parametrize("step", ["²", "-1", "1.0"])
 def test_rollouts_tab_takes_a_step_that_is_not_ascii_digits_as_no_step(project, users, step):
     # "²".isdigit() is True, yet int("²") raises: it was a 500.
