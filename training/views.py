@@ -2,6 +2,8 @@
 Each view: parse → authorise → one service → render (HTMX gets the partial)."""
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import statistics
 from collections import Counter, OrderedDict
@@ -174,8 +176,8 @@ def reports_open(run: TrainingRun) -> bool:
 
 # How the run page's status area follows the run, by phase (page_phase): every part refreshes while
 # it trains, and for the minute after its end while its engine may still report; a run that is not
-# live can be started from another tab, by a teammate or over the API, so a slow poll notices that
-# (answered 204 while nothing changed: one query, no rendering); a completed run never changes again.
+# live can be started or edited from another tab, by a teammate or over the API, so a slow poll notices
+# that (answered 204 while nothing changed: one query, no rendering); a completed run never changes again.
 STATUS_POLL = {"live": "every 2s", "settling": "every 5s", "idle": "every 15s", "done": ""}
 
 
@@ -187,10 +189,24 @@ def page_phase(run: TrainingRun) -> str:
     return "done" if run.status == Status.COMPLETED else "idle"
 
 
+def edit_stamp(run: TrainingRun) -> str:
+    """Moves with every edit of the run's settings (a PATCH, the Edit run form): services.update_run
+    is the only writer of these fields."""
+    settings = [run.name, run.base_model, run.dataset, run.config, run.compute]
+    return hashlib.sha1(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
 def page_state(run: TrainingRun) -> str:
     """What the status area was rendered for (its poll's ?seen=): a START, a STOP, an end, a new
-    attempt or the end of the reports window each changes it."""
-    return f"{run.status}.{run.attempt}.{page_phase(run)}"
+    attempt, the end of the reports window or an edit each changes it."""
+    return f"{run.status}.{run.attempt}.{page_phase(run)}.{edit_stamp(run)}"
+
+
+def edited_since(seen: str, run: TrainingRun) -> bool:
+    """Whether the page that sent `seen` shows the run's settings from before an edit. (A page from
+    before the stamp existed sends three parts: it is not reloaded for that alone.)"""
+    parts = seen.split(".")
+    return len(parts) == 4 and parts[3] != edit_stamp(run)
 
 
 def status_context(request: HttpRequest, run: TrainingRun, actor=None, error: ApiError | None = None) -> dict[str, Any]:
@@ -826,12 +842,16 @@ def run_detail(request: HttpRequest, run_id: int, tab: str = "overview") -> Http
 @require_GET
 def run_status(request: HttpRequest, run_id: int) -> HttpResponse:
     run = get_run_for(web_actor(request), run_id)
-    seen = request.GET.get("seen", "")
-    if seen == page_state(run) and page_phase(run) == "idle":
+    seen, state = request.GET.get("seen", ""), page_state(run)
+    if seen == state and page_phase(run) == "idle":
         return HttpResponse(status=204)  # the slow poll of a run that is not live: nothing to swap
     response = render(request, "training/run_detail.html#run_status", status_context(request, run))
-    if seen and seen != page_state(run):
+    if seen and seen != state:
         response.headers["HX-Trigger"] = "run-changed"
+    if seen and edited_since(seen, run):
+        # An edit moves more than the status area: the heading's name, the tabs (a dataset added or
+        # taken out) and the one open. The whole page shows the run as it is now.
+        response.headers["HX-Refresh"] = "true"
     return response
 
 
