@@ -9,7 +9,7 @@ from django.test import Client
 from studio import crypto
 from tests.conftest import sft_body
 from training.backends.local import output_dir
-from training.models import Checkpoint, LogLine, MetricPoint, Rollout, Status, TrainingRun
+from training.models import Checkpoint, LogLine, MetricPoint, Rollout, RunAttempt, Status, TrainingRun
 
 
 @pytest.fixture
@@ -188,6 +188,22 @@ def test_a_malformed_batch_is_a_400_naming_the_field(live_run):
     assert r.status_code == 400
     assert r.json()["errors"][0]["field"] == "metrics[0].step"
     assert not MetricPoint.objects.filter(run=run).exists()
+
+
+def test_the_system_prompt_an_engine_reports_is_kept_on_its_attempt_and_a_batch_without_one_keeps_it(transactional_db, live_server, live_run):
+    from training.engine.reporter import Reporter
+
+    run, token = live_run
+    RunAttempt.objects.create(run=run, attempt=1, config=run.config)
+    reporter = Reporter(f"{live_server.url}/api/ingest/runs/{run.pk}", token, flush_interval=0.05, echo=False).start()
+    reporter.system_prompt("Solve it step by step, then write #### and the answer.")
+    assert reporter.close(timeout=10)
+    assert RunAttempt.objects.get(run=run, attempt=1).system_prompt == "Solve it step by step, then write #### and the answer."
+    # An engine from before the field (or a batch without it) changes nothing; "" says it used none.
+    assert send(run.pk, token, batch(run)).status_code == 200
+    assert RunAttempt.objects.get(run=run, attempt=1).system_prompt == "Solve it step by step, then write #### and the answer."
+    assert send(run.pk, token, {"batch_id": "b2", "system_prompt": ""}).status_code == 200
+    assert RunAttempt.objects.get(run=run, attempt=1).system_prompt == ""
 
 
 def test_a_completion_with_a_nul_does_not_cost_the_batch_its_metrics(transactional_db, live_server, live_run):

@@ -13,6 +13,7 @@ from django.http import QueryDict
 
 from studio.errors import ApiError, Finding
 from training.compute import GPU_MEMORY_GIB, parse_accelerators
+from training.dataset_tokens import dataset_tokens
 from training.methods.base import Draft
 from training.refs import DATASET_TYPES, dataset_entries, local_model_dir
 
@@ -70,7 +71,7 @@ DEFAULT_CONFIG_TEXT = {
 METHOD_DEFAULTS: dict[str, dict[str, Any]] = {
     "dpo": {"config.loss.type": "dpo", "config.loss.dpo_beta": "0.1"},
     "distill": {"config.distillation.top_k": "64", "config.distillation.temperature": "1.0", "config.distillation.kd_weight": "0.5",
-                "config.distillation.ce_weight": "0.5", "distill_tokens": "295000"},
+                "config.distillation.ce_weight": "0.5"},
     "grpo": {"config.rl_mode": "environment", "config.rollouts_per_prompt": "8", "config.kl_coef": "0.0", "config.max_response_length": "2048",
              "config.judge.mode": "external"},
 }
@@ -328,6 +329,38 @@ def values_from_run(run) -> dict[str, Any]:
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "float": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2,
                "float8_e4m3fn": 1, "fp8": 1, "int8": 1, "int4": 0.5}
 SIZE_IN_NAME = re.compile(r"(?<![A-Za-z0-9.])(\d+(?:\.\d+)?)\s*([bBmM])(?![A-Za-z0-9])")
+
+
+# Seed 001's example dataset size: the estimate falls back to it, and says so, when the dataset's own
+# tokens are neither given nor readable here (an HF id, a ref that does not resolve yet).
+SEED_DATASET_TOKENS = 295_000
+
+
+@dataclass(frozen=True)
+class EstimateTokens:
+    tokens: Any  # as typed, or counted
+    source: str  # where the figure comes from, as the estimate shows it
+    fallback: bool = False  # seed 001's figure, not this dataset's
+
+
+def estimate_tokens(values: dict[str, Any], project=None) -> EstimateTokens:
+    """The dataset tokens the storage estimate prices: the number typed in the form, the chosen
+    dataset's own count, or (labelled as such) seed 001's figure."""
+    typed = str(values.get("distill_tokens") or "").strip()
+    if typed:
+        return EstimateTokens(typed, "as given in the form")
+    dataset = dataset_from_fields(values.get("dataset") or "", values.get("dataset_type") or "")
+    counted = dataset_tokens(project, dataset, (values.get("base_model") or "").strip() or None)
+    if counted is not None:
+        return EstimateTokens(counted.tokens, counted.source)
+    why = "the Studio cannot read the chosen dataset here" if dataset else "no dataset is chosen yet"
+    return EstimateTokens(SEED_DATASET_TOKENS, f"seed 001's example figure, not this dataset's: {why}; give the dataset's tokens above", fallback=True)
+
+
+def distill_storage_estimate(values: dict[str, Any], project=None) -> dict[str, Any] | None:
+    tokens = estimate_tokens(values, project)
+    estimate = storage_estimate(values.get("config.distillation.top_k"), tokens.tokens)
+    return {**estimate, "tokens_source": tokens.source, "fallback": tokens.fallback} if estimate else None
 
 
 def storage_estimate(top_k: Any, tokens: Any) -> dict[str, Any] | None:

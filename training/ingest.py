@@ -21,7 +21,7 @@ from studio.errors import BadRequest, Conflict, Finding, Forbidden, Unauthorized
 from studio.ratelimit import check_auth_allowed, note_auth_failure
 from training import status as status_service
 from training.backends import get_backend
-from training.models import TERMINAL_STATUSES, Checkpoint, ErrorCode, IngestBatch, LogLine, MetricPoint, Rollout, Status, TrainingRun
+from training.models import TERMINAL_STATUSES, Checkpoint, ErrorCode, IngestBatch, LogLine, MetricPoint, Rollout, RunAttempt, Status, TrainingRun
 from training.schemas import IngestBatchIn, IngestOut
 
 log = logging.getLogger(__name__)
@@ -154,6 +154,8 @@ def apply_batch(run: TrainingRun, batch: IngestBatchIn) -> None:
     if batch.progress is not None and not ended:
         changes["progress"] = batch.progress
     TrainingRun.objects.filter(pk=run.pk).update(**changes)
+    if batch.system_prompt is not None:
+        RunAttempt.objects.filter(run=run, attempt=attempt).update(system_prompt=batch.system_prompt)
     if batch.status:
         apply_reported_status(run, batch)
 

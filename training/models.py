@@ -126,6 +126,9 @@ class RunAttempt(models.Model):
     config = models.JSONField(default=dict, blank=True)
     compute = models.JSONField(default=dict, blank=True)
     pinned = models.JSONField(default=dict, blank=True)  # the refs' commits START pinned for it
+    # The system prompt its engine put before each GRPO prompt, as it reported it: the config's, or the
+    # one the environment package sets itself ("" for none; null when its engine reported none).
+    system_prompt = models.TextField(null=True, blank=True)
     started_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

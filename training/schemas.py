@@ -257,6 +257,9 @@ class IngestBatchIn(BaseModel):
     error: IngestError | None = None
     # step, max_steps, tokens_per_s, step_time_s, eta_s, mfu, gpu_memory_gb: numbers the run page shows
     progress: dict[Annotated[str, Field(max_length=64)], ProgressValue] | None = Field(None, max_length=64)
+    # Optional (engines before it send none): the system prompt GRPO put before each prompt, the
+    # config's or the environment's own; "" when it used none. The Rollouts tab shows it.
+    system_prompt: str | None = Field(None, max_length=100_000)
 
 
 class IngestOut(Schema):

@@ -2,6 +2,8 @@
 Each view: parse → authorise → one service → render (HTMX gets the partial)."""
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import statistics
 from collections import Counter, OrderedDict
@@ -40,7 +42,7 @@ from training.fit_report import fit_report, form_fit_report
 from training.ingest import LATE_REPORTS
 from training.methods import distill as distill_method
 from training.methods.base import lora_enabled
-from training.models import ACTIVE_STATUSES, TERMINAL_STATUSES, Checkpoint, Method, MetricPoint, Rollout, Status, TrainingRun
+from training.models import ACTIVE_STATUSES, TERMINAL_STATUSES, Checkpoint, Method, MetricPoint, Rollout, RunAttempt, Status, TrainingRun
 from training.queries import filter_rollouts, get_run_for, log_lines, runs_for, search_runs
 from training.refs import HUB_REF, dataset_entries, ref_kind
 from training.suggestions import RefSuggestions
@@ -174,8 +176,8 @@ def reports_open(run: TrainingRun) -> bool:
 
 # How the run page's status area follows the run, by phase (page_phase): every part refreshes while
 # it trains, and for the minute after its end while its engine may still report; a run that is not
-# live can be started from another tab, by a teammate or over the API, so a slow poll notices that
-# (answered 204 while nothing changed: one query, no rendering); a completed run never changes again.
+# live can be started or edited from another tab, by a teammate or over the API, so a slow poll notices
+# that (answered 204 while nothing changed: one query, no rendering); a completed run never changes again.
 STATUS_POLL = {"live": "every 2s", "settling": "every 5s", "idle": "every 15s", "done": ""}
 
 
@@ -187,10 +189,24 @@ def page_phase(run: TrainingRun) -> str:
     return "done" if run.status == Status.COMPLETED else "idle"
 
 
+def edit_stamp(run: TrainingRun) -> str:
+    """Moves with every edit of the run's settings (a PATCH, the Edit run form): services.update_run
+    is the only writer of these fields."""
+    settings = [run.name, run.base_model, run.dataset, run.config, run.compute]
+    return hashlib.sha1(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
 def page_state(run: TrainingRun) -> str:
     """What the status area was rendered for (its poll's ?seen=): a START, a STOP, an end, a new
-    attempt or the end of the reports window each changes it."""
-    return f"{run.status}.{run.attempt}.{page_phase(run)}"
+    attempt, the end of the reports window or an edit each changes it."""
+    return f"{run.status}.{run.attempt}.{page_phase(run)}.{edit_stamp(run)}"
+
+
+def edited_since(seen: str, run: TrainingRun) -> bool:
+    """Whether the page that sent `seen` shows the run's settings from before an edit. (A page from
+    before the stamp existed sends three parts: it is not reloaded for that alone.)"""
+    parts = seen.split(".")
+    return len(parts) == 4 and parts[3] != edit_stamp(run)
 
 
 def status_context(request: HttpRequest, run: TrainingRun, actor=None, error: ApiError | None = None) -> dict[str, Any]:
@@ -337,7 +353,7 @@ def form_context(request: HttpRequest, project, values: dict[str, Any], errors: 
                     "liger": forms.LIGER_CHOICES, "checkpointing": forms.CHECKPOINTING_CHOICES, "packing": forms.PACKING_CHOICES,
                     "rollout_engine": forms.ROLLOUT_ENGINE_CHOICES},
         "performance_open": forms.performance_open(values, errors),
-        "estimate": forms.storage_estimate(values.get("config.distillation.top_k"), values.get("distill_tokens")) if distill else None,
+        "estimate": forms.distill_storage_estimate(values, project) if distill else None,
         "estimate_finding": top_k_finding_of(values) if distill else None,
         "environment_choices": environment_choices(project) if method == "grpo" else [],
         "suggestions": RefSuggestions(project, method),
@@ -777,7 +793,30 @@ def rollout_groups(run: TrainingRun, request: HttpRequest) -> dict[str, Any]:
         out.append({"step": s, "prompt": prompt, "rollouts": items, "mean": statistics.fmean(rewards),
                     "std": group_std(rewards), "min": min(rewards), "max": max(rewards)})
     raw_bounds = {k: request.GET.get(k, "") if k in notes else bounds[k] for k in bounds}
-    return {"groups": out, "steps": steps, "chosen_step": "all" if step == "all" else chosen_step, "notes": notes, **raw_bounds}
+    return {"groups": out, "steps": steps, "chosen_step": "all" if step == "all" else chosen_step, "notes": notes,
+            "system_prompt": shown_system_prompt(run), **raw_bounds}
+
+
+def shown_system_prompt(run: TrainingRun) -> dict[str, str] | None:
+    """The system prompt the Rollouts tab shows, and where it came from: the one the latest attempt's
+    engine reported it used (an environment package may set its own), else the configured one (an
+    engine that reports none, a run not started yet)."""
+    config = run.config or {}
+    configured = str(config.get("system_prompt") or "")
+    reported = RunAttempt.objects.filter(run=run, system_prompt__isnull=False).order_by("-attempt").values_list("system_prompt", flat=True).first()
+    if reported is None:
+        return {"text": configured, "source": "config.system_prompt"} if configured else None
+    if not reported:
+        return None
+    ruler = config.get("ruler_task_args")
+    ruler = ruler if isinstance(ruler, dict) else {}
+    if reported == configured:
+        source = "config.system_prompt"
+    elif config.get("rl_mode") == "ruler" and reported == ruler.get("system_prompt"):
+        source = "ruler_task_args.system_prompt: RULER gives the policy the judge's criteria"
+    else:
+        source = f"set by the environment {config.get('environment_id') or ''} itself".replace("  ", " ")
+    return {"text": reported, "source": source}
 
 
 @studio_page
@@ -803,12 +842,16 @@ def run_detail(request: HttpRequest, run_id: int, tab: str = "overview") -> Http
 @require_GET
 def run_status(request: HttpRequest, run_id: int) -> HttpResponse:
     run = get_run_for(web_actor(request), run_id)
-    seen = request.GET.get("seen", "")
-    if seen == page_state(run) and page_phase(run) == "idle":
+    seen, state = request.GET.get("seen", ""), page_state(run)
+    if seen == state and page_phase(run) == "idle":
         return HttpResponse(status=204)  # the slow poll of a run that is not live: nothing to swap
     response = render(request, "training/run_detail.html#run_status", status_context(request, run))
-    if seen and seen != page_state(run):
+    if seen and seen != state:
         response.headers["HX-Trigger"] = "run-changed"
+    if seen and edited_since(seen, run):
+        # An edit moves more than the status area: the heading's name, the tabs (a dataset added or
+        # taken out) and the one open. The whole page shows the run as it is now.
+        response.headers["HX-Refresh"] = "true"
     return response
 
 

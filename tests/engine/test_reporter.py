@@ -28,7 +28,7 @@ def test_batch_carries_bearer_token_and_contract_fields(ingest: IngestStub) -> N
     assert rep.close(timeout=5)
     assert all(a["auth"] == f"Bearer {TOKEN}" for a in ingest.attempts)
     body = ingest.batches[0]
-    assert set(body) == {"batch_id", "metrics", "logs", "rollouts", "checkpoints", "stage", "status", "error", "progress"}
+    assert set(body) == {"batch_id", "metrics", "logs", "rollouts", "checkpoints", "stage", "status", "error", "progress", "system_prompt"}
     assert len(body["batch_id"]) == 32
     assert ingest.collect("metrics") == [{"step": 3, "key": "loss", "value": 2.1}]
     assert "hello" in ingest.collect("logs")

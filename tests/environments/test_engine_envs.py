@@ -25,6 +25,20 @@ def spec_of(config: dict, environment: dict | None = None, output_dir: str = "/t
                            raw={"environment": environment} if environment else {}, output_dir=output_dir)
 
 
+def test_grpo_reports_the_system_prompt_it_used_the_environments_own_unless_the_config_sets_one():
+    from training.engine.grpo import _prompt_rows
+    from training.engine.reporter import Reporter
+
+    for config, expected in (({}, None), ({"system_prompt": "Be brief."}, "Be brief.")):
+        spec = spec_of({"environment_id": "builtin/gsm-maths@main", "max_steps": 1, **config})
+        spec.datasets = []
+        env = environment_for(spec)
+        reporter = Reporter(None, None, echo=False)
+        rows = _prompt_rows(SimpleNamespace(spec=spec, reporter=reporter), env)
+        used = expected or env.system_prompt
+        assert reporter._take()["system_prompt"] == used and rows[0]["prompt"][0] == {"role": "system", "content": used}
+
+
 def write_package(root: Path, init: str, **files: str) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     (root / "__init__.py").write_text(init)

@@ -213,6 +213,48 @@ def test_distill_estimate_and_teacher_warning(project, users):
     assert 'data-testid="teacher-warning"' not in html
 
 
+def estimate_html(user, **values) -> str:
+    return client_for(user).get("/training/new/estimate", {"method": "distill", "config.distillation.top_k": "64", **values}).content.decode()
+
+
+def test_distill_estimate_counts_a_local_dataset_with_the_students_tokenizer(project, users, tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    student = tmp_path / "student"
+    student.mkdir()
+    (student / "config.json").write_text('{"model_type": "llama"}')
+    words = Tokenizer(models.WordLevel({"[UNK]": 0, "one": 1, "two": 2, "three": 3}, unk_token="[UNK]"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    (student / "tokenizer.json").write_text(words.to_str())
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"text": "one two three"}\n' * 10)  # 3 tokens and an end token a row
+    html = estimate_html(users["owner"], base_model=str(student), dataset=str(data))
+    assert re.search(r'data-testid="estimate-tokens">40<', html) and "counted with the student&#x27;s tokenizer" in html
+    assert re.search(r'data-testid="storage-estimate">≈ 15.4 KB<', html) and "seed 001" not in html
+    # A number typed in the field wins over the count.
+    typed = estimate_html(users["owner"], base_model=str(student), dataset=str(data), distill_tokens="1000")
+    assert re.search(r'data-testid="estimate-tokens">1000<', typed) and "as given in the form" in typed
+
+
+def test_distill_estimate_reads_a_data_hub_dataset_and_falls_back_to_the_seed_figure_labelled(project, users):
+    import json
+
+    from datahub.commits import commit_files
+    from datahub.repos import create_repo
+
+    repo = create_repo(project, "kd-data", "dataset", users["owner"])
+    rows = [{"messages": [{"role": "user", "content": "x" * 200}, {"role": "assistant", "content": "y" * 199}]}] * 10
+    commit_files(repo, "main", {"train.jsonl": "".join(json.dumps(r) + "\n" for r in rows).encode()}, message="data")
+    # The student (an HF id) is not readable here: 10 rows of 400 characters at about 4 a token.
+    html = estimate_html(users["owner"], base_model="org/base", dataset="kd-data@main")
+    assert re.search(r'data-testid="estimate-tokens">1000<', html) and "estimated from the rows&#x27; 4,000 characters" in html
+    for dataset in ("org/hf-data", "missing@main", ""):
+        fallback = estimate_html(users["owner"], base_model="org/base", dataset=dataset)
+        assert re.search(r'data-testid="estimate-tokens">295000<', fallback) and "seed 001&#x27;s example figure, not this dataset&#x27;s" in fallback
+    form = client_for(users["owner"]).get("/training/new/", {"method": "distill"}).content.decode()
+    assert not re.search(r'name="distill_tokens"[^>]*value="295000"', form)  # the field starts blank: the dataset is counted
+
+
 def test_teacher_size_from_local_config(tmp_path):
     import json
 
@@ -276,6 +318,25 @@ def test_rollouts_tab_shows_components_the_system_prompt_and_the_sample_std_of_r
     assert "reward mean 0.900, std 0.141," in html
     assert all(f"<span>{name} 1.000</span>" in html for name in ("format", "digits", "exact")) and html.count("</span> · <span>") == 4
     assert "<span>digits 0.000</span>" in html and "Answer with digits only." in html
+
+
+def test_rollouts_tab_shows_the_system_prompt_the_engine_reported_its_environment_set(project, users):
+    from training.models import RunAttempt
+
+    run = make_run(project, users["owner"], "grpo")  # builtin/arith@main, no system_prompt in its config
+    Rollout.objects.create(run=run, step=1, prompt="What is 2+2?", completion="4", reward=1.0)
+    client = client_for(users["owner"])
+    assert 'data-testid="system-prompt"' not in client.get(f"/training/runs/{run.pk}/rollouts/").content.decode()
+    attempt = RunAttempt.objects.create(run=run, attempt=1, config=run.config, system_prompt="Answer with digits only.")
+    html = client.get(f"/training/runs/{run.pk}/rollouts/").content.decode()
+    assert re.search(r'data-testid="system-prompt".*set by the environment builtin/arith@main itself.*Answer with digits only\.', html)
+    # Reported as the configured one: named as the config's.
+    run.config = {**run.config, "system_prompt": "Answer with digits only."}
+    run.save(update_fields=["config"])
+    assert "(config.system_prompt)" in client.get(f"/training/runs/{run.pk}/rollouts/").content.decode()
+    # Reported as none used: none shown, though a later edit configured one.
+    RunAttempt.objects.filter(pk=attempt.pk).update(system_prompt="")
+    assert 'data-testid="system-prompt"' not in client.get(f"/training/runs/{run.pk}/rollouts/").content.decode()
 
 
 @pytest.mark.parametrize("step", ["²", "-1", "1.0"])

@@ -80,6 +80,31 @@ def test_a_queued_runs_page_notices_a_start_made_elsewhere(project, users):
     assert changed.status_code == 200 and 'id="stop-btn"' in changed.content.decode()
 
 
+@pytest.mark.parametrize("patch", [{"name": "renamed by a teammate"}, {"config": {"max_steps": 50}}, {"base_model": "org/other-base"},
+                                   {"dataset": "org/other-data"}, {"compute": {"backend": "dstack", "accelerators": "H100:1"}}])
+def test_a_teammates_edit_of_a_failed_run_wakes_its_slow_poll_and_reloads_the_page(project, users, api_as, patch):
+    run = ended_run(project, users, Status.FAILED, timedelta(minutes=5))
+    client = client_for(users["owner"])
+    trigger, seen = status_poll(client.get(f"/training/runs/{run.pk}/").content.decode(), run)
+    assert trigger == "every 15s"
+    assert client.get(f"/training/runs/{run.pk}/status", {"seen": seen}, **HTMX).status_code == 204
+
+    assert api_as("member").patch(f"/api/training-runs/{run.pk}", patch).status_code == 200
+    changed = client.get(f"/training/runs/{run.pk}/status", {"seen": seen}, **HTMX)
+    assert changed.status_code == 200 and changed["HX-Trigger"] == "run-changed" and changed["HX-Refresh"] == "true"
+    fresh = status_poll(client.get(f"/training/runs/{run.pk}/").content.decode(), run)[1]
+    assert fresh != seen and client.get(f"/training/runs/{run.pk}/status", {"seen": fresh}, **HTMX).status_code == 204
+
+
+def test_a_start_elsewhere_swaps_the_status_area_without_reloading_the_page(project, users):
+    run = services.create_run(project, users["owner"], name="not started", method="sft", base_model="org/base", dataset="org/sft-data")
+    client = client_for(users["owner"])
+    seen = status_poll(client.get(f"/training/runs/{run.pk}/").content.decode(), run)[1]
+    services.start_run(run)
+    changed = client.get(f"/training/runs/{run.pk}/status", {"seen": seen}, **HTMX)
+    assert changed["HX-Trigger"] == "run-changed" and "HX-Refresh" not in changed
+
+
 def test_a_completed_runs_page_stops_polling_once_its_reports_are_closed(project, users):
     run = ended_run(project, users, Status.COMPLETED, timedelta(minutes=5))
     html = client_for(users["owner"]).get(f"/training/runs/{run.pk}/").content.decode()

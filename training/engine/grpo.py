@@ -106,6 +106,7 @@ def _prompt_rows(ctx: Context, env: Environment) -> Any:
         n = max(int(spec.cfg("max_steps", 100)), 64)
         ds = datasets.Dataset.from_list(env.guarded("prompts()", env.prompts, n, int(spec.cfg("seed", 42))))
     system_prompt = spec.cfg("system_prompt") or getattr(env, "system_prompt", None)
+    ctx.reporter.system_prompt(system_prompt)  # the environment's own is in no config the Studio holds
     if system_prompt:
         # A system prompt turns each string prompt into a chat, so the model's chat template applies.
         ds = ds.map(lambda r: {"prompt": [{"role": "system", "content": system_prompt}, {"role": "user", "content": r["prompt"]}]})

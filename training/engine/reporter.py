@@ -116,7 +116,8 @@ class Reporter:
     # ---- producer side (any thread) -------------------------------------------------------------
     @staticmethod
     def _empty() -> dict[str, Any]:
-        return {"metrics": [], "logs": [], "rollouts": [], "checkpoints": [], "stage": None, "status": None, "error": None, "progress": None}
+        return {"metrics": [], "logs": [], "rollouts": [], "checkpoints": [], "stage": None, "status": None, "error": None, "progress": None,
+                "system_prompt": None}
 
     def _add(self, key: str, value: Any) -> None:
         with self._lock:
@@ -175,6 +176,10 @@ class Reporter:
 
     def progress(self, progress: dict[str, Any]) -> None:
         self._add("progress", storable(progress))
+
+    def system_prompt(self, text: str | None) -> None:
+        """The system prompt this attempt puts before each prompt ("" for none), wherever it came from."""
+        self._add("system_prompt", storable(text or ""))
 
     # ---- sender side -------------------------------------------------------------------------------
     def start(self) -> Reporter:
