@@ -248,6 +248,26 @@ def test_non_finite_numbers_from_the_engine_do_not_cost_the_batch(transactional_
     assert any("a rollout's reward is nan" in line for line in lines)
 
 
+def test_a_checkpoint_ingest_refuses_costs_the_batch_nothing_else(transactional_db, live_server, live_run):
+    # The real ingest answers 400 for a checkpoint outside the attempt's output folder and stores
+    # nothing of its batch; the engine's reporter sends the rest again without it.
+    from training.engine.reporter import Reporter
+
+    run, token = live_run
+    reporter = Reporter(f"{live_server.url}/api/ingest/runs/{run.pk}", token, flush_interval=0.05, echo=False)
+    reporter.status("running")
+    reporter.metric(2, "loss", 0.5)
+    reporter.checkpoint(2, out(run, "checkpoint-2"), "checkpoint")
+    reporter.checkpoint(2, "/etc", "checkpoint")
+    reporter.log("last line", echo=False)
+    assert reporter.start().close(timeout=10)
+    assert list(Checkpoint.objects.filter(run=run).values_list("path", flat=True)) == [out(run, "checkpoint-2")]
+    assert MetricPoint.objects.filter(run=run, step=2, key="loss").exists()
+    assert LogLine.objects.filter(run=run, line="last line").exists()
+    assert TrainingRun.objects.get(pk=run.pk).status == Status.RUNNING
+    assert any("checkpoints[1].path" in line for line in reporter.log_tail)
+
+
 def test_a_backlog_over_the_request_limit_arrives_whole_and_in_order(transactional_db, live_server, live_run, settings):
     # What an engine buffers while the Studio is down for a while: more than one request may carry.
     # Sent whole it was a 500, retried forever, and no later batch (nor heartbeat) got through.

@@ -24,7 +24,8 @@ class IngestStub:
         self.responses: list[int] = []
         self.always: int | None = None
         self.max_body: int | None = None  # a body over it is answered 413, as Studio answers one over its limit
-        self.answer: Callable[[dict[str, Any]], int | None] | None = None  # a status for this body, or None for the rest
+        # A status for this body, or a status and the JSON to answer with, or None for the rest.
+        self.answer: Callable[[dict[str, Any]], int | tuple[int, dict[str, Any]] | None] | None = None
         self.seen_ids: set[str] = set()
         self.lock = threading.Lock()
         stub = self
@@ -36,7 +37,8 @@ class IngestStub:
                 auth = self.headers.get("Authorization")
                 with stub.lock:
                     code = stub.responses.pop(0) if stub.responses else (stub.always or 200)
-                    code = (stub.answer(body) if stub.answer else None) or code
+                    answer = stub.answer(body) if stub.answer else None
+                    code, reply = answer if isinstance(answer, tuple) else (answer or code, None)
                     if stub.max_body is not None and size > stub.max_body:
                         code = 413
                     if auth != f"Bearer {TOKEN}":
@@ -45,7 +47,7 @@ class IngestStub:
                     if code == 200:
                         stub.seen_ids.add(body.get("batch_id"))
                     stub.attempts.append({"status": code, "body": body, "auth": auth, "duplicate": duplicate, "size": size})
-                payload = json.dumps({"ok": code == 200, "duplicate": duplicate}).encode()
+                payload = json.dumps(reply or {"ok": code == 200, "duplicate": duplicate}).encode()
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(payload)))

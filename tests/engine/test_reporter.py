@@ -190,10 +190,19 @@ def test_a_lone_item_larger_than_studio_takes_is_dropped_and_the_rest_arrives(in
     assert "one of rollouts is" in capsys.readouterr().err
 
 
-def test_a_refused_item_is_dropped_alone_and_the_rest_of_its_batch_arrives(ingest: IngestStub, capsys) -> None:
-    # Studio stores nothing of a batch it answers 400 (a checkpoint outside the output folder, say).
-    # Dropping the whole batch lost the metrics and the final status that came with the bad item.
-    ingest.answer = lambda body: 400 if any(c["path"] == "/etc" for c in body["checkpoints"]) else None
+def refuse_etc(body):  # type: ignore[no-untyped-def]
+    """Studio's answer to a checkpoint outside the output folder: a 400 naming the item."""
+    bad = [i for i, c in enumerate(body["checkpoints"]) if c["path"] == "/etc"]
+    if not bad:
+        return None
+    return 400, {"detail": "This batch reports a checkpoint this attempt's engine cannot have saved: nothing of the batch was stored.",
+                 "errors": [{"field": f"checkpoints[{i}].path", "message": "/etc is not inside this attempt's output folder"} for i in bad]}
+
+
+def test_a_refused_item_is_dropped_and_the_rest_of_its_batch_arrives(ingest: IngestStub, capsys) -> None:
+    # Studio stores nothing of a batch it answers 400. Dropping the whole batch lost the metrics and
+    # the final status that came with one bad checkpoint path.
+    ingest.answer = refuse_etc
     rep = Reporter(ingest.url, TOKEN, flush_interval=0.05, echo=False)
     rep.status("running")
     for step in range(1, 9):
@@ -206,12 +215,17 @@ def test_a_refused_item_is_dropped_alone_and_the_rest_of_its_batch_arrives(inges
     assert [m["step"] for m in ingest.collect("metrics")] == list(range(1, 9))
     assert ingest.collect("checkpoints") == [{"step": 4, "path": "/tmp/out/checkpoint-4", "kind": "checkpoint"}]
     assert "done" in ingest.collect("logs") and ingest.scalars("status") == ["running", "completed"]
-    assert "Studio refused one of checkpoints" in capsys.readouterr().err
+    assert sum(a["status"] == 400 for a in ingest.attempts) == 1  # the rest went at once, not by halving
+    assert "checkpoints[1].path: /etc is not inside" in capsys.readouterr().err
 
 
-def test_a_refused_batch_without_items_is_not_split_forever(ingest: IngestStub) -> None:
-    ingest.answer = lambda body: 400 if body["status"] == "bogus" else None
+def test_a_refusal_that_names_no_item_drops_its_batch_once(ingest: IngestStub, capsys) -> None:
+    # Django's host check answers an HTML 400 to every request: there is nothing to take out.
+    ingest.answer = lambda body: 400 if body["logs"] else None
     rep = Reporter(ingest.url, TOKEN, flush_interval=0.05, echo=False)
+    for i in range(50):
+        rep.log(f"line {i}", echo=False)
     rep.status("bogus")
     assert rep.start().close(timeout=10)
     assert sum(a["status"] == 400 for a in ingest.attempts) == 1
+    assert "dropping the batch" in capsys.readouterr().err

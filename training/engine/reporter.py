@@ -8,8 +8,8 @@ A 401/403 means this attempt was superseded, a 409 that its run ended a while ag
 and the engine must exit.
 A batch too large for one request (a backlog left by an outage, a burst of long rollouts) goes as
 smaller batches, in order: resending it whole would be refused forever and starve the heartbeat. A
-batch Studio refuses (another 4xx: it stores nothing of it) is halved the same way until the item it
-refuses is alone; that item is dropped with Studio's reason, and the rest of the batch still arrives.
+batch Studio refuses (another 4xx: it stores nothing of it) goes again without the items Studio's
+findings name, which are dropped with its reason; one whose refusal names no item is dropped.
 """
 
 from __future__ import annotations
@@ -17,12 +17,14 @@ from __future__ import annotations
 import collections
 import json
 import math
+import re
 import sys
 import threading
 import time
 import urllib.error
 import urllib.request
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 LOG_TAIL_LINES = 200
@@ -53,7 +55,7 @@ def split_batch(batch: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]] 
     """Two batches that say what `batch` says, in its order: the first half of its items, then the
     rest with its stage, status, error and progress (a status goes after the metrics it ends). Each
     gets its own batch_id: nothing of `batch` was stored. None for a lone item with nothing else, or
-    for a batch with no items."""
+    for a batch with no items (halving it would send it again as it is)."""
     items = [(key, item) for key in ITEM_KEYS for item in batch[key]]
     rest = {key: batch[key] for key in batch if key not in ITEM_KEYS and key != "batch_id"}
     if not items or (len(items) == 1 and all(value is None for value in rest.values())):
@@ -67,14 +69,41 @@ def split_batch(batch: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]] 
     return first, second
 
 
-def refusal(exc: urllib.error.HTTPError) -> str:
-    """Studio's reason for a 4xx, with the fields it names, in one line."""
+ITEM_FIELD = re.compile(r"^(metrics|logs|rollouts|checkpoints)\[(\d+)\]")
+
+
+@dataclass
+class Refused:
+    """Studio's 4xx for a batch (it stored nothing of it): its reason, and the items its findings name
+    by key and index, empty when a finding names something other than an item."""
+
+    reason: str
+    items: dict[str, set[int]]
+
+
+def refused(exc: urllib.error.HTTPError) -> Refused:
     try:
         body = json.loads(exc.read())
-        fields = "; ".join(f"{f.get('field')}: {f.get('message')}" for f in body.get("errors") or [])
-        return f"{body.get('detail')}" + (f" ({fields})" if fields else "")
-    except (ValueError, AttributeError, OSError):
-        return "no reason given"
+        findings = [f for f in body.get("errors") or [] if isinstance(f, dict)]
+        detail = str(body.get("detail") or "no reason given")
+    except (ValueError, AttributeError, OSError):  # not Studio's JSON: a proxy's or the host check's page
+        return Refused("no reason given", {})
+    items: dict[str, set[int]] = {}
+    for finding in findings:
+        named = ITEM_FIELD.match(str(finding.get("field")))
+        if named is None:
+            return Refused(detail, {})
+        items.setdefault(named[1], set()).add(int(named[2]))
+    fields = "; ".join(f"{f.get('field')}: {f.get('message')}" for f in findings)
+    return Refused(detail + (f" ({fields})" if fields else ""), items)
+
+
+def without(batch: dict[str, Any], items: dict[str, set[int]]) -> dict[str, Any] | None:
+    """`batch` less `items`, as a new batch (nothing of `batch` was stored); None when none of them is in it."""
+    kept = {key: [item for i, item in enumerate(batch[key]) if i not in items.get(key, ())] for key in ITEM_KEYS}
+    if sum(map(len, kept.values())) == sum(len(batch[key]) for key in ITEM_KEYS):
+        return None
+    return batch | kept | {"batch_id": uuid.uuid4().hex}
 
 
 class Superseded(RuntimeError):
@@ -219,31 +248,35 @@ class Reporter:
                 return
 
     def _send(self, batch: dict[str, Any]) -> None:
-        """Send `batch`, as smaller batches in order when it is too large for one request, or when
-        Studio refuses it (a 400 stores nothing of a batch): halving isolates the item it refuses,
-        which is dropped, and the rest (the status it carries too) still arrives."""
+        """Send `batch`, as smaller batches in order when it is too large for one request. When Studio
+        refuses items of it (a checkpoint outside the output folder, say), the rest goes again
+        without them, its status included; a refusal that names no item drops the batch."""
         body = json.dumps(batch).encode()
         outcome = "too large" if len(body) > MAX_BATCH_BYTES else self._send_with_retry(batch, body)
-        if outcome not in ("too large", "refused"):
+        if isinstance(outcome, Refused):
+            rest = without(batch, outcome.items)
+            dropped = "the items it names" if rest is not None else "the batch"
+            self._warn(f"reporter: ingest refused batch {batch['batch_id']}: {outcome.reason}; dropping {dropped}")
+            if rest is not None:
+                self._send(rest)
+            return
+        if outcome != "too large":
             return
         halves = split_batch(batch)
         if halves is None:
             key = next((key for key in ITEM_KEYS if batch[key]), "its parts")
-            if outcome == "too large":
-                self._warn(f"reporter: one of {key} is {len(body)} bytes, more than Studio takes in a request; dropping it")
-            else:
-                self._warn(f"reporter: Studio refused one of {key}; dropping it")
+            self._warn(f"reporter: one of {key} is {len(body)} bytes, more than Studio takes in a request; dropping it")
             return
         for half in halves:
             if self.superseded.is_set() or self._gave_up:
                 return
             self._send(half)
 
-    def _send_with_retry(self, batch: dict[str, Any], body: bytes) -> str:
+    def _send_with_retry(self, batch: dict[str, Any], body: bytes) -> str | Refused:
         delay = 0.5
         while True:
             outcome = self._post(batch, body)
-            if outcome in ("ok", "refused", "superseded", "too large"):
+            if isinstance(outcome, Refused) or outcome in ("ok", "superseded", "too large"):
                 return outcome
             deadline = self._drain_deadline
             if deadline is not None and time.monotonic() + delay > deadline:
@@ -253,7 +286,7 @@ class Reporter:
             time.sleep(delay)
             delay = min(delay * 2, BACKOFF_CAP_S)
 
-    def _post(self, batch: dict[str, Any], body: bytes) -> str:
+    def _post(self, batch: dict[str, Any], body: bytes) -> str | Refused:
         assert self.url is not None
         req = urllib.request.Request(
             self.url,
@@ -280,8 +313,7 @@ class Reporter:
                 self._warn(f"reporter: ingest answered {exc.code}; retrying batch {batch['batch_id']}")
                 return "retry"
             # Another 4xx will not get better by resending the same body.
-            self._warn(f"reporter: ingest refused batch {batch['batch_id']} with {exc.code}: {refusal(exc)}")
-            return "refused"
+            return refused(exc)
         except (urllib.error.URLError, OSError) as exc:
             self._warn(f"reporter: ingest unreachable ({exc}); retrying batch {batch['batch_id']}")
             return "retry"
