@@ -406,3 +406,64 @@ def test_grpo_ruler_mode_with_an_environment_id_is_refused_naming_the_unused_key
     body = assert_refused(api, 400, "config.environment_id", method="grpo", config=ruler)
     assert "remove environment_id, or set rl_mode: environment" in body["errors"][0]["message"]
     assert create(api, method="grpo", config={k: v for k, v in ruler.items() if k != "environment_id"}).status_code == 201
+
+
+@pytest.mark.parametrize(
+    ("config", "field", "says"),
+    [
+        ({"heartbeat_timeout_seconds": 1, "heartbeat_interval_seconds": 3600}, "config.heartbeat_timeout_seconds", "under the 60 s floor"),
+        ({"heartbeat_timeout_seconds": 30}, "config.heartbeat_timeout_seconds", "use 60 or more"),
+        ({"heartbeat_timeout_seconds": 100, "heartbeat_interval_seconds": 60}, "config.heartbeat_timeout_seconds", "set it to 120 or more"),
+        ({"heartbeat_interval_seconds": 3600}, "config.heartbeat_interval_seconds", "use 150 or less"),
+    ],
+)
+def test_a_heartbeat_deadline_a_healthy_run_can_miss_is_400_at_create_and_patch(api, config, field, says):
+    # QA: a 1 s deadline failed a live GRPO run with heartbeat_timeout before its model loaded.
+    grpo = {"method": "grpo", "dataset": None}
+    body = assert_refused(api, 400, field, **grpo, config={**GRPO_ARITH, **config})
+    assert says in body["errors"][0]["message"], body
+    run_id = create(api, **grpo, config=GRPO_ARITH).json()["id"]
+    before = TrainingRun.objects.get(pk=run_id).config
+    assert_error(api.patch(f"/api/training-runs/{run_id}", {"config": config}), 400, field)
+    assert TrainingRun.objects.get(pk=run_id).config == before
+    fine = {"heartbeat_timeout_seconds": 7200, "heartbeat_interval_seconds": 3600}
+    assert api.patch(f"/api/training-runs/{run_id}", {"config": fine}).status_code == 200
+    assert {k: TrainingRun.objects.get(pk=run_id).config[k] for k in fine} == fine
+
+
+def test_every_studio_key_every_method_takes_is_one_the_engine_reads_itself():
+    # QA: every run that set heartbeat_timeout_seconds logged "not a GRPOConfig field; ignored".
+    from training.engine.spec import ENGINE_KEYS
+    from training.methods.base import COMMON_KEYS
+
+    assert set(COMMON_KEYS) - ENGINE_KEYS == set()
+
+
+@pytest.mark.parametrize(
+    ("method", "config", "field", "says"),
+    [
+        ("grpo", {**GRPO_ARITH, "max_length": 16}, "config.max_length", "set max_response_length instead"),
+        ("sft", {"lora_alpha": 32}, "config.lora_alpha", "lora_alpha needs lora_rank"),
+        ("sft", {"lora": False, "lora_rank": 8}, "config.lora", "lora is false but lora_rank is 8"),
+        ("dpo", {"loss": {"type": "dpo"}, "lora": False, "lora_rank": 8}, "config.lora", "remove lora: false"),
+    ],
+)
+def test_keys_the_trainer_would_not_obey_are_400_at_create_and_patch(api, method, config, field, says):
+    # QA: each was taken; GRPO sized rollouts by max_response_length, lora_alpha alone trained a full
+    # fine-tune, and lora: false with a rank trained LoRA.
+    extra = {"dataset": None} if method == "grpo" else {}
+    body = assert_refused(api, 400, field, method=method, config=config, **extra)
+    assert says in next(e["message"] for e in body["errors"] if e["field"] == field), body
+    valid = {key: value for key, value in config.items() if key not in ("max_length", "lora_alpha", "lora")}
+    run_id = create(api, method=method, config=valid, **extra).json()["id"]
+    before = TrainingRun.objects.get(pk=run_id).config
+    patch = {key: value for key, value in config.items() if key not in valid or key == "lora_rank"}
+    assert_error(api.patch(f"/api/training-runs/{run_id}", {"config": patch}), 400, field)
+    assert TrainingRun.objects.get(pk=run_id).config == before
+
+
+def test_dpo_stores_an_even_batch_by_default(api):
+    # A blank batch was the engine's 1, which START let through while it refused an explicit 1.
+    r = create(api, method="dpo", config={"loss": {"type": "dpo"}, "lora_rank": 8})
+    assert r.status_code == 201, r.content
+    assert TrainingRun.objects.get(pk=r.json()["id"]).config["per_device_train_batch_size"] == 2

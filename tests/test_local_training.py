@@ -6,11 +6,14 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
+from datetime import timedelta
 from pathlib import Path
 from statistics import mean
 
 import pytest
 from django.http import QueryDict
+from django.utils import timezone
 
 from tests.conftest import wait_for
 from training import forms, reconciler
@@ -112,8 +115,10 @@ def reconcile_until(run: TrainingRun, status: str, timeout: float = 60) -> Train
 
 
 def test_a_frozen_engine_ends_failed_with_heartbeat_timeout(api, studio_worker, tiny_models):
-    run = start_long_run(api, tiny_models, heartbeat_timeout_seconds=4)
+    run = start_long_run(api, tiny_models, heartbeat_timeout_seconds=60)
     os.kill(engine_pid(studio_worker, run), signal.SIGSTOP)
+    time.sleep(2)  # a report already on its way lands; then the deadline (60 s at least) is made to have passed
+    TrainingRun.objects.filter(pk=run.pk).update(last_heartbeat_at=timezone.now() - timedelta(seconds=61))
     run = reconcile_until(run, Status.FAILED)
     assert run.error["code"] == "heartbeat_timeout" and "heartbeat_timeout_seconds" in run.error["message"]
     pgid = parse_job_id(run.backend_job_id)[1]

@@ -370,6 +370,16 @@ def test_patch_fixes_a_run_so_it_can_start(api):
     assert start(api, run_id).status_code == 202
 
 
+def test_an_odd_dpo_batch_names_only_even_batches(api):
+    run_id = make_run(api, method="dpo", config={"loss": {"type": "dpo"}, "lora_rank": 8, "per_device_train_batch_size": 1})
+    batch = "config.per_device_train_batch_size"
+    body = assert_start_refused(api, run_id, 422, batch)
+    assert next(e["message"] for e in body["errors"] if e["field"] == batch).endswith("so the batch must be even: use 2"), body  # it said "use 2 or 2"
+    api.patch(f"/api/training-runs/{run_id}", {"config": {"per_device_train_batch_size": 3}})
+    body = assert_start_refused(api, run_id, 422, batch)
+    assert next(e["message"] for e in body["errors"] if e["field"] == batch).endswith("use 4 or 2"), body
+
+
 def test_patch_null_removes_a_key(api):
     run_id = make_run(api, config={"max_steps": 5, "seed": 3})
     r = api.patch(f"/api/training-runs/{run_id}", {"config": {"seed": None}})

@@ -70,8 +70,7 @@ DEFAULT_CONFIG_TEXT = {
 }
 METHOD_DEFAULTS: dict[str, dict[str, Any]] = {
     "dpo": {"config.loss.type": "dpo", "config.loss.dpo_beta": "0.1"},
-    "distill": {"config.distillation.top_k": "64", "config.distillation.temperature": "1.0", "config.distillation.kd_weight": "0.5",
-                "config.distillation.ce_weight": "0.5"},
+    "distill": {"config.distillation.top_k": "64", "config.distillation.temperature": "1.0", "config.distillation.kd_weight": "0.5"},
     "grpo": {"config.rl_mode": "environment", "config.rollouts_per_prompt": "8", "config.kl_coef": "0.0", "config.max_response_length": "2048",
              "config.judge.mode": "external"},
 }

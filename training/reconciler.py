@@ -27,6 +27,7 @@ from training.backends import get_backend
 from training.backends.base import PollResult
 from training.backends.connections import connection_for
 from training.compute import accelerators_of
+from training.engine.spec import heartbeat_timeout
 from training.models import ACTIVE_STATUSES, BackendConnection, ErrorCode, GpuPrice, LogLine, Status, TrainingRun
 from training.services import INGEST_TOKEN_PREFIX, add_log, backoff_seconds, fail, record_attempt, submit_attempt
 
@@ -213,7 +214,7 @@ def check_deadlines(run: TrainingRun, backend, conn: BackendConnection | None, n
             end_failed(run, backend, ErrorCode.CONFIGURING_TIMEOUT,
                               f"the worker came up but made no training step within the configuring deadline ({limit} s): read the log tail below")
             return
-    timeout = int(run.config.get("heartbeat_timeout_seconds") or 300)
+    timeout = heartbeat_timeout(run.config)
     heard_from = run.status == Status.RUNNING or run.worker_up_at is not None
     silent_since = max(run.last_heartbeat_at, silence_from) if run.last_heartbeat_at and silence_from else run.last_heartbeat_at
     if heard_from and silent_since and (now - silent_since).total_seconds() > timeout:

@@ -216,3 +216,17 @@ def test_a_poll_that_finds_the_job_gone_stops_what_is_left_of_it(api, monkeypatc
     run.refresh_from_db()
     assert run.status == Status.FAILED and run.error["log_tail"] == ["last line"]
     assert stopped == [(run.pk, 1, "job-1")]  # the engine may outlive its runner: its group is stopped too
+
+
+def test_a_heartbeat_deadline_stored_below_the_floor_is_the_floor(api, monkeypatch):
+    # QA: a run stored with heartbeat_timeout_seconds 1 was failed within seconds, while the engine took 60.
+    run, backend = fake_run(api, monkeypatch, accelerators="H100:1")
+    backend.answer = PollResult("running", leased=True)
+    TrainingRun.objects.filter(pk=run.pk).update(status=Status.RUNNING, worker_up_at=timezone.now(), last_heartbeat_at=timezone.now() - timedelta(seconds=20),
+                                                 config={**run.config, "heartbeat_timeout_seconds": 1})
+    reconciler.reconcile_run(run.pk)
+    assert TrainingRun.objects.get(pk=run.pk).status == Status.RUNNING
+    TrainingRun.objects.filter(pk=run.pk).update(last_heartbeat_at=timezone.now() - timedelta(seconds=61))
+    reconciler.reconcile_run(run.pk)
+    run.refresh_from_db()
+    assert run.status == Status.FAILED and "no heartbeat for 60 s" in run.error["message"]

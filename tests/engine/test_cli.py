@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from training.engine.__main__ import _is_oom, main
+from training.engine.__main__ import _is_oom, final_drain_seconds, main
 from training.engine.spec import SpecError, parse_spec
 
 from .conftest import IngestStub, make_spec, run_inprocess
@@ -81,6 +81,16 @@ def test_a_failure_report_outlasts_a_studio_outage_the_studio_would_ride_out(tin
     assert ingest.scalars("status") == ["failed"], "the engine gave up on its failure report before the Studio came back"
     assert ingest.scalars("error")[0]["code"] == "training_error"
     assert time.monotonic() - down_since[0] >= 40
+
+
+def test_the_engine_waits_out_the_heartbeat_deadline_the_studio_uses(tmp_path: Path) -> None:
+    # The reconciler took a stored heartbeat_timeout_seconds as given and the engine floored it at 60 s.
+    def drain(**config: int) -> float:
+        return final_drain_seconds(parse_spec(make_spec("sft", "org/base", ["org/data"], tmp_path, config)))
+
+    assert drain() == 300
+    assert drain(heartbeat_timeout_seconds=1) == 60
+    assert drain(heartbeat_timeout_seconds=1, heartbeat_interval_seconds=3600) == 7200
 
 
 def test_out_of_memory_maps_to_oom() -> None:

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import torch
 
+from training.engine.data import with_system_prompt_in_pairs
 from training.engine.dpo import sequence_scores, span_masks
 
 from .conftest import IngestStub, make_spec, mean, run_inprocess
@@ -49,3 +50,29 @@ def test_dpo_reference_free_with_target_margin_and_length_norm(tiny, ingest: Ing
     # and with target_margin the loss starts above log 2 when the margin is below the target.
     assert mean(margins[-2:]) > mean(margins[:2]), margins
     assert losses[-1] < losses[0]
+
+
+def test_a_system_prompt_opens_every_pair_once() -> None:
+    # QA: DPO took config.system_prompt and never read it.
+    import datasets
+
+    system = {"role": "system", "content": "Answer in one word."}
+    text = datasets.Dataset.from_list([{"prompt": "Sky?", "chosen": " blue", "rejected": " green"}])
+    assert with_system_prompt_in_pairs(text, system["content"])[0] == {
+        "prompt": [system, {"role": "user", "content": "Sky?"}],
+        "chosen": [{"role": "assistant", "content": " blue"}], "rejected": [{"role": "assistant", "content": " green"}],
+    }
+    own = {"role": "system", "content": "Be terse."}
+    chats = datasets.Dataset.from_list([
+        {"prompt": [{"role": "user", "content": "Sky?"}], "chosen": [{"role": "assistant", "content": "blue"}], "rejected": [{"role": "assistant", "content": "red"}]},
+        {"prompt": [own, {"role": "user", "content": "Grass?"}], "chosen": [{"role": "assistant", "content": "green"}], "rejected": [{"role": "assistant", "content": "red"}]},
+    ])
+    rows = with_system_prompt_in_pairs(chats, system["content"])
+    assert [row["prompt"][0] for row in rows] == [system, own]
+    assert with_system_prompt_in_pairs(text, None) is text
+
+
+def test_dpo_trains_with_a_system_prompt(tiny, ingest: IngestStub, tmp_path: Path) -> None:
+    cfg = {**DPO_CONFIG, "max_steps": 2, "system_prompt": "Answer with the colour only.", "loss": {"type": "dpo"}}
+    assert run_inprocess(make_spec("dpo", tiny["student"], [tiny["dpo"]], tmp_path, cfg, ingest)) == 0
+    assert len(ingest.series("loss")) == 2

@@ -828,3 +828,18 @@ def test_new_run_grpo_defaults_to_a_full_fine_tune_as_seed_002_says(project, use
     assert response.status_code == 302, response.content.decode()[:2000]
     run = project.runs.get(name="form grpo")
     assert run.config.get("lora_rank") is None and run.config["learning_rate"] == 1e-6
+
+
+def test_new_run_distill_leaves_ce_weight_blank_so_it_follows_kd_weight(project, users):
+    # QA: the form prefilled ce_weight 0.5, so any kd_weight trained with ce_weight 0.5, not 1 − kd_weight.
+    client = client_for(users["owner"])
+    page = client.get("/training/new/?method=distill").content.decode()
+    field = page.split('name="config.distillation.ce_weight"')[1].split(">")[0]
+    assert 'value=""' in field or "value=" not in field, field
+    body = {"method": "distill", "experiment": "", "base_model": "org/base", "dataset": "chats@main", "config.distillation.teacher_model": "org/teacher",
+            "config.distillation.top_k": "64", "config.distillation.temperature": "1.0", "config.distillation.kd_weight": "0.8",
+            "compute.backend": "local", "compute.accelerators": "CPU", "config_text": "lora_rank: 16\n"}
+    for name, ce_weight, stored in (("follows", "", 0.2), ("typed", "0.3", 0.3)):
+        response = client.post("/training/new/", {**body, "name": name, "config.distillation.ce_weight": ce_weight})
+        assert response.status_code == 302, response.content.decode()[:2000]
+        assert project.runs.get(name=name).config["distillation"]["ce_weight"] == pytest.approx(stored)

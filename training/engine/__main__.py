@@ -16,7 +16,7 @@ from typing import Any
 
 from .environments import PackageError
 from .reporter import Reporter, Superseded
-from .spec import Spec, SpecError, load_spec
+from .spec import Spec, SpecError, heartbeat_interval, heartbeat_timeout, load_spec
 
 SIGTERM_GRACE_S = 4.0
 # Libraries whose warnings belong in the run log (and so in error.log_tail) next to our own lines.
@@ -117,7 +117,7 @@ def final_drain_seconds(spec: Spec) -> float:
     """How long the last reports (the end status, the last steps and checkpoints) are retried before
     the engine exits: as long as the Studio waits for a heartbeat, so a Studio outage it would ride
     out loses none of them (30-60 s lost a whole run's reports when the Studio was down longer)."""
-    return max(60.0, float(spec.config.get("heartbeat_timeout_seconds") or 300))
+    return float(heartbeat_timeout(spec.config))
 
 
 def _execute(spec: Spec, reporter: Reporter) -> int:
@@ -165,8 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     except SpecError as exc:
         print(f"bad spec: {exc}", file=sys.stderr, flush=True)
         return 2
-    hb = float(spec.config.get("heartbeat_interval_seconds") or 10)
-    reporter = Reporter(spec.ingest_url, spec.ingest_token, heartbeat_interval=hb)
+    reporter = Reporter(spec.ingest_url, spec.ingest_token, heartbeat_interval=heartbeat_interval(spec.config))
     _install_sigterm(reporter)
     return execute(spec, reporter)
 

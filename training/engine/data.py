@@ -79,3 +79,27 @@ def with_system_prompt(dataset: Any, system_prompt: str | None) -> Any:
         return {"messages": [{"role": "system", "content": system_prompt}, *msgs]}
 
     return dataset.map(add)
+
+
+def with_system_prompt_in_pairs(dataset: Any, system_prompt: str | None) -> Any:
+    """Give preference rows the run's system prompt: a conversational prompt without a system turn of
+    its own gets one first; a text pair becomes a chat (system + user prompt, assistant answers), as
+    GRPO's text prompts do, so the model's chat template applies to both answers alike."""
+    if not system_prompt:
+        return dataset
+    system = {"role": "system", "content": system_prompt}
+
+    def add(row: dict[str, Any]) -> dict[str, Any]:
+        prompt = row["prompt"]
+        if isinstance(prompt, str):
+            return {"prompt": [system, {"role": "user", "content": prompt}],
+                    "chosen": _as_answer(row["chosen"]), "rejected": _as_answer(row["rejected"])}
+        if prompt and prompt[0].get("role") == "system":
+            return row
+        return {"prompt": [system, *prompt]}
+
+    return dataset.map(add)
+
+
+def _as_answer(completion: Any) -> Any:
+    return [{"role": "assistant", "content": completion}] if isinstance(completion, str) else completion

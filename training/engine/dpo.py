@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from trl import DPOConfig, DPOTrainer
 
 from .common import Context, StudioCallback, TokenCountingMixin, build_config, train_and_finish
-from .data import load_rows, row_format
+from .data import load_rows, row_format, with_system_prompt_in_pairs
 from .modeling import load_policy, load_tokenizer
 from .spec import SpecError
 
@@ -118,7 +118,7 @@ def run(ctx: Context) -> None:
     dataset = load_rows(spec.datasets)
     if row_format(dataset) != "preference":
         raise SpecError("dataset: DPO needs rows with prompt, chosen and rejected")
-    dataset = dataset.select_columns(["prompt", "chosen", "rejected"])
+    dataset = with_system_prompt_in_pairs(dataset.select_columns(["prompt", "chosen", "rejected"]), spec.cfg("system_prompt"))
     ctx.reporter.log(
         f"dpo: {len(dataset)} pairs, beta={loss_options.get('dpo_beta', 0.1)}, "
         f"reference_free={bool(loss_options.get('reference_free'))}, "
@@ -129,6 +129,7 @@ def run(ctx: Context) -> None:
         ctx,
         beta=float(loss_options.get("dpo_beta") or 0.1),
         max_length=int(spec.cfg("max_length", 1024)),
+        per_device_train_batch_size=int(spec.cfg("per_device_train_batch_size", 2)),  # even: a pair is two rows
     )
     model = load_policy(spec, ctx.device, log=ctx.reporter.log)
     ref: list[Any] = []

@@ -44,11 +44,34 @@ ENGINE_KEYS = {
     "max_response_length",
     "rollout_log_steps",
     "heartbeat_interval_seconds",
+    "heartbeat_timeout_seconds",
     "use_liger",
     "packing",
     "rollout_engine",
     "gradient_checkpointing",
 }
+
+# seed 000: heartbeat_timeout means the worker really stopped (default 300 s). A healthy engine posts at
+# least every heartbeat_interval_seconds, so a deadline needs room for one late or lost heartbeat (twice the
+# interval) and for a heartbeat held up while the engine starts: imports and model loading hold the
+# interpreter for seconds at a time, a retried post waits out a slow Studio, and the reconciler only looks
+# every RECONCILE_INTERVAL_SECONDS (15). 60 s covers those; below it a live run was failed and killed.
+HEARTBEAT_INTERVAL_DEFAULT = 10
+HEARTBEAT_TIMEOUT_DEFAULT = 300
+HEARTBEAT_TIMEOUT_FLOOR = 60
+
+
+def heartbeat_interval(config: dict[str, Any]) -> float:
+    return float(config.get("heartbeat_interval_seconds") or HEARTBEAT_INTERVAL_DEFAULT)
+
+
+def heartbeat_timeout(config: dict[str, Any]) -> int:
+    """The heartbeat deadline a run lives by: the Studio fails it after this much silence, and the engine
+    retries its last reports as long. Create refuses a value under the floor or under twice the interval;
+    one stored before it did is raised to them here, so the reconciler and the engine agree."""
+    asked = int(config.get("heartbeat_timeout_seconds") or HEARTBEAT_TIMEOUT_DEFAULT)
+    return max(asked, HEARTBEAT_TIMEOUT_FLOOR, int(2 * heartbeat_interval(config)))
+
 
 _HUB = "what a run makes is committed to its Data Hub branch (run-<id>); nothing is pushed anywhere else"
 _TRACKING = "metrics, logs and rollouts stream to the Studio"

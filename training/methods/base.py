@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from studio.errors import Finding
-from training.engine.spec import STUDIO_MANAGED
+from training.engine.spec import HEARTBEAT_INTERVAL_DEFAULT, HEARTBEAT_TIMEOUT_DEFAULT, HEARTBEAT_TIMEOUT_FLOOR, STUDIO_MANAGED
 from training.keys import BOOL, INT0, INT1, POSITIVE, PRECISIONS, TEXT, Key, check_block, is_number, json_findings, shown  # noqa: F401 - re-exported for methods
 
 TRL_FIELDS_FILE = Path(__file__).with_name("trl_fields.json")
@@ -70,6 +70,47 @@ DEFAULT_LORA_RANK = 16
 
 def lora_enabled(config: dict) -> bool:
     return bool(config.get("lora")) or config.get("lora_rank") is not None
+
+
+def adapter_findings(config: dict) -> list[Finding]:
+    """Adapter settings that train something else than they say: each would be taken and not obeyed."""
+    findings = []
+    if config.get("load_in_4bit") and not lora_enabled(config):
+        findings.append(Finding("config.load_in_4bit", "QLoRA trains LoRA adapters on a 4-bit base: also set lora_rank (e.g. 16)"))
+    if config.get("lora_alpha") is not None and not lora_enabled(config):
+        findings.append(Finding("config.lora_alpha", "lora_alpha needs lora_rank: it scales a LoRA adapter, and without lora_rank the run is a full fine-tune; "
+                                                     "also set lora_rank (e.g. 16), or remove lora_alpha"))
+    if config.get("lora") is False and config.get("lora_rank") is not None:
+        findings.append(Finding("config.lora", f"lora is false but lora_rank is {config['lora_rank']}, and a lora_rank trains a LoRA adapter: "
+                                               "remove lora_rank (and lora_alpha) for a full fine-tune, or remove lora: false for LoRA"))
+    return findings
+
+
+def heartbeat_findings(config: dict) -> list[Finding]:
+    """A heartbeat deadline a healthy run can miss (training/engine/spec.py HEARTBEAT_TIMEOUT_FLOOR says why
+    these bounds): the Studio failed and killed the run as stopped."""
+    timeout, interval = config.get("heartbeat_timeout_seconds"), config.get("heartbeat_interval_seconds") or HEARTBEAT_INTERVAL_DEFAULT
+    if timeout is not None and timeout < HEARTBEAT_TIMEOUT_FLOOR:
+        return [Finding("config.heartbeat_timeout_seconds", f"{timeout} s is under the {HEARTBEAT_TIMEOUT_FLOOR} s floor: a run loading its model or reporting "
+                                                            f"to a slow Studio would be failed as stopped; use {max(HEARTBEAT_TIMEOUT_FLOOR, 2 * interval)} or more "
+                                                            f"(default {HEARTBEAT_TIMEOUT_DEFAULT})")]
+    if timeout is not None and timeout < 2 * interval:
+        return [Finding("config.heartbeat_timeout_seconds", f"the engine sends a heartbeat every {interval} s (heartbeat_interval_seconds), so a {timeout} s "
+                                                            f"deadline fails a run that misses one: set it to {2 * interval} or more, or heartbeat_interval_seconds "
+                                                            f"to {timeout // 2} or less")]
+    if timeout is None and HEARTBEAT_TIMEOUT_DEFAULT < 2 * interval:
+        return [Finding("config.heartbeat_interval_seconds", f"a heartbeat every {interval} s misses the default {HEARTBEAT_TIMEOUT_DEFAULT} s deadline "
+                                                             f"(heartbeat_timeout_seconds): use {HEARTBEAT_TIMEOUT_DEFAULT // 2} or less, "
+                                                             f"or set heartbeat_timeout_seconds to {2 * interval} or more")]
+    return []
+
+
+# Keys every method takes that a method's engine never reads, with what to use instead: taken and
+# stored, the trainer did something else.
+UNREAD_BY_METHOD = {
+    "grpo": {"max_length": "GRPO does not use max_length: rollouts are sized by max_response_length (the completion's tokens); "
+                           "set max_response_length instead and remove max_length"},
+}
 
 
 _MISSING = object()
@@ -198,8 +239,10 @@ class TrainingMethod:
                         f"({', '.join(sorted(known))}) or a field of TRL's {self.trl_config}",
                     )
                 )
-        if config.get("load_in_4bit") and not lora_enabled(config):
-            findings.append(Finding("config.load_in_4bit", "QLoRA trains LoRA adapters on a 4-bit base: also set lora_rank (e.g. 16)"))
+        findings += [Finding(f"config.{key}", why) for key, why in UNREAD_BY_METHOD.get(self.name, {}).items() if key in config]
+        findings += adapter_findings(config)
+        if not any(f.field.startswith("config.heartbeat_") for f in findings):
+            findings += heartbeat_findings(config)
         return findings
 
     def create_findings(self, draft: Draft) -> list[Finding]:

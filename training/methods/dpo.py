@@ -13,6 +13,13 @@ LOSS_KEYS = {
     "span_mask": BOOL,
 }
 DEFAULT_DPO_BETA = 0.1
+# Seed 001: the batch is even. Left blank it was the engine's 1, which START let through while it refused
+# an explicit 1; stored as a default, the run shows what it trains with and START checks that.
+DEFAULT_DPO_BATCH = 2
+
+
+def even_batch_options(batch: int) -> str:
+    return " or ".join(str(option) for option in (batch + 1, batch - 1) if option >= 2)
 
 
 class DPO(TrainingMethod):
@@ -31,7 +38,7 @@ class DPO(TrainingMethod):
         return []
 
     def apply_defaults(self, config: dict) -> dict:
-        config = super().apply_defaults(config)
+        config = super().apply_defaults({"per_device_train_batch_size": DEFAULT_DPO_BATCH, **config})
         if isinstance(config.get("loss"), dict):
             config["loss"] = {"dpo_beta": DEFAULT_DPO_BETA, **config["loss"]}
         return config
@@ -43,7 +50,7 @@ class DPO(TrainingMethod):
             findings.append(Finding("config.lora_rank", "DPO scores each pair against the frozen base, so it needs LoRA: set lora_rank (e.g. 16). For a full fine-tune use SFT."))
         batch = config.get("per_device_train_batch_size")
         if isinstance(batch, int) and batch % 2:
-            findings.append(Finding("config.per_device_train_batch_size", f"a chosen/rejected pair is two rows, so the batch must be even: use {batch + 1} or {max(batch - 1, 2)}"))
+            findings.append(Finding("config.per_device_train_batch_size", f"a chosen/rejected pair is two rows, so the batch must be even: use {even_batch_options(batch)}"))
         if loss.get("target_margin") is not None and loss.get("reference_free") is not True:
             findings.append(Finding("config.loss.target_margin", "target_margin is defined on the reference-free score: also set reference_free: true, or remove target_margin"))
         beta = loss.get("dpo_beta")
