@@ -90,7 +90,9 @@ class GRPO(TrainingMethod):
     name = "grpo"
     label = "GRPO"
     trl_config = "GRPOConfig"
-    trl_aliases = {"num_generations": "rollouts_per_prompt", "max_completion_length": "max_response_length", "beta": "kl_coef"}
+    # num_train_epochs: GRPO refuses num_epochs other than 1 (UNUSED_BY_GRPO), so its run length is max_steps.
+    trl_aliases = {"num_generations": "rollouts_per_prompt", "max_completion_length": "max_response_length", "beta": "kl_coef",
+                   "num_train_epochs": "max_steps"}
     needs_dataset = False  # prompts come from the environment or from ruler_task_args
     implied_defaults = {"use_unsloth": {"max_prompt_length": 1024}}
     keys = {
