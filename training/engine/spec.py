@@ -48,6 +48,8 @@ ENGINE_KEYS = {
     "packing",
     "rollout_engine",
     "gradient_checkpointing",
+    "use_unsloth",
+    "max_prompt_length",
 }
 
 _HUB = "what a run makes is committed to its Data Hub branch (run-<id>); nothing is pushed anywhere else"
