@@ -110,6 +110,8 @@ def test_trl_fields_the_studio_sets_itself_are_refused_naming_what_to_do(api, me
 
 @pytest.mark.parametrize(("method", "key", "use"), [
     ("grpo", "max_completion_length", "max_response_length"), ("grpo", "num_generations", "rollouts_per_prompt"), ("grpo", "beta", "kl_coef"),
+    # QA: GRPO's pointed at num_epochs, which GRPO refuses unless it is 1.
+    ("grpo", "num_train_epochs", "max_steps"),
     ("dpo", "beta", "loss.dpo_beta"), ("sft", "num_train_epochs", "num_epochs"), ("distill", "use_liger_kernel", "use_liger"),
 ])
 def test_trl_fields_set_from_a_studio_key_are_refused_naming_the_key(api, method, key, use):

@@ -540,3 +540,34 @@ def test_resuming_a_full_fine_tune_with_lora_rank_says_the_step_saved_full_weigh
     assert message == f"step 4 of run #{parent_id} saved full weights (no LoRA): remove lora_rank, or start a new run to train an adapter"
     assert "None" not in json.dumps(body)
     assert TrainingRun.objects.get(pk=child).status == Status.QUEUED
+
+
+
+ONE_L4_QLORA_GRPO = {"environment_id": "builtin/arith@main", "lora_rank": 16, "load_in_4bit": True, "inference_blocks": 1, "trainer_blocks": 1}
+ONE_L4 = {"backend": "local", "accelerators": "L4:1"}
+
+
+def start_findings_of(api, run_id: int) -> list[tuple[str, str]]:
+    return [(e["field"], e["message"]) for e in assert_start_refused(api, run_id, 422, None)["errors"]]
+
+
+def test_grpo_on_one_gpu_shares_it_between_inference_and_trainer_blocks(api):
+    # QA: seed 002's one-L4 smoke test got "the GPU blocks add up to 2 but the run asks for 1 GPU".
+    run_id = make_run(api, **grpo(**ONE_L4_QLORA_GRPO), base_model="Qwen/Qwen2.5-0.5B-Instruct", compute=ONE_L4)
+    # What is left is this machine's: the local backend here has no GPU.
+    assert start_findings_of(api, run_id) == [("compute.accelerators", "the local backend has 0 GPUs and this run asks for 1: use CPU here, or a remote backend")]
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {**ONE_L4_QLORA_GRPO, "inference_blocks": 2},
+        {"rl_mode": "ruler", "ruler_task_args": {"dataset": "org/prompts", "system_prompt": "Be kind"}, "judge": {"mode": "colocated"},
+         "judge_blocks": 1, "inference_blocks": 1, "trainer_blocks": 1},
+    ],
+)
+def test_grpo_on_one_gpu_refuses_more_blocks_than_it_can_share(api, config):
+    run_id = make_run(api, **grpo(**config), compute=ONE_L4)
+    blocks = [message for field, message in start_findings_of(api, run_id) if message.startswith("the GPU blocks")]
+    assert blocks == ["the GPU blocks need 2 GPUs (on one GPU the inference and trainer blocks share it and a colocated judge needs one of its own) "
+                      "but the run asks for 1 GPU: ask for at least 2 or use fewer blocks"]

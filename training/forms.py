@@ -39,11 +39,12 @@ SELECT_CHOICES = {
 # Form field → type. Dotted names are the config/compute paths the validator's findings use.
 # "tristate" is a Default / On / Off select: "" leaves the key out, "true" / "false" write the bool.
 COMMON_FIELDS = {
-    "config.num_epochs": "float", "config.max_steps": "int", "config.learning_rate": "float",
-    "config.per_device_train_batch_size": "int", "config.gradient_accumulation_steps": "int", "config.precision": "str",
+    "config.max_steps": "int", "config.learning_rate": "float", "config.precision": "str",
     "config.use_liger": "tristate", "config.gradient_checkpointing": "tristate",
     "compute.backend": "str", "compute.accelerators": "str", "compute.spot": "bool", "compute.region": "str",
 }
+# Every method's but GRPO's, which refuses them (training/methods/grpo.py UNUSED_BY_GRPO): its form hides them.
+EPOCH_BATCH_FIELDS = {"config.num_epochs": "float", "config.per_device_train_batch_size": "int", "config.gradient_accumulation_steps": "int"}
 METHOD_FIELDS: dict[str, dict[str, str]] = {
     "sft": {"config.packing": "tristate"},
     "dpo": {"config.loss.type": "str", "config.loss.dpo_beta": "float", "config.loss.reference_free": "bool",
@@ -90,6 +91,8 @@ def fields_for(method: str, rl_mode: str | None = None) -> dict[str, str]:
     out = {**COMMON_FIELDS, **METHOD_FIELDS.get(method, {})}
     if method == "grpo":
         out.update(GRPO_MODE_FIELDS.get(rl_mode or "environment", {}))
+    else:
+        out.update(EPOCH_BATCH_FIELDS)
     return out
 
 
@@ -107,7 +110,7 @@ def other_methods_values(values: dict[str, Any], method: str) -> list[tuple[str,
     carried along as hidden inputs, so switching DPO → SFT → DPO keeps β and reference-free instead of
     starting from the defaults again. The form reads only the picked method's fields on submit."""
     shown = fields_for(method, values.get("config.rl_mode"))
-    others = {name for fields in (*METHOD_FIELDS.values(), *GRPO_MODE_FIELDS.values()) for name in fields}
+    others = {name for fields in (*METHOD_FIELDS.values(), *GRPO_MODE_FIELDS.values(), EPOCH_BATCH_FIELDS) for name in fields}
     return [(name, values[name]) for name in sorted(others - set(shown)) if values.get(name) not in (None, "")]
 
 

@@ -9,6 +9,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from pydantic_core import PydanticCustomError
 
 from studio.parsing import control_character
+from training.methods import NOT_YET_SUPPORTED
 from training.models import Method, Status, TrainingRun
 
 # cost as its column stores it (four decimals), for a run that was not read back from the database too
@@ -20,7 +21,10 @@ class RunCreateIn(Schema):
     # Its length is checked with every other field (validation.name_findings), so one 400 names them all.
     name: str = Field(json_schema_extra={"minLength": 1, "maxLength": 200})
     experiment: StrictStr | StrictInt | None = Field(None, description="an experiment's id or slug; the project's default when absent")
-    method: str = Field(description="sft | dpo | grpo | distill")
+    # An enum in the schema only: ppo is in it (seed 001) and create answers it, like any other name, with
+    # its own 400 ("PPO not yet supported"), not a type error.
+    method: str = Field(description="sft | dpo | grpo | distill; ppo is refused: PPO not yet supported",
+                        json_schema_extra={"enum": [*Method.values, *NOT_YET_SUPPORTED]})
     base_model: str | None = Field(None, max_length=500, description="An HF id, a Data Hub repo@ref, or a local path (local backend)")
     dataset: Any = Field(None, description="A ref, {ref, type}, or a list of those")
     config: dict[str, Any] = Field(default_factory=dict)

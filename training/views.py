@@ -704,7 +704,9 @@ def lineage_of(run: TrainingRun) -> list[dict[str, Any]]:
     environment = config.get("environment_id")
     if run.method == Method.GRPO and config.get("rl_mode", "environment") == "environment" and isinstance(environment, str) and environment:
         if environment.partition("/")[0] in RESERVED_NAMESPACES:  # builtin/<name>@ref: the catalogue's or the engine's, not versioned
-            items.append({"role": "Environment (rewards)", "ref": environment, "kind": "builtin", "pinned": None, "url": reverse("environments")})
+            # The same source the Environment tab names (environment_info).
+            kind = "engine" if environment.partition("@")[0] in env_services.ENGINE_BUILTINS else "builtin"
+            items.append({"role": "Environment (rewards)", "ref": environment, "kind": kind, "pinned": None, "url": reverse("environments")})
         else:
             items.append({"role": "Environment (rewards)", "ref": environment, "kind": ref_kind(environment), "pinned": pinned_of(run, FIELD_ENVIRONMENT)})
     if run.parent_id:

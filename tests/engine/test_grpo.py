@@ -6,6 +6,7 @@ import pytest
 
 from training.engine.environments import ArithEnvironment, load_environment
 from training.engine.spec import SpecError
+from training.engine.unsloth_loading import keep_prompt_end
 
 from .conftest import IngestStub, make_spec, mean, run_inprocess
 
@@ -83,3 +84,46 @@ def test_arith_scores_a_row_without_answer_or_sum_0_and_warns_once() -> None:
     assert env.score({"prompt": "What is 2+2?"}, "4")["exact"] == 1.0
     assert logged == ['builtin/arith: the row with prompt \'Q2\' has no "answer" and no a+b in its prompt, so its rollouts score 0 '
                       '(later such rows too, without another warning): give those rows an "answer" column']
+
+
+def test_keep_prompt_end_cuts_prompts_from_the_left() -> None:
+    assert keep_prompt_end([1, 2, 3, 4, 5], 3) == [3, 4, 5]  # the end of the prompt, next to the completion, survives
+    assert keep_prompt_end([1, 2], 3) == [1, 2]
+    assert keep_prompt_end([1, 2, 3], 3) == [1, 2, 3]
+    with pytest.raises(SpecError, match="config.max_prompt_length"):
+        keep_prompt_end([1], 0)
+
+
+def test_grpo_trainer_tokenises_prompts_cut_to_max_prompt_length(tiny, tmp_path: Path) -> None:
+    # Every rollout engine (TRL's generate, the static decoder, tools.py) takes its prompt ids from here.
+    import datasets
+    from transformers import AutoModelForCausalLM
+    from trl import GRPOConfig
+
+    from training.engine.grpo import StudioGRPOTrainer
+    from training.engine.modeling import load_tokenizer
+
+    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, num_generations=2, max_steps=1, use_cpu=True, report_to="none")
+    trainer = StudioGRPOTrainer(model=AutoModelForCausalLM.from_pretrained(tiny["student"]), args=args, processing_class=load_tokenizer(tiny["student"]),
+                                train_dataset=datasets.Dataset.from_list([{"prompt": "x"}] * 2), reward_funcs=[lambda prompts, **_: [0.0] * len(prompts)])
+    prompt = ["What is 17+25? Answer with digits only."]
+    whole = list(trainer._tokenize_prompts(prompt)[0][0])
+    trainer.max_prompt_length = 4
+    assert len(whole) > 4 and list(trainer._tokenize_prompts(prompt)[0][0]) == whole[-4:]
+
+
+def test_use_unsloth_without_the_package_fails_before_the_model_loads_naming_the_field(tiny, ingest: IngestStub, tmp_path: Path) -> None:
+    # Unsloth is not installed here: the run must not train without it, as it did while the key was "ignored".
+    cfg = {**GRPO_CONFIG, "max_steps": 1, "use_unsloth": True, "max_prompt_length": 64}
+    assert run_inprocess(make_spec("grpo", tiny["student"], [], tmp_path, cfg, ingest)) == 2
+    failure = next(b["error"] for b in ingest.batches if b["status"] == "failed")
+    assert failure["message"].startswith("config.use_unsloth: the unsloth package is not installed"), failure
+    assert not any(line.startswith("attention:") for line in ingest.collect("logs"))  # no model was loaded
+
+
+def test_grpo_no_longer_logs_use_unsloth_or_max_prompt_length_as_not_grpo_config_fields(tiny, ingest: IngestStub, tmp_path: Path) -> None:
+    cfg = {**GRPO_CONFIG, "max_steps": 1, "rollouts_per_prompt": 2, "use_unsloth": False, "max_prompt_length": 64}
+    assert run_inprocess(make_spec("grpo", tiny["student"], [], tmp_path, cfg, ingest)) == 0
+    logs = ingest.collect("logs")
+    assert not [line for line in logs if "not a GRPOConfig field" in line], logs
+    assert "config.max_prompt_length: applies only with use_unsloth; ignored, prompts are not truncated" in logs

@@ -184,7 +184,7 @@ def test_new_run_for_each_method(owner_page, project, method):
         expect(page.get_by_label("Max response length")).to_have_value("8")
         expect(page.get_by_label("Max steps")).to_have_value("40")
         expect(page.get_by_label("Environment", exact=True)).to_have_value("builtin/arith@main")
-        expect(page.get_by_label("Inference blocks (vLLM)")).to_be_visible()
+        expect(page.get_by_label("Inference blocks", exact=True)).to_be_visible()
     check_page(page)
     page.shot(f"new-{method}")
     page.get_by_role("button", name="Create run").click()

@@ -497,6 +497,9 @@ def test_grpo_quick_try_fills_the_short_rollout_settings_and_keeps_what_was_type
     # The form on the page has the button, inside the GRPO card.
     form = client.get("/training/new/method", {"method": "grpo"}).content.decode()
     assert 'hx-get="/training/new/quick"' in form and 'hx-target="#grpo-numbers"' in form
+    # QA: the hint said "remove lora_rank from the config", which GRPO's starter config has no longer.
+    assert "remove lora_rank" not in form
+    assert "a full fine-tune (GRPO's default: leave lora_rank out of the config)" in form
 
 
 @pytest.mark.parametrize("path", ["/training/", "/experiments/"])

@@ -196,12 +196,15 @@ def test_a_grpo_runs_lineage_lists_its_environment_repo_at_the_commit_start_pinn
     assert f'<a href="/hub/acme/my-maths/tree/{fork["commit"]}">{fork["commit"]}</a>' in row  # the repo at the pinned commit, not at main
 
 
-def test_a_grpo_runs_lineage_lists_a_catalogue_environment_as_not_versioned(project, users):
-    run = grpo_run(project, users["owner"])  # builtin/arith@main
-    html = client_for(users["owner"]).get(f"/training/runs/{run.pk}/lineage/").content.decode()
-    row = lineage_rows(html)["Environment (rewards)"]
-    assert '<a href="/environments/">builtin/arith@main</a>' in row and "Studio catalogue" in row and "—" in row
+@pytest.mark.parametrize(("environment", "source"), [("builtin/arith@main", "Built into the engine"), ("builtin/gsm-maths@main", "Studio catalogue")])
+def test_a_grpo_runs_lineage_lists_a_builtin_environment_as_not_versioned_from_the_source_its_tab_names(project, users, environment, source):
+    # QA: builtin/arith's Environment tab said "Built into the engine" while Lineage said "Studio catalogue".
+    run = grpo_run(project, users["owner"], environment_id=environment)
+    client = client_for(users["owner"])
+    row = lineage_rows(client.get(f"/training/runs/{run.pk}/lineage/").content.decode())["Environment (rewards)"]
+    assert f'<a href="/environments/">{environment}</a>' in row and source in row and "—" in row
     assert "not a repo of project" not in row
+    assert source in client.get(f"/training/runs/{run.pk}/environment/").content.decode()
 
 
 # ---- the Checkpoints note -------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from .environments import Environment, environment_for, group_std
 from .modeling import Device, load_policy, load_tokenizer
 from .rollout import StaticDecoder, static_decoder_support
 from .spec import SpecError
+from .unsloth_loading import keep_prompt_end, load_unsloth_policy, prompt_limit, require_unsloth
 
 ADVANTAGE_EPS = 1e-4  # same ε as TRL, so the advantages we report are the ones it trains on
 ROLLOUT_ENGINES = ("auto", "static", "generate")
@@ -37,7 +38,14 @@ CPU_AUTO_ENGINE = "static"
 
 
 class StudioGRPOTrainer(TokenCountingMixin, GRPOTrainer):
-    pass
+    # Every rollout engine (TRL's generate, the static decoder, tools.py) tokenises through _tokenize_prompts.
+    max_prompt_length: int | None = None
+
+    def _tokenize_prompts(self, prompts: list) -> Any:
+        prompt_ids, images, multimodal_fields = super()._tokenize_prompts(prompts)
+        if self.max_prompt_length is not None:
+            prompt_ids = [keep_prompt_end(ids, self.max_prompt_length) for ids in prompt_ids]
+        return prompt_ids, images, multimodal_fields
 
 
 def _completion_text(completion: Any) -> str:
@@ -228,6 +236,11 @@ def run(ctx: Context) -> None:
     group = int(spec.cfg("rollouts_per_prompt", 8))
     if group < 2:
         raise SpecError("config.rollouts_per_prompt: GRPO needs at least 2 rollouts per prompt")
+    unsloth = bool(spec.cfg("use_unsloth", False))
+    if unsloth:
+        require_unsloth()  # before the tokenizer and the prompts, not after minutes of loading
+    elif spec.cfg("max_prompt_length") is not None:
+        ctx.reporter.log("config.max_prompt_length: applies only with use_unsloth; ignored, prompts are not truncated")
     tokenizer = load_tokenizer(spec.base_model, spec.base_model_revision)
     dataset = _prompt_rows(ctx, env)
     kl_coef = float(spec.cfg("kl_coef", 0.0))
@@ -243,7 +256,7 @@ def run(ctx: Context) -> None:
         "seed": int(spec.cfg("seed", 42)),
     }
     args = build_config(GRPOConfig, ctx, **method_kwargs)
-    model = load_policy(spec, ctx.device, log=ctx.reporter.log)
+    model = load_unsloth_policy(spec, ctx.device, ctx.reporter.log) if unsloth else load_policy(spec, ctx.device, log=ctx.reporter.log)
     engine, why = resolve_rollout_engine(spec, env, args, model, ctx.device)
     ctx.reporter.log(f"grpo: rollout engine {engine}: {why}")
     if engine == "tools":
@@ -262,6 +275,7 @@ def run(ctx: Context) -> None:
         callbacks=[StudioCallback(ctx, ref)],
         rollout_func=rollout_func,
     )
+    trainer.max_prompt_length = prompt_limit(spec)
     ref.append(trainer)
     ctx.reporter.stage("train")
     train_and_finish(trainer, ctx, tokenizer)

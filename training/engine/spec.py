@@ -49,6 +49,8 @@ ENGINE_KEYS = {
     "packing",
     "rollout_engine",
     "gradient_checkpointing",
+    "use_unsloth",
+    "max_prompt_length",
 }
 
 # seed 000: heartbeat_timeout means the worker really stopped (default 300 s). A healthy engine posts at

@@ -60,13 +60,39 @@ def unused_batch_findings(config: dict) -> list[Finding]:
             for key, why in UNUSED_BY_GRPO.items() if key in config and not (key == "num_epochs" and config[key] == DEFAULTS["num_epochs"])]
 
 
+# This engine generates rollouts in the trainer's own process, on the trainer's GPU (training/engine/rollout.py):
+# there is no separate vLLM server. The blocks are the split the foundation contract asks for; on one GPU the
+# inference and trainer blocks share it, while a colocated judge always needs a GPU of its own.
+BLOCKS_MEANING = "rollouts are generated on the trainer's GPU, so on one GPU the inference and trainer blocks share it"
+
+
+def gpu_blocks_needed(config: dict, gpus: int, *, colocated_judge: bool) -> int:
+    inference, trainer = config.get("inference_blocks") or 0, config.get("trainer_blocks") or 0
+    policy = max(inference, trainer) if gpus == 1 else inference + trainer
+    judge = (config.get("judge_blocks") or 0) if colocated_judge else 0
+    return policy + judge
+
+
+def gpu_block_findings(config: dict, gpus: int, *, colocated_judge: bool) -> list[Finding]:
+    findings = [Finding(f"config.{key}", f"GRPO on GPUs needs {key} ≥ 1 ({BLOCKS_MEANING})")
+                for key in ("inference_blocks", "trainer_blocks") if not config.get(key)]
+    needed = gpu_blocks_needed(config, gpus, colocated_judge=colocated_judge)
+    if needed > gpus:
+        how = "on one GPU the inference and trainer blocks share it and a colocated judge needs one of its own" if gpus == 1 else "the blocks add up"
+        findings.append(Finding("compute.accelerators", f"the GPU blocks need {counted(needed, 'GPU')} ({how}) but the run asks for "
+                                                         f"{counted(gpus, 'GPU')}: ask for at least {needed} or use fewer blocks"))
+    return findings
+
+
 class GRPO(TrainingMethod):
     """Group Relative Policy Optimisation with rewards from an environment or a RULER judge."""
 
     name = "grpo"
     label = "GRPO"
     trl_config = "GRPOConfig"
-    trl_aliases = {"num_generations": "rollouts_per_prompt", "max_completion_length": "max_response_length", "beta": "kl_coef"}
+    # num_train_epochs: GRPO refuses num_epochs other than 1 (UNUSED_BY_GRPO), so its run length is max_steps.
+    trl_aliases = {"num_generations": "rollouts_per_prompt", "max_completion_length": "max_response_length", "beta": "kl_coef",
+                   "num_train_epochs": "max_steps"}
     needs_dataset = False  # prompts come from the environment or from ruler_task_args
     implied_defaults = {"use_unsloth": {"max_prompt_length": 1024}}
     keys = {
@@ -135,12 +161,5 @@ class GRPO(TrainingMethod):
                 findings.append(Finding("config.judge_blocks", "a colocated judge runs on its own GPUs: set judge_blocks ≥ 1"))
         accel = accelerators_of(draft.compute)
         if not accel.is_cpu:
-            for key in ("inference_blocks", "trainer_blocks"):
-                if not config.get(key):
-                    findings.append(Finding(f"config.{key}", f"GRPO on GPUs needs {key} ≥ 1 (inference blocks generate rollouts, trainer blocks train)"))
-            blocks = sum(config.get(k) or 0 for k in ("inference_blocks", "trainer_blocks"))
-            if mode == "ruler" and judge.get("mode") == "colocated":
-                blocks += config.get("judge_blocks") or 0
-            if blocks > accel.count:
-                findings.append(Finding("compute.accelerators", f"the GPU blocks add up to {blocks} but the run asks for {counted(accel.count, 'GPU')}: ask for at least {blocks} or use fewer blocks"))
+            findings += gpu_block_findings(config, accel.count, colocated_judge=mode == "ruler" and judge.get("mode") == "colocated")
         return findings

@@ -1,0 +1,40 @@
+"""NEW RUN for GRPO in a real browser: the fields GRPO refuses (epochs, per-device batch, accumulation)
+are not offered, and a GRPO run created from the form carries none of them, even after they were typed
+for another method."""
+from __future__ import annotations
+
+from playwright.sync_api import expect
+
+from training.models import TrainingRun
+
+EPOCH_BATCH_LABELS = ("Epochs", "Batch size (per device)", "Gradient accumulation steps")
+
+
+def test_grpo_form_hides_and_never_sends_epochs_batch_or_accumulation(owner_page, project):
+    page = owner_page
+    page.goto("/training/new/")
+    for label, value in zip(EPOCH_BATCH_LABELS, ("2", "4", "3"), strict=True):
+        page.get_by_label(label, exact=True).fill(value)
+    page.get_by_label("Method", exact=True).select_option("grpo")
+    expect(page.locator("#card-grpo")).to_be_visible()
+    for label in EPOCH_BATCH_LABELS:
+        expect(page.get_by_label(label, exact=True)).to_have_count(0)
+    expect(page.get_by_label("Max steps", exact=True)).to_be_visible()
+    page.get_by_label("Name", exact=True).fill("grpo from the form")
+    page.get_by_label("Base model").fill("org/base-model")
+    page.get_by_label("Environment", exact=True).fill("builtin/arith@main")
+    page.shot("grpo-no-epochs")
+    page.get_by_role("button", name="Create run").click()
+    expect(page.get_by_test_id("run-status")).to_have_text("queued")
+    config = TrainingRun.objects.get(project=project, name="grpo from the form").config
+    assert not {"per_device_train_batch_size", "gradient_accumulation_steps"} & set(config) and config.get("num_epochs", 1) == 1, config
+
+
+def test_switching_back_from_grpo_keeps_what_was_typed_for_epochs_and_batch(owner_page):
+    page = owner_page
+    page.goto("/training/new/")
+    page.get_by_label("Epochs", exact=True).fill("2")
+    page.get_by_label("Method", exact=True).select_option("grpo")
+    expect(page.get_by_label("Epochs", exact=True)).to_have_count(0)
+    page.get_by_label("Method", exact=True).select_option("sft")
+    expect(page.get_by_label("Epochs", exact=True)).to_have_value("2")
