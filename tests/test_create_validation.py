@@ -406,3 +406,13 @@ def test_grpo_ruler_mode_with_an_environment_id_is_refused_naming_the_unused_key
     body = assert_refused(api, 400, "config.environment_id", method="grpo", config=ruler)
     assert "remove environment_id, or set rl_mode: environment" in body["errors"][0]["message"]
     assert create(api, method="grpo", config={k: v for k, v in ruler.items() if k != "environment_id"}).status_code == 201
+
+
+@pytest.mark.parametrize("name", ["\u202e", "\u200b", "\ufeff", " \u200b\u2066 "])
+def test_a_name_of_only_invisible_characters_is_refused_naming_it(api, name):
+    body = assert_refused(api, 400, "name", name=name)
+    assert "needs a visible character" in body["errors"][0]["message"]
+
+
+def test_a_name_with_a_bidi_character_and_letters_is_kept(api):
+    assert create(api, name="\u202eabc").status_code == 201

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 from django.test import Client
@@ -828,3 +829,10 @@ def test_new_run_grpo_defaults_to_a_full_fine_tune_as_seed_002_says(project, use
     assert response.status_code == 302, response.content.decode()[:2000]
     run = project.runs.get(name="form grpo")
     assert run.config.get("lora_rank") is None and run.config["learning_rate"] == 1e-6
+
+
+def test_a_right_to_left_run_name_is_isolated_from_its_id(project, users):
+    client = client_for(users["owner"])
+    run = make_run(project, users["owner"], "sft", name="\u202eabc")
+    assert f"<h1><bdi>\u202eabc</bdi> <span class=\"muted\">#{run.pk}</span>" in client.get(f"/training/runs/{run.pk}/").content.decode()
+    assert "td.name > a { unicode-bidi: isolate; }" in (Path(__file__).resolve().parents[2] / "static/css/studio.css").read_text()
