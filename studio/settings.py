@@ -173,6 +173,7 @@ STORAGES = {
 }
 
 LOGIN_URL = "/login/"
+CSRF_FAILURE_VIEW = "studio.views.csrf_failure"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/login/"
 
