@@ -292,6 +292,18 @@
     document.querySelectorAll("#main > .messages").forEach(function (el) { el.remove(); });
   });
 
+  // ---- file inputs that take at most so many files ----------------------------------------------------
+  // The server refuses a form of more than DATA_UPLOAD_MAX_NUMBER_FILES files before any view reads
+  // it: say so beside the field before the files are sent, not after the whole upload.
+  document.addEventListener("change", function (evt) {
+    var input = evt.target;
+    if (!input.matches || !input.matches("input[type=file][data-max-files]")) return;
+    var max = parseInt(input.dataset.maxFiles, 10);
+    input.setCustomValidity(input.files.length > max
+      ? "Choose at most " + max + " files (these are " + input.files.length + "): commit the rest in another upload."
+      : "");
+  });
+
   document.addEventListener("DOMContentLoaded", function () {
     placeLogs(document);
     // A form sent back with errors: focus its error summary, which says what to fix.
