@@ -27,7 +27,7 @@ from django.utils import timezone
 
 from datahub.models import NAME_PATTERN, Blob, Branch, Commit, Repo, RepoType, Tag, TreeEntry, UploadSession
 from studio.errors import BadRequest, Conflict, Finding, NotFound
-from studio.parsing import control_character
+from studio.parsing import control_character, invisible
 
 MAIN = "main"
 NAME_RE = re.compile(NAME_PATTERN)
@@ -138,6 +138,8 @@ def clean_new_path(value: Any, field: str = "path") -> str:
     if any(part.lower() == ".git" for part in path.split("/")):
         # git refuses a .git in any case in a tree it checks out (a case-insensitive disk reads .GIT as .git)
         problem = "a path cannot contain a folder or file named '.git', which git keeps for its own data: rename it, e.g. to git/"
+    elif any(invisible(part) for part in path.split("/")):
+        problem = "each folder or file name in a path needs a visible character: one here has only spaces or invisible formatting characters (such as U+200B or U+FEFF)"
     elif long is not None:
         problem = (f"each folder or file name in a path is at most {MAX_NAME_BYTES} bytes (UTF-8), as on the disks that downloads are "
                    f"written to; {long[:24]}… is {len(long.encode())} bytes: shorten it")

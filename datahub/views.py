@@ -151,6 +151,7 @@ def tree_context(request: HttpRequest, repo: Repo, revision: str, path: str = ""
         "missing": missing, "branches": branches, "tags": list(Tag.objects.filter(repo=repo)),
         "writable": writable, "branch_names": names, "files_deletable": writable and revision in names,
         "files_help": f"One or more files, committed together; at most {settings.DATA_UPLOAD_MAX_NUMBER_FILES} at a time (the upload API takes more).",
+        "max_files": settings.DATA_UPLOAD_MAX_NUMBER_FILES,
         "confirm_help": f"Type {repo.name} exactly.",
         "upload": forms.get("upload") or upload, "delete": forms.get("delete") or {"values": {}, "errors": {}},
         "branch_delete": forms.get("branch_delete") or {"errors": {}}, "file_delete": forms.get("file_delete") or {"errors": {}},

@@ -10,10 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import suppress
 
+from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 
 from datahub.storage import disk_full, disk_full_error
+from studio.views import bad_request
 
 API_PREFIX = "/api/"
 SENTENCES = {
@@ -68,8 +70,10 @@ class ApiErrorShapeMiddleware:
         return response
 
 
-class FullDiskFormMiddleware:
-    """A multipart form read on a full disk is a 507, not a 500.
+class FormParseMiddleware:
+    """A multipart form read on a full disk is a 507, not a 500; one over Django's limits (files,
+    fields, bytes) is the 400 page's sentence, under DEBUG too (which skips handler400 and shows
+    its technical page).
 
     Django spools each file of a form over FILE_UPLOAD_MAX_MEMORY_SIZE to FILE_UPLOAD_TEMP_DIR as
     it parses the body, and the first to parse it is the CSRF check, before any view that could
@@ -85,6 +89,8 @@ class FullDiskFormMiddleware:
         if request.method == "POST" and request.content_type == "multipart/form-data" and not request.path.startswith(API_PREFIX):
             try:
                 request.POST  # noqa: B018 (parsing is the point)
+            except (TooManyFilesSent, TooManyFieldsSent, RequestDataTooBig) as exc:
+                return bad_request(request, exc)
             except OSError as exc:
                 if not disk_full(exc):
                     raise

@@ -1,12 +1,20 @@
-"""Text from URLs, headers and forms read as numbers, the one way everywhere."""
+"""Text from URLs, headers and forms: read as numbers, or checked for what it shows, the one way everywhere."""
 from __future__ import annotations
 
+import unicodedata
 from typing import Any
 
 
 def control_character(text: str) -> str | None:
     """The first C0 or C1 control character in `text` (a newline, a tab, DEL...), else None."""
     return next((c for c in text if ord(c) < 32 or 0x7F <= ord(c) <= 0x9F), None)
+
+
+def invisible(text: str) -> bool:
+    """Whether `text` shows nothing: only whitespace and format characters (Unicode category Cf:
+    zero-width spaces, bidi marks and overrides, the byte order mark). A name like that is a 0-px
+    link on screen, or turns the text beside it around."""
+    return all(c.isspace() or unicodedata.category(c) == "Cf" for c in text)
 
 
 def ascii_int(text: Any) -> int | None:

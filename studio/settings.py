@@ -103,7 +103,7 @@ MIDDLEWARE = [
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
-    "studio.middleware.FullDiskFormMiddleware",
+    "studio.middleware.FormParseMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "studio.audit.AuditMiddleware",
@@ -173,6 +173,7 @@ STORAGES = {
 }
 
 LOGIN_URL = "/login/"
+CSRF_FAILURE_VIEW = "studio.views.csrf_failure"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/login/"
 

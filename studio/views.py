@@ -41,12 +41,26 @@ def login_redirect(request: HttpRequest) -> HttpResponse:
     """Where an anonymous request goes: the login page, then back. An htmx request (a poll, a
     button) would follow a plain redirect inside its XMLHttpRequest and swap the login form into
     its fragment, so it is told to load the login page in place of the whole page (HX-Redirect),
-    with `next` the page it came from rather than the fragment's own URL."""
+    with `next` the page it came from rather than the fragment's own URL. A plain form's POST
+    returns to the page the form was on (its same-origin Referer): after logging in the browser
+    GETs `next`, and a POST-only URL would answer 405."""
     if not request.htmx:
-        return auth_views.redirect_to_login(request.get_full_path())
+        if request.method in ("GET", "HEAD"):
+            return auth_views.redirect_to_login(request.get_full_path())
+        page = form_page(request)
+        return redirect(f"{resolve_url(settings.LOGIN_URL)}?{urlencode({'next': page})}" if page else settings.LOGIN_URL)
     page = request.htmx.current_url_abs_path  # None from another origin: never send anyone there
     login_url = resolve_url(settings.LOGIN_URL)
     return HttpResponseClientRedirect(f"{login_url}?{urlencode({'next': page})}" if page else login_url)
+
+
+def form_page(request: HttpRequest) -> str | None:
+    """The path of the page a form was sent from, from its Referer when that is this site; else None."""
+    referer = request.headers.get("Referer", "")
+    if not url_has_allowed_host_and_scheme(referer, allowed_hosts={request.get_host()}, require_https=request.is_secure()):
+        return None
+    parts = urlsplit(referer)
+    return f"{parts.path}?{parts.query}" if parts.query else parts.path or None
 
 
 def studio_page(view: Callable) -> Callable:
@@ -102,6 +116,15 @@ def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
     return render(request, "400.html", {"exception": sentence}, status=400)
 
 
+def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
+    """The 403 for a stale form token (CSRF_FAILURE_VIEW). Reloading a page that a full-page POST
+    answered sends the POST again with the same stale token, so the page links to a fresh GET of
+    the form's page instead (for an htmx request, the page it was made from)."""
+    htmx = getattr(request, "htmx", None)
+    page = htmx.current_url_abs_path if htmx else form_page(request)
+    return render(request, "403_csrf.html", {"fresh_page": page, "full_page": not htmx}, status=403)
+
+
 class LoginView(auth_views.LoginView):
     """django.contrib.auth's login form under the per-address failure budget that API and ingest
     tokens have (studio/ratelimit.py): a wrong password counts as a failure, and over the budget
@@ -144,7 +167,7 @@ def home(request: HttpRequest) -> HttpResponse:
     return redirect("training:runs")
 
 
-@login_required
+@studio_page
 @require_POST
 def switch_project(request: HttpRequest) -> HttpResponse:
     slug = request.POST.get("project", "")

@@ -469,3 +469,13 @@ def test_dpo_stores_an_even_batch_by_default(api):
     r = create(api, method="dpo", config={"loss": {"type": "dpo"}, "lora_rank": 8})
     assert r.status_code == 201, r.content
     assert TrainingRun.objects.get(pk=r.json()["id"]).config["per_device_train_batch_size"] == 2
+
+
+@pytest.mark.parametrize("name", ["\u202e", "\u200b", "\ufeff", " \u200b\u2066 "])
+def test_a_name_of_only_invisible_characters_is_refused_naming_it(api, name):
+    body = assert_refused(api, 400, "name", name=name)
+    assert "needs a visible character" in body["errors"][0]["message"]
+
+
+def test_a_name_with_a_bidi_character_and_letters_is_kept(api):
+    assert create(api, name="\u202eabc").status_code == 201

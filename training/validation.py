@@ -17,7 +17,7 @@ from datahub.models import Repo
 from datahub.refs import dataset_findings, dataset_refs, ref_findings, run_refs
 from environments.services import dataset_row_needs, environment_findings
 from studio.errors import BadRequest, Finding
-from studio.parsing import control_character
+from studio.parsing import control_character, invisible
 from training.backends import get_backend
 from training.compute import GPU_MEMORY_GIB, accelerators_of, check_compute, normalise_compute, precision_findings
 from training.engine import fit, liger
@@ -84,7 +84,8 @@ def foreign_ref_findings(draft: Draft) -> list[Finding]:
 
 
 def name_findings(name: Any) -> list[Finding]:
-    """A run's name, as create, PATCH and the form check it: 1 to 200 characters once trimmed."""
+    """A run's name, as create, PATCH and the form check it: 1 to 200 characters once trimmed, one
+    line, with something to see."""
     if not isinstance(name, str) or not name.strip():
         return [Finding("name", "give the run a name (1 to 200 characters)")]
     if len(name.strip()) > NAME_MAX:
@@ -92,6 +93,9 @@ def name_findings(name: Any) -> list[Finding]:
     control = control_character(name.strip())
     if control is not None:
         return [Finding("name", f"a run name is one line of text: remove the control character U+{ord(control):04X} (a newline or tab, say)")]
+    if invisible(name):
+        return [Finding("name", "a run name needs a visible character: this one has only invisible formatting characters "
+                                f"({', '.join(f'U+{ord(c):04X}' for c in dict.fromkeys(name.strip()))}), which show as nothing")]
     return []
 
 

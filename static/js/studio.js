@@ -87,11 +87,13 @@
 (function () {
   "use strict";
 
-  // ---- htmx error answers without a partial ------------------------------------------------------
+  // ---- htmx error answers without a partial, and no answer at all ---------------------------------
   // Findings (400/402/409/422) come back as a partial and swap into their target (htmx-config in
   // base.html). Any other error answer (a 403 or 404 page, a CSRF refusal, a 5xx, a whole page or
   // nothing at any error status) would change nothing on screen: say in one announced banner what
-  // happened, with the error page's own sentence and links when it has them.
+  // happened, with the error page's own sentence and links when it has them. So too when no answer
+  // came (the server is down, the network dropped: htmx:sendError, htmx:timeout), which the next
+  // answer that does come clears.
   var HINTS = {
     404: "It may have been deleted since this page was loaded (in another tab, or by a teammate): reload the page to see what is there now."
   };
@@ -101,11 +103,49 @@
     return detail.shouldSwap && body.trim() !== "" && !/<html[\s>]/i.test(body);
   }
 
-  function errorBanner(status, html) {
+  // A poll (every 4s, run-changed) fires with no event or one htmx made; a button or a form, with the user's.
+  function isPoll(detail) {
+    var cause = detail.requestConfig && detail.requestConfig.triggeringEvent;
+    return !(cause && cause.isTrusted);
+  }
+
+  function bannerBox() {
     var box = document.createElement("div");
     box.id = "request-error";
     box.className = "alert alert-error request-error";
     box.setAttribute("role", "alert");
+    return box;
+  }
+
+  // Dismissing the banner gives focus back to where it was when the banner came (else to the page's
+  // content), not to <body>, from where keyboard users would start again at the top.
+  function addDismiss(box) {
+    var before = document.activeElement !== document.body ? document.activeElement : null;
+    var dismiss = box.appendChild(document.createElement("button"));
+    dismiss.type = "button";
+    dismiss.className = "btn-link";
+    dismiss.textContent = "Dismiss";
+    dismiss.addEventListener("click", function () {
+      box.remove();
+      var next = before && document.body.contains(before) ? before : document.getElementById("main");
+      if (!next) return;
+      if (next.tabIndex < 0 && !next.hasAttribute("tabindex")) next.setAttribute("tabindex", "-1");
+      next.focus();
+    });
+    return box;
+  }
+
+  function unreachableBanner(poll) {
+    var box = bannerBox();
+    box.dataset.unreachable = "true";
+    box.appendChild(document.createElement("p")).textContent = poll
+      ? "The Studio could not be reached, so this page may be out of date; it will retry and update itself once the Studio answers."
+      : "The Studio could not be reached, so this may not have been done: check your connection, then reload the page to see what is there and try again.";
+    return addDismiss(box);
+  }
+
+  function errorBanner(status, html) {
+    var box = bannerBox();
     var card = new DOMParser().parseFromString(html || "", "text/html").querySelector("main [role=alert]");
     var hint = document.createElement("p");
     hint.textContent = HINTS[status] || "";
@@ -127,28 +167,36 @@
       if (!hint.textContent) hint.textContent = "Reload the page and try again; if it keeps happening, tell your administrator.";
     }
     if (hint.textContent) box.appendChild(hint);
-    var dismiss = box.appendChild(document.createElement("button"));
-    dismiss.type = "button";
-    dismiss.className = "btn-link";
-    dismiss.textContent = "Dismiss";
-    dismiss.addEventListener("click", function () { box.remove(); });
-    return box;
+    return addDismiss(box);
   }
 
-  function showRequestError(status, html) {
+  function showBanner(box) {
     var main = document.getElementById("main");
     if (!main) return;
-    var box = errorBanner(status, html);
     var old = document.getElementById("request-error");
     if (old && old.textContent === box.textContent) return;  // a poll failing again: announce it once
     if (old) old.replaceWith(box); else main.insertBefore(box, main.firstChild);
   }
 
+  window.studioShowRequestError = function (status, html) { showBanner(errorBanner(status, html)); };
+
   document.addEventListener("htmx:beforeSwap", function (evt) {
     var xhr = evt.detail.xhr;
     if (!xhr || xhr.status < 400 || isPartial(evt.detail)) return;
     evt.detail.shouldSwap = false;
-    showRequestError(xhr.status, xhr.responseText);
+    showBanner(errorBanner(xhr.status, xhr.responseText));
+  });
+
+  function unreachable(evt) {
+    var shown = document.getElementById("request-error");
+    if (shown && shown.dataset.unreachable && isPoll(evt.detail)) return;  // polls every 2-5 s: one banner
+    showBanner(unreachableBanner(isPoll(evt.detail)));
+  }
+  document.addEventListener("htmx:sendError", unreachable);
+  document.addEventListener("htmx:timeout", unreachable);
+  document.addEventListener("htmx:afterRequest", function (evt) {
+    var shown = document.getElementById("request-error");
+    if (evt.detail.successful && shown && shown.dataset.unreachable) shown.remove();
   });
 
   // ---- log boxes follow their newest line ----------------------------------------------------------
@@ -176,15 +224,44 @@
   // ---- focus survives a swap -------------------------------------------------------------------------
   // htmx puts focus back on a swapped-in element with the same id; any other focused control that a
   // swap replaces (a tab link, a Filter button) leaves focus on <body>, and keyboard and screen-reader
-  // users start again from the top. Land on its twin in the new content (same tag, text and link),
-  // else the new content's current item, its first heading, or the new content itself.
+  // users start again from the top. Land on its twin in the new content: in a list's row (data-run,
+  // data-id) the element at the same place in the same row, as rows repeat links ("default" in each
+  // one); else the same tag, text and link; else the new content's current item, its first heading,
+  // or the new content itself.
   var focused = null;
+  var ROW = "[data-run], [data-id]";
+
+  function rowKey(row) {
+    return row.hasAttribute("data-run") ? '[data-run="' + CSS.escape(row.dataset.run) + '"]' : '[data-id="' + CSS.escape(row.dataset.id) + '"]';
+  }
+
+  function twinInRow(root, lost) {
+    var row = lost.closest(ROW);
+    if (!row) return null;
+    var twinRow = root.matches(rowKey(row)) ? root : root.querySelector(rowKey(row));
+    if (!twinRow) return null;
+    var place = Array.prototype.indexOf.call(row.querySelectorAll(lost.tagName), lost);
+    return twinRow.querySelectorAll(lost.tagName)[place] || null;
+  }
 
   function twinOf(root, lost) {
     var candidates = [root].concat(Array.prototype.slice.call(root.querySelectorAll(lost.tagName)));
-    return candidates.filter(function (el) {
+    return twinInRow(root, lost) || candidates.filter(function (el) {
       return el.tagName === lost.tagName && el.textContent.trim() === lost.textContent.trim() && el.getAttribute("href") === lost.getAttribute("href");
     })[0] || root.querySelector('[aria-current="page"]') || root.querySelector("h1, h2, h3") || root;
+  }
+
+  // A poll whose answer is what it last swapped in leaves the page alone: no swap, so no focus to
+  // move and no reader's place to lose. Only polls: a user's request swaps even an identical answer,
+  // and any other swap in or around what a poll swapped in makes its next answer swap again.
+  function skipUnchangedPoll(evt) {
+    var target = evt.detail.target;
+    if (evt.detail.shouldSwap && isPoll(evt.detail) && target && target.studioPolled === evt.detail.xhr.response) evt.detail.shouldSwap = false;
+  }
+
+  function notePolled(evt) {
+    if (isPoll(evt.detail)) { evt.target.studioPolled = evt.detail.xhr.response; return; }
+    for (var el = evt.target; el; el = el.parentElement) delete el.studioPolled;
   }
 
   function restoreFocus(root) {
@@ -196,11 +273,14 @@
     next.focus({ preventScroll: true });
   }
 
-  document.addEventListener("htmx:beforeSwap", function () {
+  document.addEventListener("htmx:beforeSwap", function (evt) {
+    skipUnchangedPoll(evt);
+    if (!evt.detail.shouldSwap) return;
     rememberLogs();
     focused = document.activeElement !== document.body ? document.activeElement : null;
   });
   document.addEventListener("htmx:afterSwap", function (evt) {
+    notePolled(evt);
     placeLogs(evt.target);
     restoreFocus(evt.target);
   });
@@ -210,6 +290,18 @@
   // once the server says the run changed (HX-Trigger: run-changed), it no longer applies.
   document.addEventListener("run-changed", function () {
     document.querySelectorAll("#main > .messages").forEach(function (el) { el.remove(); });
+  });
+
+  // ---- file inputs that take at most so many files ----------------------------------------------------
+  // The server refuses a form of more than DATA_UPLOAD_MAX_NUMBER_FILES files before any view reads
+  // it: say so beside the field before the files are sent, not after the whole upload.
+  document.addEventListener("change", function (evt) {
+    var input = evt.target;
+    if (!input.matches || !input.matches("input[type=file][data-max-files]")) return;
+    var max = parseInt(input.dataset.maxFiles, 10);
+    input.setCustomValidity(input.files.length > max
+      ? "Choose at most " + max + " files (these are " + input.files.length + "): commit the rest in another upload."
+      : "");
   });
 
   document.addEventListener("DOMContentLoaded", function () {

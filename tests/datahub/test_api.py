@@ -167,6 +167,12 @@ def test_bidi_and_control_characters_in_a_path_are_refused_naming_it(api, repo, 
         commits.commit_files(repo, "main", {path: b"x"})
 
 
+@pytest.mark.parametrize("path", ["\u200b", "data/\ufeff/train.jsonl", "data/ \u200b"])
+def test_a_file_name_of_only_invisible_characters_is_refused_naming_it(api, repo, path):
+    body = assert_error(api.post("/api/hub/repos/my-model/uploads", {"files": [{"path": "ok.txt", "size": 1}, {"path": path, "size": 1}]}), 400, "files[1].path")
+    assert "needs a visible character" in body["errors"][0]["message"]
+
+
 HUB_QUERY_VALUES = {
     "/api/hub/repos": {"type"},
     "/api/hub/repos/{name}/commits": {"ref", "limit"},

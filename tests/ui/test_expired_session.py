@@ -3,6 +3,8 @@ the login page and back, never the login form swapped into a fragment. And a sta
 403 that says what happened and what to do."""
 from __future__ import annotations
 
+from urllib.parse import urlencode
+
 import pytest
 from django.test import Client
 
@@ -75,5 +77,38 @@ def test_a_stale_form_token_is_a_403_saying_to_reload(project, users):
     response = client.post("/experiments/create", {"name": "stale token"}, **htmx(f"{PAGE}/experiments/", HTTP_HX_TARGET="experiments"))
     assert response.status_code == 403
     html = response.content.decode()
-    assert 'role="alert"' in html and "This page is out of date" in html and "Reload the page, then do this again." in html
+    assert 'role="alert"' in html and "This page is out of date" in html
+    assert '<a href="/experiments/">Open the page again</a>, fill in the form again, and send it.' in html
     assert not Experiment.objects.filter(name="stale token").exists()
+
+
+def test_a_stale_token_on_a_full_page_form_links_to_a_fresh_copy_not_a_reload(project, users):
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(users["owner"])
+    response = client.post("/hub/new", {"name": "stale"}, HTTP_REFERER=f"{PAGE}/hub/?type=dataset")
+    assert response.status_code == 403
+    html = response.content.decode()
+    assert '<a href="/hub/?type=dataset">Open the page again</a> (reloading this one would send the same out-of-date form), fill in the form again' in html
+    assert "Reload the page" not in html
+
+
+@pytest.mark.parametrize(("action", "form_page"), [
+    ("/hub/acme/my-data/upload", "/hub/acme/my-data/?ref=main"),
+    ("/hub/new", "/hub/"),
+    ("/hub/acme/my-data/delete", "/hub/acme/my-data/"),
+    ("/projects/switch", "/experiments/"),
+    ("/environments/fork", "/environments/"),
+    ("/settings/secrets/set", "/settings/secrets/"),
+    ("/training/runs/1/checkpoints/5/resume", "/training/runs/1/checkpoints/"),
+])
+def test_a_plain_form_post_after_logout_returns_to_the_form_page(client, action, form_page):
+    # Logging in then GETs `next`: the POST-only URL itself would answer 405.
+    response = client.post(action, {"x": "1"}, HTTP_REFERER=f"{PAGE}{form_page}")
+    assert response.status_code == 302
+    assert response["Location"] == f"/login/?{urlencode({'next': form_page})}"
+
+
+@pytest.mark.parametrize("referer", ["https://evil.example/hub/", "", "javascript:alert(1)"])
+def test_a_plain_form_post_from_elsewhere_after_logout_goes_to_login_without_next(client, referer):
+    response = client.post("/hub/new", {"name": "x"}, HTTP_REFERER=referer)
+    assert response.status_code == 302 and response["Location"] == "/login/"

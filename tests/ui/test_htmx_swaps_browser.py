@@ -107,7 +107,8 @@ def test_a_stale_form_token_says_to_reload_and_findings_still_swap_in(owner_page
     banner = page.locator("#request-error")
     expect(banner).to_have_attribute("role", "alert")
     expect(banner).to_contain_text("This page is out of date")
-    expect(banner).to_contain_text("Reload the page, then do this again.")
+    expect(banner).to_contain_text("Open the page again, fill in the form again, and send it.")
+    expect(banner.get_by_role("link", name="Open the page again")).to_have_attribute("href", "/experiments/")
     assert not Experiment.objects.filter(name="stale token").exists()
     page.shot("stale-token")
 

@@ -213,3 +213,13 @@ def test_search_matches_the_filter_selects(sized, project):
     if width >= 1280:
         tops = {round((page.get_by_label(label).bounding_box() or {"y": -1})["y"]) for label in ("Status", "Method", "Experiment", "Search")}
         assert len(tops) == 1, "the filters are not on one row"
+
+
+def test_environment_tab_wraps_a_pinned_commit(sized, project, users):
+    width, page = sized
+    run = services.create_run(project, users["owner"], name="grpo pinned", method="grpo", base_model="org/base",
+                              config={"environment_id": "my-env@main"})
+    TrainingRun.objects.filter(pk=run.pk).update(pinned={"config.environment_id": {"ref": "my-env@main", "commit": "c0ffee" * 6 + "abcd", "repo": "acme/my-env"}})
+    page.goto(f"/training/runs/{run.pk}/environment/")
+    expect(page.get_by_test_id("environment-pin")).to_contain_text("c0ffee" * 6 + "abcd")
+    assert_fits(page, width, "environment tab")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 from django.test import Client
@@ -846,3 +847,10 @@ def test_new_run_distill_leaves_ce_weight_blank_so_it_follows_kd_weight(project,
         response = client.post("/training/new/", {**body, "name": name, "config.distillation.ce_weight": ce_weight})
         assert response.status_code == 302, response.content.decode()[:2000]
         assert project.runs.get(name=name).config["distillation"]["ce_weight"] == pytest.approx(stored)
+
+
+def test_a_right_to_left_run_name_is_isolated_from_its_id(project, users):
+    client = client_for(users["owner"])
+    run = make_run(project, users["owner"], "sft", name="\u202eabc")
+    assert f"<h1><bdi>\u202eabc</bdi> <span class=\"muted\">#{run.pk}</span>" in client.get(f"/training/runs/{run.pk}/").content.decode()
+    assert "td.name > a { unicode-bidi: isolate; }" in (Path(__file__).resolve().parents[2] / "static/css/studio.css").read_text()
