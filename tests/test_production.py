@@ -18,7 +18,7 @@ import requests
 from django.test import Client
 
 from studio.models import AuditEvent
-from tests.conftest import REPO_ROOT, assert_error, sft_body
+from tests.conftest import REPO_ROOT, assert_error, sft_body, wait_for
 from training.models import Status, TrainingRun
 
 
@@ -134,6 +134,46 @@ def test_session_cookie_is_secure_and_httponly_in_production(tmp_path):
         cwd=REPO_ROOT, env={**production_env(tmp_path), "DJANGO_SETTINGS_MODULE": "studio.settings"}, capture_output=True, text=True, timeout=60,
     )
     assert done.stdout.split() == ["True"] * 5, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("redirect, line, status", [
+    ("", "but it redirects every page to https://", 301),
+    ("0", "Studio is up: http://", 200),
+])
+def test_runstudio_with_debug_off_says_whether_its_plain_http_address_serves_pages(tmp_path, django_db_setup, redirect, line, status):
+    """runserver speaks plain HTTP only: with SECURE_SSL_REDIRECT on (the DEBUG=0 default) its
+    address answers every page with a redirect to https, and runstudio must not call it up."""
+    from django.db import connection
+
+    env = production_env(tmp_path, SECURE_SSL_REDIRECT=redirect)
+    db = connection.settings_dict
+    if db["ENGINE"].endswith("postgresql"):
+        env["DATABASE_URL"] = f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+    collected = manage(env, "collectstatic", "--noinput")  # without it every page is a 500 when DEBUG=0
+    assert collected.returncode == 0, collected.stdout + collected.stderr
+    port = free_port()
+    addr = f"127.0.0.1:{port}"
+    log_path = tmp_path / "runstudio.log"
+    with log_path.open("wb") as log:
+        studio = subprocess.Popen([sys.executable, "manage.py", "runstudio", "--addr", addr], cwd=REPO_ROOT, env=env,
+                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for(lambda: "Studio is up" in log_path.read_text(), 60, message="runstudio to start its parts")
+        up = next(text for text in log_path.read_text().splitlines() if "Studio is up" in text)
+        assert line in up, up
+        wait_for(lambda: listening(port), 30, message="runserver to listen")
+        assert requests.get(f"http://{addr}/login/", allow_redirects=False, timeout=10).status_code == status
+    finally:
+        studio.terminate()
+        studio.wait(timeout=30)
+
+
+def listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+    except OSError:
+        return False
+    return True
 
 
 # ---- CSRF on every form and HTMX request ---------------------------------------------------------

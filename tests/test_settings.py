@@ -93,3 +93,10 @@ def test_allowed_hosts_is_a_comma_list():
     result = boot({**PRODUCTION, "ALLOWED_HOSTS": " studio.example.com , .internal ,"}, PRINT.format(attr="s.ALLOWED_HOSTS"))
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == repr(["studio.example.com", ".internal"])
+
+
+def test_the_readmes_plain_http_settings_turn_off_the_redirect_secure_cookies_and_hsts():
+    plain_http = {"SECURE_SSL_REDIRECT": "0", "SESSION_COOKIE_SECURE": "0", "CSRF_COOKIE_SECURE": "0", "SECURE_HSTS_SECONDS": "0"}
+    code = PRINT.format(attr="(s.SECURE_SSL_REDIRECT, s.SESSION_COOKIE_SECURE, s.CSRF_COOKIE_SECURE, s.SECURE_HSTS_SECONDS)")
+    result = boot({**PRODUCTION, **plain_http}, code)
+    assert result.stdout.strip() == "(False, False, False, 0)", result.stderr[-2000:]

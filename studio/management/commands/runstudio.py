@@ -41,6 +41,17 @@ def interrupt(signum: int, frame) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
+def up_line(addr: str) -> str:
+    """What runstudio prints once its parts are started. runserver speaks plain HTTP only, so with
+    SECURE_SSL_REDIRECT on (the DEBUG=0 default) the address it serves answers every page with a
+    redirect to an https:// address that nothing serves."""
+    if settings.SECURE_SSL_REDIRECT:
+        return (f"Studio is up on http://{addr}/, but it redirects every page to https://{addr}/, which runserver does not serve "
+                "(SECURE_SSL_REDIRECT is on, the DEBUG=0 default). Set SECURE_SSL_REDIRECT=0 to use it over plain HTTP, or "
+                "deploy with gunicorn behind a TLS proxy (README: Deploy for a team). Ctrl-C stops it.")
+    return f"Studio is up: http://{addr}/  (API docs: /api/docs, admin: /admin/). Ctrl-C stops it."
+
+
 # A child that exits is started again, unless it exits this often: then something is wrong that a
 # restart will not mend (a port taken, a broken install), and the Studio stops, saying which.
 RESTARTS = 5
@@ -103,7 +114,7 @@ class Command(BaseCommand):
             for child in children:
                 proc = child.launch()
                 self.say(f"{child.name} started (pid {proc.pid})" + (f" on {settings.EMBEDDED_REDIS_SOCKET}" if child.name == "redis" else ""))
-            self.say(f"Studio is up: http://{opts['addr']}/  (API docs: /api/docs, admin: /admin/). Ctrl-C stops it.")
+            self.say(up_line(opts["addr"]))
             while True:
                 for child in children:
                     current = child.proc
