@@ -96,11 +96,23 @@ def test_trl_config_field_passes_through(api):
     ("grpo", "report_to", "wandb", "stream to the Studio"),
     ("sft", "model_init_kwargs", {"trust_remote_code": True}, "runs no code from its repo"),
     ("grpo", "vllm_server_host", "10.0.0.9", "vllm_mode: colocate"),
+    ("sft", "chat_template_path", "/tmp/elsewhere/evil.jinja", "tokenizer_config.json"),
+    ("distill", "chat_template_path", "org/other-model", "tokenizer_config.json"),
+    ("sft", "deepspeed", "/tmp/elsewhere/ds.json", "compute.accelerators"),
+    ("dpo", "deepspeed", {"zero_optimization": {"stage": 3}}, "compute.accelerators"),
+    ("sft", "fsdp", "full_shard", "compute.accelerators"),
+    ("grpo", "fsdp_config", "/tmp/elsewhere/fsdp.json", "compute.accelerators"),
+    ("sft", "accelerator_config", "/tmp/elsewhere/accelerate.json", "compute.accelerators"),
+    ("sft", "logging_dir", "/tmp/elsewhere/logs", "stream to the Studio"),
+    ("dpo", "ref_model_init_kwargs", {"trust_remote_code": True}, "runs no code from its repo"),
+    ("distill", "teacher_model_init_kwargs", {"trust_remote_code": True}, "runs no code from its repo"),
 ])
 def test_trl_fields_the_studio_sets_itself_are_refused_naming_what_to_do(api, method, key, value, says):
     # They are fields of TRL's configs, so they used to pass through: output_dir wrote a run's
     # checkpoints to any folder of the machine, outside its run folder and its Data Hub branch.
-    extra = {"loss": {"type": "dpo"}, "lora_rank": 8} if method == "dpo" else {}
+    # chat_template_path and deepspeed took a file from anywhere on the machine that runs the job.
+    extra = {"grpo": {"environment_id": "builtin/arith@main"}, "dpo": {"loss": {"type": "dpo"}, "lora_rank": 8},
+             "distill": {"distillation": {"teacher_model": "org/teacher"}}}.get(method, {})
     body = assert_refused(api, 400, f"config.{key}", method=method, config={**extra, key: value}, dataset=None if method == "grpo" else "my-data@main")
     assert "the Studio sets this itself" in body["errors"][0]["message"] and says in body["errors"][0]["message"]
     run = create(api, config={"max_steps": 5}).json()
