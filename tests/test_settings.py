@@ -121,3 +121,23 @@ def test_a_public_url_whose_host_is_not_allowed_stops_startup_naming_both(hosts,
 def test_a_public_url_on_an_allowed_host_boots(hosts, public_url):
     result = boot({**PRODUCTION, "ALLOWED_HOSTS": hosts, "STUDIO_PUBLIC_URL": public_url}, PRINT.format(attr="s.STUDIO_PUBLIC_URL"))
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def readme_section(title: str) -> str:
+    return (REPO / "README.md").read_text().split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_readme_states_the_real_allowed_hosts_default():
+    # It said "localhost"; testserver, 127.0.0.1 and [::1] are allowed too.
+    result = boot(PRODUCTION, PRINT.format(attr="','.join(s.ALLOWED_HOSTS)"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    default = eval(result.stdout.strip())  # noqa: S307 - our own repr of a str
+    assert f"| `ALLOWED_HOSTS` | `{default}` |" in readme_section("Settings (environment)")
+
+
+def test_management_commands_need_the_encryption_key_as_the_readme_says():
+    # The README listed SECRET_KEY, DATABASE_URL and REDIS_URL; createapitoken stopped without STUDIO_ENCRYPTION_KEY too.
+    result = boot({**PRODUCTION, "STUDIO_ENCRYPTION_KEY": ""}, "import runpy, sys; sys.argv = ['manage.py', 'createapitoken', 'alice', '--project', 'acme']; runpy.run_path('manage.py', run_name='__main__')")
+    assert result.returncode != 0 and "STUDIO_ENCRYPTION_KEY is not set" in result.stderr, result.stderr[-2000:]
+    production_env = readme_section("Administration").split("In production, give them the server's environment", 1)[1].split(")", 1)[0]
+    assert all(f"`{name}`" in production_env for name in ("SECRET_KEY", "STUDIO_ENCRYPTION_KEY", "DATABASE_URL", "REDIS_URL"))
