@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -418,3 +419,16 @@ def test_grpo_ruler_mode_with_an_environment_id_is_refused_naming_the_unused_key
     body = assert_refused(api, 400, "config.environment_id", method="grpo", config=ruler)
     assert "remove environment_id, or set rl_mode: environment" in body["errors"][0]["message"]
     assert create(api, method="grpo", config={k: v for k, v in ruler.items() if k != "environment_id"}).status_code == 201
+
+
+def test_the_readme_names_every_field_the_studio_refuses_and_no_other():
+    import fnmatch
+    from pathlib import Path
+
+    from training.engine.spec import STUDIO_MANAGED
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    listed = readme.split("except those the Studio sets itself or that would reach outside the run", 1)[1].split("or that the engine sets from a Studio key", 1)[0]
+    patterns = re.findall(r"`([a-z_*]+)`", listed)
+    assert [key for key in STUDIO_MANAGED if not any(fnmatch.fnmatch(key, p) for p in patterns)] == []
+    assert [p for p in patterns if not any(fnmatch.fnmatch(key, p) for key in STUDIO_MANAGED)] == []
