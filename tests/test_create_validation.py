@@ -425,10 +425,22 @@ def test_the_readme_names_every_field_the_studio_refuses_and_no_other():
     import fnmatch
     from pathlib import Path
 
-    from training.engine.spec import STUDIO_MANAGED
+    from training.engine.spec import STUDIO_MANAGED, STUDIO_MANAGED_VALUES
 
+    refused = [*STUDIO_MANAGED, *STUDIO_MANAGED_VALUES]
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     listed = readme.split("except those the Studio sets itself or that would reach outside the run", 1)[1].split("or that the engine sets from a Studio key", 1)[0]
     patterns = re.findall(r"`([a-z_*]+)`", listed)
-    assert [key for key in STUDIO_MANAGED if not any(fnmatch.fnmatch(key, p) for p in patterns)] == []
-    assert [p for p in patterns if not any(fnmatch.fnmatch(key, p) for key in STUDIO_MANAGED)] == []
+    assert [key for key in refused if not any(fnmatch.fnmatch(key, p) for p in patterns)] == []
+    assert [p for p in patterns if not any(fnmatch.fnmatch(key, p) for key in refused)] == []
+
+
+def test_vllm_server_mode_is_refused_and_colocate_taken(api):
+    # vllm_mode "server" sent rollouts to whatever listens on the machine's port 8000 (vllm_server_host's default).
+    grpo = {"method": "grpo", "dataset": None}
+    body = assert_refused(api, 400, "config.vllm_mode", **grpo, config={"environment_id": "builtin/arith@main", "use_vllm": True, "vllm_mode": "server"})
+    assert "vllm_mode: colocate" in body["errors"][0]["message"]
+    r = create(api, **grpo, config={"environment_id": "builtin/arith@main", "use_vllm": True, "vllm_mode": "colocate"})
+    assert r.status_code == 201, r.content
+    assert_error(api.patch(f"/api/training-runs/{r.json()['id']}", {"config": {"vllm_mode": "server"}}), 400, "config.vllm_mode")
+    assert TrainingRun.objects.get(pk=r.json()["id"]).config["vllm_mode"] == "colocate"

@@ -71,6 +71,16 @@ STUDIO_MANAGED = {
     "vllm_server_host": _VLLM_SERVER, "vllm_server_port": _VLLM_SERVER, "vllm_server_base_url": _VLLM_SERVER, "vllm_group_port": _VLLM_SERVER,
 }
 
+# Values of a TRL field that would reach outside the run, the field's other values being fine; refused
+# and ignored like STUDIO_MANAGED's fields. vllm_mode "server" sends rollouts to a vLLM server at
+# vllm_server_host:vllm_server_port (0.0.0.0:8000 unless set): whatever listens there on the machine.
+STUDIO_MANAGED_VALUES = {"vllm_mode": {"server": _VLLM_SERVER}}
+
+
+def studio_managed_value(key: str, value: Any) -> str | None:
+    """What to do instead, when `value` of the TRL field `key` is one the Studio refuses."""
+    return STUDIO_MANAGED_VALUES.get(key, {}).get(value) if isinstance(value, str) else None
+
 
 class SpecError(ValueError):
     """A spec that cannot be run; the message starts with the offending field's path."""
