@@ -27,7 +27,7 @@ from datahub.models import Branch, Commit, Repo, RepoType, Tag, TreeEntry
 from studio import crypto
 from studio.auth import StudioAuth
 from studio.errors import ApiError, BadRequest, Finding, NotFound, Unauthorized
-from studio.ratelimit import check_auth_allowed, note_auth_failure
+from studio.ratelimit import refuse_bad_credentials
 
 LFS_POINTER_SIZE = 134
 # Entries per tree page unless settings.DATAHUB_TREE_PAGE_SIZE says otherwise: what the Hub serves.
@@ -115,12 +115,10 @@ def reader_for(request: HttpRequest) -> Reader:
 def ingest_reader(request: HttpRequest, token: str) -> Reader:
     from training.models import ACTIVE_STATUSES, TrainingRun
 
-    check_auth_allowed(request)  # 429 for an address that keeps sending bad tokens
     found = TrainingRun.objects.filter(ingest_token_hash=crypto.hash_token(token), status__in=ACTIVE_STATUSES).values_list("project_id", "pinned").first()
-    if found is None:
-        note_auth_failure(request)
-        raise HubError(401, None, "This run ingest token is not valid, or its run is no longer provisioning or running: start the run again for a new one.",
-                       message_header="Invalid credentials in Authorization header")
+    if found is None:  # 429 instead for an address that keeps sending bad tokens (studio/ratelimit.py)
+        refuse_bad_credentials(request, HubError(401, None, "This run ingest token is not valid, or its run is no longer provisioning or running: start the run again for a new one.",
+                                                 message_header="Invalid credentials in Authorization header"))
     project_id, pinned = found
     pins = frozenset((pin["repo"], pin["commit"]) for pin in (pinned or {}).values() if isinstance(pin, dict) and "repo" in pin and "commit" in pin)
     return Reader(frozenset({project_id}), pins)

@@ -10,7 +10,7 @@ from ninja.utils import check_csrf
 
 from studio.errors import Forbidden, NotFound, Unauthorized
 from studio.models import ApiToken, Membership, Project
-from studio.ratelimit import check_auth_allowed, note_auth_failure
+from studio.ratelimit import refuse_bad_credentials
 from studio.services import authenticate_token
 
 SESSION_PROJECT_KEY = "studio_project"
@@ -89,15 +89,13 @@ class StudioAuth:
     def __call__(self, request: HttpRequest) -> Actor | None:
         header = request.headers.get("Authorization", "")
         if header:
-            check_auth_allowed(request)  # 429 for an address that keeps sending bad tokens
+            # The token first: an address over its failure budget gets 429 for a bad one only (studio/ratelimit.py).
             scheme, _, plaintext = header.partition(" ")
             if scheme.lower() != "bearer" or not plaintext.strip():
-                note_auth_failure(request)
-                raise Unauthorized("Send the API token as Authorization: Bearer <token>.")
+                refuse_bad_credentials(request, Unauthorized("Send the API token as Authorization: Bearer <token>."))
             token = authenticate_token(plaintext.strip())
             if token is None:
-                note_auth_failure(request)
-                raise Unauthorized(BAD_TOKEN)
+                refuse_bad_credentials(request, Unauthorized(BAD_TOKEN))
             return Actor(user=token.user, project=token.project, token=token)
         user = getattr(request, "user", None)
         if user is None or not user.is_authenticated:

@@ -1,18 +1,25 @@
-"""Rate limits on token authentication failures, per client address, in the shared cache (Redis).
+"""Rate limits on authentication failures, per client address, in the shared cache (Redis).
 
-A client address that sent STUDIO_RATELIMIT_AUTH_FAILURES bad tokens (API or ingest) within the
-current STUDIO_RATELIMIT_WINDOW_SECONDS window gets 429 for every token it sends until the window
-ends — a valid one too, or guessing would still reveal a hit by its 200. Fixed windows: one INCR
-per failure, one GET per token request. If the cache is down the limit is skipped (logged), never
-the request failed: authentication itself does not depend on Redis.
+A client address that sent STUDIO_RATELIMIT_AUTH_FAILURES bad tokens (API, ingest, the Hub's) or
+wrong passwords within the current STUDIO_RATELIMIT_WINDOW_SECONDS window gets 429 instead of 401/403
+for every further bad token until the window ends. A valid token is checked first and always taken:
+many clients share an address (every local engine reports over 127.0.0.1, and behind a proxy every
+user has the proxy's), so refusing it would let one client's typos lock out all the others, and with
+256-bit tokens learning that a guess hit is worth nothing. The log-in form is stricter, as passwords
+can be guessed: over the budget every POST is a 429, the right password too (studio/views.py).
+Fixed windows: one INCR per failure, one GET per refused credential. If the cache is down the limit
+is skipped (logged), never the request failed: authentication itself does not depend on Redis.
 
-The address is REMOTE_ADDR. Behind a reverse proxy, have the proxy (or gunicorn's
-forwarded_allow_ips) set it to the real client's address.
+The address is REMOTE_ADDR. gunicorn sets it from the connection's peer and does not rewrite it from
+X-Forwarded-For (forwarded_allow_ips only trusts the proxy's scheme headers), so behind a reverse proxy
+every client counts as the proxy's address unless the proxy passes the client's own (e.g. gunicorn's
+--proxy-protocol with a proxy that speaks it).
 """
 from __future__ import annotations
 
 import logging
 import time
+from typing import NoReturn
 
 from django.conf import settings
 from django.core.cache import cache
@@ -44,7 +51,8 @@ def _key(request: HttpRequest, window: int) -> str:
 
 
 def check_auth_allowed(request: HttpRequest) -> None:
-    """Raise TooManyRequests when this address is over its failure budget. Call before checking a token."""
+    """Raise TooManyRequests when this address is over its failure budget. The log-in form calls it
+    before checking the password; token checks use refuse_bad_credentials instead."""
     limit = settings.STUDIO_RATELIMIT_AUTH_FAILURES
     if limit <= 0:
         return
@@ -68,3 +76,11 @@ def note_auth_failure(request: HttpRequest) -> None:
             cache.incr(key)
     except Exception as exc:  # noqa: BLE001 - fail open
         log.warning("rate limit not counted, the cache is unavailable: %s", exc)
+
+
+def refuse_bad_credentials(request: HttpRequest, error: Exception) -> NoReturn:
+    """Raise `error` (a 401/403) for credentials that were checked and are not valid, counting the
+    failure; TooManyRequests instead when this address is already over its failure budget."""
+    check_auth_allowed(request)
+    note_auth_failure(request)
+    raise error

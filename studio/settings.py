@@ -10,9 +10,11 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
+from django.http.request import split_domain_port, validate_host
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("STUDIO_VAR_DIR", BASE_DIR / "var"))
@@ -75,6 +77,8 @@ if not STUDIO_ENCRYPTION_KEY:
     STUDIO_ENCRYPTION_KEY = "studio-development-encryption-key"
 
 ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
+if not ALLOWED_HOSTS:
+    raise ImproperlyConfigured(f"ALLOWED_HOSTS={os.environ['ALLOWED_HOSTS']!r} names no host: give the Studio's host names, comma-separated, e.g. studio.example.com")
 CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", [])
 
 INSTALLED_APPS = [
@@ -215,10 +219,21 @@ CELERY_BEAT_SCHEDULE = {
 STUDIO_PUBLIC_URL = (env("STUDIO_PUBLIC_URL") or "http://127.0.0.1:8000").rstrip("/")
 if not re.match(r"^https?://[^/\s?#]+(/\S*)?\Z", STUDIO_PUBLIC_URL):
     raise ImproperlyConfigured(f"STUDIO_PUBLIC_URL={STUDIO_PUBLIC_URL!r} is not an http(s) URL the engines can reach, e.g. https://studio.example.com")
+# Engines report to STUDIO_PUBLIC_URL: a host Django refuses would turn every report into a 400,
+# and a run that trained to the end would fail and lose its data.
+_public_host, _ = split_domain_port(urlsplit(STUDIO_PUBLIC_URL).netloc.rpartition("@")[2])
+if not validate_host(_public_host, ALLOWED_HOSTS):
+    raise ImproperlyConfigured(
+        f"STUDIO_PUBLIC_URL={STUDIO_PUBLIC_URL!r}: its host {_public_host!r} is not in ALLOWED_HOSTS={','.join(ALLOWED_HOSTS)}, "
+        "so the engines' reports would be refused: add it to ALLOWED_HOSTS, or set STUDIO_PUBLIC_URL to an allowed host"
+    )
 # The Data Hub's blob storage on the local filesystem (STORAGES["datahub"] overrides it, e.g. S3).
 DATAHUB_ROOT = Path(env("DATAHUB_ROOT") or VAR_DIR / "hub")
 # Where the local backend keeps each run's spec, output and engine log.
 STUDIO_RUNS_DIR = Path(env("STUDIO_RUNS_DIR") or VAR_DIR / "runs")
+if env("STUDIO_RUNS_DIR") and not STUDIO_RUNS_DIR.is_absolute():
+    # Each process (web, worker, engine) would resolve it against its own working directory.
+    raise ImproperlyConfigured(f"STUDIO_RUNS_DIR={str(STUDIO_RUNS_DIR)!r} is relative: give an absolute folder, e.g. /srv/studio/runs")
 # Seconds between SIGTERM and SIGKILL when a local run is stopped.
 STUDIO_STOP_GRACE_SECONDS = envint("STUDIO_STOP_GRACE_SECONDS", 10)
 # Seconds a started run may sit queued (no worker claimed it) before the reconciler re-dispatches it.

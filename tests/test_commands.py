@@ -220,8 +220,19 @@ def test_createapitoken_for_a_non_member_is_a_command_error(alice):
 def demo_var(settings, tmp_path):
     """A private var/ for the demo; the tiny models are marked built so the test needs no torch."""
     settings.VAR_DIR = tmp_path
+    settings.DEBUG = True  # as make studio runs it
     (tmp_path / "demo" / "student").mkdir(parents=True)
     return tmp_path
+
+
+@pytest.fixture
+def operators_setup(db, demo_var, settings):
+    """A production Studio an operator set up: their plans, and an admin with their own password."""
+    settings.DEBUG = False
+    run("createplan", "team", "--max-concurrent-runs", "4", "--max-gpus", "8")
+    run("createplan", "free", "--max-concurrent-runs", "2", "--max-gpus", "1")
+    get_user_model().objects.create_superuser("admin", "ops@example.com", "the operator's password")
+    return demo_var
 
 
 def demo_state() -> dict:
@@ -248,6 +259,44 @@ def test_bootstrapdemo_is_idempotent(db, demo_var):
     assert "/admin/" in first_output
     response = Api(Client(), token).get("/api/training-runs")
     assert response.status_code == 200, response.content
+
+
+def test_bootstrapdemo_without_debug_refuses_and_changes_nothing(operators_setup):
+    # It used to set team to 2 concurrent runs and free to none, and print a password.
+    before = demo_state()
+    with pytest.raises(CommandError, match="DEBUG=1, or pass --i-know-this-is-production"):
+        run("bootstrapdemo")
+    assert demo_state() == before
+    assert get_user_model().objects.get(username="admin").check_password("the operator's password")
+
+
+def test_bootstrapdemo_in_production_creates_only_what_is_missing(operators_setup):
+    before = demo_state()
+    output = run("bootstrapdemo", "--i-know-this-is-production")
+    after = demo_state()
+    assert after["plans"] == before["plans"] == [("free", True, 2, 1), ("team", True, 4, 8)]
+    assert after["users"] == before["users"]
+    assert get_user_model().objects.get(username="admin").check_password("the operator's password")
+    assert after["projects"] == [("demo", "team")] and len(after["tokens"]) == 1
+    assert "password" not in output and "admin / " not in output
+
+
+def test_bootstrapdemo_in_production_makes_no_admin_password_of_its_own(db, demo_var, settings, monkeypatch):
+    settings.DEBUG = False
+    with pytest.raises(CommandError, match="set STUDIO_ADMIN_PASSWORD"):
+        run("bootstrapdemo", "--i-know-this-is-production")
+    assert not get_user_model().objects.exists() and not Plan.objects.exists()
+    monkeypatch.setenv("STUDIO_ADMIN_PASSWORD", "a long chosen password")
+    output = run("bootstrapdemo", "--i-know-this-is-production")
+    assert get_user_model().objects.get(username="admin").check_password("a long chosen password")
+    assert "a long chosen password" not in output
+
+
+def test_bootstrapdemo_keeps_the_plans_createplan_set(db, demo_var):
+    run("createplan", "team", "--max-concurrent-runs", "4", "--max-gpus", "8")
+    run("bootstrapdemo")
+    assert Plan.objects.get(name="team").max_concurrent_runs == 4
+    assert Plan.objects.get(name="free").includes_training is False  # made, as it was missing
 
 
 def test_createproject_refuses_a_slug_that_is_one_of_the_hubs_own_urls(alice):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -96,11 +97,23 @@ def test_trl_config_field_passes_through(api):
     ("grpo", "report_to", "wandb", "stream to the Studio"),
     ("sft", "model_init_kwargs", {"trust_remote_code": True}, "runs no code from its repo"),
     ("grpo", "vllm_server_host", "10.0.0.9", "vllm_mode: colocate"),
+    ("sft", "chat_template_path", "/tmp/elsewhere/evil.jinja", "tokenizer_config.json"),
+    ("distill", "chat_template_path", "org/other-model", "tokenizer_config.json"),
+    ("sft", "deepspeed", "/tmp/elsewhere/ds.json", "compute.accelerators"),
+    ("dpo", "deepspeed", {"zero_optimization": {"stage": 3}}, "compute.accelerators"),
+    ("sft", "fsdp", "full_shard", "compute.accelerators"),
+    ("grpo", "fsdp_config", "/tmp/elsewhere/fsdp.json", "compute.accelerators"),
+    ("sft", "accelerator_config", "/tmp/elsewhere/accelerate.json", "compute.accelerators"),
+    ("sft", "logging_dir", "/tmp/elsewhere/logs", "stream to the Studio"),
+    ("dpo", "ref_model_init_kwargs", {"trust_remote_code": True}, "runs no code from its repo"),
+    ("distill", "teacher_model_init_kwargs", {"trust_remote_code": True}, "runs no code from its repo"),
 ])
 def test_trl_fields_the_studio_sets_itself_are_refused_naming_what_to_do(api, method, key, value, says):
     # They are fields of TRL's configs, so they used to pass through: output_dir wrote a run's
     # checkpoints to any folder of the machine, outside its run folder and its Data Hub branch.
-    extra = {"loss": {"type": "dpo"}, "lora_rank": 8} if method == "dpo" else {}
+    # chat_template_path and deepspeed took a file from anywhere on the machine that runs the job.
+    extra = {"grpo": {"environment_id": "builtin/arith@main"}, "dpo": {"loss": {"type": "dpo"}, "lora_rank": 8},
+             "distill": {"distillation": {"teacher_model": "org/teacher"}}}.get(method, {})
     body = assert_refused(api, 400, f"config.{key}", method=method, config={**extra, key: value}, dataset=None if method == "grpo" else "my-data@main")
     assert "the Studio sets this itself" in body["errors"][0]["message"] and says in body["errors"][0]["message"]
     run = create(api, config={"max_steps": 5}).json()
@@ -479,3 +492,28 @@ def test_a_name_of_only_invisible_characters_is_refused_naming_it(api, name):
 
 def test_a_name_with_a_bidi_character_and_letters_is_kept(api):
     assert create(api, name="\u202eabc").status_code == 201
+
+
+def test_the_readme_names_every_field_the_studio_refuses_and_no_other():
+    import fnmatch
+    from pathlib import Path
+
+    from training.engine.spec import STUDIO_MANAGED, STUDIO_MANAGED_VALUES
+
+    refused = [*STUDIO_MANAGED, *STUDIO_MANAGED_VALUES]
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    listed = readme.split("except those the Studio sets itself or that would reach outside the run", 1)[1].split("or that the engine sets from a Studio key", 1)[0]
+    patterns = re.findall(r"`([a-z_*]+)`", listed)
+    assert [key for key in refused if not any(fnmatch.fnmatch(key, p) for p in patterns)] == []
+    assert [p for p in patterns if not any(fnmatch.fnmatch(key, p) for key in refused)] == []
+
+
+def test_vllm_server_mode_is_refused_and_colocate_taken(api):
+    # vllm_mode "server" sent rollouts to whatever listens on the machine's port 8000 (vllm_server_host's default).
+    grpo = {"method": "grpo", "dataset": None}
+    body = assert_refused(api, 400, "config.vllm_mode", **grpo, config={"environment_id": "builtin/arith@main", "use_vllm": True, "vllm_mode": "server"})
+    assert "vllm_mode: colocate" in body["errors"][0]["message"]
+    r = create(api, **grpo, config={"environment_id": "builtin/arith@main", "use_vllm": True, "vllm_mode": "colocate"})
+    assert r.status_code == 201, r.content
+    assert_error(api.patch(f"/api/training-runs/{r.json()['id']}", {"config": {"vllm_mode": "server"}}), 400, "config.vllm_mode")
+    assert TrainingRun.objects.get(pk=r.json()["id"]).config["vllm_mode"] == "colocate"

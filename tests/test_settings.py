@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parent.parent
 SETTINGS_VARS = (
     "DEBUG", "SECRET_KEY", "SECRET_KEY_FILE", "STUDIO_ENCRYPTION_KEY", "STUDIO_ENCRYPTION_KEY_FILE", "DATABASE_URL",
     "DATABASE_URL_FILE", "REDIS_URL", "REDIS_URL_FILE", "ALLOWED_HOSTS", "DB_CONN_MAX_AGE", "STUDIO_STOP_GRACE_SECONDS",
-    "STUDIO_LOCAL_ROOTS", "STUDIO_PUBLIC_URL",
+    "STUDIO_LOCAL_ROOTS", "STUDIO_PUBLIC_URL", "STUDIO_RUNS_DIR",
 )
 PRODUCTION = {"DEBUG": "0", "SECRET_KEY": "s" * 50, "STUDIO_ENCRYPTION_KEY": "e" * 32}
 PRINT = "import django; django.setup(); from django.conf import settings as s; print(repr({attr}))"
@@ -48,6 +48,8 @@ def assert_refused(result: subprocess.CompletedProcess, variable: str) -> None:
     ({**PRODUCTION, "STUDIO_PUBLIC_URL": "ftp:/x"}, "STUDIO_PUBLIC_URL"),
     ({**PRODUCTION, "STUDIO_PUBLIC_URL": "studio.example.com"}, "STUDIO_PUBLIC_URL"),
     ({**PRODUCTION, "SECRET_KEY": "", "SECRET_KEY_FILE": "/nonexistent/secret"}, "SECRET_KEY_FILE"),
+    ({**PRODUCTION, "ALLOWED_HOSTS": " , "}, "ALLOWED_HOSTS"),
+    ({**PRODUCTION, "STUDIO_RUNS_DIR": "var/runs"}, "STUDIO_RUNS_DIR"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_bad_environment_stops_startup_naming_the_variable(env, variable):
     assert_refused(boot(env), variable)
@@ -90,7 +92,8 @@ def test_debug_accepts_the_usual_booleans(raw, expected):
 
 
 def test_allowed_hosts_is_a_comma_list():
-    result = boot({**PRODUCTION, "ALLOWED_HOSTS": " studio.example.com , .internal ,"}, PRINT.format(attr="s.ALLOWED_HOSTS"))
+    env = {**PRODUCTION, "ALLOWED_HOSTS": " studio.example.com , .internal ,", "STUDIO_PUBLIC_URL": "https://studio.example.com"}
+    result = boot(env, PRINT.format(attr="s.ALLOWED_HOSTS"))
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == repr(["studio.example.com", ".internal"])
 
@@ -100,3 +103,48 @@ def test_the_readmes_plain_http_settings_turn_off_the_redirect_secure_cookies_an
     code = PRINT.format(attr="(s.SECURE_SSL_REDIRECT, s.SESSION_COOKIE_SECURE, s.CSRF_COOKIE_SECURE, s.SECURE_HSTS_SECONDS)")
     result = boot({**PRODUCTION, **plain_http}, code)
     assert result.stdout.strip() == "(False, False, False, 0)", result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("hosts, public_url", [
+    ("studio.example.com", "http://127.0.0.1:8000"),  # STUDIO_PUBLIC_URL's default
+    ("studio.example.com,localhost", "https://studio.internal:8443/"),
+    (".example.com", "https://example.org"),
+    ("127.0.0.1", "http://[::1]:8000"),
+])
+def test_a_public_url_whose_host_is_not_allowed_stops_startup_naming_both(hosts, public_url):
+    # Every report of every run would be a 400 (Invalid HTTP_HOST header): runs trained to the end, then failed.
+    result = boot({**PRODUCTION, "ALLOWED_HOSTS": hosts, "STUDIO_PUBLIC_URL": public_url})
+    assert_refused(result, "STUDIO_PUBLIC_URL")
+    assert "ALLOWED_HOSTS" in result.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("hosts, public_url", [
+    ("studio.example.com", "https://studio.example.com"),
+    (".example.com", "https://studio.example.com:8443/studio"),
+    ("*", "http://10.0.0.5:8000"),
+    ("localhost,[::1]", "http://[::1]:8000"),
+    ("localhost", "http://user@localhost:8000"),
+])
+def test_a_public_url_on_an_allowed_host_boots(hosts, public_url):
+    result = boot({**PRODUCTION, "ALLOWED_HOSTS": hosts, "STUDIO_PUBLIC_URL": public_url}, PRINT.format(attr="s.STUDIO_PUBLIC_URL"))
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+def readme_section(title: str) -> str:
+    return (REPO / "README.md").read_text().split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_readme_states_the_real_allowed_hosts_default():
+    # It said "localhost"; testserver, 127.0.0.1 and [::1] are allowed too.
+    result = boot(PRODUCTION, PRINT.format(attr="','.join(s.ALLOWED_HOSTS)"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    default = eval(result.stdout.strip())  # noqa: S307 - our own repr of a str
+    assert f"| `ALLOWED_HOSTS` | `{default}` |" in readme_section("Settings (environment)")
+
+
+def test_management_commands_need_the_encryption_key_as_the_readme_says():
+    # The README listed SECRET_KEY, DATABASE_URL and REDIS_URL; createapitoken stopped without STUDIO_ENCRYPTION_KEY too.
+    result = boot({**PRODUCTION, "STUDIO_ENCRYPTION_KEY": ""}, "import runpy, sys; sys.argv = ['manage.py', 'createapitoken', 'alice', '--project', 'acme']; runpy.run_path('manage.py', run_name='__main__')")
+    assert result.returncode != 0 and "STUDIO_ENCRYPTION_KEY is not set" in result.stderr, result.stderr[-2000:]
+    production_env = readme_section("Administration").split("In production, give them the server's environment", 1)[1].split(")", 1)[0]
+    assert all(f"`{name}`" in production_env for name in ("SECRET_KEY", "STUDIO_ENCRYPTION_KEY", "DATABASE_URL", "REDIS_URL"))

@@ -18,7 +18,7 @@ from datahub.services import record_checkpoint
 from studio import crypto
 from studio.api import ErrorOut, body_schema, json_body, loads_json, parse_body, unstorable
 from studio.errors import BadRequest, Conflict, Finding, Forbidden, Unauthorized
-from studio.ratelimit import check_auth_allowed, note_auth_failure
+from studio.ratelimit import check_auth_allowed, refuse_bad_credentials
 from training import status as status_service
 from training.backends import get_backend
 from training.models import TERMINAL_STATUSES, Checkpoint, ErrorCode, IngestBatch, LogLine, MetricPoint, Rollout, RunAttempt, Status, TrainingRun
@@ -29,14 +29,15 @@ router = Router(tags=["ingest"], auth=None)
 
 
 def run_for_token(request: HttpRequest, run_id: int) -> TrainingRun:
-    check_auth_allowed(request)
+    # The token first: every local engine reports from 127.0.0.1, and one's bad tokens must not lock
+    # out the others; an address over its failure budget gets 429 for a bad token only.
     scheme, _, token = request.headers.get("Authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
+        check_auth_allowed(request)
         raise Unauthorized("Send this attempt's ingest token as Authorization: Bearer <token>.")
     run = TrainingRun.objects.filter(pk=run_id).first()
     if run is None or not run.ingest_token_hash or not crypto.same_hash(run.ingest_token_hash, crypto.hash_token(token.strip())):
-        note_auth_failure(request)
-        raise Forbidden("This token is not valid for this run's current attempt.")
+        refuse_bad_credentials(request, Forbidden("This token is not valid for this run's current attempt."))
     return run
 
 

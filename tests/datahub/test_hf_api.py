@@ -306,6 +306,12 @@ def test_ingest_token_reads_the_hub_without_counting_as_a_bad_api_token(client, 
         assert r.status_code == 200, r.content
     r = client.get("/hub/acme/base/resolve/main/config.json", HTTP_AUTHORIZATION="Bearer not-a-token")
     assert r.status_code == 401 and r["X-Error-Message"] == "Invalid credentials in Authorization header"
+    for _ in range(2):
+        client.get("/hub/acme/base/resolve/main/config.json", HTTP_AUTHORIZATION="Bearer ing_stale")
+    assert client.get("/hub/acme/base/resolve/main/config.json", HTTP_AUTHORIZATION="Bearer ing_stale").status_code == 429
+    # Local engines all download over 127.0.0.1: a stale engine's bad tokens must not lock out a running one.
+    assert client.get("/hub/acme/base/resolve/main/config.json", HTTP_AUTHORIZATION="Bearer ing_remote").status_code == 200
+    cache.clear()
     TrainingRun.objects.filter(pk=run.pk).update(status="completed")
     assert client.get("/hub/acme/base/resolve/main/config.json", HTTP_AUTHORIZATION="Bearer ing_remote").status_code == 401
 

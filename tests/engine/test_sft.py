@@ -95,7 +95,9 @@ def test_settings_the_studio_owns_are_ignored_by_the_engine_too(tiny, ingest: In
     # still not write a run's checkpoints outside its own folder or report to another tracker.
     elsewhere = tmp_path.parent / f"{tmp_path.name}-elsewhere"
     out = tmp_path / "run"
-    cfg = {**SFT_CONFIG, "max_steps": 2, "save_steps": 1, "output_dir": str(elsewhere), "report_to": "tensorboard"}
+    evil = tmp_path.parent / f"{tmp_path.name}-evil.jinja"
+    evil.write_text("{{ raise_exception('the engine read a template from outside the run') }}")
+    cfg = {**SFT_CONFIG, "max_steps": 2, "save_steps": 1, "output_dir": str(elsewhere), "report_to": "tensorboard", "chat_template_path": str(evil)}
     assert run_inprocess(make_spec("sft", tiny["student"], [tiny["sft_text"]], out, cfg, ingest)) == 0
     assert not elsewhere.exists()
     assert {c["step"] for c in ingest.collect("checkpoints") if c["kind"] == "checkpoint"} == {1, 2}
@@ -103,6 +105,7 @@ def test_settings_the_studio_owns_are_ignored_by_the_engine_too(tiny, ingest: In
     logs = ingest.collect("logs")
     assert any(line.startswith("config.output_dir: set by the Studio") for line in logs)
     assert any(line.startswith("config.report_to: set by the Studio") for line in logs)
+    assert any(line.startswith("config.chat_template_path: set by the Studio") for line in logs)
 
 
 def test_a_resume_with_more_steps_follows_its_own_learning_rate_schedule(tiny, tmp_path: Path) -> None:

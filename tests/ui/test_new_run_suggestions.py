@@ -49,6 +49,7 @@ def no_demo(settings, tmp_path):
 
 def test_after_bootstrapdemo_new_run_suggests_the_demo_model_and_the_methods_demo_datasets(db, settings, tmp_path):
     settings.VAR_DIR = tmp_path
+    settings.DEBUG = True  # as make studio runs it
     call_command("bootstrapdemo", stdout=io.StringIO())  # the real one: builds the tiny models with the engine
     built = json.loads(demo_marker().read_text())
     client = client_for(get_user_model().objects.get(is_superuser=True))

@@ -14,6 +14,7 @@ from training.suggestions import demo_marker
 
 def test_suggestions_reach_the_fields_and_follow_the_method_picker(owner_page, project, settings, tmp_path):
     settings.VAR_DIR = tmp_path
+    settings.DEBUG = True  # as make studio runs it
     call_command("bootstrapdemo", stdout=io.StringIO())
     built = json.loads(demo_marker().read_text())
     page = owner_page

@@ -13,7 +13,7 @@ from transformers import TrainerCallback
 from . import perf
 from .modeling import Device
 from .reporter import Reporter, Superseded
-from .spec import ENGINE_KEYS, STUDIO_MANAGED, Spec
+from .spec import ENGINE_KEYS, STUDIO_MANAGED, Spec, studio_managed_value
 
 
 @dataclass
@@ -66,6 +66,8 @@ def build_config(config_cls: type, ctx: Context, **method_kwargs: Any) -> Any:
             continue
         if key in STUDIO_MANAGED:
             ctx.reporter.log(f"config.{key}: set by the Studio ({STUDIO_MANAGED[key]}); ignored")
+        elif instead := studio_managed_value(key, value):
+            ctx.reporter.log(f"config.{key}: {value!r} is refused ({instead}); ignored")
         elif key in fields:
             kwargs[key] = value
         else:

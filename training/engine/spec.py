@@ -79,6 +79,7 @@ _HUB = "what a run makes is committed to its Data Hub branch (run-<id>); nothing
 _TRACKING = "metrics, logs and rollouts stream to the Studio"
 _LOADING = "the engine loads the model itself, and runs no code from its repo"
 _VLLM_SERVER = "a run's job reaches no vLLM server outside it (use vllm_mode: colocate)"
+_DISTRIBUTED = "the engine spreads the model over the run's compute.accelerators itself, with no DeepSpeed, FSDP or Accelerate config of its own"
 # TRL/transformers fields the Studio sets itself, or that would reach outside the run's folder and its
 # Data Hub branch (another folder on the machine, another hub, a tracker, a server): refused at create,
 # and never passed through by the engine (a spec from elsewhere). The value says what to do instead.
@@ -88,9 +89,22 @@ STUDIO_MANAGED = {
     "push_to_hub": _HUB, "hub_model_id": _HUB, "hub_token": _HUB, "hub_strategy": _HUB, "hub_private_repo": _HUB,
     "hub_always_push": _HUB, "hub_revision": _HUB, "log_completions_hub_repo": _HUB,
     "report_to": _TRACKING, "trackio_space_id": _TRACKING, "trackio_bucket_id": _TRACKING, "trackio_static_space_id": _TRACKING,
-    "model_init_kwargs": _LOADING, "trust_remote_code": _LOADING,
+    "model_init_kwargs": _LOADING, "ref_model_init_kwargs": _LOADING, "teacher_model_init_kwargs": _LOADING, "trust_remote_code": _LOADING,
+    "chat_template_path": "the engine uses the base model's own chat template: put the template in the base model's tokenizer_config.json (chat_template)",
+    "deepspeed": _DISTRIBUTED, "fsdp": _DISTRIBUTED, "fsdp_config": _DISTRIBUTED, "accelerator_config": _DISTRIBUTED, "parallelism_config": _DISTRIBUTED,
+    "logging_dir": _TRACKING,
     "vllm_server_host": _VLLM_SERVER, "vllm_server_port": _VLLM_SERVER, "vllm_server_base_url": _VLLM_SERVER, "vllm_group_port": _VLLM_SERVER,
 }
+
+# Values of a TRL field that would reach outside the run, the field's other values being fine; refused
+# and ignored like STUDIO_MANAGED's fields. vllm_mode "server" sends rollouts to a vLLM server at
+# vllm_server_host:vllm_server_port (0.0.0.0:8000 unless set): whatever listens there on the machine.
+STUDIO_MANAGED_VALUES = {"vllm_mode": {"server": _VLLM_SERVER}}
+
+
+def studio_managed_value(key: str, value: Any) -> str | None:
+    """What to do instead, when `value` of the TRL field `key` is one the Studio refuses."""
+    return STUDIO_MANAGED_VALUES.get(key, {}).get(value) if isinstance(value, str) else None
 
 
 class SpecError(ValueError):

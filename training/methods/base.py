@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from studio.errors import Finding
-from training.engine.spec import HEARTBEAT_INTERVAL_DEFAULT, HEARTBEAT_TIMEOUT_DEFAULT, HEARTBEAT_TIMEOUT_FLOOR, STUDIO_MANAGED
+from training.engine.spec import HEARTBEAT_INTERVAL_DEFAULT, HEARTBEAT_TIMEOUT_DEFAULT, HEARTBEAT_TIMEOUT_FLOOR, STUDIO_MANAGED, studio_managed_value
 from training.keys import BOOL, INT0, INT1, POSITIVE, PRECISIONS, TEXT, Key, check_block, is_number, json_findings, shown  # noqa: F401 - re-exported for methods
 
 TRL_FIELDS_FILE = Path(__file__).with_name("trl_fields.json")
@@ -226,6 +226,8 @@ class TrainingMethod:
                 found = passthrough[name].check(f"config.{name}", value)
                 if not found and name in NEEDS_EVAL and NEEDS_EVAL[name](value):
                     found = [Finding(f"config.{name}", f"{shown(value)} needs an evaluation split, and the Studio trains without one: remove it")]
+                elif not found and (instead := studio_managed_value(name, value)):
+                    found = [Finding(f"config.{name}", f"{shown(value)} is refused: {instead}")]
                 findings.extend(found)
             elif name in STUDIO_MANAGED:
                 findings.append(Finding(f"config.{name}", f"the Studio sets this itself: {STUDIO_MANAGED[name]}; remove it"))

@@ -4,46 +4,80 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand
+from django.contrib.auth.models import AbstractBaseUser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from studio.models import Project
+from studio.models import Plan, Project
 from studio.services import create_api_token, create_plan, create_project
 from training.suggestions import demo_marker
+
+PRODUCTION_FLAG = "--i-know-this-is-production"
+# The demo's plans, made only where missing: an operator's createplan settings are theirs to keep.
+DEMO_PLANS: dict[str, dict[str, Any]] = {
+    "free": {"includes_training": False, "max_concurrent_runs": 0, "max_gpus_per_run": 0},
+    "team": {"includes_training": True, "max_concurrent_runs": 2, "max_gpus_per_run": 8},
+}
 
 
 class Command(BaseCommand):
     help = "Create the demo admin user, plans, project and token; build the tiny demo models."
 
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(PRODUCTION_FLAG, dest="production", action="store_true",
+                            help="run without DEBUG=1: creates only what is missing, and never an admin password of its own")
+
     def handle(self, *args, **opts) -> None:
-        User = get_user_model()
+        if not settings.DEBUG and not opts["production"]:
+            raise CommandError(
+                "bootstrapdemo sets up a demo (an admin user, plans, a project and its token), and DEBUG is off, so this "
+                f"looks like a production Studio: run it with DEBUG=1, or pass {PRODUCTION_FLAG} to create only what is "
+                "missing (it changes no existing plan, user or password)"
+            )
         username = os.environ.get("STUDIO_ADMIN_USER", "admin")
-        password = os.environ.get("STUDIO_ADMIN_PASSWORD", "admin")
+        user, password = self.admin_user(username)
+        plans = {name: Plan.objects.filter(name=name).first() or create_plan(name, **limits) for name, limits in DEMO_PLANS.items()}
+        project = Project.objects.filter(slug="demo").first() or create_project("demo", owner=user, plan=plans["team"])
+        self.build_demo_models()
+        if not project.api_tokens.filter(user=user, revoked_at__isnull=True).exists():
+            _, plaintext = create_api_token(user, project, name="demo")
+            (settings.VAR_DIR / "demo-token").write_text(plaintext + "\n")
+            self.stdout.write(f"API token for project demo (also in var/demo-token): {plaintext}")
+        base = f"http://{os.environ.get('STUDIO_ADDR', '127.0.0.1:8000')}"  # where runstudio serves
+        login = f"{username} / {password}" if password else username
+        self.stdout.write(f"Log in at {base}/ as {login}; the admin console for plans is {base}/admin/, the API docs {base}/api/docs")
+
+    def admin_user(self, username: str) -> tuple[AbstractBaseUser, str | None]:
+        """The admin user, made if missing, and the password to show: only one this call set, on a DEBUG Studio."""
+        User = get_user_model()
         user = User.objects.filter(username=username).first()
-        if user is None:
-            user = User.objects.create_superuser(username, f"{username}@localhost", password)
-            self.stdout.write(f"created admin user {username!r} with password {password!r}")
-        create_plan("free", includes_training=False, max_concurrent_runs=0, max_gpus_per_run=0)
-        team = create_plan("team", includes_training=True, max_concurrent_runs=2, max_gpus_per_run=8)
-        project = Project.objects.filter(slug="demo").first() or create_project("demo", owner=user, plan=team)
+        if user is not None:
+            return user, None
+        password = os.environ.get("STUDIO_ADMIN_PASSWORD")
+        if password is None and not settings.DEBUG:
+            raise CommandError(f"there is no user {username!r} to own the demo project: set STUDIO_ADMIN_PASSWORD to create it (or STUDIO_ADMIN_USER to use an existing user)")
+        password = password or "admin"
+        user = User.objects.create_superuser(username, f"{username}@localhost", password)
+        if not settings.DEBUG:
+            self.stdout.write(f"created admin user {username!r} with the password in STUDIO_ADMIN_PASSWORD")
+            return user, None
+        self.stdout.write(f"created admin user {username!r} with password {password!r}")
+        return user, password
+
+    def build_demo_models(self) -> None:
         marker = demo_marker()  # NEW RUN suggests what it lists (training/suggestions.py)
         models_dir = marker.parent
         try:
             from training.engine.tiny import build_demo_datasets, build_tiny_models
         except ImportError:
             self.stdout.write("the trainer engine is not installed: skipping the tiny demo models")
-        else:
-            if not marker.exists():
-                built = {**build_tiny_models(models_dir), **build_demo_datasets(models_dir / "datasets")}
-                marker.write_text(json.dumps(built, indent=2))
-                self.stdout.write("built the tiny demo models and datasets:")
-            for name, path in json.loads(marker.read_text()).items():
-                self.stdout.write(f"  {name}: {path}")
-        if not project.api_tokens.filter(user=user, revoked_at__isnull=True).exists():
-            _, plaintext = create_api_token(user, project, name="demo")
-            (settings.VAR_DIR / "demo-token").write_text(plaintext + "\n")
-            self.stdout.write(f"API token for project demo (also in var/demo-token): {plaintext}")
-        base = f"http://{os.environ.get('STUDIO_ADDR', '127.0.0.1:8000')}"  # where runstudio serves
-        self.stdout.write(f"Log in at {base}/ as {username} / {password}; the admin console for plans is {base}/admin/, the API docs {base}/api/docs")
+            return
+        if not marker.exists():
+            built = {**build_tiny_models(models_dir), **build_demo_datasets(models_dir / "datasets")}
+            marker.write_text(json.dumps(built, indent=2))
+            self.stdout.write("built the tiny demo models and datasets:")
+        for name, path in json.loads(marker.read_text()).items():
+            self.stdout.write(f"  {name}: {path}")
