@@ -230,6 +230,21 @@ def test_the_job_body_runs_a_tiny_engine_job_to_completion(tiny_models, tmp_path
     assert (tmp_path / "out").is_dir()
 
 
+def test_the_job_body_runs_sft_on_several_gpus_under_torchrun(tiny_models, tmp_path, monkeypatch):
+    assert modal_app.engine_argv("/s.json", {"method": "dpo", "compute": {"accelerators": "H100:8"}})[1:6] == [
+        "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "8"]
+    monkeypatch.setenv("STUDIO_ENGINE_CPU_PROCESSES", "2")  # two CPU processes stand in for two GPUs
+    spec = {
+        "run_id": 1, "attempt": 1, "method": "sft", "base_model": tiny_models["student"], "base_model_revision": None,
+        "dataset": [{"path": tiny_models["data_sft"], "type": None, "revision": None}],
+        "config": {"max_steps": 2, "per_device_train_batch_size": 2, "max_length": 64},
+        "compute": {"backend": "modal", "accelerators": "CPU"}, "ingest": None, "output_dir": str(tmp_path / "out"), "resume_from": None,
+    }
+    output = modal_app.run_engine.local(spec)
+    assert output["returncode"] == 0, output["log_tail"][-30:]
+    assert sum(line.startswith("data parallel: world size 2") for line in output["log_tail"]) == 1
+
+
 # ---- live (only with credentials) --------------------------------------------------------------
 
 @pytest.mark.skipif(not (os.environ.get("MODAL_TOKEN_ID") and os.environ.get("MODAL_TOKEN_SECRET")), reason="no Modal credentials (MODAL_TOKEN_ID / MODAL_TOKEN_SECRET)")

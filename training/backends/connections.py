@@ -12,6 +12,7 @@ from django.conf import settings
 from studio.errors import Finding
 from studio.services import reveal_secret, secret_exists
 from training.backends.base import BackendError, JobSpec
+from training.engine.launch import engine_shell_command
 from training.models import BackendConnection, TrainingRun
 
 SPEC_PATH = "/tmp/studio-run.json"
@@ -120,9 +121,10 @@ def job_env(job: JobSpec) -> dict[str, str]:
     }
 
 
-def engine_commands(conn: BackendConnection) -> list[str]:
+def engine_commands(conn: BackendConnection, job: JobSpec) -> list[str]:
     """Setup (the connection's commands; by default the trainer stack at the Studio's pins unless
-    the connection names a trainer image), then the engine on its spec."""
+    the connection names a trainer image), then the engine on its spec: under torchrun, one process a
+    GPU, when the run trains data-parallel (training/engine/launch.py)."""
     setup = [str(c) for c in conn.setup_commands or []]
     if not setup and not conn.image:
         setup = ["pip install -q " + " ".join(ENGINE_PACKAGES)]
@@ -130,7 +132,7 @@ def engine_commands(conn: BackendConnection) -> list[str]:
         *setup,
         f'printf "%s" "$STUDIO_RUN_SPEC" > {SPEC_PATH}',
         f"cd {ENGINE_ROOT_IN_JOB}",
-        f"python -m training.engine --spec {SPEC_PATH}",
+        engine_shell_command("python", SPEC_PATH, job.method, job.compute),
     ]
 
 

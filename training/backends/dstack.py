@@ -93,7 +93,7 @@ def task_for(job: JobSpec, conn: BackendConnection) -> Task:
     compute = job.compute or {}
     fields: dict[str, Any] = {
         "name": job_name(job.run_id, job.attempt),
-        "commands": engine_commands(conn),
+        "commands": engine_commands(conn, job),
         "files": engine_files(),
         "env": job_env(job),
         "resources": Resources(gpu=gpu_spec(accelerators_of(compute))),

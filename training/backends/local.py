@@ -22,6 +22,7 @@ from django.conf import settings
 from studio.errors import Finding, counted
 from training.backends.base import Backend, BackendError, JobSpec, PollResult
 from training.compute import accelerators_of
+from training.engine.launch import engine_argv
 
 ENV_ALLOW_LIST = (
     "PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "LD_LIBRARY_PATH",
@@ -162,7 +163,7 @@ class LocalBackend(Backend):
         with os.fdopen(fd, "w") as f:
             json.dump(job.as_engine_spec(), f, indent=2)
         command = [sys.executable, "-m", "training.backends.local_runner", str(directory), "--",
-                   sys.executable, "-m", "training.engine", "--spec", str(spec_path)]
+                   *engine_argv(sys.executable, str(spec_path), job.method, job.compute)]
         try:
             runner = subprocess.Popen(command, cwd=REPO_ROOT, env=engine_env(job.env), start_new_session=True,
                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(directory / "runner.log", "ab"))

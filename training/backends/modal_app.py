@@ -58,6 +58,17 @@ def engine_root() -> Path:
     return Path(REMOTE_ROOT) if Path(REMOTE_ROOT, "training", "engine").is_dir() else REPO_ROOT
 
 
+def engine_argv(spec_path: str, spec: dict) -> list[str]:
+    """The engine's command for this spec (torchrun, one process a GPU, for a data-parallel run), by
+    the engine's own rule: the image carries training/engine, which this module finds on engine_root()."""
+    root = str(engine_root())
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    from training.engine.launch import engine_argv as argv_for
+
+    return argv_for(sys.executable, spec_path, str(spec.get("method")), spec.get("compute"))
+
+
 def run_engine_body(spec: dict, workdir: str | None = None) -> dict:
     """Run one attempt of the engine on `spec`; return {"returncode", "signal", "log_tail"}.
 
@@ -72,7 +83,7 @@ def run_engine_body(spec: dict, workdir: str | None = None) -> dict:
     spec_path.write_text(json.dumps(spec))
     env = {name: os.environ[name] for name in ENV_ALLOW_LIST if name in os.environ}
     env.update(PYTHONPATH=str(engine_root()), PYTHONUNBUFFERED="1")
-    child = subprocess.Popen([sys.executable, "-m", "training.engine", "--spec", str(spec_path)], cwd=engine_root(), env=env,
+    child = subprocess.Popen(engine_argv(str(spec_path), spec), cwd=engine_root(), env=env,
                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     previous = None
     try:

@@ -15,7 +15,8 @@ import traceback
 from typing import Any
 
 from .environments import PackageError
-from .reporter import Reporter, Superseded
+from .launch import DATA_PARALLEL_METHODS, Rank, die_with_parent, failure_of_another_rank, failure_path, gpu_count, this_rank
+from .reporter import RankReporter, Reporter, Superseded
 from .spec import Spec, SpecError, heartbeat_interval, heartbeat_timeout, load_spec
 
 SIGTERM_GRACE_S = 4.0
@@ -65,30 +66,57 @@ def oom_message(spec: Spec, exc: BaseException, reporter: Reporter) -> str:
     return f"{type(exc).__name__}: {head}. Out of memory: {advice}"
 
 
-def _install_sigterm(reporter: Reporter) -> None:
+def _install_sigterm(reporter: Reporter, spec: Spec, rank: Rank) -> None:
     def on_term(signum: int, frame: Any) -> None:
         # STOP signals twice (its request at once, its task after): one flush, and the second waits its turn.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        code = 143
         try:
-            reporter.log("SIGTERM: flushing reports and stopping")
+            # torchrun stops rank 0 this way when another rank failed: that failure is the run's outcome.
+            failure = _failure_of_another_rank(spec, rank)
+            if failure is not None:
+                code = 1
+                reporter.log(f"stopping: {failure.get('message')}")
+                reporter.status("failed", failure)
+            else:
+                reporter.log("SIGTERM: flushing reports and stopping")
             reporter.close(timeout=SIGTERM_GRACE_S)
         finally:
             # os._exit: no unwinding through half-finished torch/trainer state, and no atexit surprises.
             sys.stdout.flush()
-            os._exit(143)
+            os._exit(code)
 
     signal.signal(signal.SIGTERM, on_term)
 
 
-def run_spec(spec: Spec, reporter: Reporter) -> None:
+def _failure_of_another_rank(spec: Spec, rank: Rank) -> dict[str, Any] | None:
+    return failure_of_another_rank(spec.output_dir, rank) if rank.world > 1 and rank.is_main else None
+
+
+def log_parallelism(spec: Spec, reporter: Reporter, device_kind: str, rank: Rank) -> None:
+    """Say how many processes train, so a run that paid for N GPUs can see whether it uses them."""
+    if rank.world > 1:
+        unit = "GPU" if device_kind == "cuda" else "CPU process"
+        reporter.log(f"data parallel: world size {rank.world}, one {unit} each; a step's global batch is "
+                     f"per_device_train_batch_size x gradient_accumulation_steps x {rank.world}")
+        return
+    gpus = gpu_count(spec.compute)
+    if gpus > 1 and spec.method not in DATA_PARALLEL_METHODS:
+        reporter.log(f"{spec.method.upper()} trains in one process on 1 GPU of the {gpus} this run asked for: "
+                     "only SFT and DPO train data-parallel across GPUs in this version")
+
+
+def run_spec(spec: Spec, reporter: Reporter, rank: Rank | None = None) -> None:
     """Dispatch to the method; raises on failure. Imported lazily so `--help` and spec errors are fast."""
     from .common import Context
     from .modeling import pick_device
 
-    device = pick_device(spec)
+    rank = rank or Rank()
+    device = pick_device(spec, rank)
     spec.output_dir.mkdir(parents=True, exist_ok=True)
     reporter.log(f"run {spec.run_id} attempt {spec.attempt}: {spec.method} on {device.kind} ({device.precision}), base {spec.base_model}")
-    ctx = Context(spec=spec, reporter=reporter, device=device)
+    log_parallelism(spec, reporter, device.kind, rank)
+    ctx = Context(spec=spec, reporter=reporter, device=device, rank=rank)
     if spec.method == "sft":
         from . import sft as method
     elif spec.method == "dpo":
@@ -100,14 +128,14 @@ def run_spec(spec: Spec, reporter: Reporter) -> None:
     method.run(ctx)
 
 
-def execute(spec: Spec, reporter: Reporter) -> int:
+def execute(spec: Spec, reporter: Reporter, rank: Rank | None = None) -> int:
     """Run one attempt with the engine's error contract; returns the process exit code."""
     reporter.start()
     handler = _ReporterLogHandler(reporter)
     for name in LIBRARY_LOGGERS:
         logging.getLogger(name).addHandler(handler)
     try:
-        return _execute(spec, reporter)
+        return _execute(spec, reporter, rank or Rank())
     finally:
         for name in LIBRARY_LOGGERS:
             logging.getLogger(name).removeHandler(handler)
@@ -120,9 +148,9 @@ def final_drain_seconds(spec: Spec) -> float:
     return float(heartbeat_timeout(spec.config))
 
 
-def _execute(spec: Spec, reporter: Reporter) -> int:
+def _execute(spec: Spec, reporter: Reporter, rank: Rank) -> int:
     try:
-        run_spec(spec, reporter)
+        run_spec(spec, reporter, rank)
     except Superseded as exc:
         reporter.log(f"stopped: {exc}")
         reporter.close(timeout=2.0)
@@ -137,13 +165,17 @@ def _execute(spec: Spec, reporter: Reporter) -> int:
             raise
         for line in traceback.format_exc().splitlines():
             reporter.log(line)
-        if _is_oom(exc):
+        other = _failure_of_another_rank(spec, rank)
+        tail = list(reporter.log_tail)
+        if other is not None:  # this rank failed because another one did (a collective lost its peer)
+            code, message, tail = str(other.get("code") or "training_error"), str(other.get("message")), list(other.get("log_tail") or tail)
+        elif _is_oom(exc):
             code, message = "oom", oom_message(spec, exc, reporter)
         elif isinstance(exc, PackageError):  # a sentence naming the environment, what raised and where
             code, message = "training_error", str(exc)
         else:
             code, message = "training_error", f"{type(exc).__name__}: {exc}"
-        reporter.status("failed", {"code": code, "message": message, "log_tail": list(reporter.log_tail)})
+        reporter.status("failed", {"code": code, "message": message, "log_tail": tail})
         reporter.close(timeout=final_drain_seconds(spec))
         return 1
     if reporter.superseded.is_set():
@@ -165,9 +197,16 @@ def main(argv: list[str] | None = None) -> int:
     except SpecError as exc:
         print(f"bad spec: {exc}", file=sys.stderr, flush=True)
         return 2
-    reporter = Reporter(spec.ingest_url, spec.ingest_token, heartbeat_interval=heartbeat_interval(spec.config))
-    _install_sigterm(reporter)
-    return execute(spec, reporter)
+    rank = this_rank()
+    reporter = main_reporter(spec) if rank.is_main else RankReporter(rank.index, failure_path(spec.output_dir, rank))
+    if rank.world > 1:
+        die_with_parent()
+    _install_sigterm(reporter, spec, rank)
+    return execute(spec, reporter, rank)
+
+
+def main_reporter(spec: Spec) -> Reporter:
+    return Reporter(spec.ingest_url, spec.ingest_token, heartbeat_interval=heartbeat_interval(spec.config))
 
 
 if __name__ == "__main__":

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from transformers import TrainerCallback
 
 from . import perf
+from .launch import Rank
 from .modeling import Device
 from .reporter import Reporter, Superseded
 from .spec import ENGINE_KEYS, STUDIO_MANAGED, Spec, studio_managed_value
@@ -21,6 +22,7 @@ class Context:
     spec: Spec
     reporter: Reporter
     device: Device
+    rank: Rank = field(default_factory=Rank)
 
 
 def build_config(config_cls: type, ctx: Context, **method_kwargs: Any) -> Any:
@@ -131,6 +133,19 @@ class StepCounts:
         return self.sum_sq_len / self.tokens if self.tokens else 0.0
 
 
+def data_parallel_world() -> int:
+    """How many processes train together (1 outside torchrun)."""
+    dist = torch.distributed
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def collective_device() -> torch.device:
+    """Where a tensor must be for the process group's collectives: NCCL sums on the GPU, gloo on the CPU."""
+    if torch.distributed.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 class TokenCountingMixin:
     """Counts the tokens and sequences each training forward sees, for tokens_per_s and MFU.
 
@@ -149,11 +164,18 @@ class TokenCountingMixin:
         self._pending_counts.append(counts)
 
     def take_step_counts(self) -> StepCounts:
-        """This step's counts (one host sync), added to tokens_seen."""
+        """This step's counts (one host sync), added to tokens_seen. Under data parallelism they are
+        the sum over every rank: each rank calls this at the same points (the callback's train begin
+        and step end), which the sum, a collective, relies on."""
         pending, self._pending_counts = self._pending_counts or [], []
-        if not pending:
+        world = data_parallel_world()
+        if not pending and world == 1:
             return StepCounts()
-        tokens, sequences, sum_sq = (int(v) for v in torch.stack([c.to(pending[0].device) for c in pending]).sum(0).tolist())
+        device = collective_device() if world > 1 else pending[0].device
+        total = torch.stack([c.to(device) for c in pending]).sum(0) if pending else torch.zeros(3, dtype=torch.long, device=device)
+        if world > 1:
+            torch.distributed.all_reduce(total)
+        tokens, sequences, sum_sq = (int(v) for v in total.tolist())
         self.tokens_seen += tokens
         return StepCounts(tokens, sequences, sum_sq)
 
@@ -215,6 +237,10 @@ class StudioCallback(TrainerCallback):
         # A CPU run on a machine with a GPU must not borrow the GPU's peak: ask for "cpu", which only
         # the STUDIO_PEAK_TFLOPS override answers.
         self.peak = perf.device_peak(None if self.on_cuda else "cpu")
+        world = self.ctx.rank.world
+        if self.peak is not None and world > 1:
+            # tokens_per_s counts every rank's tokens, so MFU is against every rank's card.
+            self.peak = dataclasses.replace(self.peak, name=f"{world} x {self.peak.name}", tflops=self.peak.tflops * world)
         model = kwargs.get("model") or getattr(self._trainer(), "model", None)
         if self.peak is not None and model is not None:
             try:
@@ -308,5 +334,7 @@ def train_and_finish(trainer: Any, ctx: Context, tokenizer: Any) -> None:
     # Our callback already prints one line per log; Trainer's printer would duplicate it as a dict.
     trainer.remove_callback(PrinterCallback)
     trainer.train(resume_from_checkpoint=ctx.spec.resume_from)
+    if not ctx.rank.is_main:
+        return  # rank 0 writes and reports the final weights, once
     model = trainer.model
     save_final(model, tokenizer, ctx.spec, ctx.device, trainer.state.global_step, ctx.reporter)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .launch import Rank
 from .spec import Spec, SpecError
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -18,6 +19,7 @@ class Device:
     kind: str  # "cuda" | "cpu"
     bf16: bool
     precision: str  # what the run actually trains in
+    index: int = 0  # the CUDA device of this process: its LOCAL_RANK under torchrun
 
     @property
     def torch_dtype(self) -> Any:
@@ -26,9 +28,21 @@ class Device:
         return torch.bfloat16 if self.bf16 else torch.float32
 
 
-def pick_device(spec: Spec) -> Device:
+def pick_device(spec: Spec, rank: Rank | None = None) -> Device:
     """bf16 on CUDA when available, fp32 on the CPU. fp8/nvfp4 need a GPU; fp8 is switched on per
-    layer once the model is loaded (fp8.enable, which may still fall back to bf16 and says why)."""
+    layer once the model is loaded (fp8.enable, which may still fall back to bf16 and says why).
+    A data-parallel rank trains on the GPU of its LOCAL_RANK, made the current device here so that
+    everything that asks for "the GPU" (bitsandbytes, the peak tables, memory figures) gets its own."""
+    device = _pick_device(spec)
+    if device.kind == "cuda" and rank is not None and rank.world > 1:
+        import torch
+
+        torch.cuda.set_device(rank.local)
+        device.index = rank.local
+    return device
+
+
+def _pick_device(spec: Spec) -> Device:
     import torch
 
     accelerators = str(spec.compute.get("accelerators") or "").upper()
@@ -105,7 +119,7 @@ def load_model(ref: str, revision: str | None, device: Device, *, four_bit: bool
             bnb_4bit_compute_dtype=device.torch_dtype,
             bnb_4bit_use_double_quant=True,
         )
-        kwargs["device_map"] = {"": 0} if device.kind == "cuda" else {"": "cpu"}
+        kwargs["device_map"] = {"": device.index} if device.kind == "cuda" else {"": "cpu"}
     try:
         model = AutoModelForCausalLM.from_pretrained(name, **kwargs)
     except (ImportError, ValueError) as exc:

@@ -25,6 +25,7 @@ import urllib.error
 import urllib.request
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 LOG_TAIL_LINES = 200
@@ -351,3 +352,33 @@ class Reporter:
         if self._thread is not None:
             self._thread.join(timeout=max(0.0, self._drain_deadline - time.monotonic()) + 0.5)
         return drained and not self._gave_up
+
+
+class RankReporter(Reporter):
+    """The reporter of a data-parallel rank other than 0: rank 0 alone reports the run, so this one
+    sends nothing and prints nothing of the run (rank 0 prints the same lines). Its failure is not
+    lost: it is printed, prefixed with the rank, and written to `failure_path` for rank 0 to report
+    as the run's error (torchrun then stops rank 0 and the job exits non-zero)."""
+
+    def __init__(self, rank: int, failure_path: Path) -> None:
+        super().__init__(None, None, echo=False)
+        self.rank = rank
+        self.failure_path = failure_path
+
+    def status(self, status: str, error: dict[str, Any] | None = None) -> None:
+        if status != "failed" or error is None:
+            return
+        message = f"rank {self.rank}: {error.get('message')}"
+        for line in self.failure_lines():
+            print(f"[rank {self.rank}] {line}", file=sys.stderr, flush=True)
+        print(message, file=sys.stderr, flush=True)
+        self.failure_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.failure_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(storable({**error, "message": message, "log_tail": self.failure_lines()})))
+        tmp.replace(self.failure_path)
+
+    def failure_lines(self) -> list[str]:
+        """The lines this rank logged from its last traceback on (rank 0 already printed the rest)."""
+        lines = list(self.log_tail)
+        starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")]
+        return lines[starts[-1]:] if starts else lines[-30:]
