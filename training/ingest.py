@@ -68,11 +68,30 @@ def ingest(request: HttpRequest, run_id: int):
     refuse_foreign_checkpoints(run, batch)
     try:
         with transaction.atomic():
-            IngestBatch.objects.create(run=run, batch_id=batch.batch_id)
-            apply_batch(run, batch)
+            locked = locked_run_for_token(run)
+            if IngestBatch.objects.filter(run=locked, batch_id=batch.batch_id).exists():
+                return {"ok": True, "duplicate": True}
+            require_open(locked)
+            IngestBatch.objects.create(run=locked, batch_id=batch.batch_id)
+            apply_batch(locked, batch)
     except IntegrityError:
-        return {"ok": True, "duplicate": True}
+        if not TrainingRun.objects.filter(pk=run.pk).exists():
+            raise Forbidden("This token is not valid for this run's current attempt.") from None
+        if IngestBatch.objects.filter(run=run, batch_id=batch.batch_id).exists():
+            return {"ok": True, "duplicate": True}
+        raise
     return {"ok": True, "duplicate": False}
+
+
+def locked_run_for_token(checked: TrainingRun) -> TrainingRun:
+    """The run's row, locked for the batch's transaction and re-read: `checked` is the copy the token
+    was checked against before the batch was parsed. A STOP, a restart (which ends the attempt's
+    token) or a DELETE may have landed since; the batch is judged and applied against what the run
+    is now, and those wait for it while it is written."""
+    locked = TrainingRun.objects.select_for_update().filter(pk=checked.pk).first()
+    if locked is None or not locked.ingest_token_hash or locked.ingest_token_hash != checked.ingest_token_hash:
+        raise Forbidden("This token is not valid for this run's current attempt.")
+    return locked
 
 
 # ---- parsing -------------------------------------------------------------------------------------
