@@ -19,7 +19,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from datahub.refs import engine_inputs, pin_refs
-from datahub.services import create_run_branch, remove_empty_run_branch
+from datahub.services import create_run_branch, kept_run_repo, remove_empty_run_branch
 from environments.services import job_environment, judge_env
 from experiments.models import Experiment
 from experiments.services import default_experiment, find_experiment
@@ -265,6 +265,8 @@ def start_run(run: TrainingRun) -> TrainingRun:
             raise Unprocessable(errors=findings)
         if run.status in (Status.FAILED, Status.CANCELLED):
             wipe_attempt_data(run)
+            if kept_run_repo(run) is None:  # deleted since the run ended: its checkpoints commit there, and nothing else makes it
+                create_run_branch(run)
             status_service.transition(run.pk, Status.QUEUED, note="restarted")
         TrainingRun.objects.filter(pk=run.pk).update(start_requested_at=timezone.now(), pinned=resumed_pins(run, pin_refs(run)))
         audit.record(AuditEvent.Action.STARTED, run, details={"previous_status": run.status})
