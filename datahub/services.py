@@ -142,7 +142,7 @@ def refuse_run_branch(repo: Repo, name: str, what: str, keep: str) -> None:
 def create_branch(repo: Repo, name: str, from_ref: str, *, name_field: str = "branch", from_field: str = "ref") -> Branch:
     """A person's new branch (repos.create_branch), except a run-<id> name in an experiment's repo."""
     _refuse_run_ref_name(repo, name, name_field, "branch")
-    return repos.create_branch(repo, name, from_ref, name_field=name_field, from_field=from_field)
+    return repos.create_branch(repo, name, from_ref, name_field=name_field, from_field=from_field, exist_ok=False)
 
 
 def create_tag(repo: Repo, name: str, ref: str, *, name_field: str = "tag") -> Tag:
