@@ -446,3 +446,19 @@ def test_a_batch_whose_run_was_deleted_meanwhile_is_a_403_not_a_duplicate(monkey
     r = send(run.pk, token, batch(run, batch_id="orphan"))
     assert r.status_code == 403 and "not valid for this run" in r.json()["detail"]
     assert not IngestBatch.objects.filter(run_id=run.pk).exists() and not MetricPoint.objects.filter(run_id=run.pk).exists()
+
+
+def test_a_checkpoint_reported_again_in_another_batch_is_recorded_once(live_run):
+    run, token = live_run
+    saved = {"step": 2, "path": out(run, "checkpoint-2"), "kind": "checkpoint"}
+    assert send(run.pk, token, {"batch_id": "a", "checkpoints": [saved]}).status_code == 200
+    assert send(run.pk, token, {"batch_id": "b", "checkpoints": [saved, {**saved, "step": 4, "path": out(run, "checkpoint-4")}]}).status_code == 200
+    assert list(Checkpoint.objects.filter(run=run).values_list("attempt", "step", "kind")) == [(1, 2, "checkpoint"), (1, 4, "checkpoint")]
+
+
+def test_progress_from_a_batch_that_arrives_late_does_not_go_back(live_run):
+    run, token = live_run
+    send(run.pk, token, {"batch_id": "newer", "progress": {"step": 8, "max_steps": 10}})
+    send(run.pk, token, {"batch_id": "older", "progress": {"step": 6, "max_steps": 10}, "logs": ["step 6"]})
+    run.refresh_from_db()
+    assert run.progress == {"step": 8, "max_steps": 10} and LogLine.objects.filter(run=run, line="step 6").exists()

@@ -160,23 +160,34 @@ def apply_batch(run: TrainingRun, batch: IngestBatchIn) -> None:
     attempt, ended = run.attempt, run.status in TERMINAL_STATUSES
     insert_metric_points(run.pk, [(m.step, m.key, m.value) for m in batch.metrics])
     lines = list(batch.logs)
+    recorded = set(Checkpoint.objects.filter(run=run, attempt=attempt, requested=False).values_list("step", "kind"))  # a Merge asked for is not the engine's own
     for reported in batch.checkpoints:
         if ended_early(run) and reported.kind in END_OF_TRAINING_KINDS:
             lines.append(f"[studio] the {reported.kind} checkpoint (step {reported.step}) reported after the run was {run.status} is not recorded")
             continue
+        if (reported.step, reported.kind) in recorded:  # reported again in a later batch (a reporter's resend under a new batch id)
+            continue
+        recorded.add((reported.step, reported.kind))
         record_checkpoint(run, Checkpoint.objects.create(run=run, attempt=attempt, **reported.model_dump()))
     LogLine.objects.bulk_create([LogLine(run=run, attempt=attempt, line=line) for line in lines], batch_size=5000)
     Rollout.objects.bulk_create([Rollout(run=run, **r.model_dump()) for r in batch.rollouts], batch_size=1000)
     changes = {"last_heartbeat_at": timezone.now()}
     if batch.stage is not None and not ended:  # a run that ended keeps the stage and progress it ended with
         changes["stage"] = batch.stage
-    if batch.progress is not None and not ended:
+    if batch.progress is not None and not ended and not behind(batch.progress, run.progress):
         changes["progress"] = batch.progress
     TrainingRun.objects.filter(pk=run.pk).update(**changes)
     if batch.system_prompt is not None:
         RunAttempt.objects.filter(run=run, attempt=attempt).update(system_prompt=batch.system_prompt)
     if batch.status:
         apply_reported_status(run, batch)
+
+
+def behind(progress: dict, current: dict) -> bool:
+    """Whether `progress` is of an earlier step than the run's `current` one: batches can land out of
+    order (a retried one after a newer one), and the progress bar must not go back."""
+    step, now = progress.get("step"), (current or {}).get("step")
+    return isinstance(step, (int, float)) and isinstance(now, (int, float)) and step < now
 
 
 def apply_reported_status(run: TrainingRun, batch: IngestBatchIn) -> None:
