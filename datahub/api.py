@@ -31,7 +31,7 @@ from datahub.schemas import (
     UploadOut,
 )
 from studio.api import ErrorOut, actor, body_schema, parse_body
-from studio.errors import BadRequest, Conflict, Finding, NotFound
+from studio.errors import BadRequest, Finding, NotFound
 from studio.parsing import ascii_int
 
 router = Router(tags=["hub"])
@@ -141,8 +141,6 @@ def list_branches(request: HttpRequest, name: str):
 def create_branch(request: HttpRequest, name: str):
     repo = repo_or_404(request, name, write=True)
     payload = parse_body(request, BranchIn)
-    if Branch.objects.filter(repo=repo, name=payload.name).exists():
-        raise Conflict(f"Branch {payload.name!r} already exists.", [Finding("name", "choose another branch name")])
     branch = services.create_branch(repo, payload.name, payload.from_ref, name_field="name", from_field="from")
     return 201, {"name": branch.name, "commit": branch.head_id}
 

@@ -17,7 +17,7 @@ import re
 import uuid
 from collections.abc import Iterable
 from pathlib import PurePosixPath
-from typing import Any
+from typing import Any, NoReturn
 
 from django.db import IntegrityError, transaction
 from django.db.models import Q
@@ -201,23 +201,30 @@ def find_repo(project, name: str) -> Repo | None:
     return Repo.objects.filter(project=project, name=name).select_related("project").first()
 
 
-def create_branch(repo: Repo, name: str, from_ref: str = MAIN, *, name_field: str = "branch", from_field: str = "ref") -> Branch:
-    """Branch `name` at `from_ref`; an existing branch of that name is returned unchanged. A finding
-    names the caller's own key for each (the REST body sends them as `name` and `from`)."""
+def create_branch(repo: Repo, name: str, from_ref: str = MAIN, *, name_field: str = "branch", from_field: str = "ref",
+                  exist_ok: bool = True) -> Branch:
+    """Branch `name` at `from_ref`; an existing branch of that name is returned unchanged, or with
+    `exist_ok` False (a person asked for a new branch) is a 409, also one made concurrently: it may
+    point at another commit than `from_ref`. A finding names the caller's own key for each (the REST
+    body sends them as `name` and `from`)."""
     check_ref_name(name, name_field, "branch name")
     existing = Branch.objects.filter(repo=repo, name=name).first()
     if existing is not None:
-        return existing
+        return existing if exist_ok else _branch_exists(name, name_field)
     head = resolve(repo, from_ref, field=from_field)
     with transaction.atomic():
         lock_refs(repo)
         existing = Branch.objects.filter(repo=repo, name=name).first()
         if existing is not None:  # made concurrently
-            return existing
+            return existing if exist_ok else _branch_exists(name, name_field)
         if Tag.objects.filter(repo=repo, name=name).exists():
             raise Conflict(f"{repo.full_name} has a tag {name!r}: a branch cannot share its name.",
                            [Finding(name_field, "choose another branch name: a tag of that name would become unreachable")])
         return Branch.objects.create(repo=repo, name=name, head=head)
+
+
+def _branch_exists(name: str, name_field: str) -> NoReturn:
+    raise Conflict(f"Branch {name!r} already exists.", [Finding(name_field, "choose another branch name")])
 
 
 def create_tag(repo: Repo, name: str, ref: str, *, name_field: str = "tag") -> Tag:

@@ -22,10 +22,13 @@ import json
 import logging
 import re
 from collections.abc import Callable, Mapping
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, cast
 
 from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
 
 from datahub import refs, repos, storage
 from datahub.commits import FileSource, commit_blobs, commit_files, commit_files_on
@@ -66,6 +69,21 @@ def run_repo(run) -> Repo:
 def create_run_branch(run) -> Branch:
     """Create branch `run-<id>` from main in the run's experiment repo (kept across restarts)."""
     return repos.create_branch(run_repo(run), run_branch_name(run), MAIN)
+
+
+def kept_run_repo(run) -> Repo | None:
+    """The run's experiment repo while it still holds branch run-<id>; None once the repo was deleted
+    (one made again by a later run of the experiment does not have the branch). A checkpoint commit
+    or a merge then writes nothing: making the repo or the branch again would hold that one
+    checkpoint, with the run's history and its other checkpoints' commits gone."""
+    repo = repos.find_repo(run.project, experiment_repo_name(run.experiment))
+    if repo is None or not Branch.objects.filter(repo=repo, name=run_branch_name(run)).exists():
+        return None
+    return repo
+
+
+def run_branch_gone(run) -> str:
+    return f"branch {run_branch_name(run)} of {run.project.slug}/{experiment_repo_name(run.experiment)} was deleted with its repo"
 
 
 
@@ -124,7 +142,7 @@ def refuse_run_branch(repo: Repo, name: str, what: str, keep: str) -> None:
 def create_branch(repo: Repo, name: str, from_ref: str, *, name_field: str = "branch", from_field: str = "ref") -> Branch:
     """A person's new branch (repos.create_branch), except a run-<id> name in an experiment's repo."""
     _refuse_run_ref_name(repo, name, name_field, "branch")
-    return repos.create_branch(repo, name, from_ref, name_field=name_field, from_field=from_field)
+    return repos.create_branch(repo, name, from_ref, name_field=name_field, from_field=from_field, exist_ok=False)
 
 
 def create_tag(repo: Repo, name: str, ref: str, *, name_field: str = "tag") -> Tag:
@@ -198,6 +216,7 @@ def delete_repo(repo: Repo) -> None:
     with transaction.atomic():
         repos.lock_refs(repo)
         _refuse_while_live_runs_use(repo, lambda run: repo_uses(run, repo), repo.full_name, "the repo", "name")
+        _refuse_while_runs_commit_to(repo)
         repos.delete_repo(repo)
         # hub_repo names the repo that exists (provision_experiment_repo sets it again on the
         # experiment's next run), so the Experiments list and API never link to a deleted repo.
@@ -215,6 +234,41 @@ def _refuse_while_live_runs_use(repo: Repo, uses_of: Callable[[Any], list[str]],
                 for run in live.order_by("pk") if (uses := uses_of(run))]
     if findings:
         raise Conflict(f"{what} is used by {counted(len(findings), 'live run')}: it cannot be deleted until they no longer need it.", findings)
+
+
+# A checkpoint's commit task runs within seconds of its report, and retries for about five minutes;
+# one not committed after this never will be (a full disk, a step a later attempt saved again).
+COMMIT_PENDING = timedelta(minutes=15)
+
+
+def _refuse_while_runs_commit_to(repo: Repo) -> None:
+    """A 409 naming each run, finished or not, whose checkpoint commit or merge is still to write to
+    its branch in `repo` (its experiment repo): deleting the repo under it would lose that commit, or
+    leave a checkpoint without one. Call under the repo's row lock."""
+    from training.backends.local import checkpoint_dir
+    from training.checkpoints import merge_mark_expired
+    from training.models import Checkpoint
+
+    if not repo.name.startswith(repos.EXPERIMENT_PREFIX):
+        return
+    writing = (Checkpoint.objects.filter(run__project_id=repo.project_id)
+               .filter(Q(merge_requested_at__gt=merge_mark_expired()) | Q(commit="", created_at__gt=timezone.now() - COMMIT_PENDING))
+               .select_related("run", "run__experiment").order_by("run_id", "step", "id"))
+    findings = []
+    for checkpoint in writing:
+        run = checkpoint.run
+        if experiment_repo_name(run.experiment) != repo.name:
+            continue
+        who = f"run #{run.pk} ({run.name})"
+        if checkpoint.merge_requested_at and checkpoint.merge_requested_at > merge_mark_expired():
+            findings.append(Finding("name", f"{who} is merging step {checkpoint.step} into its base, to commit on branch {run_branch_name(run)}: "
+                                            "wait until the step is listed as merged (or its merge fails), then delete the repo"))
+        elif not checkpoint.commit and checkpoint_dir(checkpoint) is not None:
+            findings.append(Finding("name", f"{who} has its {checkpoint.kind} of step {checkpoint.step} (attempt {checkpoint.attempt}) still to commit "
+                                            f"on branch {run_branch_name(run)}: wait until its Checkpoints tab offers its download "
+                                            "(a minute or so), then delete the repo"))
+    if findings:
+        raise Conflict(f"{repo.full_name} is still being written by a run's checkpoint commit or merge: it cannot be deleted yet.", findings)
 
 
 def ref_uses(run, repo: Repo, ref: str) -> list[str]:
@@ -337,8 +391,11 @@ def commit_checkpoint(checkpoint_id: int) -> Commit | None:
         files[f"{prefix}/{path.relative_to(root).as_posix()}"] = path
     if checkpoint.kind in ("final", "adapter"):  # the run's end: a full fine-tune's weights, or a LoRA run's adapter
         files["metrics.jsonl"] = metrics_export(run)
-    repo = run_repo(run)
     label = f"step {checkpoint.step}" if prefix.startswith("checkpoints/") else f"{checkpoint.kind} (step {checkpoint.step})"
+    repo = kept_run_repo(run)
+    if repo is None:
+        not_committed(run, checkpoint, label)
+        return None
     message = f"Checkpoint {label}, attempt {checkpoint.attempt}"
     step_commit = merged_step_commit(checkpoint, repo) if earlier_merge else None
     try:
@@ -354,18 +411,31 @@ def commit_checkpoint(checkpoint_id: int) -> Commit | None:
                                      message=f"{message}, on attempt {checkpoint.attempt}'s own step {checkpoint.step} "
                                              f"(a later attempt saved step {checkpoint.step} again on {run_branch_name(run)})")
         else:
-            commit = commit_files(repo, run_branch_name(run), files, message=message, author=run.created_by, create_branch_from=MAIN,
+            commit = commit_files(repo, run_branch_name(run), files, message=message, author=run.created_by,
                                   delete=left_over_files(checkpoint, repo, run_branch_name(run), prefix, files))
         # The commit that holds this attempt's files, also once a later attempt's step replaces them on the branch.
         Checkpoint.objects.filter(pk=checkpoint.pk).update(commit=commit.pk)
         if checkpoint.kind in MODEL_KINDS and not earlier_merge:
             publish_model(run, checkpoint)  # the Models page shows the run's result, not an earlier step
+    except repos.RefNotFound:
+        if kept_run_repo(run) is not None:
+            raise
+        not_committed(run, checkpoint, label)  # the repo was deleted while the files were stored
+        return None
     except OSError as exc:
         if not storage.disk_full(exc):
             raise  # transient I/O: the task retries
         storage_full(run, checkpoint, exc)
         return None
     return commit
+
+
+def not_committed(run, checkpoint, label: str) -> None:
+    from training.services import add_log
+
+    log.warning("run %s: checkpoint %s not committed: its repo was deleted", run.pk, checkpoint.pk)
+    add_log(run, f"[studio] {label} of attempt {checkpoint.attempt} not committed: {run_branch_gone(run)}; "
+                 "its files stay in the run's folder until the run is deleted")
 
 
 def later_attempt_at(checkpoint, prefix: str) -> int | None:

@@ -95,6 +95,9 @@ def test_stop_frees_the_process_group_and_cancels(api, studio_worker, tiny_model
     assert run.status == Status.CANCELLED and run.finished_at is not None
     # A second STOP is a conflict, not a crash.
     assert api.post(f"/api/training-runs/{run_id}/stop").status_code == 409
+    # The worker's stop task ran and cleared the run's stop mark: the run can be deleted.
+    wait_for(lambda: TrainingRun.objects.filter(pk=run_id, stop_requested_at__isnull=True).exists(), 30, message="the stop task to finish")
+    assert api.delete(f"/api/training-runs/{run_id}").status_code == 204
 
 
 def test_restart_wipes_the_series_keeps_checkpoints_and_retires_the_old_token(api, studio_worker, unloadable):

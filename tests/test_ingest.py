@@ -9,7 +9,7 @@ from django.test import Client
 from studio import crypto
 from tests.conftest import sft_body
 from training.backends.local import output_dir
-from training.models import Checkpoint, LogLine, MetricPoint, Rollout, RunAttempt, Status, TrainingRun
+from training.models import Checkpoint, IngestBatch, LogLine, MetricPoint, Rollout, RunAttempt, Status, TrainingRun
 
 
 @pytest.fixture
@@ -397,3 +397,68 @@ def test_integers_are_numbers_and_keep_their_type_in_progress(live_run):
     assert MetricPoint.objects.get(run=run).value == 5.0
     assert list(Rollout.objects.filter(run=run).values_list("reward", "advantage")) == [(1.0, 0.0)]
     assert TrainingRun.objects.get(pk=run.pk).progress == {"step": 5, "max_steps": 10, "eta_s": 1.5, "mfu": None}
+
+
+# ---- a batch that raced a STOP, a restart or a DELETE ----------------------------------------------
+# The token is checked before the body is parsed; the write comes after. The tests run what lands in
+# between at the last step before the write (refuse_foreign_checkpoints), in that racing order.
+
+
+def meanwhile(monkeypatch, action) -> None:
+    from training import ingest
+
+    checked = ingest.refuse_foreign_checkpoints
+
+    def then_race(run, batch):
+        checked(run, batch)
+        action()
+    monkeypatch.setattr(ingest, "refuse_foreign_checkpoints", then_race)
+
+
+def test_a_batch_checked_before_stop_and_start_is_refused_after_the_restart(api, monkeypatch, live_run):
+    run, old = live_run
+    send(run.pk, old, {"batch_id": "a", "status": "running", "metrics": [{"step": 1, "key": "loss", "value": 6.23}]})
+    meanwhile(monkeypatch, lambda: (api.post(f"/api/training-runs/{run.pk}/stop"), api.post(f"/api/training-runs/{run.pk}/start")))
+    r = send(run.pk, old, batch(run, batch_id="late", status=None, metrics=[{"step": 888, "key": "loss", "value": 8.0}]))
+    assert r.status_code == 403
+    run.refresh_from_db()
+    assert run.status == Status.QUEUED and run.progress == {} and run.stage == ""
+    assert not MetricPoint.objects.filter(run=run).exists() and not Checkpoint.objects.filter(run=run).exists()
+    assert not IngestBatch.objects.filter(run=run).exists()
+
+
+def test_a_final_checkpoint_checked_before_stop_is_not_recorded_on_the_cancelled_run(api, monkeypatch, live_run):
+    run, token = live_run
+    send(run.pk, token, {"batch_id": "a", "status": "running"})
+    meanwhile(monkeypatch, lambda: api.post(f"/api/training-runs/{run.pk}/stop"))
+    late = batch(run, batch_id="late", status=None, stage="merge", progress={"step": 10, "max_steps": 10},
+                 checkpoints=[{"step": 10, "path": out(run, "final"), "kind": "final"}])
+    assert send(run.pk, token, late).status_code == 200  # the engine's last flush after a STOP is still taken
+    run.refresh_from_db()
+    assert run.status == Status.CANCELLED and run.stage != "merge" and run.progress == {}
+    assert not Checkpoint.objects.filter(run=run).exists()
+    assert LogLine.objects.filter(run=run, line__contains="the final checkpoint (step 10) reported after the run was cancelled is not recorded").exists()
+
+
+def test_a_batch_whose_run_was_deleted_meanwhile_is_a_403_not_a_duplicate(monkeypatch, live_run):
+    run, token = live_run
+    meanwhile(monkeypatch, lambda: TrainingRun.objects.filter(pk=run.pk).delete())
+    r = send(run.pk, token, batch(run, batch_id="orphan"))
+    assert r.status_code == 403 and "not valid for this run" in r.json()["detail"]
+    assert not IngestBatch.objects.filter(run_id=run.pk).exists() and not MetricPoint.objects.filter(run_id=run.pk).exists()
+
+
+def test_a_checkpoint_reported_again_in_another_batch_is_recorded_once(live_run):
+    run, token = live_run
+    saved = {"step": 2, "path": out(run, "checkpoint-2"), "kind": "checkpoint"}
+    assert send(run.pk, token, {"batch_id": "a", "checkpoints": [saved]}).status_code == 200
+    assert send(run.pk, token, {"batch_id": "b", "checkpoints": [saved, {**saved, "step": 4, "path": out(run, "checkpoint-4")}]}).status_code == 200
+    assert list(Checkpoint.objects.filter(run=run).values_list("attempt", "step", "kind")) == [(1, 2, "checkpoint"), (1, 4, "checkpoint")]
+
+
+def test_progress_from_a_batch_that_arrives_late_does_not_go_back(live_run):
+    run, token = live_run
+    send(run.pk, token, {"batch_id": "newer", "progress": {"step": 8, "max_steps": 10}})
+    send(run.pk, token, {"batch_id": "older", "progress": {"step": 6, "max_steps": 10}, "logs": ["step 6"]})
+    run.refresh_from_db()
+    assert run.progress == {"step": 8, "max_steps": 10} and LogLine.objects.filter(run=run, line="step 6").exists()

@@ -156,6 +156,17 @@ def test_a_local_engine_still_exiting_is_refused_until_it_is_gone(api, runs_root
     assert api.delete(f"/api/training-runs/{run.pk}").status_code == 204
 
 
+def test_a_run_just_stopped_is_refused_until_its_backend_stop_has_run(api, runs_root):
+    # The stop task reads the run's row; deleted before it ran, a remote GPU job would never be stopped.
+    run = ended_run(api, status=Status.RUNNING)
+    assert api.post(f"/api/training-runs/{run.pk}/stop").status_code == 200  # its stop task is queued (on_commit never fires here)
+    body = assert_error(api.delete(f"/api/training-runs/{run.pk}"), 409, "status")
+    assert "still stopping on its backend: try again in a few seconds" in body["errors"][0]["message"]
+    services.stop_backend_job(run.pk, 1, "")  # the task
+    assert TrainingRun.objects.get(pk=run.pk).stop_requested_at is None
+    assert api.delete(f"/api/training-runs/{run.pk}").status_code == 204
+
+
 def test_who_may_delete(api, api_as, runs_root):
     run = ended_run(api)
     assert_error(api_as("viewer").delete(f"/api/training-runs/{run.pk}"), 403)

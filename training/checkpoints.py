@@ -14,7 +14,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from datahub.services import create_run_branch, record_checkpoint
+from datahub.services import create_run_branch, kept_run_repo, record_checkpoint, run_branch_gone
 from studio.errors import BadRequest, Conflict, Finding, counted
 from training.backends.local import REPO_ROOT, checkpoint_dir, engine_env
 from training.methods.base import lora_enabled
@@ -97,6 +97,15 @@ def request_merge(run: TrainingRun, checkpoint: Checkpoint) -> None:
     transaction.on_commit(lambda: merge_checkpoint.delay(checkpoint.pk))
 
 
+def branch_gone_for_merge(run: TrainingRun, checkpoint: Checkpoint) -> bool:
+    """Whether the merge fails because the run's branch, where its result is committed, went with its
+    repo (logged on the run): a merge is not what makes the repo again."""
+    if kept_run_repo(run) is not None:
+        return False
+    add_log(run, f"[studio] merge of step {checkpoint.step} failed: {run_branch_gone(run)}, so the merged model has nowhere to be committed")
+    return True
+
+
 def die_with_parent(parent: int) -> None:
     """preexec_fn of the merge process (`parent`: the worker's pid): the kernel SIGKILLs it when the
     worker that started it dies (Linux's PR_SET_PDEATHSIG), so a merge lost with its worker (and run
@@ -124,6 +133,8 @@ def _merge(checkpoint: Checkpoint) -> Checkpoint | None:
     if adapter is None:
         add_log(run, f"[studio] merge of step {checkpoint.step} not done: its checkpoint is not a folder in the run's own folder on this machine")
         return None
+    if branch_gone_for_merge(run, checkpoint):
+        return None
     out = adapter.parent / f"merged-step-{checkpoint.step}"
     base = attempt_settings(run, checkpoint.attempt)["base_model"]  # the model the adapter was trained on
     command = [sys.executable, "-m", "training.engine.merge", "--base", base, "--adapter", str(adapter), "--out", str(out)]
@@ -133,6 +144,8 @@ def _merge(checkpoint: Checkpoint) -> Checkpoint | None:
         tail = (done.stdout + done.stderr).strip().splitlines()[-5:]
         how = f"killed by signal {-done.returncode}" if done.returncode < 0 else f"exit status {done.returncode}"
         add_log(run, f"[studio] merge of step {checkpoint.step} failed ({how})" + (": " + " | ".join(tail) if tail else "; merge it again"))
+        return None
+    if branch_gone_for_merge(run, checkpoint):  # the repo was deleted while the merge ran
         return None
     merged = Checkpoint.objects.create(run=run, attempt=checkpoint.attempt, step=checkpoint.step, kind="merged", path=str(out), requested=True)
     record_checkpoint(run, merged)

@@ -69,11 +69,30 @@ def ingest(request: HttpRequest, run_id: int):
     refuse_foreign_checkpoints(run, batch)
     try:
         with transaction.atomic():
-            IngestBatch.objects.create(run=run, batch_id=batch.batch_id)
-            apply_batch(run, batch)
+            locked = locked_run_for_token(run)
+            if IngestBatch.objects.filter(run=locked, batch_id=batch.batch_id).exists():
+                return {"ok": True, "duplicate": True}
+            require_open(locked)
+            IngestBatch.objects.create(run=locked, batch_id=batch.batch_id)
+            apply_batch(locked, batch)
     except IntegrityError:
-        return {"ok": True, "duplicate": True}
+        if not TrainingRun.objects.filter(pk=run.pk).exists():
+            raise Forbidden("This token is not valid for this run's current attempt.") from None
+        if IngestBatch.objects.filter(run=run, batch_id=batch.batch_id).exists():
+            return {"ok": True, "duplicate": True}
+        raise
     return {"ok": True, "duplicate": False}
+
+
+def locked_run_for_token(checked: TrainingRun) -> TrainingRun:
+    """The run's row, locked for the batch's transaction and re-read: `checked` is the copy the token
+    was checked against before the batch was parsed. A STOP, a restart (which ends the attempt's
+    token) or a DELETE may have landed since; the batch is judged and applied against what the run
+    is now, and those wait for it while it is written."""
+    locked = TrainingRun.objects.select_for_update().filter(pk=checked.pk).first()
+    if locked is None or not locked.ingest_token_hash or locked.ingest_token_hash != checked.ingest_token_hash:
+        raise Forbidden("This token is not valid for this run's current attempt.")
+    return locked
 
 
 # ---- parsing -------------------------------------------------------------------------------------
@@ -142,23 +161,34 @@ def apply_batch(run: TrainingRun, batch: IngestBatchIn) -> None:
     attempt, ended = run.attempt, run.status in TERMINAL_STATUSES
     insert_metric_points(run.pk, [(m.step, m.key, m.value) for m in batch.metrics])
     lines = list(batch.logs)
+    recorded = set(Checkpoint.objects.filter(run=run, attempt=attempt, requested=False).values_list("step", "kind"))  # a Merge asked for is not the engine's own
     for reported in batch.checkpoints:
         if ended_early(run) and reported.kind in END_OF_TRAINING_KINDS:
             lines.append(f"[studio] the {reported.kind} checkpoint (step {reported.step}) reported after the run was {run.status} is not recorded")
             continue
+        if (reported.step, reported.kind) in recorded:  # reported again in a later batch (a reporter's resend under a new batch id)
+            continue
+        recorded.add((reported.step, reported.kind))
         record_checkpoint(run, Checkpoint.objects.create(run=run, attempt=attempt, **reported.model_dump()))
     LogLine.objects.bulk_create([LogLine(run=run, attempt=attempt, line=line) for line in lines], batch_size=5000)
     Rollout.objects.bulk_create([Rollout(run=run, **r.model_dump()) for r in batch.rollouts], batch_size=1000)
     changes = {"last_heartbeat_at": timezone.now()}
     if batch.stage is not None and not ended:  # a run that ended keeps the stage and progress it ended with
         changes["stage"] = batch.stage
-    if batch.progress is not None and not ended:
+    if batch.progress is not None and not ended and not behind(batch.progress, run.progress):
         changes["progress"] = batch.progress
     TrainingRun.objects.filter(pk=run.pk).update(**changes)
     if batch.system_prompt is not None:
         RunAttempt.objects.filter(run=run, attempt=attempt).update(system_prompt=batch.system_prompt)
     if batch.status:
         apply_reported_status(run, batch)
+
+
+def behind(progress: dict, current: dict) -> bool:
+    """Whether `progress` is of an earlier step than the run's `current` one: batches can land out of
+    order (a retried one after a newer one), and the progress bar must not go back."""
+    step, now = progress.get("step"), (current or {}).get("step")
+    return isinstance(step, (int, float)) and isinstance(now, (int, float)) and step < now
 
 
 def apply_reported_status(run: TrainingRun, batch: IngestBatchIn) -> None:

@@ -61,6 +61,10 @@ class TrainingRun(models.Model):
     ingest_token_hash = models.CharField(max_length=64, blank=True, db_index=True)  # /hub reads by ingest token
     start_requested_at = models.DateTimeField(null=True, blank=True)
     backend_job_id = models.CharField(max_length=200, blank=True)
+    # Set when STOP (or the reconciler ending a run) hands the job's stop to the stop_backend_job task,
+    # cleared when that task is done: the task needs the run's row (its backend connection), so the
+    # run cannot be deleted in between (services.delete_blockers).
+    stop_requested_at = models.DateTimeField(null=True, blank=True)
     # Refs resolved to commits at start (lineage); filled by the Data Hub resolver.
     pinned = models.JSONField(default=dict, blank=True)
     # Lineage of a run made with "resume from here": the run and the saved step it continues from.

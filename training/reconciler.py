@@ -237,6 +237,7 @@ def end_failed(run: TrainingRun, backend, code: str, message: str, tail: list[st
             from training.tasks import stop_backend_job
 
             log.warning("stopping run %s after %s failed: %s", run.pk, code, exc)
+            TrainingRun.objects.filter(pk=run.pk).update(stop_requested_at=timezone.now())  # a DELETE waits for the task
             stop_backend_job.apply_async((run.pk, run.attempt, run.backend_job_id), countdown=30)
     settle_cost(TrainingRun.objects.get(pk=run.pk))
 

@@ -19,7 +19,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from datahub.refs import engine_inputs, pin_refs
-from datahub.services import create_run_branch, remove_empty_run_branch
+from datahub.services import create_run_branch, kept_run_repo, remove_empty_run_branch
 from environments.services import job_environment, judge_env
 from experiments.models import Experiment
 from experiments.services import default_experiment, find_experiment
@@ -265,6 +265,8 @@ def start_run(run: TrainingRun) -> TrainingRun:
             raise Unprocessable(errors=findings)
         if run.status in (Status.FAILED, Status.CANCELLED):
             wipe_attempt_data(run)
+            if kept_run_repo(run) is None:  # deleted since the run ended: its checkpoints commit there, and nothing else makes it
+                create_run_branch(run)
             status_service.transition(run.pk, Status.QUEUED, note="restarted")
         TrainingRun.objects.filter(pk=run.pk).update(start_requested_at=timezone.now(), pinned=resumed_pins(run, pin_refs(run)))
         audit.record(AuditEvent.Action.STARTED, run, details={"previous_status": run.status})
@@ -306,7 +308,7 @@ def stop_run(run: TrainingRun) -> TrainingRun:
             raise Conflict(f"Only a provisioning or running run can be stopped; this one is {run.status}.")
         run = status_service.transition(run.pk, Status.CANCELLED, note="stopped by user")
         audit.record(AuditEvent.Action.STOPPED, run, details={"attempt": run.attempt})
-        TrainingRun.objects.filter(pk=run.pk).update(start_requested_at=None)
+        TrainingRun.objects.filter(pk=run.pk).update(start_requested_at=None, stop_requested_at=timezone.now())
         attempt, job_id = run.attempt, run.backend_job_id
         transaction.on_commit(lambda: signal_stop(run, attempt, job_id))
         transaction.on_commit(lambda: stop_backend_job.delay(run.pk, attempt, job_id))
@@ -358,6 +360,8 @@ def delete_blockers(run: TrainingRun) -> list[Finding]:
         findings.append(Finding("status", "its START is waiting for a worker: STOP it (which withdraws the START), then delete it"))
     elif run.backend_name == "local" and job_lingers(run.backend_job_id):
         findings.append(Finding("status", "its engine is still exiting after the run ended: try again in a few seconds"))
+    elif stopping_on_backend(run):
+        findings.append(Finding("status", "the run is still stopping on its backend: try again in a few seconds"))
     for child in TrainingRun.objects.filter(parent=run).select_related("resume_checkpoint").order_by("pk"):
         resumed_from = f"step {child.resume_checkpoint.step}" if child.resume_checkpoint_id else "a checkpoint"
         findings.append(Finding("children", f"run #{child.pk} ({child.name}, {child.status}) was resumed from {resumed_from} of this run: "
@@ -458,10 +462,37 @@ def signal_stop(run: TrainingRun, attempt: int, job_id: str) -> None:
             log.warning("signalling run %s's job to stop failed: %s", run.pk, exc)
 
 
+# The stop task asks a backend that is down again for about six hours (tasks.stop_backend_job); a
+# mark older than this is a task that gave up or was lost, and no longer holds a DELETE.
+STOP_MARK_EXPIRES = timedelta(hours=7)
+
+
+def stopping_on_backend(run: TrainingRun) -> bool:
+    """Whether the stop_backend_job task of the run's STOP has not finished: it reads the run's row
+    (its backend and connection), so a run deleted before it runs would leave its job running."""
+    return run.stop_requested_at is not None and run.stop_requested_at > timezone.now() - STOP_MARK_EXPIRES
+
+
 def stop_backend_job(run_id: int, attempt: int, job_id: str) -> None:
+    """Stop attempt `attempt`'s job at its backend, then clear the run's stop mark, also when the
+    stop fails for good; a backend that is down raises BackendUnavailable (the task asks again) and
+    the mark stays. A later attempt's mark is that attempt's stop to clear."""
     run = TrainingRun.objects.filter(pk=run_id).first()
     if run is None:
         return
+    asked_again = False
+    try:
+        stop_attempt_job(run, attempt, job_id)
+    except BackendUnavailable:
+        asked_again = True
+        raise
+    finally:
+        if not asked_again:
+            TrainingRun.objects.filter(pk=run_id, attempt=attempt).update(stop_requested_at=None)
+
+
+def stop_attempt_job(run: TrainingRun, attempt: int, job_id: str) -> None:
+    run_id = run.pk
     backend = get_backend(run.backend_name)
     if backend is not None:
         job_id = job_to_stop(backend, run_id, attempt, job_id)

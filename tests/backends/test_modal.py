@@ -19,6 +19,7 @@ from modal._serialization import serialize
 from modal._utils.async_utils import synchronizer
 from modal_proto import api_pb2
 
+from studio.errors import Conflict
 from studio.services import delete_secret, set_secret
 from tests.conftest import assert_error, sft_body
 from training import reconciler, services
@@ -196,6 +197,18 @@ def test_stop_cancels_the_call_and_its_containers(fake_modal, modal_run):
     request = fake_modal.requests[-1]
     assert isinstance(request, api_pb2.FunctionCallCancelRequest)
     assert request.function_call_id == "fc-01TEST" and request.terminate_containers
+
+
+@pytest.mark.django_db
+def test_a_run_deleted_right_after_stop_waits_for_its_call_to_be_cancelled(fake_modal, modal_run):
+    services.stop_run(modal_run)  # its stop task is queued (on_commit never fires here)
+    with pytest.raises(Conflict) as refused:
+        services.delete_run(modal_run)
+    assert "still stopping on its backend" in refused.value.errors[0].message
+    services.stop_backend_job(modal_run.pk, modal_run.attempt, modal_run.backend_job_id)  # the stop task, which needs the run's connection
+    assert any(isinstance(r, api_pb2.FunctionCallCancelRequest) and r.function_call_id == "fc-01TEST" for r in fake_modal.requests)
+    services.delete_run(modal_run)
+    assert not TrainingRun.objects.filter(pk=modal_run.pk).exists()
 
 
 @pytest.mark.django_db

@@ -48,6 +48,25 @@ def test_a_branch_and_a_tag_cannot_share_a_name(api, dataset_repo):
     assert_error(api.post("/api/hub/repos/hub-data/tags", {"name": "main"}), 409, "name")
 
 
+def test_a_branch_made_meanwhile_by_another_request_is_a_409_not_that_branch(api, dataset_repo, monkeypatch):
+    """Two requests for branch "dev": the second passed the check for an existing branch before the
+    first made it, at another commit; it was answered 201 with the first's branch."""
+    first_at = commits.commit_files(dataset_repo, "main", {"train.jsonl": b'{"text": "v1"}\n'}, "v1")
+    asked_at = commits.commit_files(dataset_repo, "main", {"train.jsonl": b'{"text": "v2"}\n'}, "v2")
+    resolve = repos.resolve
+
+    def first_request_lands(repo, ref, **kwargs):  # between the second request's check and its lock
+        if not Branch.objects.filter(repo=repo, name="dev").exists():
+            Branch.objects.create(repo=repo, name="dev", head=first_at)
+        return resolve(repo, ref, **kwargs)
+    monkeypatch.setattr(repos, "resolve", first_request_lands)
+    body = assert_error(api.post("/api/hub/repos/hub-data/branches", {"name": "dev", "from": asked_at.pk}), 409, "name")
+    assert "already exists" in body["detail"]
+    assert Branch.objects.get(repo=dataset_repo, name="dev").head_id == first_at.pk
+    monkeypatch.undo()
+    assert_error(api.post("/api/hub/repos/hub-data/branches", {"name": "dev", "from": "main"}), 409, "name")  # as when they come one after the other
+
+
 def test_delete_branch_and_tag_keeps_their_commits(api, dataset_repo):
     repos.create_branch(dataset_repo, "dev", "main")
     dev = commits.commit_files(dataset_repo, "dev", {"train.jsonl": b'{"text": "dev"}\n'}, "on dev")

@@ -260,3 +260,80 @@ def test_checkpoints_tab_says_deleted_with_its_repo_not_commit_pending(api, proj
     # a later run of the experiment makes the repo again, without this run's branch: still gone
     api.post("/api/training-runs", sft_body(name="again"))
     assert all("deleted with its repo" in text for text in actions().values()), actions()
+
+
+# ---- a repo that a run's checkpoint commit or merge is still to write to ---------------------------
+
+
+@pytest.fixture
+def saved_step(api, settings, tmp_path):
+    """A completed LoRA run of the default experiment with step 10 saved in its own output folder, not committed yet."""
+    from training.backends.local import output_dir
+    from training.models import Checkpoint
+
+    settings.STUDIO_RUNS_DIR = tmp_path / "runs"
+    run_id = api.post("/api/training-runs", sft_body(config={"lora_rank": 8})).json()["id"]
+    TrainingRun.objects.filter(pk=run_id).update(status=Status.COMPLETED, attempt=1)
+    folder = output_dir(run_id, 1) / "checkpoint-10"
+    folder.mkdir(parents=True)
+    (folder / "adapter_model.safetensors").write_bytes(b"w")
+    return Checkpoint.objects.create(run_id=run_id, attempt=1, step=10, path=str(folder))
+
+
+def test_a_repo_with_a_merge_in_flight_or_a_checkpoint_still_to_commit_is_a_409_naming_the_run(api, project, saved_step):
+    from django.utils import timezone
+
+    from training.models import Checkpoint
+
+    run = saved_step.run
+    Checkpoint.objects.filter(pk=saved_step.pk).update(merge_requested_at=timezone.now())
+    r = assert_error(api.delete("/api/hub/repos/experiment-default"), 409, "name")
+    assert f"run #{run.pk}" in r["errors"][0]["message"] and "merging step 10" in r["errors"][0]["message"]
+    Checkpoint.objects.filter(pk=saved_step.pk).update(merge_requested_at=None)
+    r = assert_error(api.delete("/api/hub/repos/experiment-default"), 409, "name")
+    assert f"run #{run.pk}" in r["errors"][0]["message"] and "still to commit" in r["errors"][0]["message"]
+    assert repos.find_repo(project, "experiment-default") is not None
+
+    Checkpoint.objects.filter(pk=saved_step.pk).update(commit="c" * 40)
+    assert api.delete("/api/hub/repos/experiment-default").status_code == 204
+
+
+def test_a_checkpoint_commit_after_its_repo_was_deleted_does_not_make_the_repo_again(api, project, saved_step):
+    from datahub.services import commit_checkpoint
+    from training.models import Checkpoint, LogLine
+
+    run = saved_step.run
+    Checkpoint.objects.filter(pk=saved_step.pk).update(commit="c" * 40)
+    assert api.delete("/api/hub/repos/experiment-default").status_code == 204
+    # reported just before the repo went; its commit task runs after
+    late = Checkpoint.objects.create(run=run, attempt=1, step=10, kind="adapter", path=saved_step.path)
+    assert commit_checkpoint(late.pk) is None
+    assert repos.find_repo(project, "experiment-default") is None and Checkpoint.objects.get(pk=late.pk).commit == ""
+    assert LogLine.objects.filter(run=run, line__contains=f"not committed: branch run-{run.pk} of acme/experiment-default was deleted with its repo").exists()
+
+
+def test_a_merge_whose_repo_was_deleted_fails_saying_so_and_makes_nothing_again(api, project, saved_step):
+    from django.utils import timezone
+
+    from training import checkpoints
+    from training.models import Checkpoint, LogLine
+
+    run = saved_step.run
+    Checkpoint.objects.filter(pk=saved_step.pk).update(commit="c" * 40)
+    assert api.delete("/api/hub/repos/experiment-default").status_code == 204
+    Checkpoint.objects.filter(pk=saved_step.pk).update(merge_requested_at=timezone.now())  # asked for as the repo went
+    assert checkpoints.merge(saved_step.pk) is None
+    assert repos.find_repo(project, "experiment-default") is None
+    assert not Checkpoint.objects.filter(run=run, kind="merged").exists() and Checkpoint.objects.get(pk=saved_step.pk).merge_requested_at is None
+    assert LogLine.objects.filter(run=run, line__contains="merge of step 10 failed: branch").exists()
+
+
+def test_start_again_of_a_run_whose_repo_was_deleted_makes_its_repo_and_branch_again(api, project, saved_step):
+    from training.models import Checkpoint
+
+    run = saved_step.run
+    Checkpoint.objects.filter(pk=saved_step.pk).update(commit="c" * 40)
+    TrainingRun.objects.filter(pk=run.pk).update(status=Status.CANCELLED)
+    assert api.delete("/api/hub/repos/experiment-default").status_code == 204
+    assert api.post(f"/api/training-runs/{run.pk}/start").status_code == 202
+    assert Branch.objects.filter(repo__project=project, repo__name="experiment-default", name=f"run-{run.pk}").exists()
