@@ -105,14 +105,6 @@ def heartbeat_findings(config: dict) -> list[Finding]:
     return []
 
 
-# Keys every method takes that a method's engine never reads, with what to use instead: taken and
-# stored, the trainer did something else.
-UNREAD_BY_METHOD = {
-    "grpo": {"max_length": "GRPO does not use max_length: rollouts are sized by max_response_length (the completion's tokens); "
-                           "set max_response_length instead and remove max_length"},
-}
-
-
 _MISSING = object()
 
 
@@ -203,6 +195,9 @@ class TrainingMethod:
     # option → the defaults it implies, filled in while the option is on (GRPO: use_unsloth's
     # max_prompt_length). They are stored like any default, and go with the option (see below).
     implied_defaults: ClassVar[dict[str, dict[str, Any]]] = {}
+    # Keys every method takes that this method's engine never reads, with what to use instead: taken and
+    # stored, the trainer did something else. Refused with the type checks, so the form's estimate waits too.
+    unread_keys: ClassVar[dict[str, str]] = {}
 
     def known_keys(self) -> dict[str, Key]:
         return {**COMMON_KEYS, **self.keys}
@@ -241,7 +236,7 @@ class TrainingMethod:
                         f"({', '.join(sorted(known))}) or a field of TRL's {self.trl_config}",
                     )
                 )
-        findings += [Finding(f"config.{key}", why) for key, why in UNREAD_BY_METHOD.get(self.name, {}).items() if key in config]
+        findings += [Finding(f"config.{key}", why) for key, why in self.unread_keys.items() if key in config]
         findings += adapter_findings(config)
         if not any(f.field.startswith("config.heartbeat_") for f in findings):
             findings += heartbeat_findings(config)

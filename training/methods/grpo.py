@@ -53,6 +53,12 @@ UNUSED_BY_GRPO = {
     "num_epochs": "the run length is max_steps (one pass over an N-prompt dataset is N steps): set max_steps",
 }
 
+# Keys GRPO's engine never reads (TrainingMethod.unread_keys): rollouts are sized by max_response_length.
+UNREAD_BY_GRPO = {
+    "max_length": "GRPO does not use max_length: rollouts are sized by max_response_length (the completion's tokens); "
+                  "set max_response_length instead and remove max_length",
+}
+
 
 def unused_batch_findings(config: dict) -> list[Finding]:
     """num_epochs 1 is seed 002's default, stored on every GRPO run, so it is the one value let through."""
@@ -95,6 +101,7 @@ class GRPO(TrainingMethod):
                    "num_train_epochs": "max_steps"}
     needs_dataset = False  # prompts come from the environment or from ruler_task_args
     implied_defaults = {"use_unsloth": {"max_prompt_length": 1024}}
+    unread_keys = UNREAD_BY_GRPO
     keys = {
         "rl_mode": Key("choice", choices=("environment", "ruler")),
         "environment_id": Key("str", nullable=True, hint='an environment ref like "builtin/arith@main"'),
