@@ -212,11 +212,13 @@ def delete_repo(repo: Repo) -> None:
     and pinned commit ids as text, and show the repo as gone. An experiment whose repo it was no
     longer names it (Experiment.hub_repo is cleared); its next run creates the repo again.
     The check and the delete run under the repo's row lock; a run that names the repo after it is
-    gone is refused by its own pre-start check."""
+    gone is refused by its own pre-start check. A run's checkpoint still to be committed (or merged)
+    to its experiment repo, or still to be published to its model repo, is a 409 too, finished run or not."""
     with transaction.atomic():
         repos.lock_refs(repo)
         _refuse_while_live_runs_use(repo, lambda run: repo_uses(run, repo), repo.full_name, "the repo", "name")
         _refuse_while_runs_commit_to(repo)
+        _refuse_while_runs_publish_to(repo)
         repos.delete_repo(repo)
         # hub_repo names the repo that exists (provision_experiment_repo sets it again on the
         # experiment's next run), so the Experiments list and API never link to a deleted repo.
@@ -269,6 +271,28 @@ def _refuse_while_runs_commit_to(repo: Repo) -> None:
                                             "(a minute or so), then delete the repo"))
     if findings:
         raise Conflict(f"{repo.full_name} is still being written by a run's checkpoint commit or merge: it cannot be deleted yet.", findings)
+
+
+def _refuse_while_runs_publish_to(repo: Repo) -> None:
+    """A 409 naming the run, finished or not, whose final or merged weights are still to be committed
+    and then published to `repo` (its model repo): the publish would find the repo gone and publish
+    nothing. Call under the repo's row lock."""
+    from training.backends.local import checkpoint_dir
+    from training.models import Checkpoint
+
+    match = MODEL_REPO_RE.search(repo.name)
+    if repo.type != RepoType.MODEL or match is None:
+        return
+    pending = (Checkpoint.objects.filter(run_id=int(match[1]), run__project_id=repo.project_id, kind__in=MODEL_KINDS, commit="",
+                                         created_at__gt=timezone.now() - COMMIT_PENDING)
+               .select_related("run", "run__experiment").order_by("step", "id"))
+    findings = [Finding("name", f"run #{checkpoint.run_id} ({checkpoint.run.name}) has its {checkpoint.kind} of step {checkpoint.step} "
+                                f"(attempt {checkpoint.attempt}) still to publish here: wait until its Checkpoints tab offers its download "
+                                "(a minute or so), then delete the repo")
+                for checkpoint in pending
+                if model_repo_name(checkpoint.run) == repo.name and not is_earlier_merge(checkpoint) and checkpoint_dir(checkpoint) is not None]
+    if findings:
+        raise Conflict(f"{repo.full_name} is still to receive a run's published model: it cannot be deleted yet.", findings)
 
 
 def ref_uses(run, repo: Repo, ref: str) -> list[str]:
@@ -534,11 +558,34 @@ def publish_model(run, checkpoint) -> Commit | None:
         path.relative_to(root).as_posix(): path for path in sorted(root.rglob("*")) if path.is_file() and not path.is_symlink()
     }
     files["README.md"] = model_card(run, checkpoint).encode()
+    if repos.find_repo(run.project, model_repo_name(run)) is None and model_repo_deleted(run, checkpoint):
+        not_published(run, checkpoint)
+        return None
     repo = get_or_create_repo(run.project, model_repo_name(run), RepoType.MODEL, run.created_by)
     summary = f"{run.method} of {run.base_model or 'unknown'} (run #{run.pk})"
     if repo.description != summary:
         Repo.objects.filter(pk=repo.pk).update(description=summary)
     return commit_files(repo, MAIN, files, message=f"Publish {checkpoint.kind} model from run #{run.pk} (step {checkpoint.step})", author=run.created_by)
+
+
+def model_repo_deleted(run, checkpoint) -> bool:
+    """Whether the run published a model before `checkpoint` (another of its final or merged
+    checkpoints was committed as its result) and no model repo of the run is left: a person deleted
+    it, and making it again would bring back a repo they removed."""
+    from training.models import Checkpoint
+
+    published = [earlier for earlier in Checkpoint.objects.filter(run_id=run.pk, kind__in=MODEL_KINDS).exclude(commit="").exclude(pk=checkpoint.pk)
+                 if not is_earlier_merge(earlier)]
+    kept = Repo.objects.filter(project_id=run.project_id, type=RepoType.MODEL, name__endswith=f"-run{run.pk}").exists()
+    return bool(published) and not kept
+
+
+def not_published(run, checkpoint) -> None:
+    from training.services import add_log
+
+    log.warning("run %s: checkpoint %s not published: its model repo was deleted", run.pk, checkpoint.pk)
+    add_log(run, f"[studio] {checkpoint.kind} (step {checkpoint.step}) of attempt {checkpoint.attempt} not published: model repo "
+                 f"{run.project.slug}/{model_repo_name(run)} was deleted, so nothing was published; its files are on branch {run_branch_name(run)}")
 
 
 def storage_full(run, checkpoint, exc: OSError) -> None:

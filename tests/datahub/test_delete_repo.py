@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import re
+from datetime import timedelta
 
 import pytest
 from django.test import Client
@@ -337,3 +338,64 @@ def test_start_again_of_a_run_whose_repo_was_deleted_makes_its_repo_and_branch_a
     assert api.delete("/api/hub/repos/experiment-default").status_code == 204
     assert api.post(f"/api/training-runs/{run.pk}/start").status_code == 202
     assert Branch.objects.filter(repo__project=project, repo__name="experiment-default", name=f"run-{run.pk}").exists()
+
+
+# ---- a model repo that a run's final or merged weights are still to be published to ----------------
+
+
+@pytest.fixture
+def published_run(api, project, settings, tmp_path):
+    """A completed full fine-tune whose attempt 1 published its final (step 10) to its model repo,
+    with attempt 2's final (step 20) saved in its own output folder and not committed yet."""
+    from datahub.services import create_run_branch, publish_model
+    from training.backends.local import output_dir
+    from training.models import Checkpoint
+
+    settings.STUDIO_RUNS_DIR = tmp_path / "runs"
+    run_id = api.post("/api/training-runs", sft_body()).json()["id"]
+    TrainingRun.objects.filter(pk=run_id).update(status=Status.COMPLETED, attempt=2)
+    run = TrainingRun.objects.get(pk=run_id)
+    create_run_branch(run)
+    finals = []
+    for attempt, step in ((1, 10), (2, 20)):
+        folder = output_dir(run_id, attempt) / "final"
+        folder.mkdir(parents=True)
+        (folder / "model.safetensors").write_bytes(b"w%d" % attempt)
+        finals.append(Checkpoint.objects.create(run=run, attempt=attempt, step=step, kind="final", path=str(folder)))
+    Checkpoint.objects.filter(pk=finals[0].pk).update(commit="c" * 40)
+    assert publish_model(run, finals[0]) is not None
+    return finals[1]
+
+
+def test_a_model_repo_with_a_final_still_to_publish_is_a_409_naming_the_run(api, project, published_run):
+    from training.models import Checkpoint
+
+    run, name = published_run.run, model_repo_name(published_run.run)
+    r = assert_error(api.delete(f"/api/hub/repos/{name}"), 409, "name")
+    assert f"run #{run.pk}" in r["errors"][0]["message"] and "final of step 20 (attempt 2) still to publish" in r["errors"][0]["message"], r
+    assert repos.find_repo(project, name) is not None
+
+    Checkpoint.objects.filter(pk=published_run.pk).update(commit="c" * 40)
+    assert api.delete(f"/api/hub/repos/{name}").status_code == 204
+
+
+def test_a_final_committed_after_its_model_repo_was_deleted_does_not_make_the_repo_again(api, project, published_run):
+    from datahub.services import commit_checkpoint
+    from training.models import Checkpoint, LogLine
+
+    run, name = published_run.run, model_repo_name(published_run.run)
+    Checkpoint.objects.filter(pk=published_run.pk).update(created_at=Checkpoint.objects.get(pk=published_run.pk).created_at - timedelta(hours=1))
+    assert api.delete(f"/api/hub/repos/{name}").status_code == 204  # its commit looked abandoned; its task retries after
+    assert commit_checkpoint(published_run.pk) is not None  # still committed on the run's branch
+    assert repos.find_repo(project, name) is None
+    assert LogLine.objects.filter(run=run, line__contains=f"not published: model repo acme/{name} was deleted").exists()
+
+
+def test_a_runs_first_final_still_makes_its_model_repo(api, project, published_run):
+    from datahub.services import commit_checkpoint
+    from training.models import Checkpoint
+
+    Checkpoint.objects.filter(run=published_run.run).exclude(pk=published_run.pk).delete()
+    repos.delete_repo(repos.find_repo(project, model_repo_name(published_run.run)))
+    assert commit_checkpoint(published_run.pk) is not None
+    assert repos.find_repo(project, model_repo_name(published_run.run)) is not None
