@@ -12,7 +12,7 @@ from studio import crypto
 from tests.conftest import sft_body, wait_for
 from training import services
 from training.backends.local import group_alive, parse_job_id
-from training.models import Checkpoint, LogLine, MetricPoint, Rollout, Status, TrainingRun
+from training.models import Checkpoint, LogLine, MetricPoint, Rollout, RunAttempt, Status, TrainingRun
 
 pytestmark = pytest.mark.worker
 
@@ -96,7 +96,7 @@ def test_stop_frees_the_process_group_and_cancels(api, studio_worker, tiny_model
     # A second STOP is a conflict, not a crash.
     assert api.post(f"/api/training-runs/{run_id}/stop").status_code == 409
     # The worker's stop task ran and cleared the run's stop mark: the run can be deleted.
-    wait_for(lambda: TrainingRun.objects.filter(pk=run_id, stop_requested_at__isnull=True).exists(), 30, message="the stop task to finish")
+    wait_for(lambda: not RunAttempt.objects.filter(run_id=run_id, stop_requested_at__isnull=False).exists(), 30, message="the stop task to finish")
     assert api.delete(f"/api/training-runs/{run_id}").status_code == 204
 
 

@@ -13,12 +13,12 @@ from datahub.commits import commit_files
 from datahub.models import Branch, Commit, Repo
 from datahub.services import commit_checkpoint
 from studio import crypto
-from studio.errors import NotFound
+from studio.errors import Conflict, NotFound
 from studio.models import AuditEvent
 from tests.conftest import assert_error, sft_body
 from training import services
 from training.backends.local import run_dir
-from training.models import Checkpoint, IngestBatch, LogLine, MetricPoint, Rollout, Status, TrainingRun
+from training.models import Checkpoint, IngestBatch, LogLine, MetricPoint, Rollout, RunAttempt, Status, TrainingRun
 
 pytestmark = pytest.mark.django_db
 
@@ -163,8 +163,43 @@ def test_a_run_just_stopped_is_refused_until_its_backend_stop_has_run(api, runs_
     body = assert_error(api.delete(f"/api/training-runs/{run.pk}"), 409, "status")
     assert "still stopping on its backend: try again in a few seconds" in body["errors"][0]["message"]
     services.stop_backend_job(run.pk, 1, "")  # the task
-    assert TrainingRun.objects.get(pk=run.pk).stop_requested_at is None
+    assert not RunAttempt.objects.filter(run=run, stop_requested_at__isnull=False).exists()
     assert api.delete(f"/api/training-runs/{run.pk}").status_code == 204
+
+
+def stopped_then_running_again(api) -> TrainingRun:
+    """A run whose attempt 1 was stopped (its stop task keeps asking a backend that is down) and that
+    was started again: attempt 2 runs, as a START and a worker's claim leave it."""
+    run = ended_run(api, status=Status.RUNNING)
+    services.stop_run(run)
+    TrainingRun.objects.filter(pk=run.pk).update(status=Status.RUNNING, attempt=2)
+    return TrainingRun.objects.get(pk=run.pk)
+
+
+def assert_delete_refused_as_stopping(run: TrainingRun) -> None:
+    with pytest.raises(Conflict) as refused:
+        services.delete_run(run)
+    assert "still stopping on its backend" in refused.value.errors[0].message
+
+
+def test_an_earlier_attempts_stop_still_retrying_holds_delete_and_its_end_frees_the_restarted_run(api, runs_root):
+    # QA: attempt 1's stop task, ending after a restart, left the run's one mark: DELETE was a 409 for 7 hours.
+    run = stopped_then_running_again(api)
+    TrainingRun.objects.filter(pk=run.pk).update(status=Status.COMPLETED)  # attempt 2 finished on its own: nothing of it to stop
+    assert_delete_refused_as_stopping(run)  # attempt 1's job may still run
+    services.stop_backend_job(run.pk, 1, "")  # attempt 1's task at last
+    services.delete_run(run)
+    assert not TrainingRun.objects.filter(pk=run.pk).exists()
+
+
+def test_a_later_attempts_stop_does_not_free_a_run_whose_earlier_attempt_is_still_stopping(api, runs_root):
+    run = stopped_then_running_again(api)
+    services.stop_run(run)
+    services.stop_backend_job(run.pk, 2, "")  # attempt 2's task is done; attempt 1's still asks its backend
+    assert_delete_refused_as_stopping(run)
+    services.stop_backend_job(run.pk, 1, "")
+    services.delete_run(run)
+    assert not TrainingRun.objects.filter(pk=run.pk).exists()
 
 
 def test_who_may_delete(api, api_as, runs_root):

@@ -61,10 +61,6 @@ class TrainingRun(models.Model):
     ingest_token_hash = models.CharField(max_length=64, blank=True, db_index=True)  # /hub reads by ingest token
     start_requested_at = models.DateTimeField(null=True, blank=True)
     backend_job_id = models.CharField(max_length=200, blank=True)
-    # Set when STOP (or the reconciler ending a run) hands the job's stop to the stop_backend_job task,
-    # cleared when that task is done: the task needs the run's row (its backend connection), so the
-    # run cannot be deleted in between (services.delete_blockers).
-    stop_requested_at = models.DateTimeField(null=True, blank=True)
     # Refs resolved to commits at start (lineage); filled by the Data Hub resolver.
     pinned = models.JSONField(default=dict, blank=True)
     # Lineage of a run made with "resume from here": the run and the saved step it continues from.
@@ -133,6 +129,11 @@ class RunAttempt(models.Model):
     # The system prompt its engine put before each GRPO prompt, as it reported it: the config's, or the
     # one the environment package sets itself ("" for none; null when its engine reported none).
     system_prompt = models.TextField(null=True, blank=True)
+    # Set when STOP (or the reconciler ending the run) hands this attempt's job to the stop_backend_job
+    # task, cleared when that task is done: the task needs the run's row (its backend connection), so
+    # the run cannot be deleted in between (services.delete_blockers). Per attempt: a task still
+    # stopping an earlier attempt's job must hold a DELETE, and its end must not free a later one's.
+    stop_requested_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

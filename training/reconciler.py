@@ -29,7 +29,7 @@ from training.backends.connections import connection_for
 from training.compute import accelerators_of
 from training.engine.spec import heartbeat_timeout
 from training.models import ACTIVE_STATUSES, BackendConnection, ErrorCode, GpuPrice, LogLine, Status, TrainingRun
-from training.services import INGEST_TOKEN_PREFIX, add_log, backoff_seconds, fail, record_attempt, submit_attempt
+from training.services import INGEST_TOKEN_PREFIX, add_log, backoff_seconds, fail, mark_stopping, record_attempt, submit_attempt
 
 log = logging.getLogger(__name__)
 
@@ -237,7 +237,7 @@ def end_failed(run: TrainingRun, backend, code: str, message: str, tail: list[st
             from training.tasks import stop_backend_job
 
             log.warning("stopping run %s after %s failed: %s", run.pk, code, exc)
-            TrainingRun.objects.filter(pk=run.pk).update(stop_requested_at=timezone.now())  # a DELETE waits for the task
+            mark_stopping(run)  # a DELETE waits for the task
             stop_backend_job.apply_async((run.pk, run.attempt, run.backend_job_id), countdown=30)
     settle_cost(TrainingRun.objects.get(pk=run.pk))
 

@@ -308,7 +308,8 @@ def stop_run(run: TrainingRun) -> TrainingRun:
             raise Conflict(f"Only a provisioning or running run can be stopped; this one is {run.status}.")
         run = status_service.transition(run.pk, Status.CANCELLED, note="stopped by user")
         audit.record(AuditEvent.Action.STOPPED, run, details={"attempt": run.attempt})
-        TrainingRun.objects.filter(pk=run.pk).update(start_requested_at=None, stop_requested_at=timezone.now())
+        TrainingRun.objects.filter(pk=run.pk).update(start_requested_at=None)
+        mark_stopping(run)
         attempt, job_id = run.attempt, run.backend_job_id
         transaction.on_commit(lambda: signal_stop(run, attempt, job_id))
         transaction.on_commit(lambda: stop_backend_job.delay(run.pk, attempt, job_id))
@@ -467,16 +468,22 @@ def signal_stop(run: TrainingRun, attempt: int, job_id: str) -> None:
 STOP_MARK_EXPIRES = timedelta(hours=7)
 
 
+def mark_stopping(run: TrainingRun) -> None:
+    """Record that the run's current attempt's job is handed to the stop_backend_job task. Call while
+    the attempt is the run's current one (it is active, so its record is its settings)."""
+    RunAttempt.objects.filter(pk=record_attempt(run).pk).update(stop_requested_at=timezone.now())
+
+
 def stopping_on_backend(run: TrainingRun) -> bool:
-    """Whether the stop_backend_job task of the run's STOP has not finished: it reads the run's row
-    (its backend and connection), so a run deleted before it runs would leave its job running."""
-    return run.stop_requested_at is not None and run.stop_requested_at > timezone.now() - STOP_MARK_EXPIRES
+    """Whether a stop_backend_job task of any of the run's attempts has not finished: it reads the
+    run's row (its backend and connection), so a run deleted before it runs would leave its job running."""
+    return RunAttempt.objects.filter(run=run, stop_requested_at__gt=timezone.now() - STOP_MARK_EXPIRES).exists()
 
 
 def stop_backend_job(run_id: int, attempt: int, job_id: str) -> None:
-    """Stop attempt `attempt`'s job at its backend, then clear the run's stop mark, also when the
+    """Stop attempt `attempt`'s job at its backend, then clear that attempt's stop mark, also when the
     stop fails for good; a backend that is down raises BackendUnavailable (the task asks again) and
-    the mark stays. A later attempt's mark is that attempt's stop to clear."""
+    the mark stays. Another attempt's mark is that attempt's stop to clear."""
     run = TrainingRun.objects.filter(pk=run_id).first()
     if run is None:
         return
@@ -488,7 +495,7 @@ def stop_backend_job(run_id: int, attempt: int, job_id: str) -> None:
         raise
     finally:
         if not asked_again:
-            TrainingRun.objects.filter(pk=run_id, attempt=attempt).update(stop_requested_at=None)
+            RunAttempt.objects.filter(run_id=run_id, attempt=attempt).update(stop_requested_at=None)
 
 
 def stop_attempt_job(run: TrainingRun, attempt: int, job_id: str) -> None:
