@@ -17,6 +17,9 @@ from .conftest import IngestStub, make_spec
 REPO = Path(__file__).resolve().parents[2]
 # 64 chat rows pack into 32 rows of 64 tokens: a step of 2 ranks x 2 rows is 1/8 of an epoch.
 DDP_CONFIG = {"max_steps": 3, "save_steps": 2, "per_device_train_batch_size": 2, "max_length": 64}
+# torch's DDP warns (every run) when told to look for unused parameters and finding none, which costs
+# a traversal of the autograd graph each step.
+FIND_UNUSED_WARNING = "find_unused_parameters=True was specified in DDP constructor"
 
 
 def run_under_torchrun(spec: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, processes: int = 2) -> subprocess.CompletedProcess[str]:
@@ -34,6 +37,7 @@ def test_sft_on_two_processes_trains_the_global_batch_and_reports_once(tiny, ing
     spec = make_spec("sft", tiny["student"], [tiny["sft"]], tmp_path / "out", DDP_CONFIG, ingest)
     proc = run_under_torchrun(spec, tmp_path, monkeypatch)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert FIND_UNUSED_WARNING not in proc.stderr
 
     logs = ingest.collect("logs")
     assert logs.count("data parallel: world size 2, one CPU process each; a step's global batch is "
@@ -62,10 +66,27 @@ def test_dpo_on_two_processes_trains_and_reports_once(tiny, ingest: IngestStub, 
     spec = make_spec("dpo", tiny["student"], [tiny["dpo"]], tmp_path / "out", cfg, ingest)
     proc = run_under_torchrun(spec, tmp_path, monkeypatch)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert FIND_UNUSED_WARNING not in proc.stderr
     assert sum(line.startswith("data parallel: world size 2") for line in ingest.collect("logs")) == 1
     assert [step for step, _ in sorted(ingest.metrics()["loss"])] == [1, 2]
     assert [c["kind"] for c in ingest.collect("checkpoints")] == ["adapter", "merged"]
     assert ingest.scalars("status") == ["running", "completed"]
+
+
+def test_sft_lora_on_two_processes_trains_without_looking_for_unused_parameters(tiny, ingest: IngestStub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = make_spec("sft", tiny["student"], [tiny["sft"]], tmp_path / "out", {**DDP_CONFIG, "lora": True}, ingest)
+    proc = run_under_torchrun(spec, tmp_path, monkeypatch)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert FIND_UNUSED_WARNING not in proc.stderr
+    assert [step for step, _ in sorted(ingest.metrics()["loss"])] == [1, 2, 3]
+    assert ingest.scalars("status") == ["running", "completed"]
+
+
+def test_a_config_that_sets_find_unused_parameters_keeps_it(tiny, ingest: IngestStub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = make_spec("sft", tiny["student"], [tiny["sft"]], tmp_path / "out", {**DDP_CONFIG, "max_steps": 1, "ddp_find_unused_parameters": True}, ingest)
+    proc = run_under_torchrun(spec, tmp_path, monkeypatch)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert FIND_UNUSED_WARNING in proc.stderr
 
 
 def test_a_rank_that_runs_out_of_memory_fails_the_run_as_oom(tiny, ingest: IngestStub, tmp_path: Path) -> None:

@@ -62,6 +62,11 @@ def build_config(config_cls: type, ctx: Context, **method_kwargs: Any) -> Any:
     ckpt_key = "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
     kwargs[ckpt_key], why = decide_checkpointing(spec.method, c, spec.base_model, spec.base_model_revision, device.kind)
     ctx.reporter.log(why)
+    if ctx.rank.world > 1:
+        # Every parameter SFT and DPO train (full or LoRA) gets a gradient each step: Trainer's default
+        # (look for unused ones unless checkpointing) cost a graph walk a step and a warning a run.
+        # A config's own ddp_find_unused_parameters replaces it below.
+        kwargs["ddp_find_unused_parameters"] = False
     kwargs.update(method_kwargs)
     for key, value in c.items():
         if key in ENGINE_KEYS:
