@@ -17,7 +17,10 @@ from django.core.exceptions import ImproperlyConfigured
 from django.http.request import split_domain_port, validate_host
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-VAR_DIR = Path(os.environ.get("STUDIO_VAR_DIR", BASE_DIR / "var"))
+VAR_DIR = Path(os.environ.get("STUDIO_VAR_DIR") or BASE_DIR / "var")
+if not VAR_DIR.is_absolute():  # the default is: BASE_DIR is resolved
+    # Each process (web, worker, beat) would resolve it against its own working directory.
+    raise ImproperlyConfigured(f"STUDIO_VAR_DIR={str(VAR_DIR)!r} is relative: give an absolute folder, e.g. /srv/studio/var")
 
 
 def env(name: str, default: str | None = None) -> str | None:

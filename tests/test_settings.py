@@ -17,6 +17,7 @@ SETTINGS_VARS = (
     "DEBUG", "SECRET_KEY", "SECRET_KEY_FILE", "STUDIO_ENCRYPTION_KEY", "STUDIO_ENCRYPTION_KEY_FILE", "DATABASE_URL",
     "DATABASE_URL_FILE", "REDIS_URL", "REDIS_URL_FILE", "ALLOWED_HOSTS", "DB_CONN_MAX_AGE", "STUDIO_STOP_GRACE_SECONDS",
     "STUDIO_LOCAL_ROOTS", "STUDIO_PUBLIC_URL", "STUDIO_RUNS_DIR",
+    "STUDIO_VAR_DIR",
 )
 PRODUCTION = {"DEBUG": "0", "SECRET_KEY": "s" * 50, "STUDIO_ENCRYPTION_KEY": "e" * 32}
 PRINT = "import django; django.setup(); from django.conf import settings as s; print(repr({attr}))"
@@ -50,6 +51,8 @@ def assert_refused(result: subprocess.CompletedProcess, variable: str) -> None:
     ({**PRODUCTION, "SECRET_KEY": "", "SECRET_KEY_FILE": "/nonexistent/secret"}, "SECRET_KEY_FILE"),
     ({**PRODUCTION, "ALLOWED_HOSTS": " , "}, "ALLOWED_HOSTS"),
     ({**PRODUCTION, "STUDIO_RUNS_DIR": "var/runs"}, "STUDIO_RUNS_DIR"),
+    ({**PRODUCTION, "STUDIO_VAR_DIR": "var"}, "STUDIO_VAR_DIR"),
+    ({"DEBUG": "1", "STUDIO_VAR_DIR": "./var"}, "STUDIO_VAR_DIR"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_bad_environment_stops_startup_naming_the_variable(env, variable):
     assert_refused(boot(env), variable)
@@ -66,6 +69,16 @@ def test_embedded_defaults_need_nothing_in_debug():
     result = boot({"DEBUG": "1"}, PRINT.format(attr="(s.DATABASES['default']['ENGINE'], s.REDIS_URL.startswith('redis+socket://'))"))
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == repr(("django.db.backends.sqlite3", True))
+
+
+def test_the_default_var_dir_is_the_repos_own(tmp_path):
+    # make studio sets no STUDIO_VAR_DIR: its default is var/ in the repository, wherever the process starts.
+    clean = {k: v for k, v in os.environ.items() if k not in SETTINGS_VARS and not k.startswith("PYTEST")}
+    code = "import django; django.setup(); from django.conf import settings as s; print(s.VAR_DIR)"
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env={**clean, "DJANGO_SETTINGS_MODULE": "studio.settings", "DEBUG": "1",
+                            "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == str(REPO / "var")
 
 
 def test_secret_key_file_is_read(tmp_path):
