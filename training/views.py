@@ -802,23 +802,26 @@ def rollout_groups(run: TrainingRun, request: HttpRequest) -> dict[str, Any]:
 def shown_system_prompt(run: TrainingRun) -> dict[str, str] | None:
     """The system prompt the Rollouts tab shows, and where it came from: the one the latest attempt's
     engine reported it used (an environment package may set its own), else the configured one (an
-    engine that reports none, a run not started yet)."""
-    config = run.config or {}
-    configured = str(config.get("system_prompt") or "")
-    reported = RunAttempt.objects.filter(run=run, system_prompt__isnull=False).order_by("-attempt").values_list("system_prompt", flat=True).first()
-    if reported is None:
+    engine that reports none, a run not started yet). A reported prompt is credited against the
+    config of the attempt that reported it: a stopped run may have been edited since."""
+    configured = str((run.config or {}).get("system_prompt") or "")
+    reporter = RunAttempt.objects.filter(run=run, system_prompt__isnull=False).order_by("-attempt").values("system_prompt", "config").first()
+    if reporter is None:
         return {"text": configured, "source": "config.system_prompt"} if configured else None
+    reported = reporter["system_prompt"]
     if not reported:
         return None
+    return {"text": reported, "source": system_prompt_source(reported, reporter["config"] or {})}
+
+
+def system_prompt_source(reported: str, config: dict) -> str:
     ruler = config.get("ruler_task_args")
     ruler = ruler if isinstance(ruler, dict) else {}
-    if reported == configured:
-        source = "config.system_prompt"
-    elif config.get("rl_mode") == "ruler" and reported == ruler.get("system_prompt"):
-        source = "ruler_task_args.system_prompt: RULER gives the policy the judge's criteria"
-    else:
-        source = f"set by the environment {config.get('environment_id') or ''} itself".replace("  ", " ")
-    return {"text": reported, "source": source}
+    if reported == str(config.get("system_prompt") or ""):
+        return "config.system_prompt"
+    if config.get("rl_mode") == "ruler" and reported == ruler.get("system_prompt"):
+        return "ruler_task_args.system_prompt: RULER gives the policy the judge's criteria"
+    return f"set by the environment {config.get('environment_id') or ''} itself".replace("  ", " ")
 
 
 @studio_page

@@ -331,13 +331,25 @@ def test_rollouts_tab_shows_the_system_prompt_the_engine_reported_its_environmen
     attempt = RunAttempt.objects.create(run=run, attempt=1, config=run.config, system_prompt="Answer with digits only.")
     html = client.get(f"/training/runs/{run.pk}/rollouts/").content.decode()
     assert re.search(r'data-testid="system-prompt".*set by the environment builtin/arith@main itself.*Answer with digits only\.', html)
-    # Reported as the configured one: named as the config's.
-    run.config = {**run.config, "system_prompt": "Answer with digits only."}
-    run.save(update_fields=["config"])
+    # Reported as the one that attempt was configured with: named as the config's.
+    RunAttempt.objects.filter(pk=attempt.pk).update(config={**run.config, "system_prompt": "Answer with digits only."})
     assert "(config.system_prompt)" in client.get(f"/training/runs/{run.pk}/rollouts/").content.decode()
     # Reported as none used: none shown, though a later edit configured one.
     RunAttempt.objects.filter(pk=attempt.pk).update(system_prompt="")
     assert 'data-testid="system-prompt"' not in client.get(f"/training/runs/{run.pk}/rollouts/").content.decode()
+
+
+def test_rollouts_tab_credits_the_system_prompt_to_the_config_of_the_attempt_that_reported_it(project, users):
+    from training.models import RunAttempt
+
+    # A stopped run edited after its attempt: the prompt that attempt used came from its own config.
+    run = make_run(project, users["owner"], "grpo", config={**METHOD_BODIES["grpo"]["config"], "system_prompt": "Answer with digits only."})
+    Rollout.objects.create(run=run, step=1, prompt="What is 2+2?", completion="4", reward=1.0)
+    RunAttempt.objects.create(run=run, attempt=1, config=run.config, system_prompt="Answer with digits only.")
+    TrainingRun.objects.filter(pk=run.pk).update(status=Status.CANCELLED, config={**run.config, "system_prompt": "Reply in words."})
+    html = client_for(users["owner"]).get(f"/training/runs/{run.pk}/rollouts/").content.decode()
+    assert re.search(r'data-testid="system-prompt".*\(config\.system_prompt\).*Answer with digits only\.', html, re.S)
+    assert "set by the environment" not in html
 
 
 @pytest.mark.parametrize("step", ["²", "-1", "1.0"])
