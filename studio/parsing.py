@@ -17,6 +17,13 @@ def invisible(text: str) -> bool:
     return all(c.isspace() or unicodedata.category(c) == "Cf" for c in text)
 
 
+def isolated(name: object) -> str:
+    """`name` between FSI and PDI (U+2068 ... U+2069), for putting a user-given name into one of the
+    Studio's own sentences (a message, a confirm dialog): a bidi override or an RTL script inside it
+    then stays inside it, instead of turning the rest of the sentence around."""
+    return f"\u2068{name}\u2069"
+
+
 def ascii_int(text: Any) -> int | None:
     """The whole number `text` spells in ASCII digits (no sign, no spaces), else None.
 

@@ -32,7 +32,7 @@ from environments.services import FIELD as FIELD_ENVIRONMENT
 from experiments.models import Experiment
 from experiments.services import DEFAULT_EXPERIMENT
 from studio.errors import ApiError, BadRequest, Conflict, Finding, Forbidden, PaymentRequired, Unprocessable
-from studio.parsing import ascii_int
+from studio.parsing import ascii_int, isolated
 from studio.views import errors_by_field, studio_page, web_actor
 from training import checkpoints, forms, services
 from training.backends.local import checkpoint_dir
@@ -400,7 +400,7 @@ def new_run(request: HttpRequest) -> HttpResponse:
         context = form_context(request, project, parsed.values, errors)
         context["billing_hint"] = isinstance(exc, PaymentRequired)
         return render(request, "training/new_run.html", context, status=exc.status)
-    messages.success(request, f"Run {run.name} is queued. Press START when it is ready.")
+    messages.success(request, f"Run {isolated(run.name)} is queued. Press START when it is ready.")
     return redirect("training:run", run_id=run.pk)
 
 
@@ -954,7 +954,7 @@ def delete(request: HttpRequest, run_id: int) -> HttpResponse:
     the Data Hub (or that its empty branch went too); refused, the status area names each reason."""
     actor = web_actor(request)
     run = get_run_for(actor, run_id, write=True)
-    deleted = f"Run #{run.pk} ({run.name}) was deleted."
+    deleted = f"Run #{run.pk} ({isolated(run.name)}) was deleted."
     branch, repo = hub.run_branch_name(run), hub.experiment_repo_name(run.experiment)
     try:
         branch_removed = services.delete_run(run)
@@ -962,9 +962,9 @@ def delete(request: HttpRequest, run_id: int) -> HttpResponse:
         run.refresh_from_db()
         return _status_response(request, run, actor, exc)
     if branch_removed:
-        messages.success(request, f"{deleted} It had committed nothing, so its branch {branch} of {repo} was removed from the Data Hub too.")
+        messages.success(request, f"{deleted} It had committed nothing, so its branch {isolated(branch)} of {isolated(repo)} was removed from the Data Hub too.")
     else:
-        messages.success(request, f"{deleted} What it committed stays on branch {branch} of {repo} in the Data Hub: delete that branch there if nothing needs it.")
+        messages.success(request, f"{deleted} What it committed stays on branch {isolated(branch)} of {isolated(repo)} in the Data Hub: delete that branch there if nothing needs it.")
     if request.htmx:
         response = HttpResponse(status=204)
         response.headers["HX-Redirect"] = reverse("training:runs")

@@ -866,3 +866,25 @@ def test_a_right_to_left_run_name_is_isolated_from_its_id(project, users):
     run = make_run(project, users["owner"], "sft", name="\u202eabc")
     assert f"<h1><bdi>\u202eabc</bdi> <span class=\"muted\">#{run.pk}</span>" in client.get(f"/training/runs/{run.pk}/").content.decode()
     assert "td.name > a { unicode-bidi: isolate; }" in (Path(__file__).resolve().parents[2] / "static/css/studio.css").read_text()
+
+
+BIDI_NAME = "\u202egrpo-sys"  # RIGHT-TO-LEFT OVERRIDE: accepted, as the name has visible characters
+
+
+def test_a_bidi_override_in_a_run_name_stays_inside_the_name_in_the_studios_messages(project, users):
+    client = client_for(users["owner"])
+    response = client.post("/training/new/", {
+        "name": BIDI_NAME, "method": "grpo", "experiment": "", "base_model": "org/base", "dataset": "",
+        "config.rl_mode": "environment", "config.environment_id": "builtin/arith@main", "compute.backend": "local", "config_text": "",
+    }, follow=True)
+    html = response.content.decode()
+    assert response.status_code == 200, html[:2000]
+    assert f"Run \u2068{BIDI_NAME}\u2069 is queued. Press START when it is ready." in html
+    run = project.runs.get(name=BIDI_NAME)
+    TrainingRun.objects.filter(pk=run.pk).update(status=Status.RUNNING)
+    assert f"Stop \u2068{BIDI_NAME}\u2069? Partial training" in client.get(f"/training/runs/{run.pk}/").content.decode()
+    TrainingRun.objects.filter(pk=run.pk).update(status=Status.CANCELLED)
+    html = client.get(f"/training/runs/{run.pk}/").content.decode()
+    assert f'hx-confirm="Delete \u2068{BIDI_NAME}\u2069? Its metrics' in html
+    html = client.post(f"/training/runs/{run.pk}/delete", follow=True).content.decode()
+    assert f"Run #{run.pk} (\u2068{BIDI_NAME}\u2069) was deleted." in html
