@@ -256,6 +256,23 @@ def test_distill_estimate_reads_a_data_hub_dataset_and_falls_back_to_the_seed_fi
     assert not re.search(r'name="distill_tokens"[^>]*value="295000"', form)  # the field starts blank: the dataset is counted
 
 
+def test_distill_estimate_of_two_datasets_says_the_characters_of_both(project, users, tmp_path):
+    import json
+
+    from datahub.commits import commit_files
+    from datahub.repos import create_repo
+
+    # Each dataset: 10 rows of 400 characters (1,000 tokens at about 4 a token); the student is not readable here.
+    row = json.dumps({"messages": [{"role": "user", "content": "x" * 200}, {"role": "assistant", "content": "y" * 199}]}) + "\n"
+    repo = create_repo(project, "kd-data", "dataset", users["owner"])
+    commit_files(repo, "main", {"train.jsonl": (row * 10).encode()}, message="data")
+    local = tmp_path / "distill.jsonl"
+    local.write_text(row * 10)
+    html = estimate_html(users["owner"], base_model="org/base", dataset=f"kd-data@main,{local}")
+    assert re.search(r'data-testid="estimate-tokens">2000<', html), html
+    assert "estimated from the rows&#x27; 8,000 characters" in html and "4,000 characters" not in html
+
+
 def test_teacher_size_from_local_config(tmp_path):
     import json
 
