@@ -149,7 +149,8 @@ class LoginView(auth_views.LoginView):
         except TooManyRequests as exc:
             refusal = f"Too many failed log-ins from this address: try again in {exc.retry_after} s."
             response = self.render_to_response(self.get_context_data(refusal=refusal), status=429)
-            response["Retry-After"] = str(exc.retry_after)
+            for name, value in exc.headers().items():
+                response[name] = value
             return response
         return super().post(request, *args, **kwargs)
 
