@@ -3,9 +3,9 @@ the session's Actor, and turning service errors into pages."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 from decimal import Decimal
 from functools import wraps
+from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 from django.conf import settings
