@@ -81,7 +81,7 @@ def hub_view(methods: list[str]):
             except HubError as exc:
                 return exc.response()
             except ApiError as exc:
-                return JsonResponse(exc.body(), status=exc.status)
+                return JsonResponse(exc.body(), status=exc.status, headers=exc.headers())
 
         wrapped.__name__ = view.__name__
         wrapped.__doc__ = view.__doc__

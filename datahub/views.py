@@ -26,6 +26,7 @@ from datahub.schemas import FilesDeleteIn, RepoIn, UploadIn
 from datahub.services import MODEL_REPO_RE
 from studio.api import validate_data
 from studio.errors import ApiError, BadRequest, Finding, NotFound, counted
+from studio.parsing import isolated
 from studio.views import errors_by_field, studio_page, web_actor
 
 
@@ -89,7 +90,7 @@ def repo_create(request: HttpRequest) -> HttpResponse:
     except ApiError as exc:
         form = {"values": values, "errors": form_errors(exc, NEW_REPO_FIELDS)}
         return render(request, "datahub/repos.html", list_context(request, form), status=exc.status)
-    messages.success(request, f"Created {repo.type} repo {repo.full_name}: upload its files below.")
+    messages.success(request, f"Created {repo.type} repo {isolated(repo.full_name)}: upload its files below.")
     return redirect("datahub:repo", repo.project.slug, repo.name)
 
 
@@ -197,7 +198,7 @@ def repo_upload(request: HttpRequest, namespace: str, name: str) -> HttpResponse
         # The page comes back scrolled to the top, and the form's findings may be far below it.
         messages.error(request, "Nothing was committed: see Upload files below.")
         return render(request, "datahub/repo.html", context, status=exc.status)
-    messages.success(request, f"Committed {counted(len(chosen), 'file')} to {payload.branch} as {commit.pk[:10]}.")
+    messages.success(request, f"Committed {counted(len(chosen), 'file')} to {isolated(payload.branch)} as {commit.pk[:10]}.")
     if values["folder"]:
         return redirect("datahub:tree_path", repo.project.slug, repo.name, payload.branch, values["folder"])
     return redirect("datahub:tree", repo.project.slug, repo.name, payload.branch)
@@ -218,9 +219,9 @@ def repo_delete(request: HttpRequest, namespace: str, name: str) -> HttpResponse
         # a 409's findings name the API's path parameter, `name`: here they are about the repo as a whole
         errors = form_errors(exc, {"confirm"}, lambda f: Finding("general", f.message) if f.field == "name" else f)
         context = tree_context(request, repo, repo.default_branch, delete={"values": {"confirm": confirm}, "errors": errors})
-        messages.error(request, f"{repo.full_name} was not deleted: see Delete this repo below.")
+        messages.error(request, f"{isolated(repo.full_name)} was not deleted: see Delete this repo below.")
         return render(request, "datahub/repo.html", context, status=exc.status)
-    messages.success(request, f"Deleted {repo.full_name} with its branches, tags and commits.")
+    messages.success(request, f"Deleted {isolated(repo.full_name)} with its branches, tags and commits.")
     return redirect("datahub:repos")
 
 
@@ -242,9 +243,9 @@ def branch_delete(request: HttpRequest, namespace: str, name: str, branch: str) 
         context = tree_context(request, repo, repo.default_branch, branch_delete={"errors": errors})
         if request.htmx:
             return render(request, "datahub/repo.html#branches", context, status=exc.status)
-        messages.error(request, f"Branch {branch} was not deleted: see Branches below.")
+        messages.error(request, f"Branch {isolated(branch)} was not deleted: see Branches below.")
         return render(request, "datahub/repo.html", context, status=exc.status)
-    messages.success(request, f"Deleted branch {branch} of {repo.full_name}: its commits stay readable by commit id.")
+    messages.success(request, f"Deleted branch {isolated(branch)} of {isolated(repo.full_name)}: its commits stay readable by commit id.")
     if request.htmx:
         response = HttpResponse(status=204)
         response.headers["HX-Redirect"] = reverse("datahub:repo", args=[repo.project.slug, repo.name])
@@ -279,9 +280,9 @@ def file_delete(request: HttpRequest, namespace: str, name: str, revision: str, 
         context = tree_context(request, repo, revision, folder, file_delete={"errors": errors})
         if request.htmx:
             return render(request, "datahub/repo.html#files", {**context, "oob": True}, status=exc.status)
-        messages.error(request, f"{path} was not deleted: see Files below.")
+        messages.error(request, f"{isolated(path)} was not deleted: see Files below.")
         return render(request, "datahub/repo.html", context, status=exc.status)
-    messages.success(request, f"Deleted {path} from branch {revision} as commit {commit.pk[:10]}: earlier commits keep it.")
+    messages.success(request, f"Deleted {isolated(path)} from branch {isolated(revision)} as commit {commit.pk[:10]}: earlier commits keep it.")
     folder = folder_left(commit, folder)
     url = (reverse("datahub:tree_path", args=[repo.project.slug, repo.name, revision, folder]) if folder
            else reverse("datahub:tree", args=[repo.project.slug, repo.name, revision]))
@@ -299,11 +300,11 @@ def file_not_found(request: HttpRequest, repo: Repo, revision: str, folder: str,
     htmx-config in base.html), so an htmx Delete is sent to that page (HX-Redirect) with why as its
     message."""
     if Branch.objects.filter(repo=repo, name=revision).exists():
-        shown, said = revision, f"{exc.detail} Files below show branch {revision} as it is now."
+        shown, said = revision, f"{exc.detail} Files below show branch {isolated(revision)} as it is now."
     else:
         shown, folder = repo.default_branch, ""
-        said = (f"{path} was not deleted: {repo.full_name} has no branch {revision!r} (a tag never changes, and a deleted branch is gone). "
-                f"Files below show the default branch, {repo.default_branch}: pick a branch above and delete the file there if it should still go.")
+        said = (f"{isolated(path)} was not deleted: {isolated(repo.full_name)} has no branch {isolated(repr(revision))} (a tag never changes, and a deleted branch is gone). "
+                f"Files below show the default branch, {isolated(repo.default_branch)}: pick a branch above and delete the file there if it should still go.")
     folder = folder_left(resolve(repo, shown), folder)
     if request.htmx:
         messages.error(request, said)

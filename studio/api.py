@@ -260,7 +260,10 @@ def error_response(request: HttpRequest, status: int, body: dict[str, Any]) -> H
 
 @api.exception_handler(ApiError)
 def on_api_error(request: HttpRequest, exc: ApiError) -> HttpResponse:
-    return error_response(request, exc.status, exc.body())
+    response = error_response(request, exc.status, exc.body())
+    for name, value in exc.headers().items():
+        response[name] = value
+    return response
 
 
 @api.exception_handler(ValidationError)

@@ -27,6 +27,10 @@ class ApiError(Exception):
     def body(self) -> dict:
         return {"detail": self.detail, "errors": [e.as_dict() for e in self.errors]}
 
+    def headers(self) -> dict[str, str]:
+        """Headers its answer carries besides the body (a 429's Retry-After)."""
+        return {}
+
 
 class BadRequest(ApiError):
     status = 400

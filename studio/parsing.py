@@ -10,11 +10,24 @@ def control_character(text: str) -> str | None:
     return next((c for c in text if ord(c) < 32 or 0x7F <= ord(c) <= 0x9F), None)
 
 
+# Letters and symbols that render as blank space: the Hangul fillers, the Braille blank, and the
+# combining grapheme joiner (a mark that draws nothing).
+BLANK_CHARACTERS = frozenset("\u115f\u1160\u3164\uffa0\u2800\u034f")
+
+
 def invisible(text: str) -> bool:
-    """Whether `text` shows nothing: only whitespace and format characters (Unicode category Cf:
-    zero-width spaces, bidi marks and overrides, the byte order mark). A name like that is a 0-px
-    link on screen, or turns the text beside it around."""
-    return all(c.isspace() or unicodedata.category(c) == "Cf" for c in text)
+    """Whether `text` shows nothing: only whitespace, format characters (Unicode category Cf:
+    zero-width spaces, bidi marks and overrides, the byte order mark), blank-rendering letters
+    (BLANK_CHARACTERS) and combining marks with nothing to combine with (categories Mn, Me). A name
+    like that is a 0-px link on screen, or turns the text beside it around."""
+    return all(c.isspace() or c in BLANK_CHARACTERS or unicodedata.category(c) in ("Cf", "Mn", "Me") for c in text)
+
+
+def isolated(name: object) -> str:
+    """`name` between FSI and PDI (U+2068 ... U+2069), for putting a user-given name into one of the
+    Studio's own sentences (a message, a confirm dialog): a bidi override or an RTL script inside it
+    then stays inside it, instead of turning the rest of the sentence around."""
+    return f"\u2068{name}\u2069"
 
 
 def ascii_int(text: Any) -> int | None:

@@ -38,6 +38,9 @@ class TooManyRequests(ApiError):
         super().__init__(f"Too many failed authentication attempts from this address: try again in {retry_after} s with a valid token.")
         self.retry_after = retry_after
 
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after)}
+
 
 def _window() -> tuple[int, int]:
     """(window number, seconds left in it)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from decimal import Decimal
 from functools import wraps
+from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 from django.conf import settings
@@ -37,18 +38,24 @@ def web_actor(request: HttpRequest) -> Actor:
     return Actor(user=request.user, project=current_project_for_session(request))
 
 
+# The login URL's flag for a form POST that came after its session ended (a fixed sentence, never text from the URL).
+SESSION_ENDED = "expired"
+SESSION_ENDED_NOTE = "Your session ended: nothing was done. Log in, then do it again."
+
+
 def login_redirect(request: HttpRequest) -> HttpResponse:
     """Where an anonymous request goes: the login page, then back. An htmx request (a poll, a
     button) would follow a plain redirect inside its XMLHttpRequest and swap the login form into
     its fragment, so it is told to load the login page in place of the whole page (HX-Redirect),
     with `next` the page it came from rather than the fragment's own URL. A plain form's POST
     returns to the page the form was on (its same-origin Referer): after logging in the browser
-    GETs `next`, and a POST-only URL would answer 405."""
+    GETs `next`, and a POST-only URL would answer 405. What the form sent is dropped, so the login
+    page is told to say so (SESSION_ENDED): the user would otherwise believe it was done."""
     if not request.htmx:
         if request.method in ("GET", "HEAD"):
             return auth_views.redirect_to_login(request.get_full_path())
         page = form_page(request)
-        return redirect(f"{resolve_url(settings.LOGIN_URL)}?{urlencode({'next': page})}" if page else settings.LOGIN_URL)
+        return redirect(f"{resolve_url(settings.LOGIN_URL)}?{urlencode({**({'next': page} if page else {}), SESSION_ENDED: '1'})}")
     page = request.htmx.current_url_abs_path  # None from another origin: never send anyone there
     login_url = resolve_url(settings.LOGIN_URL)
     return HttpResponseClientRedirect(f"{login_url}?{urlencode({'next': page})}" if page else login_url)
@@ -132,13 +139,18 @@ class LoginView(auth_views.LoginView):
 
     redirect_authenticated_user = True
 
+    def get_context_data(self, **kwargs) -> dict[str, Any]:
+        ended = self.request.GET.get(SESSION_ENDED) == "1" or self.request.POST.get(SESSION_ENDED) == "1"
+        return super().get_context_data(session_ended=SESSION_ENDED_NOTE if ended else None, session_ended_flag=SESSION_ENDED, **kwargs)
+
     def post(self, request: HttpRequest, *args, **kwargs) -> HttpResponse:
         try:
             check_auth_allowed(request)
         except TooManyRequests as exc:
             refusal = f"Too many failed log-ins from this address: try again in {exc.retry_after} s."
             response = self.render_to_response(self.get_context_data(refusal=refusal), status=429)
-            response["Retry-After"] = str(exc.retry_after)
+            for name, value in exc.headers().items():
+                response[name] = value
             return response
         return super().post(request, *args, **kwargs)
 

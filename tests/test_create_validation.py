@@ -490,6 +490,18 @@ def test_a_name_of_only_invisible_characters_is_refused_naming_it(api, name):
     assert "needs a visible character" in body["errors"][0]["message"]
 
 
+@pytest.mark.parametrize("name", ["\u3164", "\u2800", "\u115f", "\u1160", "\uffa0", "\u034f", "\u0301\u20dd", " \u3164\u200b "])
+def test_a_name_of_only_blank_rendering_characters_is_refused_naming_it(api, name):
+    # Hangul fillers, the Braille blank, the combining grapheme joiner, lone combining marks: accepted, they rendered blank.
+    body = assert_refused(api, 400, "name", name=name)
+    assert "needs a visible character" in body["errors"][0]["message"]
+    assert not TrainingRun.objects.exists()
+
+
+def test_a_name_with_combining_marks_on_a_letter_is_kept(api):
+    assert create(api, name="e\u0301\u034ftude").status_code == 201
+
+
 def test_a_name_with_a_bidi_character_and_letters_is_kept(api):
     assert create(api, name="\u202eabc").status_code == 201
 

@@ -230,14 +230,24 @@ def test_bad_tokens_from_one_address_are_limited_with_429_and_valid_ones_still_w
     client = Client(REMOTE_ADDR=limited)
     for _ in range(3):
         assert_error(client.get("/api/training-runs", HTTP_AUTHORIZATION="Bearer stu_wrong"), 401)
-    body = assert_error(client.get("/api/training-runs", HTTP_AUTHORIZATION="Bearer stu_wrong"), 429)
-    assert "try again in" in body["detail"]
+    response = client.get("/api/training-runs", HTTP_AUTHORIZATION="Bearer stu_wrong")
+    body = assert_error(response, 429)
+    retry_after = response.headers.get("Retry-After", "")
+    assert retry_after.isdecimal() and int(retry_after) > 0 and f"try again in {retry_after} s" in body["detail"]
     assert_error(client.get("/api/training-runs", HTTP_AUTHORIZATION="Bearer"), 429)
     # Behind a proxy every user has its address: one user's typos used to lock out everyone's valid tokens.
     assert client.get("/api/training-runs", HTTP_AUTHORIZATION=f"Bearer {tokens['owner']}").status_code == 200
     assert_error(client.get("/api/training-runs", HTTP_AUTHORIZATION="Bearer stu_wrong"), 429)
     # Another address is not affected.
     assert Client(REMOTE_ADDR=limited + "0").get("/api/training-runs", HTTP_AUTHORIZATION=f"Bearer {tokens['owner']}").status_code == 200
+
+
+def test_bad_tokens_on_the_hub_are_limited_with_429_and_retry_after(limited, project):
+    client = Client(REMOTE_ADDR=limited)
+    for _ in range(3):
+        assert client.get("/hub/acme/base/resolve/main/config.json", HTTP_AUTHORIZATION="Bearer stu_wrong").status_code == 401
+    response = client.get("/hub/acme/base/resolve/main/config.json", HTTP_AUTHORIZATION="Bearer stu_wrong")
+    assert response.status_code == 429 and response.headers.get("Retry-After", "").isdecimal()
 
 
 def test_good_tokens_do_not_count_against_the_limit(limited, tokens, project):
@@ -251,7 +261,9 @@ def test_bad_ingest_tokens_are_limited_too(limited, api):
     client = Client(REMOTE_ADDR=limited)
     for _ in range(3):
         assert_error(client.post(f"/api/ingest/runs/{run_id}", data={"batch_id": "b"}, content_type="application/json", HTTP_AUTHORIZATION="Bearer ing_guess"), 403)
-    assert_error(client.post(f"/api/ingest/runs/{run_id}", data={"batch_id": "b"}, content_type="application/json", HTTP_AUTHORIZATION="Bearer ing_guess"), 429)
+    response = client.post(f"/api/ingest/runs/{run_id}", data={"batch_id": "b"}, content_type="application/json", HTTP_AUTHORIZATION="Bearer ing_guess")
+    assert_error(response, 429)
+    assert response.headers.get("Retry-After", "").isdecimal()
 
 
 def test_an_engine_with_its_valid_ingest_token_is_not_locked_out_by_another_engines_bad_ones(limited, api):

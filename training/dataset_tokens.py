@@ -24,7 +24,17 @@ CACHE_SECONDS = 3600
 @dataclass(frozen=True)
 class TokenCount:
     tokens: int
-    source: str  # how it was found, as the estimate shows it: "counted with the student's tokenizer"
+    basis: str  # how it was found: "tokenizer", "characters" (of the rows' text) or "bytes" (of the files)
+    measured: int = 0  # the characters or bytes it was estimated from
+
+    @property
+    def source(self) -> str:
+        """How it was found, as the estimate shows it: "counted with the student's tokenizer ..."."""
+        if self.basis == "tokenizer":
+            return "counted with the student's tokenizer over the rows' text"
+        if self.basis == "bytes":
+            return f"estimated from the data files' size ({self.measured:,} bytes, at about {CHARS_PER_TOKEN} bytes a token)"
+        return f"estimated from the rows' {self.measured:,} characters at about {CHARS_PER_TOKEN} a token (the student's tokenizer is not readable here)"
 
 
 def dataset_sources(project, ref: str) -> tuple[list, str] | None:
@@ -98,24 +108,25 @@ def count_one(project, ref: str, tokenizer: tuple[Any, str] | None) -> TokenCoun
     if not sources or size == 0:
         return None
     if size > COUNT_MAX_BYTES:
-        return TokenCount(size // CHARS_PER_TOKEN, f"estimated from the data files' size ({size:,} bytes, at about {CHARS_PER_TOKEN} bytes a token)")
-    key = "training:dataset-tokens:" + hashlib.sha1(f"{stamp}:{tokenizer[1] if tokenizer else 'chars'}".encode()).hexdigest()
+        return TokenCount(size // CHARS_PER_TOKEN, "bytes", size)
+    key = "training:dataset-tokens:v2:" + hashlib.sha1(f"{stamp}:{tokenizer[1] if tokenizer else 'chars'}".encode()).hexdigest()
     with suppress(Exception):  # the cache is an optimisation: Redis restarting must not fail the page
         cached = cache.get(key)
         if cached is not None:
             return TokenCount(*cached)
     if tokenizer is not None:
-        answer = TokenCount(count_rows(sources, tokenizer[0]), "counted with the student's tokenizer over the rows' text")
+        answer = TokenCount(count_rows(sources, tokenizer[0]), "tokenizer")
     else:
         chars = count_rows(sources, None)
-        answer = TokenCount(max(1, chars // CHARS_PER_TOKEN), f"estimated from the rows' {chars:,} characters at about {CHARS_PER_TOKEN} a token (the student's tokenizer is not readable here)")
+        answer = TokenCount(max(1, chars // CHARS_PER_TOKEN), "characters", chars)
     with suppress(Exception):
-        cache.set(key, (answer.tokens, answer.source), CACHE_SECONDS)
+        cache.set(key, (answer.tokens, answer.basis, answer.measured), CACHE_SECONDS)
     return answer
 
 
 def dataset_tokens(project, dataset: Any, base_model: str | None) -> TokenCount | None:
-    """The tokens of every entry of `dataset` together; None when any entry cannot be read here."""
+    """The tokens of every entry of `dataset` together; None when any entry cannot be read here. The
+    characters or bytes it says it estimated from are every entry's too, not one entry's."""
     entries = dataset_entries(dataset)
     if not entries:
         return None
@@ -123,5 +134,18 @@ def dataset_tokens(project, dataset: Any, base_model: str | None) -> TokenCount 
     counts = [count_one(project, entry.ref, tokenizer) for entry in entries]
     if any(count is None for count in counts):
         return None
-    sources = {count.source for count in counts if count is not None}
-    return TokenCount(sum(count.tokens for count in counts if count is not None), "; ".join(sorted(sources)))
+    known = [count for count in counts if count is not None]
+    totals = [TokenCount(sum(c.tokens for c in known if c.basis == basis), basis, sum(c.measured for c in known if c.basis == basis))
+              for basis in sorted({c.basis for c in known})]
+    return totals[0] if len(totals) == 1 else CombinedCount(sum(t.tokens for t in totals), "mixed", 0, tuple(totals))
+
+
+@dataclass(frozen=True)
+class CombinedCount(TokenCount):
+    """Entries found different ways (one counted, one estimated): each way's share says how."""
+
+    parts: tuple[TokenCount, ...] = ()
+
+    @property
+    def source(self) -> str:
+        return "; ".join(f"{part.tokens:,} tokens {part.source}" for part in self.parts)

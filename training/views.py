@@ -32,7 +32,7 @@ from environments.services import FIELD as FIELD_ENVIRONMENT
 from experiments.models import Experiment
 from experiments.services import DEFAULT_EXPERIMENT
 from studio.errors import ApiError, BadRequest, Conflict, Finding, Forbidden, PaymentRequired, Unprocessable
-from studio.parsing import ascii_int
+from studio.parsing import ascii_int, isolated
 from studio.views import errors_by_field, studio_page, web_actor
 from training import checkpoints, forms, services
 from training.backends.local import checkpoint_dir
@@ -400,7 +400,7 @@ def new_run(request: HttpRequest) -> HttpResponse:
         context = form_context(request, project, parsed.values, errors)
         context["billing_hint"] = isinstance(exc, PaymentRequired)
         return render(request, "training/new_run.html", context, status=exc.status)
-    messages.success(request, f"Run {run.name} is queued. Press START when it is ready.")
+    messages.success(request, f"Run {isolated(run.name)} is queued. Press START when it is ready.")
     return redirect("training:run", run_id=run.pk)
 
 
@@ -802,23 +802,26 @@ def rollout_groups(run: TrainingRun, request: HttpRequest) -> dict[str, Any]:
 def shown_system_prompt(run: TrainingRun) -> dict[str, str] | None:
     """The system prompt the Rollouts tab shows, and where it came from: the one the latest attempt's
     engine reported it used (an environment package may set its own), else the configured one (an
-    engine that reports none, a run not started yet)."""
-    config = run.config or {}
-    configured = str(config.get("system_prompt") or "")
-    reported = RunAttempt.objects.filter(run=run, system_prompt__isnull=False).order_by("-attempt").values_list("system_prompt", flat=True).first()
-    if reported is None:
+    engine that reports none, a run not started yet). A reported prompt is credited against the
+    config of the attempt that reported it: a stopped run may have been edited since."""
+    configured = str((run.config or {}).get("system_prompt") or "")
+    reporter = RunAttempt.objects.filter(run=run, system_prompt__isnull=False).order_by("-attempt").values("system_prompt", "config").first()
+    if reporter is None:
         return {"text": configured, "source": "config.system_prompt"} if configured else None
+    reported = reporter["system_prompt"]
     if not reported:
         return None
+    return {"text": reported, "source": system_prompt_source(reported, reporter["config"] or {})}
+
+
+def system_prompt_source(reported: str, config: dict) -> str:
     ruler = config.get("ruler_task_args")
     ruler = ruler if isinstance(ruler, dict) else {}
-    if reported == configured:
-        source = "config.system_prompt"
-    elif config.get("rl_mode") == "ruler" and reported == ruler.get("system_prompt"):
-        source = "ruler_task_args.system_prompt: RULER gives the policy the judge's criteria"
-    else:
-        source = f"set by the environment {config.get('environment_id') or ''} itself".replace("  ", " ")
-    return {"text": reported, "source": source}
+    if reported == str(config.get("system_prompt") or ""):
+        return "config.system_prompt"
+    if config.get("rl_mode") == "ruler" and reported == ruler.get("system_prompt"):
+        return "ruler_task_args.system_prompt: RULER gives the policy the judge's criteria"
+    return f"set by the environment {config.get('environment_id') or ''} itself".replace("  ", " ")
 
 
 @studio_page
@@ -951,7 +954,7 @@ def delete(request: HttpRequest, run_id: int) -> HttpResponse:
     the Data Hub (or that its empty branch went too); refused, the status area names each reason."""
     actor = web_actor(request)
     run = get_run_for(actor, run_id, write=True)
-    deleted = f"Run #{run.pk} ({run.name}) was deleted."
+    deleted = f"Run #{run.pk} ({isolated(run.name)}) was deleted."
     branch, repo = hub.run_branch_name(run), hub.experiment_repo_name(run.experiment)
     try:
         branch_removed = services.delete_run(run)
@@ -959,9 +962,9 @@ def delete(request: HttpRequest, run_id: int) -> HttpResponse:
         run.refresh_from_db()
         return _status_response(request, run, actor, exc)
     if branch_removed:
-        messages.success(request, f"{deleted} It had committed nothing, so its branch {branch} of {repo} was removed from the Data Hub too.")
+        messages.success(request, f"{deleted} It had committed nothing, so its branch {isolated(branch)} of {isolated(repo)} was removed from the Data Hub too.")
     else:
-        messages.success(request, f"{deleted} What it committed stays on branch {branch} of {repo} in the Data Hub: delete that branch there if nothing needs it.")
+        messages.success(request, f"{deleted} What it committed stays on branch {isolated(branch)} of {isolated(repo)} in the Data Hub: delete that branch there if nothing needs it.")
     if request.htmx:
         response = HttpResponse(status=204)
         response.headers["HX-Redirect"] = reverse("training:runs")

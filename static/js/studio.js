@@ -92,8 +92,8 @@
   // base.html). Any other error answer (a 403 or 404 page, a CSRF refusal, a 5xx, a whole page or
   // nothing at any error status) would change nothing on screen: say in one announced banner what
   // happened, with the error page's own sentence and links when it has them. So too when no answer
-  // came (the server is down, the network dropped: htmx:sendError, htmx:timeout), which the next
-  // answer that does come clears.
+  // came (the server is down, the network dropped: htmx:sendError, htmx:timeout): a poll's banner goes
+  // with the next answer that does come, a user action's stays.
   var HINTS = {
     404: "It may have been deleted since this page was loaded (in another tab, or by a teammate): reload the page to see what is there now."
   };
@@ -137,7 +137,7 @@
 
   function unreachableBanner(poll) {
     var box = bannerBox();
-    box.dataset.unreachable = "true";
+    box.dataset.unreachable = poll ? "poll" : "action";
     box.appendChild(document.createElement("p")).textContent = poll
       ? "The Studio could not be reached, so this page may be out of date; it will retry and update itself once the Studio answers."
       : "The Studio could not be reached, so this may not have been done: check your connection, then reload the page to see what is there and try again.";
@@ -194,9 +194,11 @@
   }
   document.addEventListener("htmx:sendError", unreachable);
   document.addEventListener("htmx:timeout", unreachable);
+  // Only a poll's banner goes with the next answer: an action's says it may not have been done, which a
+  // later poll or estimate answering does not change, so it stays until dismissed or the page reloads.
   document.addEventListener("htmx:afterRequest", function (evt) {
     var shown = document.getElementById("request-error");
-    if (evt.detail.successful && shown && shown.dataset.unreachable) shown.remove();
+    if (evt.detail.successful && shown && shown.dataset.unreachable === "poll") shown.remove();
   });
 
   // ---- log boxes follow their newest line ----------------------------------------------------------

@@ -12,6 +12,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from studio.auth import current_project_for_session
+from studio.parsing import isolated as isolated_text
 from studio.queries import membership, projects_for
 
 register = template.Library()
@@ -26,6 +27,12 @@ def nav_state(context) -> dict[str, Any]:
     current = context.get("project") or current_project_for_session(request)
     member = membership(request.user, current) if current else None
     return {"projects": list(projects_for(request.user).order_by("slug")), "current": current, "role": member.role if member else None}
+
+
+@register.filter
+def isolated(name: object) -> str:
+    """A user-given name put into the Studio's own sentence (a confirm dialog): studio.parsing.isolated."""
+    return isolated_text(name)
 
 
 @register.simple_tag

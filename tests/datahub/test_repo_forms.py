@@ -62,7 +62,7 @@ def test_new_repo_form_creates_the_repo_and_opens_its_page(browser, project, use
     repo = Repo.objects.get(project=project, name="support-chats")
     assert (repo.type, repo.created_by) == ("dataset", users["member"])
     page = c.get(r["Location"]).content.decode()
-    assert "Created dataset repo acme/support-chats" in page and "Upload files" in page
+    assert "Created dataset repo \u2068acme/support-chats\u2069" in page and "Upload files" in page
 
 
 @pytest.mark.parametrize(("values", "status", "field", "said"), [
@@ -108,7 +108,7 @@ def test_upload_commits_the_files_under_the_folder_on_the_branch(browser, projec
     assert session.state == UploadSession.State.COMMITTED and session.commit == head
     assert not uploads.staged_path(session.pk).exists()
     page = c.get(r["Location"]).content.decode()
-    assert "train.jsonl" in page and "Committed 2 files to dev" in page
+    assert "train.jsonl" in page and "Committed 2 files to \u2068dev\u2069" in page
 
 
 def test_upload_without_a_message_gets_the_default_one(browser, ds):
@@ -162,7 +162,7 @@ def test_delete_form_deletes_once_the_name_is_typed(browser, project, ds):
     assert r.status_code == 302 and r["Location"] == "/hub/"
     assert not Repo.objects.filter(pk=ds.pk).exists()
     page = c.get("/hub/").content.decode()
-    assert "Deleted acme/ds" in page and 'data-repo="ds"' not in page
+    assert "Deleted \u2068acme/ds\u2069" in page and 'data-repo="ds"' not in page
     assert c.get("/hub/acme/ds").status_code == 404
 
 
@@ -171,7 +171,7 @@ def test_delete_form_with_the_wrong_name_typed_is_400_and_keeps_the_repo(browser
     r = browser("owner").post("/hub/acme/ds/delete", {"confirm": typed})
     assert r.status_code == 400
     assert "type ds to confirm" in field_errors(r.content.decode(), "confirm")
-    assert "acme/ds was not deleted: see Delete this repo below" in page_message(r.content.decode())
+    assert "\u2068acme/ds\u2069 was not deleted: see Delete this repo below" in page_message(r.content.decode())
     assert Repo.objects.filter(pk=ds.pk).exists()
 
 
@@ -183,7 +183,7 @@ def test_delete_form_while_a_live_run_uses_the_repo_is_409_saying_what_to_do(bro
     assert r.status_code == 409
     said = general_errors(r.content.decode())
     assert "acme/ds is used by 1 live run" in said and f"run #{run.pk}" in said and "stop the run" in said
-    assert "acme/ds was not deleted" in page_message(r.content.decode())
+    assert "\u2068acme/ds\u2069 was not deleted" in page_message(r.content.decode())
     assert Repo.objects.filter(pk=ds.pk).exists()
 
 
@@ -213,7 +213,7 @@ def test_writers_get_a_delete_form_for_each_branch_but_the_default_that_asks_fir
     repos.create_tag(ds, "v1", "main")
     table = branches_table(browser("member").get("/hub/acme/ds").content.decode())
     assert 'action="/hub/acme/ds/branches/dev/delete"' in table and 'hx-post="/hub/acme/ds/branches/dev/delete"' in table
-    assert 'hx-confirm="Delete branch dev of acme/ds?' in table
+    assert 'hx-confirm="Delete branch \u2068dev\u2069 of \u2068acme/ds\u2069?' in table
     assert "/branches/main/delete" not in table and "default branch" in table
     assert 'id="branches"' not in browser("viewer").get("/hub/acme/ds").content.decode()
 
@@ -231,7 +231,7 @@ def test_delete_branch_form_deletes_it_and_keeps_its_commits(browser, ds, htmx):
     assert not ds.branches.filter(name="dev").exists()
     assert repos.resolve(ds, dev.pk) == dev  # its commits stay
     page = c.get("/hub/acme/ds").content.decode()
-    assert "Deleted branch dev of acme/ds" in page_message(page) and 'data-branch="dev"' not in page
+    assert "Deleted branch \u2068dev\u2069 of \u2068acme/ds\u2069" in page_message(page) and 'data-branch="dev"' not in page
 
 
 @pytest.mark.parametrize("htmx", [False, True])
@@ -282,7 +282,7 @@ def test_writers_get_a_delete_form_for_each_file_on_a_branch_that_asks_first(bro
     repos.create_tag(ds, "v1", "main")
     table = files_table(browser("member").get("/hub/acme/ds").content.decode())
     assert 'action="/hub/acme/ds/delete/main/config"' in table and 'hx-post="/hub/acme/ds/delete/main/config"' in table
-    assert 'hx-confirm="Delete config from branch main of acme/ds? It goes in a new commit; earlier commits keep it."' in table
+    assert 'hx-confirm="Delete \u2068config\u2069 from branch \u2068main\u2069 of \u2068acme/ds\u2069? It goes in a new commit; earlier commits keep it."' in table
     assert f'name="parent" value="{head.pk}"' in table
     notes = files_table(browser("member").get("/hub/acme/ds/tree/main/notes").content.decode())
     assert 'action="/hub/acme/ds/delete/main/notes/readme.txt"' in notes
@@ -308,7 +308,7 @@ def test_delete_file_form_deletes_it_and_shows_the_new_head(browser, users, ds, 
         assert (after.parents, after.message, after.author) == ([before.pk], f"Delete {path}", users["member"])
         assert path not in repos.tree(after) and path in repos.tree(before)
         page = c.get(folder_url).content.decode()
-        assert f"Deleted {path} from branch main as commit {after.pk[:10]}" in page_message(page)
+        assert f"Deleted \u2068{path}\u2069 from branch \u2068main\u2069 as commit {after.pk[:10]}" in page_message(page)
         assert f"at commit <code>{after.pk[:10]}</code>" in page and f'data-file="{path}"' not in page
     assert set(repos.tree(repos.resolve(ds, "main"))) == {"config"}
 
@@ -377,7 +377,7 @@ def test_a_delete_on_a_branch_deleted_since_shows_the_default_branch_at_its_head
     else:
         page = r.content.decode()
         said = unescape(general_errors(files_table(page)))
-    assert "config was not deleted: acme/ds has no branch 'dev'" in said and "pick a branch above" in said
+    assert "\u2068config\u2069 was not deleted: \u2068acme/ds\u2069 has no branch \u2068'dev'\u2069" in said and "pick a branch above" in said
     assert f"Ref <code>main</code> at commit <code>{head.pk[:10]}</code>" in head_line(page)
     assert repos.resolve(ds, "main") == head and "config" in repos.tree(head)
 

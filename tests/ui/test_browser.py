@@ -307,7 +307,7 @@ def test_stop_asks_for_confirmation_and_shows_cancelled(owner_page, project, use
     page.on("dialog", on_dialog)
     page.get_by_role("button", name="STOP").click()
     expect(page.get_by_test_id("run-status")).to_have_text("cancelled")
-    assert dialogs and "Stop to stop?" in dialogs[0]
+    assert dialogs and "Stop \u2068to stop\u2069?" in dialogs[0]
     expect(page.locator("#start-btn")).to_have_text("Start again")
     run.refresh_from_db()
     assert run.status == Status.CANCELLED
@@ -324,12 +324,12 @@ def test_delete_asks_first_then_lands_on_the_list_saying_what_stays(owner_page, 
     page.once("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
     page.get_by_role("button", name="Delete run").click()
     expect(page.get_by_test_id("run-status")).to_have_text("failed")  # dismissed: nothing happened
-    assert dialogs and "Delete to delete?" in dialogs[0] and f"branch run-{run.pk}" in dialogs[0]
+    assert dialogs and "Delete \u2068to delete\u2069?" in dialogs[0] and f"branch run-{run.pk}" in dialogs[0]
     assert TrainingRun.objects.filter(pk=run.pk).exists()
     page.once("dialog", lambda d: d.accept())
     page.get_by_role("button", name="Delete run").click()
     expect(page).to_have_url(re.compile(r"/training/$"))
-    expect(page.locator("ul.messages")).to_contain_text(f"Run #{run.pk} (to delete) was deleted")
+    expect(page.locator("ul.messages")).to_contain_text(f"Run #{run.pk} (\u2068to delete\u2069) was deleted")
     expect(page.get_by_role("link", name="to delete", exact=True)).to_have_count(0)
     assert not TrainingRun.objects.filter(pk=run.pk).exists()
     check_page(page)

@@ -105,10 +105,33 @@ def test_a_plain_form_post_after_logout_returns_to_the_form_page(client, action,
     # Logging in then GETs `next`: the POST-only URL itself would answer 405.
     response = client.post(action, {"x": "1"}, HTTP_REFERER=f"{PAGE}{form_page}")
     assert response.status_code == 302
-    assert response["Location"] == f"/login/?{urlencode({'next': form_page})}"
+    assert response["Location"] == f"/login/?{urlencode({'next': form_page, 'expired': '1'})}"
 
 
 @pytest.mark.parametrize("referer", ["https://evil.example/hub/", "", "javascript:alert(1)"])
 def test_a_plain_form_post_from_elsewhere_after_logout_goes_to_login_without_next(client, referer):
     response = client.post("/hub/new", {"name": "x"}, HTTP_REFERER=referer)
-    assert response.status_code == 302 and response["Location"] == "/login/"
+    assert response.status_code == 302 and response["Location"] == "/login/?expired=1"
+
+
+SESSION_ENDED = "Your session ended: nothing was done. Log in, then do it again."
+
+
+def test_the_login_page_after_a_dropped_form_post_says_nothing_was_done(client, users):
+    # The upload (any plain form) sent after the session ended is not done: the user must be told.
+    response = client.post("/hub/acme/my-data/upload", {"x": "1"}, HTTP_REFERER=f"{PAGE}/hub/acme/my-data/", follow=True)
+    html = response.content.decode()
+    assert response.status_code == 200 and 'name="password"' in html
+    assert SESSION_ENDED in html
+    # A wrong password keeps saying it; the right one goes back to the form's page.
+    html = client.post("/login/", {"username": "owner", "password": "guess", "next": "/hub/acme/my-data/", "expired": "1"}).content.decode()
+    assert SESSION_ENDED in html
+    response = client.post("/login/", {"username": "owner", "password": "pw", "next": "/hub/acme/my-data/", "expired": "1"})
+    assert response.status_code == 302 and response["Location"] == "/hub/acme/my-data/"
+
+
+@pytest.mark.parametrize("flag", ["", "0", "yes", "<b>gone</b>"])
+def test_the_login_page_says_the_session_ended_only_for_its_own_flag(client, flag):
+    html = client.get("/login/", {"expired": flag}).content.decode()
+    assert SESSION_ENDED not in html and "<b>gone</b>" not in html
+    assert SESSION_ENDED not in client.get("/login/").content.decode()

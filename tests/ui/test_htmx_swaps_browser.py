@@ -161,7 +161,7 @@ def test_queued_banner_goes_once_the_run_changes(owner_page, project):
     fill_common(page, "banner run", dataset="org/sft-data")
     page.get_by_role("button", name="Create run").click()
     banner = page.locator("#main > ul.messages")
-    expect(banner).to_contain_text("Run banner run is queued. Press START when it is ready.")
+    expect(banner).to_contain_text("Run \u2068banner run\u2069 is queued. Press START when it is ready.")
     page.get_by_role("button", name="START").click()
     expect(page.locator("#stop-btn")).to_be_visible()  # START was taken: a worker will pick it up
     expect(banner).to_have_count(0)

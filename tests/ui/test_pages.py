@@ -256,6 +256,23 @@ def test_distill_estimate_reads_a_data_hub_dataset_and_falls_back_to_the_seed_fi
     assert not re.search(r'name="distill_tokens"[^>]*value="295000"', form)  # the field starts blank: the dataset is counted
 
 
+def test_distill_estimate_of_two_datasets_says_the_characters_of_both(project, users, tmp_path):
+    import json
+
+    from datahub.commits import commit_files
+    from datahub.repos import create_repo
+
+    # Each dataset: 10 rows of 400 characters (1,000 tokens at about 4 a token); the student is not readable here.
+    row = json.dumps({"messages": [{"role": "user", "content": "x" * 200}, {"role": "assistant", "content": "y" * 199}]}) + "\n"
+    repo = create_repo(project, "kd-data", "dataset", users["owner"])
+    commit_files(repo, "main", {"train.jsonl": (row * 10).encode()}, message="data")
+    local = tmp_path / "distill.jsonl"
+    local.write_text(row * 10)
+    html = estimate_html(users["owner"], base_model="org/base", dataset=f"kd-data@main,{local}")
+    assert re.search(r'data-testid="estimate-tokens">2000<', html), html
+    assert "estimated from the rows&#x27; 8,000 characters" in html and "4,000 characters" not in html
+
+
 def test_teacher_size_from_local_config(tmp_path):
     import json
 
@@ -331,13 +348,25 @@ def test_rollouts_tab_shows_the_system_prompt_the_engine_reported_its_environmen
     attempt = RunAttempt.objects.create(run=run, attempt=1, config=run.config, system_prompt="Answer with digits only.")
     html = client.get(f"/training/runs/{run.pk}/rollouts/").content.decode()
     assert re.search(r'data-testid="system-prompt".*set by the environment builtin/arith@main itself.*Answer with digits only\.', html)
-    # Reported as the configured one: named as the config's.
-    run.config = {**run.config, "system_prompt": "Answer with digits only."}
-    run.save(update_fields=["config"])
+    # Reported as the one that attempt was configured with: named as the config's.
+    RunAttempt.objects.filter(pk=attempt.pk).update(config={**run.config, "system_prompt": "Answer with digits only."})
     assert "(config.system_prompt)" in client.get(f"/training/runs/{run.pk}/rollouts/").content.decode()
     # Reported as none used: none shown, though a later edit configured one.
     RunAttempt.objects.filter(pk=attempt.pk).update(system_prompt="")
     assert 'data-testid="system-prompt"' not in client.get(f"/training/runs/{run.pk}/rollouts/").content.decode()
+
+
+def test_rollouts_tab_credits_the_system_prompt_to_the_config_of_the_attempt_that_reported_it(project, users):
+    from training.models import RunAttempt
+
+    # A stopped run edited after its attempt: the prompt that attempt used came from its own config.
+    run = make_run(project, users["owner"], "grpo", config={**METHOD_BODIES["grpo"]["config"], "system_prompt": "Answer with digits only."})
+    Rollout.objects.create(run=run, step=1, prompt="What is 2+2?", completion="4", reward=1.0)
+    RunAttempt.objects.create(run=run, attempt=1, config=run.config, system_prompt="Answer with digits only.")
+    TrainingRun.objects.filter(pk=run.pk).update(status=Status.CANCELLED, config={**run.config, "system_prompt": "Reply in words."})
+    html = client_for(users["owner"]).get(f"/training/runs/{run.pk}/rollouts/").content.decode()
+    assert re.search(r'data-testid="system-prompt".*\(config\.system_prompt\).*Answer with digits only\.', html, re.S)
+    assert "set by the environment" not in html
 
 
 @pytest.mark.parametrize("step", ["²", "-1", "1.0"])
@@ -854,3 +883,25 @@ def test_a_right_to_left_run_name_is_isolated_from_its_id(project, users):
     run = make_run(project, users["owner"], "sft", name="\u202eabc")
     assert f"<h1><bdi>\u202eabc</bdi> <span class=\"muted\">#{run.pk}</span>" in client.get(f"/training/runs/{run.pk}/").content.decode()
     assert "td.name > a { unicode-bidi: isolate; }" in (Path(__file__).resolve().parents[2] / "static/css/studio.css").read_text()
+
+
+BIDI_NAME = "\u202egrpo-sys"  # RIGHT-TO-LEFT OVERRIDE: accepted, as the name has visible characters
+
+
+def test_a_bidi_override_in_a_run_name_stays_inside_the_name_in_the_studios_messages(project, users):
+    client = client_for(users["owner"])
+    response = client.post("/training/new/", {
+        "name": BIDI_NAME, "method": "grpo", "experiment": "", "base_model": "org/base", "dataset": "",
+        "config.rl_mode": "environment", "config.environment_id": "builtin/arith@main", "compute.backend": "local", "config_text": "",
+    }, follow=True)
+    html = response.content.decode()
+    assert response.status_code == 200, html[:2000]
+    assert f"Run \u2068{BIDI_NAME}\u2069 is queued. Press START when it is ready." in html
+    run = project.runs.get(name=BIDI_NAME)
+    TrainingRun.objects.filter(pk=run.pk).update(status=Status.RUNNING)
+    assert f"Stop \u2068{BIDI_NAME}\u2069? Partial training" in client.get(f"/training/runs/{run.pk}/").content.decode()
+    TrainingRun.objects.filter(pk=run.pk).update(status=Status.CANCELLED)
+    html = client.get(f"/training/runs/{run.pk}/").content.decode()
+    assert f'hx-confirm="Delete \u2068{BIDI_NAME}\u2069? Its metrics' in html
+    html = client.post(f"/training/runs/{run.pk}/delete", follow=True).content.decode()
+    assert f"Run #{run.pk} (\u2068{BIDI_NAME}\u2069) was deleted." in html

@@ -39,6 +39,23 @@ def test_start_while_the_studio_is_unreachable_looks_busy_then_says_so(owner_pag
     page.shot("start-unreachable")
 
 
+def test_an_unreached_actions_banner_stays_when_a_later_poll_succeeds(owner_page, project, users):
+    # The next poll answering says nothing about the START that got no answer: it may not have been done.
+    page = owner_page
+    run = startable_run(project, users)
+    page.goto(f"/training/runs/{run.pk}/")
+    page.route("**/start", lambda route: route.abort("connectionrefused"))
+    page.get_by_role("button", name="START").click()
+    banner = page.locator("#request-error")
+    expect(banner).to_contain_text("The Studio could not be reached, so this may not have been done")
+    with page.expect_response(lambda response: "/live" in response.url and response.ok):
+        page.evaluate("htmx.trigger(document.body, 'run-changed')")
+    page.wait_for_timeout(300)
+    expect(banner).to_contain_text("so this may not have been done")
+    banner.get_by_role("button", name="Dismiss").click()
+    expect(banner).to_have_count(0)
+
+
 def test_a_failing_poll_shows_one_banner_that_goes_once_the_studio_answers(owner_page, project, users):
     page = owner_page
     startable_run(project, users)
