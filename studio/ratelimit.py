@@ -6,7 +6,9 @@ for every further bad token until the window ends. A valid token is checked firs
 many clients share an address (every local engine reports over 127.0.0.1, and behind a proxy every
 user has the proxy's), so refusing it would let one client's typos lock out all the others, and with
 256-bit tokens learning that a guess hit is worth nothing. The log-in form is stricter, as passwords
-can be guessed: over the budget every POST is a 429, the right password too (studio/views.py).
+can be guessed: over the budget every POST for that user name is a 429, the right password too
+(studio/views.py). Its budget is per address and user name, apart from the tokens': behind a proxy
+every user has one address, and one user's typos must not lock the others out of logging in.
 Fixed windows: one INCR per failure, one GET per refused credential. If the cache is down the limit
 is skipped (logged), never the request failed: authentication itself does not depend on Redis.
 
@@ -49,19 +51,20 @@ def _window() -> tuple[int, int]:
     return now // size, size - now % size
 
 
-def _key(request: HttpRequest, window: int) -> str:
-    return f"authfail:{request.META.get('REMOTE_ADDR', '')}:{window}"
+def _key(request: HttpRequest, window: int, scope: str) -> str:
+    return f"authfail:{request.META.get('REMOTE_ADDR', '')}:{scope}:{window}"
 
 
-def check_auth_allowed(request: HttpRequest) -> None:
-    """Raise TooManyRequests when this address is over its failure budget. The log-in form calls it
-    before checking the password; token checks use refuse_bad_credentials instead."""
+def check_auth_allowed(request: HttpRequest, scope: str = "") -> None:
+    """Raise TooManyRequests when this address is over its failure budget (for `scope`: the log-in
+    form's user name). The log-in form calls it before checking the password; token checks use
+    refuse_bad_credentials instead."""
     limit = settings.STUDIO_RATELIMIT_AUTH_FAILURES
     if limit <= 0:
         return
     window, left = _window()
     try:
-        failures = cache.get(_key(request, window)) or 0
+        failures = cache.get(_key(request, window, scope)) or 0
     except Exception as exc:  # noqa: BLE001 - fail open: see the module docstring
         log.warning("rate limit skipped, the cache is unavailable: %s", exc)
         return
@@ -69,11 +72,11 @@ def check_auth_allowed(request: HttpRequest) -> None:
         raise TooManyRequests(left)
 
 
-def note_auth_failure(request: HttpRequest) -> None:
+def note_auth_failure(request: HttpRequest, scope: str = "") -> None:
     if settings.STUDIO_RATELIMIT_AUTH_FAILURES <= 0:
         return
     window, left = _window()
-    key = _key(request, window)
+    key = _key(request, window, scope)
     try:
         if not cache.add(key, 1, timeout=left + 1):
             cache.incr(key)

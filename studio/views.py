@@ -2,6 +2,7 @@
 the session's Actor, and turning service errors into pages."""
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from decimal import Decimal
 from functools import wraps
@@ -145,7 +146,7 @@ class LoginView(auth_views.LoginView):
 
     def post(self, request: HttpRequest, *args, **kwargs) -> HttpResponse:
         try:
-            check_auth_allowed(request)
+            check_auth_allowed(request, login_scope(request))
         except TooManyRequests as exc:
             refusal = f"Too many failed log-ins from this address: try again in {exc.retry_after} s."
             response = self.render_to_response(self.get_context_data(refusal=refusal), status=429)
@@ -155,8 +156,13 @@ class LoginView(auth_views.LoginView):
         return super().post(request, *args, **kwargs)
 
     def form_invalid(self, form) -> HttpResponse:
-        note_auth_failure(self.request)
+        note_auth_failure(self.request, login_scope(self.request))
         return super().form_invalid(form)
+
+
+def login_scope(request: HttpRequest) -> str:
+    """The log-in form's failure budget is per address and user name (studio/ratelimit.py)."""
+    return "login:" + hashlib.sha256(request.POST.get("username", "").strip().lower().encode()).hexdigest()[:16]
 
 
 def favicon(request: HttpRequest) -> HttpResponse:

@@ -285,6 +285,9 @@ def test_bootstrapdemo_in_production_makes_no_admin_password_of_its_own(db, demo
     settings.DEBUG = False
     with pytest.raises(CommandError, match="set STUDIO_ADMIN_PASSWORD"):
         run("bootstrapdemo", "--i-know-this-is-production")
+    monkeypatch.setenv("STUDIO_ADMIN_PASSWORD", "")  # an empty one made admin / admin
+    with pytest.raises(CommandError, match="set STUDIO_ADMIN_PASSWORD"):
+        run("bootstrapdemo", "--i-know-this-is-production")
     assert not get_user_model().objects.exists() and not Plan.objects.exists()
     monkeypatch.setenv("STUDIO_ADMIN_PASSWORD", "a long chosen password")
     output = run("bootstrapdemo", "--i-know-this-is-production")

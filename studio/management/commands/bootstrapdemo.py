@@ -56,7 +56,7 @@ class Command(BaseCommand):
         user = User.objects.filter(username=username).first()
         if user is not None:
             return user, None
-        password = os.environ.get("STUDIO_ADMIN_PASSWORD")
+        password = os.environ.get("STUDIO_ADMIN_PASSWORD") or None  # set but empty is not a password either
         if password is None and not settings.DEBUG:
             raise CommandError(f"there is no user {username!r} to own the demo project: set STUDIO_ADMIN_PASSWORD to create it (or STUDIO_ADMIN_USER to use an existing user)")
         password = password or "admin"
