@@ -15,6 +15,7 @@ from datahub.services import commit_checkpoint
 from studio import crypto
 from studio.errors import Conflict, NotFound
 from studio.models import AuditEvent
+from studio.parsing import isolated
 from tests.conftest import assert_error, sft_body
 from training import services
 from training.backends.local import run_dir
@@ -239,7 +240,7 @@ def test_the_run_page_deletes_and_lands_on_the_runs_list_saying_what_stays(api, 
     response = client.post(f"/training/runs/{run.pk}/delete", HTTP_HX_REQUEST="true")
     assert response.status_code == 204 and response.headers["HX-Redirect"] == "/training/"
     listing = client.get("/training/").content.decode()
-    assert f"Run #{run.pk} (doomed run) was deleted" in listing and f"What it committed stays on branch run-{run.pk}" in listing
+    assert f"Run #{run.pk} ({isolated('doomed run')}) was deleted" in listing and f"What it committed stays on branch {isolated(f'run-{run.pk}')}" in listing
     assert not TrainingRun.objects.filter(pk=run.pk).exists()
     assert Branch.objects.filter(name=f"run-{run.pk}").exists()
 
@@ -250,7 +251,7 @@ def test_the_run_page_says_the_empty_branch_of_a_deleted_run_went_too(api, users
     response = client.post(f"/training/runs/{run_id}/delete", HTTP_HX_REQUEST="true")
     assert response.status_code == 204
     listing = client.get("/training/").content.decode()
-    assert f"Run #{run_id} (never started) was deleted. It had committed nothing, so its branch run-{run_id}" in listing
+    assert f"Run #{run_id} ({isolated('never started')}) was deleted. It had committed nothing, so its branch {isolated(f'run-{run_id}')}" in listing
     assert not Branch.objects.filter(name=f"run-{run_id}").exists()
 
 
