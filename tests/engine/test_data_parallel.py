@@ -12,7 +12,7 @@ import pytest
 
 from training.engine.launch import CPU_PROCESSES_ENV, engine_argv
 
-from .conftest import IngestStub, make_spec
+from .conftest import IngestStub, make_spec, run_inprocess
 
 REPO = Path(__file__).resolve().parents[2]
 # 64 chat rows pack into 32 rows of 64 tokens: a step of 2 ranks x 2 rows is 1/8 of an epoch.
@@ -120,3 +120,33 @@ def test_grpo_and_distill_on_several_gpus_say_they_train_on_one(tiny, tmp_path: 
     log_parallelism(parse_spec(spec), reporter, "cuda", Rank())
     assert list(reporter.log_tail) == [f"{method.upper()} trains in one process on 1 GPU of the 4 this run asked for: "
                                        "only SFT and DPO train data-parallel across GPUs in this version"]
+
+
+def test_a_rank_that_completed_leaves_its_process_group(tiny, ingest: IngestStub, tmp_path: Path) -> None:
+    # Left to the interpreter's exit, gloo's worker threads aborted a rank that had completed (SIGABRT,
+    # "terminate called without an active exception"), and torchrun failed the whole run: CI saw it.
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        spec = make_spec("sft", tiny["student"], [tiny["sft"]], tmp_path / "out", {"max_steps": 1, "per_device_train_batch_size": 2, "max_length": 64}, ingest)
+        assert run_inprocess(spec) == 0
+        assert not dist.is_initialized()
+        assert ingest.scalars("status")[-1] == "completed"
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def test_a_rank_that_failed_leaves_its_process_group_alone(tiny, ingest: IngestStub, tmp_path: Path) -> None:
+    # Tearing down after a failure can hang on peers still inside a collective: the failing rank just exits.
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        spec = make_spec("sft", str(tmp_path / "no-such-model"), [tiny["sft"]], tmp_path / "out", {"max_steps": 1}, ingest)
+        assert run_inprocess(spec) == 1
+        assert dist.is_initialized()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

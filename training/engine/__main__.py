@@ -148,9 +148,24 @@ def final_drain_seconds(spec: Spec) -> float:
     return float(heartbeat_timeout(spec.config))
 
 
+def leave_process_group() -> None:
+    """End this process's part in the run's process group once training is done. Left to the
+    interpreter's exit, gloo's worker threads can outlive it and abort the process (SIGABRT,
+    "terminate called without an active exception"): torchrun then failed a run that had completed.
+    Only after success: a rank that failed may leave peers inside a collective, and tearing down then
+    can hang, so a failing rank just exits and torchrun ends the others."""
+    try:
+        import torch.distributed as dist
+    except ImportError:  # pragma: no cover - torch is always there in the trainer image
+        return
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def _execute(spec: Spec, reporter: Reporter, rank: Rank) -> int:
     try:
         run_spec(spec, reporter, rank)
+        leave_process_group()
     except Superseded as exc:
         reporter.log(f"stopped: {exc}")
         reporter.close(timeout=2.0)
