@@ -5,9 +5,12 @@ pinned to commit ids at START, and turned into what the engine loads.
 - run_refs / dataset_refs: every Data Hub ref a run names, with its field path.
 - ref_findings / dataset_findings: the pre-start (422) checks of the refs and of dataset rows.
 - pin_refs: the refs resolved to commits at START; engine_inputs: what the engine loads from them.
+- refs_at_pins: a run's refs written at the commits an attempt pinned (a resumed run's own).
 """
 from __future__ import annotations
 
+import copy
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -136,6 +139,36 @@ def pin_refs(run) -> dict:
     return pinned
 
 
+FIELD_PART = re.compile(r"([A-Za-z_]+)|\[(\d+)\]")
+
+
+def at_commit(value: str, commit: str) -> str:
+    """`[project/]repo@ref` as `[project/]repo@<commit id>`: the same repo, read at that commit
+    however its branches move or whether they are still there (resolve reads a full commit id first)."""
+    return f"{value.partition('@')[0]}@{commit}"
+
+
+def refs_at_pins(fields: dict[str, Any], pinned: dict) -> dict[str, Any]:
+    """`fields` (base_model, dataset and config, as a run or one of its attempts has them) with each
+    Data Hub ref that `pinned` (pin_refs of those same values) pinned written at its commit (at_commit).
+    A ref that `pinned` has not, or pinned from another value, stays as it is."""
+    out = copy.deepcopy(fields)
+    for field, value in run_refs(out.get("base_model"), out.get("dataset"), out.get("config")):
+        pin = pinned.get(field.removesuffix(".ref"))
+        if isinstance(pin, dict) and pin.get("ref") == value and pin.get("commit"):
+            _set_field(out, field, at_commit(value, pin["commit"]))
+    return out
+
+
+def _set_field(fields: dict[str, Any], path: str, value: str) -> None:
+    """Set the value at a field path of run_refs (`base_model`, `dataset[1].ref`, `config.environment_id`)."""
+    keys: list[str | int] = [name or int(index) for name, index in FIELD_PART.findall(path)]
+    holder: Any = fields
+    for key in keys[:-1]:
+        holder = holder[key]
+    holder[keys[-1]] = value
+
+
 def dataset_findings(project, method: str, dataset, needs=None) -> list[Finding]:
     """Pre-start checks of a run's Data Hub datasets: the ref resolves, and every row has what the
     method trains on, and what `needs` (datasets.RowNeeds) adds (findings name the row and field,
@@ -180,3 +213,4 @@ def engine_inputs(run, ingest_token: str) -> dict[str, Any]:
         "teacher_model": pinned.get("config.distillation.teacher_model"),
         "env": env,
     }
+

@@ -19,7 +19,13 @@ from studio.errors import BadRequest, Conflict, Finding, counted
 from training.backends.local import REPO_ROOT, checkpoint_dir, engine_env
 from training.methods.base import lora_enabled
 from training.models import Checkpoint, TrainingRun
-from training.services import add_log, attempt_settings, locked_run, require_training_plan
+from training.services import (
+    add_log,
+    attempt_settings,
+    locked_run,
+    pinned_attempt_settings,
+    require_training_plan,
+)
 
 log = logging.getLogger(__name__)
 RESUMABLE_KINDS = ("checkpoint",)
@@ -64,14 +70,16 @@ def resume_run(run: TrainingRun, step: int, user, attempt: int | None = None) ->
     """A new queued run that continues from saved step `step` of `attempt` (the newest attempt that
     saved it when None): weights, optimizer, scheduler and RNG state, with the settings that attempt
     trained with (its base model, dataset, config and compute: the run may have been edited before a
-    later attempt). Lineage records the parent run and the checkpoint. The plan gate comes first:
+    later attempt), each Data Hub ref at the commit that attempt trained on (`student@<commit id>`),
+    so it trains on the same model and data after their branches move or are deleted. Lineage
+    records the parent run and the checkpoint. The plan gate comes first:
     resuming creates a run, and 402 precedes a bad step's 400 as it precedes create's."""
     require_training_plan(run.project)
     run = locked_run(run)  # a DELETE of the parent waits, then sees the child (or this finds it gone)
     checkpoint = checkpoint_of(run, step, attempt)
     child = TrainingRun.objects.create(
         project=run.project, experiment=run.experiment, created_by=user, name=f"{run.name} (from step {checkpoint.step})"[:200],
-        method=run.method, parent=run, resume_checkpoint=checkpoint, **attempt_settings(run, checkpoint.attempt),
+        method=run.method, parent=run, resume_checkpoint=checkpoint, **pinned_attempt_settings(run, checkpoint.attempt),
     )
     create_run_branch(child)
     return child

@@ -18,7 +18,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from datahub.refs import engine_inputs, pin_refs
+from datahub.refs import engine_inputs, pin_refs, refs_at_pins
 from datahub.services import create_run_branch, kept_run_repo, remove_empty_run_branch
 from environments.services import job_environment, judge_env
 from experiments.models import Experiment
@@ -227,8 +227,10 @@ def resumed_shape_findings(run: TrainingRun, checkpoint: Checkpoint) -> list[Fin
     parent = TrainingRun.objects.filter(pk=checkpoint.run_id).first()
     if parent is not None:
         # What the step's attempt trained with: the parent may have been edited and started again since.
-        trained = attempt_settings(parent, checkpoint.attempt)
-        if (run.base_model or "") != (trained["base_model"] or ""):
+        # A resumed run names its base model at the commit that attempt pinned (resume_run); one
+        # resumed before resume_run did so names the attempt's own ref, which resumed_pins pins.
+        trained = pinned_attempt_settings(parent, checkpoint.attempt)
+        if (run.base_model or "") not in {trained["base_model"] or "", attempt_record(parent, checkpoint.attempt).base_model or ""}:
             findings.append(Finding("base_model", f"{what} trained {trained['base_model']}: set base_model back to it, or start a new run to train {run.base_model or 'another model'}"))
         mine, theirs = run.config or {}, trained["config"] or {}
         if theirs.get("lora_rank") is None:
@@ -278,7 +280,8 @@ def start_run(run: TrainingRun) -> TrainingRun:
 def resumed_pins(run: TrainingRun, pinned: dict) -> dict:
     """`pinned` (pin_refs) with a resumed run's base model at the commit its checkpoint's attempt
     trained on, where the ref is the same: the saved adapter and optimizer belong to those weights,
-    and a branch that moved since would put them on others. Other refs pin where they point now."""
+    and a branch that moved since would put them on others. resume_run names that commit in the
+    run's refs itself (pinned_attempt_settings); this pins a run resumed before it did."""
     checkpoint = run.resume_checkpoint
     if checkpoint is None or "base_model" not in pinned:
         return pinned
@@ -436,11 +439,29 @@ def record_attempt(run: TrainingRun) -> RunAttempt:
     return recorded
 
 
+def attempt_record(run: TrainingRun, attempt: int) -> TrainingRun | RunAttempt:
+    """What attempt `attempt` of `run` trained with; the run itself for an attempt claimed before the
+    Studio recorded attempts (RunAttempt)."""
+    return RunAttempt.objects.filter(run=run, attempt=attempt).first() or run
+
+
 def attempt_settings(run: TrainingRun, attempt: int) -> dict[str, Any]:
     """The base_model, dataset, config and compute that attempt `attempt` of `run` trained with; the
     run's current ones for an attempt claimed before the Studio recorded attempts (RunAttempt)."""
-    source: TrainingRun | RunAttempt = RunAttempt.objects.filter(run=run, attempt=attempt).first() or run
+    return settings_of(attempt_record(run, attempt))
+
+
+def settings_of(source: TrainingRun | RunAttempt) -> dict[str, Any]:
     return {"base_model": source.base_model, "dataset": source.dataset, "config": source.config, "compute": source.compute}
+
+
+def pinned_attempt_settings(run: TrainingRun, attempt: int) -> dict[str, Any]:
+    """attempt_settings with each Data Hub ref written at the commit that attempt trained on
+    (`student@<commit id>`): what a run resumed from one of its steps trains with. Its saved weights and
+    optimizer belong to those commits' model and data, and a branch that moved since, or was deleted
+    (allowed once the run has ended), would train it on other ones or not start it at all."""
+    source = attempt_record(run, attempt)
+    return refs_at_pins(settings_of(source), source.pinned or {})
 
 
 def job_to_stop(backend, run_id: int, attempt: int, job_id: str) -> str:

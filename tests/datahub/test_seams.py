@@ -151,3 +151,17 @@ def test_engine_inputs_point_at_pinned_commits_and_ingest_token_reads_the_hub(ap
     assert r.status_code == 200
     TrainingRun.objects.filter(pk=run_id).update(status="completed")
     assert client.get("/hub/api/models/acme/base", HTTP_AUTHORIZATION="Bearer ing_abc").status_code == 401
+
+
+def test_refs_at_pins_write_each_pinned_ref_at_its_commit():
+    fields = {"base_model": "base@main", "dataset": [{"ref": "acme/rows@b1", "type": "chat"}, "other@main", "org/hf-data"],
+              "config": {"distillation": {"teacher_model": "teacher@v1"}, "environment_id": "builtin/arith@main", "lora_rank": 4}, "compute": {}}
+    pinned = {"base_model": {"ref": "base@main", "commit": "a" * 40, "repo": "acme/base"},
+              "dataset[0]": {"ref": "acme/rows@b1", "commit": "b" * 40, "repo": "acme/rows"},
+              "dataset[1]": {"ref": "other@old", "commit": "c" * 40, "repo": "acme/other"},  # pinned from another value: left as it is
+              "config.distillation.teacher_model": {"ref": "teacher@v1", "commit": "d" * 40, "repo": "acme/teacher"}}
+    assert refs.refs_at_pins(fields, pinned) == {
+        "base_model": f"base@{'a' * 40}", "dataset": [{"ref": f"acme/rows@{'b' * 40}", "type": "chat"}, "other@main", "org/hf-data"],
+        "config": {"distillation": {"teacher_model": f"teacher@{'d' * 40}"}, "environment_id": "builtin/arith@main", "lora_rank": 4}, "compute": {},
+    }
+    assert fields["base_model"] == "base@main"  # a copy: the attempt's own record stays as it trained
