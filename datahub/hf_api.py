@@ -95,7 +95,7 @@ def hub_view(methods: list[str]):
 def reader_for(request: HttpRequest) -> Reader:
     """A Studio API token or browser session (its projects), or a run's ingest token (read access
     to that run's project, so a remote engine can fetch its base model and datasets)."""
-    from training.services import INGEST_TOKEN_PREFIX
+    from training.services import INGEST_TOKEN_PREFIX, MERGE_TOKEN_PREFIX
 
     header = request.headers.get("Authorization", "")
     scheme, _, token = header.partition(" ")
@@ -103,6 +103,8 @@ def reader_for(request: HttpRequest) -> Reader:
         # Not an API token, so StudioAuth would refuse it and count a failure against the
         # engine's address each file it downloads.
         return ingest_reader(request, token.strip())
+    if scheme.lower() == "bearer" and token.strip().startswith(f"{MERGE_TOKEN_PREFIX}_"):
+        return merge_reader(request, token.strip())
     try:
         actor = StudioAuth()(request) if request.method in ("GET", "HEAD", "OPTIONS") or header else None
     except Unauthorized as exc:
@@ -122,6 +124,21 @@ def ingest_reader(request: HttpRequest, token: str) -> Reader:
     project_id, pinned = found
     pins = frozenset((pin["repo"], pin["commit"]) for pin in (pinned or {}).values() if isinstance(pin, dict) and "repo" in pin and "commit" in pin)
     return Reader(frozenset({project_id}), pins)
+
+
+def merge_reader(request: HttpRequest, token: str) -> Reader:
+    """A checkpoint merge's token (training.checkpoints.merge_base): the commit of the base model
+    that the step's attempt trained on, and nothing else, while the merge runs."""
+    from training.checkpoints import merge_mark_expired
+    from training.models import Checkpoint
+    from training.services import attempt_pinned
+
+    checkpoint = Checkpoint.objects.select_related("run").filter(merge_token_hash=crypto.hash_token(token), merge_requested_at__gt=merge_mark_expired()).first()
+    if checkpoint is None:
+        refuse_bad_credentials(request, HubError(401, None, "This merge token is not valid, or its merge has ended: merge the checkpoint again for a new one.",
+                                                 message_header="Invalid credentials in Authorization header"))
+    pin = attempt_pinned(checkpoint.run, checkpoint.attempt).get("base_model")
+    return Reader(frozenset({checkpoint.run.project_id}), frozenset({(pin["repo"], pin["commit"])} if pin else ()))
 
 
 def repo_for(request: HttpRequest, namespace: str, name: str, kind: str = "models") -> tuple[Repo, Reader]:

@@ -194,8 +194,6 @@ def engine_inputs(run, ingest_token: str) -> dict[str, Any]:
     huggingface_hub / datasets / transformers at Studio's /hub. The run's ingest token reads its
     own project's repos while the run is provisioning or running, so no user token leaves Studio.
     Refs that are not Data Hub refs pass through unchanged."""
-    from django.conf import settings
-
     pinned = run.pinned or {}
     base = pinned.get("base_model")
     items = run.dataset if isinstance(run.dataset, list) else ([run.dataset] if run.dataset is not None else [])
@@ -205,7 +203,7 @@ def engine_inputs(run, ingest_token: str) -> dict[str, Any]:
         ref, kind = (item.get("ref"), item.get("type")) if isinstance(item, dict) else (item, None)
         pin = pinned.get(field) or pinned.get(f"{field}.ref")
         datasets_out.append({"path": pin["repo"], "type": kind, "revision": pin["commit"]} if pin else {"path": ref, "type": kind, "revision": None})
-    env = {"HF_ENDPOINT": f"{settings.STUDIO_PUBLIC_URL}/hub", "HF_TOKEN": ingest_token, "HF_HUB_DISABLE_XET": "1"} if pinned else {}
+    env = hub_env(ingest_token) if pinned else {}
     return {
         "base_model": base["repo"] if base else run.base_model,
         "base_model_revision": base["commit"] if base else None,
@@ -214,3 +212,10 @@ def engine_inputs(run, ingest_token: str) -> dict[str, Any]:
         "env": env,
     }
 
+
+def hub_env(token: str) -> dict[str, str]:
+    """The environment that points huggingface_hub / datasets / transformers at Studio's /hub, reading
+    with `token` (a run's ingest token, or a merge's: training.checkpoints)."""
+    from django.conf import settings
+
+    return {"HF_ENDPOINT": f"{settings.STUDIO_PUBLIC_URL}/hub", "HF_TOKEN": token, "HF_HUB_DISABLE_XET": "1"}

@@ -1,17 +1,18 @@
-"""Resume of a run whose base model and dataset are Data Hub refs (`repo@ref`): it uses the commits the
-step's attempt trained on, whatever their branches did since. A real worker and engine, on the tiny
-models in real Data Hub repos."""
+"""Merge and resume of a run whose base model and dataset are Data Hub refs (`repo@ref`): both use the
+commits the step's attempt trained on, through Studio's /hub, whatever its branches and tags did
+since. A real worker and engine, on the tiny models in real Data Hub repos."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+from safetensors.torch import load_file
 
 from datahub.commits import commit_files
-from datahub.models import Repo
-from datahub.repos import create_branch, create_repo
+from datahub.models import Branch, Repo
+from datahub.repos import create_branch, create_repo, create_tag
 from tests.conftest import wait_for
-from training.models import MetricPoint, Status, TrainingRun
+from training.models import Checkpoint, MetricPoint, Status, TrainingRun
 
 pytestmark = pytest.mark.worker
 
@@ -37,6 +38,32 @@ def trained(api, run_id: int) -> TrainingRun:
 
 def config(**more) -> dict:
     return {"max_steps": 4, "save_steps": 2, "learning_rate": 5e-3, "per_device_train_batch_size": 8, "max_length": 64, **more}
+
+
+def test_merge_loads_a_data_hub_base_at_the_commit_its_attempt_trained_on(api, project, studio_worker, tiny_models):
+    from transformers import AutoModelForCausalLM
+
+    model = model_repo(project, tiny_models)
+    create_tag(model, "v1", "main")
+    body = {"name": "lora on v1", "method": "sft", "base_model": "student@v1", "dataset": tiny_models["data_sft"], "config": config(lora_rank=4)}
+    run = trained(api, api.post("/api/training-runs", body).json()["id"])
+    assert run.pinned["base_model"]["commit"] == Branch.objects.get(repo=model, name="main").head_id
+    # The tag goes once the run has ended: the merge needs the commit, not the tag.
+    assert api.delete(f"/api/hub/repos/{model.name}/tags/v1").status_code == 204
+
+    r = api.post(f"/api/training-runs/{run.pk}/checkpoints/2/merge")
+    assert r.status_code == 202, r.content
+    wait_for(lambda: Checkpoint.objects.filter(run=run, kind="merged", step=2).exists() or Checkpoint.objects.filter(run=run, step=2, merge_requested_at__isnull=True).exists(),
+             180, interval=0.5, message="the merge to end")
+    merged = Checkpoint.objects.filter(run=run, kind="merged", step=2).first()
+    assert merged is not None, [line for line in run.log_lines.values_list("line", flat=True) if "merge" in line]
+    weights: dict = {}
+    for shard in sorted(Path(merged.path).glob("*.safetensors")):
+        weights.update(load_file(str(shard)))
+    assert weights and not any("lora" in k for k in weights)
+    assert AutoModelForCausalLM.from_pretrained(merged.path).config.vocab_size > 0
+    # The merge's token reads the hub only while its merge runs.
+    assert Checkpoint.objects.get(run=run, kind="checkpoint", step=2, attempt=merged.attempt).merge_token_hash == ""
 
 
 def test_resume_pins_data_hub_refs_at_the_commits_its_attempt_trained_on(api, project, studio_worker, tiny_models):

@@ -14,13 +14,17 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from datahub.refs import hub_env, is_hub_ref
 from datahub.services import create_run_branch, kept_run_repo, record_checkpoint, run_branch_gone
+from studio import crypto
 from studio.errors import BadRequest, Conflict, Finding, counted
 from training.backends.local import REPO_ROOT, checkpoint_dir, engine_env
 from training.methods.base import lora_enabled
 from training.models import Checkpoint, TrainingRun
 from training.services import (
+    MERGE_TOKEN_PREFIX,
     add_log,
+    attempt_record,
     attempt_settings,
     locked_run,
     pinned_attempt_settings,
@@ -132,7 +136,29 @@ def merge(checkpoint_id: int) -> Checkpoint | None:
     try:
         return _merge(checkpoint)
     finally:
-        Checkpoint.objects.filter(pk=checkpoint.pk).update(merge_requested_at=None)
+        Checkpoint.objects.filter(pk=checkpoint.pk).update(merge_requested_at=None, merge_token_hash="")
+
+
+def merge_base(checkpoint: Checkpoint) -> tuple[list[str], dict[str, str]] | None:
+    """The merge's --base arguments and environment: the model the adapter was trained on, by the
+    settings of the step's attempt. A Data Hub base loads as the engine loaded it to train
+    (datahub.refs.engine_inputs): its repo id at the commit that attempt pinned, from Studio's /hub,
+    with a token that reads that commit while this merge runs (datahub.hf_api.merge_reader); the ref
+    itself is not a name transformers can load, and its branch may have moved or gone since.
+    None, logged on the run, when the attempt kept no commit for a Data Hub base."""
+    run = checkpoint.run
+    trained = attempt_record(run, checkpoint.attempt)
+    if not is_hub_ref(trained.base_model):
+        return ["--base", trained.base_model], {}
+    pin = (trained.pinned or {}).get("base_model")
+    if not pin or pin.get("ref") != trained.base_model:
+        add_log(run, f"[studio] merge of step {checkpoint.step} failed: base_model {trained.base_model} is a Data Hub ref, and attempt "
+                     f"{checkpoint.attempt} kept no commit it was pinned to, so which weights the adapter was trained on is not known; "
+                     "start the run again, and merge a step its new attempt saves")
+        return None
+    token = crypto.new_token(MERGE_TOKEN_PREFIX)
+    Checkpoint.objects.filter(pk=checkpoint.pk).update(merge_token_hash=crypto.hash_token(token))
+    return ["--base", pin["repo"], "--revision", pin["commit"]], hub_env(token)
 
 
 def _merge(checkpoint: Checkpoint) -> Checkpoint | None:
@@ -144,9 +170,12 @@ def _merge(checkpoint: Checkpoint) -> Checkpoint | None:
     if branch_gone_for_merge(run, checkpoint):
         return None
     out = adapter.parent / f"merged-step-{checkpoint.step}"
-    base = attempt_settings(run, checkpoint.attempt)["base_model"]  # the model the adapter was trained on
-    command = [sys.executable, "-m", "training.engine.merge", "--base", base, "--adapter", str(adapter), "--out", str(out)]
-    done = subprocess.run(command, cwd=REPO_ROOT, env=engine_env({}), capture_output=True, text=True, timeout=MERGE_TIMEOUT_SECONDS,
+    base = merge_base(checkpoint)
+    if base is None:
+        return None
+    base_args, hub = base
+    command = [sys.executable, "-m", "training.engine.merge", *base_args, "--adapter", str(adapter), "--out", str(out)]
+    done = subprocess.run(command, cwd=REPO_ROOT, env=engine_env(hub), capture_output=True, text=True, timeout=MERGE_TIMEOUT_SECONDS,
                           preexec_fn=partial(die_with_parent, os.getpid()))
     if done.returncode != 0:
         tail = (done.stdout + done.stderr).strip().splitlines()[-5:]

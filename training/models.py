@@ -186,6 +186,9 @@ class Checkpoint(models.Model):
     # Set while a merge of this step is queued or running (training.checkpoints); in the request's
     # transaction, so a request that rolls back leaves no mark behind.
     merge_requested_at = models.DateTimeField(null=True, blank=True)
+    # The hash of the token a merge of this step reads its Data Hub base model from /hub with (the
+    # commit its attempt trained on: datahub.hf_api.merge_reader); set while the merge runs.
+    merge_token_hash = models.CharField(max_length=64, blank=True, default="", db_index=True)
     # A merged checkpoint a person asked for (Merge on the Checkpoints tab), not the engine's own
     # result: it goes beside its step on the run's branch and never onto the Models page, also while
     # the run is still training and that step is its newest.

@@ -48,6 +48,7 @@ from training.validation import method_or_400, name_findings, start_findings, va
 
 log = logging.getLogger(__name__)
 INGEST_TOKEN_PREFIX = "ing"
+MERGE_TOKEN_PREFIX = "mrg"  # a merge's read of its base model from /hub (training.checkpoints.merge_base)
 PATCHABLE = ("name", "base_model", "dataset", "config", "compute")
 
 
@@ -453,6 +454,11 @@ def attempt_settings(run: TrainingRun, attempt: int) -> dict[str, Any]:
 
 def settings_of(source: TrainingRun | RunAttempt) -> dict[str, Any]:
     return {"base_model": source.base_model, "dataset": source.dataset, "config": source.config, "compute": source.compute}
+
+
+def attempt_pinned(run: TrainingRun, attempt: int) -> dict[str, dict]:
+    """The commits START pinned the Data Hub refs of attempt `attempt` of `run` to (pin_refs' shape)."""
+    return attempt_record(run, attempt).pinned or {}
 
 
 def pinned_attempt_settings(run: TrainingRun, attempt: int) -> dict[str, Any]:

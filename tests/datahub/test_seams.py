@@ -153,6 +153,27 @@ def test_engine_inputs_point_at_pinned_commits_and_ingest_token_reads_the_hub(ap
     assert client.get("/hub/api/models/acme/base", HTTP_AUTHORIZATION="Bearer ing_abc").status_code == 401
 
 
+def test_a_merge_token_reads_only_its_attempts_base_commit_while_the_merge_runs(api, client, base_repo, chat_data):
+    from django.utils import timezone
+
+    from training.models import Checkpoint
+
+    run_id = api.post("/api/training-runs", body(base_model="base@main", config={"lora_rank": 4})).json()["id"]
+    assert api.post(f"/api/training-runs/{run_id}/start").status_code == 202
+    TrainingRun.objects.filter(pk=run_id).update(status="completed")
+    trained_on = TrainingRun.objects.get(pk=run_id).pinned["base_model"]["commit"]
+    commits.commit_files(base_repo, "main", {"README.md": b"moved on"}, "after the run")
+    saved = Checkpoint.objects.create(run_id=run_id, attempt=1, step=2, path="/x/checkpoint-2", merge_requested_at=timezone.now(),
+                                      merge_token_hash=crypto.hash_token("mrg_abc"))
+    auth = {"HTTP_AUTHORIZATION": "Bearer mrg_abc"}
+    assert client.get(f"/hub/acme/base/resolve/{trained_on}/config.json", **auth).status_code == 200
+    # Not the branch where it is now, nor the run's other repos.
+    assert client.get("/hub/acme/base/resolve/main/config.json", **auth).status_code == 404
+    assert client.get("/hub/api/datasets/acme/chat-data", **auth).status_code == 404
+    Checkpoint.objects.filter(pk=saved.pk).update(merge_requested_at=None)  # the merge ended
+    assert client.get(f"/hub/acme/base/resolve/{trained_on}/config.json", **auth).status_code == 401
+
+
 def test_refs_at_pins_write_each_pinned_ref_at_its_commit():
     fields = {"base_model": "base@main", "dataset": [{"ref": "acme/rows@b1", "type": "chat"}, "other@main", "org/hf-data"],
               "config": {"distillation": {"teacher_model": "teacher@v1"}, "environment_id": "builtin/arith@main", "lora_rank": 4}, "compute": {}}
