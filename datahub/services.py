@@ -18,10 +18,14 @@ A run's `[project/]repo@ref` refs (pre-start checks, pinning, engine inputs) are
 """
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import logging
 import re
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, cast
@@ -383,31 +387,91 @@ def _enqueue(task, *args: Any) -> None:
 def commit_checkpoint(checkpoint_id: int) -> Commit | None:
     """Commit a checkpoint directory's files under checkpoints/step-<n>/ (or final/, merged/,
     adapter/) on the run's branch; a Merge of a step that a later attempt saved again goes on that
-    step's own commit instead (merged_step_commit). Safe to run twice: an unchanged tree makes no
-    commit, and a merge committed off the branch keeps the commit it recorded."""
-    from training.backends.local import checkpoint_dir
+    step's own commit instead (merged_step_commit).
+
+    A run's commits land on its branch one after another, in the order its engine reported the
+    checkpoints (issue 5: as they arrive, in step order), though their tasks run side by side on the
+    worker and a big step takes longer to store than a small one: each task holds the run's commit
+    lock (run_commit_lock) and first commits the run's checkpoints reported before its own that are
+    still to commit (uncommitted_before). So step 2's commit is step 4's parent and holds no step-4
+    files. One committed after a later one all the same (its commit failed in that task, and its own
+    task's retry came after) goes on the commit before that later one, off the branch (commit_before):
+    a step's commit never holds later weights, and the branch's history stays in step order.
+    Safe to run twice: a checkpoint keeps the commit it recorded."""
     from training.models import Checkpoint
 
     checkpoint = Checkpoint.objects.select_related("run", "run__experiment", "run__project").filter(pk=checkpoint_id).first()
-    if checkpoint is None:
+    if checkpoint is None or checkpoint_folder(checkpoint) is None:
         return None
+    with run_commit_lock(checkpoint):
+        if kept_run_repo(checkpoint.run) is not None:  # else each earlier one would log again that it is not committed
+            for earlier in uncommitted_before(checkpoint):
+                try:
+                    _commit_checkpoint(earlier)
+                except Exception:  # noqa: BLE001 - its own task tries it again; this one must not be held back for it
+                    log.exception("run %s: checkpoint %s (step %s), reported before checkpoint %s, could not be committed first",
+                                  checkpoint.run_id, earlier.pk, earlier.step, checkpoint.pk)
+        checkpoint.refresh_from_db(fields=["commit"])  # a later checkpoint's task may have committed it while this one waited
+        return _commit_checkpoint(checkpoint)
+
+
+# How long a commit task waits for the run's commit lock: a task before it may be storing several
+# checkpoints of a big model. One that waited this long is tried again later (an OSError).
+COMMIT_LOCK_WAIT_SECONDS = 15 * 60
+
+
+@contextmanager
+def run_commit_lock(checkpoint) -> Iterator[None]:
+    """Hold the commit lock of `checkpoint`'s run: its checkpoint commits run one at a time, across
+    the worker's processes and threads. It is held while a commit stores its files (minutes for a big
+    model), which a row lock could only do by keeping a database transaction open that long; so it is
+    a lock file in the run's folder on this machine, where every checkpoint that is committed lies
+    (checkpoint_dir), and the kernel frees it when its holder dies. Call only for such a checkpoint."""
+    from training.backends.local import run_dir
+
+    path = run_dir(checkpoint.run_id, checkpoint.attempt).parent / "hub-commit.lock"
+    deadline = time.monotonic() + COMMIT_LOCK_WAIT_SECONDS
+    with open(path, "a") as lock:  # closing it releases the lock
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise BlockingIOError(errno.EWOULDBLOCK, f"run {checkpoint.run_id}: its checkpoint commit lock was held for "
+                                                             f"{COMMIT_LOCK_WAIT_SECONDS} s by another commit task") from None
+                time.sleep(0.2)
+        yield
+
+
+def uncommitted_before(checkpoint) -> list:
+    """The checkpoints of `checkpoint`'s run reported before it whose commit is still to come (their
+    task is queued, running or retrying: COMMIT_PENDING), oldest first; only those in their attempt's
+    folder on this machine are ever committed. An older one without a commit never will have one
+    (or was committed before commits were recorded): committing it now would put its files back."""
+    from training.backends.local import checkpoint_dir
+
+    pending = (type(checkpoint).objects.select_related("run", "run__experiment", "run__project")
+               .filter(run_id=checkpoint.run_id, pk__lt=checkpoint.pk, commit="", created_at__gt=timezone.now() - COMMIT_PENDING).order_by("pk"))
+    return [earlier for earlier in pending if checkpoint_dir(earlier) is not None]
+
+
+def _commit_checkpoint(checkpoint) -> Commit | None:
+    """commit_checkpoint's commit of one checkpoint. Call holding the run's commit lock."""
+    from training.models import Checkpoint
+
     run = checkpoint.run
-    root = checkpoint_dir(checkpoint)
-    if root is None:
-        log.warning("run %s: checkpoint %s is not a folder in its attempt's run folder on this machine (%s): not committed", run.pk, checkpoint.pk, checkpoint.path)
+    root = checkpoint_folder(checkpoint)
+    if root is None:  # gone since the task began: the run was deleted
         return None
     earlier_merge = is_earlier_merge(checkpoint)
     prefix = checkpoint_prefix(checkpoint, earlier_merge)
-    # An engine's report is committed in the order its attempts ran, so a commit that comes after a
-    # newer attempt's (a retried task) would put its files back over the newer ones at the branch's
-    # head. A Merge a person asks for is committed whichever attempt's step it merges, each beside its
-    # own step's files: at the head while that step's files are the ones there (the last merge asked
-    # for is the one at the head), else on the step's own commit (merged_step_commit).
-    later = None if checkpoint.requested else later_attempt_at(checkpoint, prefix)
-    if later is not None:
-        log.warning("run %s: checkpoint %s (step %s, attempt %s) not committed: attempt %s saved %s since", run.pk, checkpoint.pk,
-                    checkpoint.step, checkpoint.attempt, later, prefix)
-        return None
+    label = checkpoint_label(checkpoint, prefix)
+    if checkpoint.commit:  # this task ran before (a retry, acks_late), or a later checkpoint's task committed it first
+        commit = Commit.objects.filter(repo__project_id=run.project_id, pk=checkpoint.commit).first()
+        if commit is not None and checkpoint.kind in MODEL_KINDS and not earlier_merge:
+            _publish(run, checkpoint)  # an earlier try may have stopped between its commit and the publish
+        return commit
     files: dict[str, FileSource] = {}
     for path in sorted(root.rglob("*")):
         if path.is_symlink() or not path.is_file():
@@ -415,32 +479,47 @@ def commit_checkpoint(checkpoint_id: int) -> Commit | None:
         files[f"{prefix}/{path.relative_to(root).as_posix()}"] = path
     if checkpoint.kind in ("final", "adapter"):  # the run's end: a full fine-tune's weights, or a LoRA run's adapter
         files["metrics.jsonl"] = metrics_export(run)
-    label = f"step {checkpoint.step}" if prefix.startswith("checkpoints/") else f"{checkpoint.kind} (step {checkpoint.step})"
     repo = kept_run_repo(run)
     if repo is None:
         not_committed(run, checkpoint, label)
         return None
     message = f"Checkpoint {label}, attempt {checkpoint.attempt}"
-    step_commit = merged_step_commit(checkpoint, repo) if earlier_merge else None
+    # A Merge a person asks for is committed whichever attempt's step it merges, each beside its own
+    # step's files: at the head while that step's files are the ones there (the last merge asked for
+    # is the one at the head), else on the step's own commit (merged_step_commit). What the engine
+    # reported is committed in the order it reported it: one whose commit comes after a later one's
+    # goes on the commit before that one (commit_before), as a commit at the head would hold the later
+    # weights (and put an earlier attempt's files back over a newer attempt's, at the same step).
+    later = None if checkpoint.requested else committed_after(checkpoint)
     try:
-        if step_commit is not None:
+        if earlier_merge and (step_commit := merged_step_commit(checkpoint, repo)) is not None:
             # A later attempt saved this step again: at the branch's head, checkpoints/step-<n>/ holds
             # its files, and this merge beside them would be another attempt's weights (a download of
             # the commit, or of the step's folder, mixing the two). The merge goes on the commit that
             # holds its own step's files instead, moving no branch: its commit is that attempt's step
             # with its merge, which the checkpoint's `commit` (its Download) reaches.
-            if checkpoint.commit:  # this task ran before: that commit is this merge's
-                return Commit.objects.filter(repo=repo, pk=checkpoint.commit).first()
             commit = commit_files_on(repo, step_commit, files, author=run.created_by, delete=left_over_files(checkpoint, repo, step_commit.pk, prefix, files),
                                      message=f"{message}, on attempt {checkpoint.attempt}'s own step {checkpoint.step} "
                                              f"(a later attempt saved step {checkpoint.step} again on {run_branch_name(run)})")
+        elif later is not None:
+            base = commit_before(later, repo)
+            if base is None:
+                log.warning("run %s: checkpoint %s not committed: checkpoint %s, reported after it, was committed first, and the commit before that one is gone",
+                            run.pk, checkpoint.pk, later.pk)
+                return None
+            later_label = f"{checkpoint_label(later, checkpoint_prefix(later, is_earlier_merge(later)))} of attempt {later.attempt}"
+            commit = commit_files_on(repo, base, files, author=run.created_by, delete=left_over_files(checkpoint, repo, base.pk, prefix, files),
+                                     message=f"{message}, committed after {later_label}: on the commit before that one, off {run_branch_name(run)}, "
+                                             "so that it holds no later weights")
+            from training.services import add_log
+
+            add_log(run, f"[studio] {label} of attempt {checkpoint.attempt} was committed after {later_label}: its commit {commit.pk[:10]} holds it "
+                         f"on the commit before that one, off branch {run_branch_name(run)}, whose head does not have its files")
         else:
             commit = commit_files(repo, run_branch_name(run), files, message=message, author=run.created_by,
                                   delete=left_over_files(checkpoint, repo, run_branch_name(run), prefix, files))
         # The commit that holds this attempt's files, also once a later attempt's step replaces them on the branch.
         Checkpoint.objects.filter(pk=checkpoint.pk).update(commit=commit.pk)
-        if checkpoint.kind in MODEL_KINDS and not earlier_merge:
-            publish_model(run, checkpoint)  # the Models page shows the run's result, not an earlier step
     except repos.RefNotFound:
         if kept_run_repo(run) is not None:
             raise
@@ -451,7 +530,50 @@ def commit_checkpoint(checkpoint_id: int) -> Commit | None:
             raise  # transient I/O: the task retries
         storage_full(run, checkpoint, exc)
         return None
+    if checkpoint.kind in MODEL_KINDS and not earlier_merge:
+        _publish(run, checkpoint)  # the Models page shows the run's result, not an earlier step
     return commit
+
+
+def checkpoint_folder(checkpoint) -> Path | None:
+    """The checkpoint's folder, when it is one in its attempt's run folder on this machine (checkpoint_dir);
+    a checkpoint anywhere else is never committed."""
+    from training.backends.local import checkpoint_dir
+
+    root = checkpoint_dir(checkpoint)
+    if root is None:
+        log.warning("run %s: checkpoint %s is not a folder in its attempt's run folder on this machine (%s): not committed",
+                    checkpoint.run_id, checkpoint.pk, checkpoint.path)
+    return root
+
+
+def _publish(run, checkpoint) -> None:
+    try:
+        publish_model(run, checkpoint)
+    except OSError as exc:
+        if not storage.disk_full(exc):
+            raise  # transient I/O: the task retries, and publishes the commit it recorded
+        storage_full(run, checkpoint, exc)
+
+
+def checkpoint_label(checkpoint, prefix: str) -> str:
+    """How commit messages and the run's log name a checkpoint: "step 4", "final (step 4)"."""
+    return f"step {checkpoint.step}" if prefix.startswith("checkpoints/") else f"{checkpoint.kind} (step {checkpoint.step})"
+
+
+def committed_after(checkpoint):
+    """The first checkpoint of the run that its engine reported after `checkpoint` and that is
+    committed already, if any (a Merge a person asked for is not: it goes where its own step is)."""
+    return (type(checkpoint).objects.filter(run_id=checkpoint.run_id, pk__gt=checkpoint.pk, requested=False)
+            .exclude(commit="").order_by("pk").first())
+
+
+def commit_before(later, repo: Repo) -> Commit | None:
+    """The parent of `later`'s commit: what the run's branch held before `later` was committed, so no
+    checkpoint reported after the one committed there now. None when that commit is not in `repo`."""
+    commit = Commit.objects.filter(repo=repo, pk=later.commit).first()
+    parent = commit.parents[0] if commit is not None and commit.parents else None
+    return Commit.objects.filter(repo=repo, pk=parent).first() if parent else None
 
 
 def not_committed(run, checkpoint, label: str) -> None:

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import hashlib
 import re
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from django.test import Client
+from django.utils import timezone
 
 from datahub import repos
 from datahub import services as hub
@@ -80,12 +82,27 @@ def test_each_attempts_step_keeps_the_commit_that_holds_its_own_files(api, two_a
     assert [(c["attempt"], c["commit"]) for c in listed] == [(1, first.commit), (2, second.commit)]
 
 
-def test_a_late_commit_of_an_earlier_attempt_leaves_the_newer_attempts_files(dpo_run):
+def test_an_earlier_attempts_step_still_to_commit_is_committed_before_the_newer_attempts(dpo_run):
     first = save_step(dpo_run, 1, 5, {WEIGHTS: b"attempt 1 weights"}, commit=False)  # its commit task is still queued
     second = save_step(dpo_run, 2, 5, {WEIGHTS: b"attempt 2 weights"})
-    assert hub.commit_checkpoint(first.pk) is None
     first.refresh_from_db()
-    assert first.commit == "" and file_at(dpo_run, f"run-{dpo_run.pk}", f"checkpoints/step-5/{WEIGHTS}") == sha(b"attempt 2 weights")
+    assert Commit.objects.get(pk=second.commit).parents == [first.commit]  # in the order the attempts saved them
+    assert file_at(dpo_run, first.commit, f"checkpoints/step-5/{WEIGHTS}") == sha(b"attempt 1 weights")
+    assert hub.commit_checkpoint(first.pk).pk == first.commit  # its own task, when it comes, keeps that commit
+    assert file_at(dpo_run, f"run-{dpo_run.pk}", f"checkpoints/step-5/{WEIGHTS}") == sha(b"attempt 2 weights")
+    assert second.commit == repos.resolve(repos.find_repo(dpo_run.project, hub.experiment_repo_name(dpo_run.experiment)), f"run-{dpo_run.pk}").pk
+
+
+def test_a_late_commit_of_an_earlier_attempt_leaves_the_newer_attempts_files(dpo_run):
+    first = save_step(dpo_run, 1, 5, {WEIGHTS: b"attempt 1 weights"}, commit=False)
+    # Its task has not come for longer than a commit is waited for: attempt 2's task does not commit it first.
+    Checkpoint.objects.filter(pk=first.pk).update(created_at=timezone.now() - hub.COMMIT_PENDING - timedelta(minutes=1))
+    second = save_step(dpo_run, 2, 5, {WEIGHTS: b"attempt 2 weights"})
+    late = hub.commit_checkpoint(first.pk)  # it comes at last: on the commit before attempt 2's step, off the branch
+    first.refresh_from_db()
+    assert late.pk == first.commit and late.parents == Commit.objects.get(pk=second.commit).parents
+    assert file_at(dpo_run, first.commit, f"checkpoints/step-5/{WEIGHTS}") == sha(b"attempt 1 weights")
+    assert file_at(dpo_run, f"run-{dpo_run.pk}", f"checkpoints/step-5/{WEIGHTS}") == sha(b"attempt 2 weights")
     assert second.commit == repos.resolve(repos.find_repo(dpo_run.project, hub.experiment_repo_name(dpo_run.experiment)), f"run-{dpo_run.pk}").pk
 
 

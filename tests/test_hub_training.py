@@ -41,3 +41,12 @@ def test_a_run_trains_from_data_hub_refs(api, project, studio_worker, tiny_model
         return bool(branch) and TreeEntry.objects.filter(commit_id=branch.head_id, path__startswith="checkpoints/step-2/").exists()
 
     wait_for(checkpoint_committed, 60, message="the step-2 checkpoint on the run's branch")
+    # Every commit lands in the order the engine reported its checkpoint, though the worker runs
+    # their tasks side by side: step 2's commit, which Download and a resumed run pin, has no step 4.
+    wait_for(lambda: not run.checkpoints.filter(commit="").exists(), 60, message="every checkpoint committed")
+    saved = list(run.checkpoints.order_by("pk"))
+    history = api.get(f"/api/hub/repos/experiment-{run.experiment.slug}/commits", ref=f"run-{run.pk}").json()
+    assert [c["id"] for c in reversed(history)][1:] == [c.commit for c in saved], [c["message"] for c in history]
+    steps = [c for c in saved if c.kind == "checkpoint"]
+    assert [c.step for c in steps] == [2, 4]
+    assert not TreeEntry.objects.filter(commit_id=steps[0].commit, path__startswith="checkpoints/step-4/").exists()

@@ -25,7 +25,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from datahub import repos as hub_repos
 from datahub import services as hub
-from datahub.models import Branch, Commit, Repo, TreeEntry
+from datahub.models import Branch, Commit, Repo, Tag, TreeEntry
 from datahub.refs import RESERVED_NAMESPACES
 from environments import services as env_services
 from environments.services import FIELD as FIELD_ENVIRONMENT
@@ -691,9 +691,11 @@ def pin_state(run: TrainingRun, field: str, kind: str) -> dict[str, str]:
 
 
 def lineage_of(run: TrainingRun) -> list[dict[str, Any]]:
-    """Where the run's weights, data and (GRPO) rewards came from. `gone` says why a Data Hub ref is
-    not linked (mark_deleted_repos); its pin, if any, stays as the record of what was used, and links
-    to the repo at that commit while the commit is there (link_pins)."""
+    """Where the run's weights, data and (GRPO) rewards came from, and what it made (issue 5: base
+    model ref → dataset ref → run → checkpoints): its output branch at its head commit, and each
+    checkpoint with the commit that holds its files. `gone` says why a Data Hub ref is not linked
+    (mark_deleted_refs); its pin, if any, stays as the record of what was used, and links to the repo
+    at that commit while the commit is there (link_pins): a deleted branch's ref links its pin."""
     config = run.config or {}
     items = [{"role": "Base model (weights)", "ref": run.base_model or "— not set", "kind": ref_kind(run.base_model) if run.base_model else "", "pinned": pinned_of(run, "base_model")}]
     for row in dataset_rows(run):
@@ -716,33 +718,83 @@ def lineage_of(run: TrainingRun) -> list[dict[str, Any]]:
         pinned = {"commit": saved.commit, "repo": f"{run.project.slug}/{hub.experiment_repo_name(run.parent.experiment)}"} if saved is not None and saved.commit else None
         items.append({"role": f"Resumed from ({step})", "ref": f"run #{run.parent_id}: {run.parent.name}", "kind": "run", "pinned": pinned,
                       "url": reverse("training:run", args=[run.parent_id])})
-    mark_deleted_repos(run, items)
-    link_pins(run, items)
+    mark_deleted_refs(run, items)
     repo_name, branch = hub.experiment_repo_name(run.experiment), hub.run_branch_name(run)
-    items.append({"role": "Output branch", "ref": f"{run.project.slug}/{repo_name}@{branch}", "kind": "hub", "pinned": None,
-                  "gone": "" if branch_exists(run) else "deleted with its repo"})
+    output = f"{run.project.slug}/{repo_name}"
+    head = Branch.objects.filter(repo__project_id=run.project_id, repo__name=repo_name, name=branch).values_list("head_id", flat=True).first()
+    items.append({"role": "Output branch", "ref": f"{output}@{branch}", "kind": "hub", "pinned": {"commit": head, "repo": output} if head else None,
+                  "commit_note": "its head", "gone": "" if head else "deleted with its repo"})
+    saved_steps = checkpoint_items(run, output)
+    link_pins(run, items + saved_steps)
+    repository = reverse("training:run_tab", args=[run.pk, "repository"])
+    for item in saved_steps:
+        c = item.pop("checkpoint")
+        if item.get("pinned_url"):  # its files, as its Download on the Checkpoints tab opens them
+            item["url"] = f"{repository}?{urlencode({'path': item['ref'].rstrip('/'), 'commit': c.commit}, safe='/')}"
+        elif c.commit:
+            item["gone"] = "deleted with its repo"
+        elif c.created_at > timezone.now() - hub.COMMIT_PENDING and checkpoint_dir(c) is not None:
+            item["gone"] = "commit pending"
+        else:
+            item["gone"] = "not committed"
+    return items + saved_steps
+
+
+CHECKPOINT_ROLES = {"checkpoint": "Checkpoint", "final": "Final weights", "adapter": "LoRA adapter", "merged": "Merged model"}
+
+
+def checkpoint_items(run: TrainingRun, output: str) -> list[dict[str, Any]]:
+    """The Lineage rows of the run's checkpoints, in the Checkpoints tab's order: each its folder on
+    the run's branch and the commit that holds its files (its `checkpoint`, for lineage_of). One query."""
+    saved = list(Checkpoint.objects.filter(run=run))
+    last_step = max((c.step for c in saved), default=0)
+    several = len({c.attempt for c in saved}) > 1
+    items = []
+    for c in saved:
+        earlier_merge = hub.is_earlier_merge(c, last_step)
+        attempt = f"attempt {c.attempt}" if several else ""
+        if earlier_merge:  # a Merge a person asked for, beside its step
+            role = f"Merge of step {c.step}" + (f" ({attempt})" if attempt else "")
+        else:
+            role = f"{CHECKPOINT_ROLES.get(c.kind, c.kind)} (step {c.step}" + (f", {attempt}" if attempt else "") + ")"
+        items.append({"role": role, "ref": hub.checkpoint_prefix(c, earlier_merge) + "/", "kind": "checkpoint", "checkpoint": c,
+                      "pinned": {"commit": c.commit, "repo": output} if c.commit else None})
     return items
 
 
-def mark_deleted_repos(run: TrainingRun, items: list[dict[str, Any]]) -> None:
-    """Set `gone` on the Data Hub refs that no longer open: their repo was deleted, or it is another
-    project's (a run can only use its own). One query for all of them."""
+def mark_deleted_refs(run: TrainingRun, items: list[dict[str, Any]]) -> None:
+    """Set `gone` on the Data Hub refs that no longer open: their repo was deleted, it is another
+    project's (a run can only use its own), or the branch or tag they name was deleted (its commits
+    stay, so a pin still opens: link_pins). Two queries for all of them."""
     slug = run.project.slug
     refs = [(item, match) for item in items if item["kind"] == "hub" and (match := HUB_REF.match(item["ref"]))]
     names = {match["repo"] for _, match in refs if match["project"] in (None, slug)}
     there = set(Repo.objects.filter(project_id=run.project_id, name__in=names).values_list("name", flat=True)) if names else set()
+    named: set[tuple[str, str]] = set()
+    if there:
+        branches = Branch.objects.filter(repo__project_id=run.project_id, repo__name__in=there).values_list("repo__name", "name")
+        named = set(branches.union(Tag.objects.filter(repo__project_id=run.project_id, repo__name__in=there).values_list("repo__name", "name")))
     for item, match in refs:
         if match["project"] not in (None, slug):
             item["gone"] = f"not a repo of project {slug}"
         elif match["repo"] not in there:
             item["gone"] = "deleted"
+        elif (match["repo"], match["ref"]) not in named and not names_commit(match["ref"], item.get("pinned")):
+            item["gone"] = f"branch or tag {match['ref']} deleted"
 
+
+def names_commit(ref: str, pinned: dict | None) -> bool:
+    """Whether a ref that is no branch or tag of its repo is a commit id (commits go only with their
+    repo): one START pinned, or, before START, any run of hex digits a commit id can be."""
+    if not hub_repos.COMMIT_RE.match(ref):
+        return False
+    return pinned is None or pinned["commit"].startswith(ref)
 
 
 def link_pins(run: TrainingRun, items: list[dict[str, Any]]) -> None:
     """Set `pinned_url`, the Data Hub page of the repo at the pinned commit, on the items whose
-    commit is still there (its repo was not deleted). One query for all of them."""
-    pinned = [item for item in items if item.get("pinned") and not item.get("gone")]
+    commit is still there (its repo was not deleted; a deleted branch's commits stay). One query for all of them."""
+    pinned = [item for item in items if item.get("pinned")]
     commits = [item["pinned"]["commit"] for item in pinned]
     there = set(Commit.objects.filter(repo__project_id=run.project_id, pk__in=commits).values_list("pk", flat=True)) if commits else set()
     for item in pinned:
