@@ -24,7 +24,7 @@ from django.core.cache import cache
 from datahub import storage
 from datahub.models import Commit, TreeEntry
 from studio.errors import BadRequest, Finding
-from training.engine.data import detect_shape  # the trainer's own rule, so validation and training agree
+from training.engine.data import detect_shape, is_data_path  # the trainer's own rules, so validation and training agree
 
 FORMATS = {".jsonl": "jsonl", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 SHAPES = ("chat", "prompt_completion", "preference", "prompts", "text")
@@ -56,11 +56,6 @@ def file_format(path: str) -> str | None:
         if path.lower().endswith(ext):
             return fmt
     return None
-
-
-def is_data_path(path: str) -> bool:
-    """A file the trainer reads rows from: a known format, not under a dot-folder or a dot-file."""
-    return bool(file_format(path)) and not any(p.startswith(".") for p in path.split("/"))
 
 
 def data_entries(commit: Commit) -> list[TreeEntry]:

@@ -202,7 +202,9 @@ def engine_inputs(run, ingest_token: str) -> dict[str, Any]:
         field = f"dataset[{i}]" if isinstance(run.dataset, list) else "dataset"
         ref, kind = (item.get("ref"), item.get("type")) if isinstance(item, dict) else (item, None)
         pin = pinned.get(field) or pinned.get(f"{field}.ref")
-        datasets_out.append({"path": pin["repo"], "type": kind, "revision": pin["commit"]} if pin else {"path": ref, "type": kind, "revision": None})
+        # data_hub: the engine trains on every data file of the commit, the files START checked.
+        datasets_out.append({"path": pin["repo"], "type": kind, "revision": pin["commit"], "data_hub": True} if pin
+                            else {"path": ref, "type": kind, "revision": None})
     env = hub_env(ingest_token) if pinned else {}
     return {
         "base_model": base["repo"] if base else run.base_model,

@@ -459,7 +459,7 @@ def job_environment(run) -> dict[str, Any] | None:
     local backend the pinned commit's files are checked out to the run dir (``path``); remote backends
     get ``repo`` + ``commit`` and fetch them through the Data Hub's HF API; a catalogue package travels
     inline (``files``) to remote backends. RULER mode: ``{"id": "builtin/ruler_task",
-    "ruler_dataset"?: {"path", "revision"}}`` when its dataset is a Data Hub ref.
+    "ruler_dataset"?: {"path", "revision", "data_hub"?}}`` when its dataset is a Data Hub ref.
     """
     config = run.config or {}
     if run.method != "grpo":
@@ -469,7 +469,7 @@ def job_environment(run) -> dict[str, Any] | None:
         block: dict[str, Any] = {"id": "builtin/ruler_task"}
         pin = (run.pinned or {}).get("config.ruler_task_args.dataset")
         if pin:
-            block["ruler_dataset"] = _stage_hub(run, pin, local, "ruler-dataset") or {"path": pin["repo"], "revision": pin["commit"]}
+            block["ruler_dataset"] = _stage_hub(run, pin, local, "ruler-dataset") or {"path": pin["repo"], "revision": pin["commit"], "data_hub": True}
         return block
     env_id = config.get("environment_id") or ""
     name = env_id.split("@", 1)[0]

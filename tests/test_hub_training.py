@@ -50,3 +50,25 @@ def test_a_run_trains_from_data_hub_refs(api, project, studio_worker, tiny_model
     steps = [c for c in saved if c.kind == "checkpoint"]
     assert [c.step for c in steps] == [2, 4]
     assert not TreeEntry.objects.filter(commit_id=steps[0].commit, path__startswith="checkpoints/step-4/").exists()
+
+
+@pytest.mark.parametrize("names", [("train.jsonl", "extra.jsonl"), ("data.jsonl", "test.jsonl")], ids=["train-and-extra", "data-and-test"])
+def test_a_run_trains_on_every_file_of_a_data_hub_dataset(api, project, studio_worker, tiny_models, names):
+    """START checks every data file of the repo, so the run trains on every one: the Hub's
+    split-by-file-name rule trained train.jsonl alone (extra.jsonl dropped), and failed a repo of
+    data.jsonl + test.jsonl with 'Unknown split "train"'."""
+    model = create_repo(project, "tiny-student", "model")
+    commit_files(model, "main", {p.name: p for p in Path(tiny_models["student"]).iterdir() if p.is_file()}, message="tiny student")
+    rows = Path(tiny_models["data_sft"]).read_bytes()  # 64 chat rows
+    more = b"".join(rows.splitlines(keepends=True)[:5])
+    data = create_repo(project, "two-files", "dataset")
+    commit_files(data, "main", {names[0]: rows, names[1]: more}, message="rows")
+
+    body = {"name": "two files", "method": "sft", "base_model": "tiny-student@main", "dataset": "two-files@main",
+            "config": {"max_steps": 1, "learning_rate": 5e-3, "per_device_train_batch_size": 8, "max_length": 64}}
+    run_id = api.post("/api/training-runs", body).json()["id"]
+    assert api.post(f"/api/training-runs/{run_id}/start").status_code == 202
+    run = wait_for(lambda: TrainingRun.objects.filter(pk=run_id, status__in=(Status.COMPLETED, Status.FAILED)).first(), 300, interval=0.5, message="the run to end")
+    lines = list(run.log_lines.values_list("line", flat=True))
+    assert run.status == Status.COMPLETED, (run.error, lines[-30:])
+    assert any(line.startswith("sft: 69 chat rows") for line in lines), [line for line in lines if line.startswith("sft:")]

@@ -144,7 +144,7 @@ def test_engine_inputs_point_at_pinned_commits_and_ingest_token_reads_the_hub(ap
     run = TrainingRun.objects.get(pk=run_id)
     inputs = refs.engine_inputs(run, "ing_abc")
     assert inputs["base_model"] == "acme/base" and inputs["base_model_revision"] == repos.resolve(base_repo, "main").pk
-    assert inputs["dataset"] == [{"path": "acme/chat-data", "type": "chat", "revision": repos.resolve(chat_data, "main").pk}]
+    assert inputs["dataset"] == [{"path": "acme/chat-data", "type": "chat", "revision": repos.resolve(chat_data, "main").pk, "data_hub": True}]
     assert inputs["env"]["HF_ENDPOINT"].endswith("/hub") and inputs["env"]["HF_TOKEN"] == "ing_abc"
     # the attempt's ingest token reads its project's repos through /hub while the run is active
     r = client.get(f"/hub/acme/base/resolve/{inputs['base_model_revision']}/config.json", HTTP_AUTHORIZATION="Bearer ing_abc")

@@ -113,6 +113,35 @@ def test_ruler_run_scores_rollouts_with_an_external_judge_and_never_shows_its_ke
     assert KEY not in "\n".join(seen)
 
 
+def test_a_remote_ruler_run_reads_every_prompts_file_of_its_data_hub_dataset(transactional_db, live_server, api, project, tokens, tmp_path, monkeypatch, settings):
+    """START checks every file of a RULER run's prompts repo, so a dstack/Modal job reads every one
+    from /hub: not the Hub's split-by-file-name rule, which found no train split in data.jsonl +
+    test.jsonl."""
+    from environments.services import job_environment
+    from training.engine.ruler import API_KEY_ENV, RulerEnvironment
+    from training.engine.spec import parse_spec
+
+    settings.STUDIO_PUBLIC_URL = live_server.url
+    repo = create_repo(project, "prompts", RepoType.DATASET)
+    files = {"data.jsonl": ["Greet a friend.", "Describe the sea."], "test.jsonl": ["Thank a colleague."]}
+    commit = commit_files(repo, "main", {name: "".join(json.dumps({"prompt": p}) + "\n" for p in prompts).encode() for name, prompts in files.items()})
+    config = {"rl_mode": "ruler", "ruler_task_args": {"dataset": "prompts@main", "system_prompt": "Be warm."},
+              "judge": {"mode": "external", "endpoint": "http://judge.example/v1", "model": "judge-1", "api_key_secret": "judge-key"}}
+    r = api.post("/api/training-runs", {"name": "remote ruler", "method": "grpo", "base_model": "org/base", "config": config,
+                                        "compute": {"backend": "dstack", "accelerators": "H100:1"}})
+    assert r.status_code == 201, r.content
+    run = TrainingRun.objects.get(pk=r.json()["id"])
+    run.pinned = {"config.ruler_task_args.dataset": {"ref": "prompts@main", "commit": commit.pk, "repo": "acme/prompts"}}
+    block = job_environment(run)
+    assert block == {"id": "builtin/ruler_task", "ruler_dataset": {"path": "acme/prompts", "revision": commit.pk, "data_hub": True}}
+    monkeypatch.setenv("HF_ENDPOINT", f"{live_server.url}/hub")
+    monkeypatch.setenv("HF_TOKEN", tokens["owner"])
+    monkeypatch.setenv(API_KEY_ENV, "sk-test")
+    spec = parse_spec({"method": "grpo", "base_model": "x", "output_dir": str(tmp_path / "out"), "config": run.config, "environment": block})
+    env = RulerEnvironment.from_spec(spec, block, log=lambda line: None)
+    assert [row["prompt"] for row in env.rows] == [*files["data.jsonl"], *files["test.jsonl"]]
+
+
 def test_remote_backends_fetch_the_pinned_commit_through_the_hub_api(transactional_db, live_server, api, project, tokens, tmp_path, monkeypatch, settings):
     """What a dstack/Modal job does: no staged path, so the engine downloads repo@commit from /hub."""
     from environments.services import job_environment

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import glob
+import os
+from collections.abc import Iterable
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from .spec import DatasetRef, SpecError
@@ -10,26 +13,80 @@ from .spec import DatasetRef, SpecError
 _EXT_TO_BUILDER = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
+def is_data_path(path: str) -> bool:
+    """A file the trainer reads rows from (`path` relative to its dataset folder or repo, with forward
+    slashes): a known format, not a dot-file or under a dot-folder. Studio's dataset checks use the
+    same rule, so START checks the very files a run trains on."""
+    parts = PurePosixPath(path).parts
+    return PurePosixPath(path).suffix.lower() in _EXT_TO_BUILDER and not any(part.startswith(".") for part in parts)
+
+
+def data_files(paths: Iterable[str]) -> list[str]:
+    """The data files among `paths` (relative, forward slashes), in the order they train in: by path,
+    folder by folder, the same for a local folder and a Data Hub repo."""
+    return sorted((p for p in paths if is_data_path(p)), key=lambda p: PurePosixPath(p).parts)
+
+
 def _load_one(ref: DatasetRef, index: int) -> Any:
     import datasets
 
+    if ref.data_hub:
+        return _load_data_hub(ref, index)
     path = Path(ref.path)
     if path.is_file():
         builder = _EXT_TO_BUILDER.get(path.suffix.lower())
         if builder is None:
             raise SpecError(f"dataset[{index}].path: unsupported file type {path.suffix!r} (use .jsonl, .json, .parquet or .csv)")
-        return datasets.load_dataset(builder, data_files=str(path), split="train")
+        return datasets.load_dataset(builder, data_files=glob.escape(str(path)), split="train")
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.suffix.lower() in _EXT_TO_BUILDER)
+        files = data_files(p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file())
         if files:
-            builder = _EXT_TO_BUILDER[files[0].suffix.lower()]
-            same = [str(p) for p in files if _EXT_TO_BUILDER[p.suffix.lower()] == builder]
-            return datasets.load_dataset(builder, data_files=same, split="train")
+            return _load_files(path, files, index)
         return datasets.load_from_disk(str(path))
     if path.is_absolute() or ref.path.startswith("."):
         raise SpecError(f"dataset[{index}].path: {ref.path!r} does not exist")
-    # Anything else is a hub dataset id; the container's HF cache/mirror decides whether it resolves.
+    # Anything else is a Hugging Face dataset id, loaded as the Hub lays out its splits (its train
+    # split); the container's HF cache/mirror decides whether it resolves.
     return datasets.load_dataset(ref.path, revision=ref.revision, split="train")
+
+
+def _load_data_hub(ref: DatasetRef, index: int) -> Any:
+    """A Data Hub dataset repo at its pinned commit, through the Studio's HF-compatible /hub
+    (HF_ENDPOINT, HF_TOKEN): every data file of the commit, as a local folder of them loads. Not
+    `load_dataset(repo)`: the Hub's split-by-file-name rule would train on train.jsonl alone, or
+    fail on a repo whose only file is test.jsonl, while START checked every file."""
+    from huggingface_hub import HfApi, snapshot_download
+
+    # Read now, as the environment loader does, rather than when huggingface_hub was imported.
+    endpoint = os.environ.get("HF_ENDPOINT") or None
+    files = data_files(HfApi(endpoint=endpoint).list_repo_files(ref.path, repo_type="dataset", revision=ref.revision))
+    if not files:
+        raise SpecError(f"dataset[{index}].path: {ref.path}@{ref.revision} has no .jsonl, .json, .parquet or .csv file to train on")
+    # Escaped: allow_patterns are fnmatch patterns, and a Data Hub path may hold *, ? or [.
+    folder = snapshot_download(ref.path, repo_type="dataset", revision=ref.revision, endpoint=endpoint,
+                               allow_patterns=[glob.escape(f) for f in files])
+    return _load_files(Path(folder), files, index)
+
+
+def _load_files(folder: Path, files: list[str], index: int) -> Any:
+    """The rows of `files` (relative to `folder`), in order: the files of one format load together,
+    and a dataset of several formats is those parts one after another, in the order each format
+    first appears."""
+    import datasets
+
+    groups: dict[str, list[str]] = {}
+    for f in files:
+        # Escaped: datasets reads data_files as glob patterns, and a name may hold *, ? or [.
+        groups.setdefault(_EXT_TO_BUILDER[PurePosixPath(f).suffix.lower()], []).append(glob.escape(str(folder / f)))
+    parts = [datasets.load_dataset(builder, data_files=paths, split="train") for builder, paths in groups.items()]
+    if len(parts) == 1:
+        return parts[0]
+    try:
+        return datasets.concatenate_datasets(parts)
+    except ValueError as exc:
+        formats = " and ".join(sorted({PurePosixPath(f).suffix.lower() for f in files}))
+        raise SpecError(f"dataset[{index}].path: its {formats} files give the same column different types, so they cannot "
+                        f"train as one dataset ({exc}): store the dataset in one format") from None
 
 
 def load_rows(refs: list[DatasetRef]) -> Any:

@@ -159,7 +159,7 @@ class RulerEnvironment(Environment):
         if not api_key:
             raise SpecError(f"config.judge.api_key_secret: the judge's API key did not reach the engine ({API_KEY_ENV} is unset)")
         staged = block.get("ruler_dataset") or {"path": task["dataset"]}
-        data = load_rows([DatasetRef(str(staged["path"]), None, staged.get("revision"))])
+        data = load_rows([DatasetRef(str(staged["path"]), None, staged.get("revision"), staged.get("data_hub") is True)])
         column = next((c for c in PROMPT_COLUMNS if c in data.column_names), None)
         if column is None:
             raise SpecError(f"config.ruler_task_args.dataset: rows need a prompt (or question/text) column; got {sorted(data.column_names)}")

@@ -116,6 +116,9 @@ class DatasetRef:
     path: str
     type: str | None = None
     revision: str | None = None
+    # A Data Hub dataset repo (path is its repo id, revision its pinned commit): the engine trains on
+    # every data file of it, as START checked them, rather than on the Hub's "train" split.
+    data_hub: bool = False
 
 
 @dataclass
@@ -254,7 +257,10 @@ def parse_spec(data: dict[str, Any]) -> Spec:
         dtype = entry.get("type")
         if method == "dpo" and dtype not in (None, "preference"):
             raise SpecError(f'dataset[{i}].type: DPO datasets are type "preference" or untyped, got {dtype!r}')
-        datasets.append(DatasetRef(entry["path"], dtype, entry.get("revision")))
+        data_hub = entry.get("data_hub", False)
+        if not isinstance(data_hub, bool):
+            raise SpecError(f"dataset[{i}].data_hub: true for a Data Hub repo, false for a Hugging Face id; got {data_hub!r}")
+        datasets.append(DatasetRef(entry["path"], dtype, entry.get("revision"), data_hub))
     if method != "grpo" and not datasets:
         raise SpecError(f"dataset: {method.upper()} needs at least one dataset")
     _validate_config(method, config)

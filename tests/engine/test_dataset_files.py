@@ -1,0 +1,95 @@
+"""Which files of a dataset the engine trains on, and in what order: every data file START checks
+(datahub.datasets), for a local folder and for a Data Hub repo read through the live Studio's /hub
+as a remote job reads it. Not the Hub's split-by-file-name rule, which trained a repo's train.jsonl
+alone and failed a repo of data.jsonl + test.jsonl ('Unknown split "train"')."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from datahub import commits, datasets, repos
+from training.engine.data import load_rows
+from training.engine.spec import DatasetRef
+
+
+def text_rows(*texts: str) -> bytes:
+    return "".join(json.dumps({"text": t}) + "\n" for t in texts).encode()
+
+
+def parquet_rows(*texts: str) -> bytes:
+    out = io.BytesIO()
+    pq.write_table(pa.table({"text": list(texts)}), out)
+    return out.getvalue()
+
+
+# Data files at the top and in a folder, one whose name holds glob characters, two formats, and
+# files START does not check (a dot-folder's, a README): the engine must read exactly the checked ones.
+FILES = {
+    "data.jsonl": text_rows("d1", "d2", "d3"),
+    "test.jsonl": text_rows("t1", "t2"),
+    "nested/part[1]*.jsonl": text_rows("n1"),
+    "shards/extra.parquet": parquet_rows("p1", "p2"),
+    ".notes/scratch.jsonl": text_rows("never"),
+    "README.md": b"# rows\n",
+}
+# By path, folder by folder; the parquet part follows the JSON one.
+TRAINED = ["d1", "d2", "d3", "n1", "t1", "t2", "p1", "p2"]
+
+
+def engine_rows(entry: dict, endpoint: str, token: str, tmp_path: Path) -> list[str]:
+    """The rows the engine loads for a spec's dataset `entry`, in a process of its own with the
+    environment Studio gives a job (and an HF cache of the test's own)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE"))}
+    env.update(HF_ENDPOINT=endpoint, HF_TOKEN=token, HF_HOME=str(tmp_path / "hf-home"), HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_DISABLE_XET="1")
+    spec = {"method": "sft", "base_model": "unused", "output_dir": str(tmp_path / "out"), "dataset": [entry]}
+    script = (
+        "import json, sys\n"
+        "from training.engine.data import load_rows\n"
+        "from training.engine.spec import parse_spec\n"
+        "print(json.dumps(list(load_rows(parse_spec(json.loads(sys.argv[1])).datasets)['text'])))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script, json.dumps(spec)], env=env, capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_a_data_hub_repo_trains_on_every_file_start_checks(transactional_db, live_server, project, tokens, tmp_path):
+    repo = repos.create_repo(project, "ds4", "dataset")
+    commit = commits.commit_files(repo, "main", FILES, "rows")
+    checked = [e.path for e in datasets.data_entries(commit)]
+    assert sorted(checked) == sorted(p for p in FILES if p.endswith((".jsonl", ".parquet")) and not p.startswith("."))
+
+    entry = {"path": "acme/ds4", "revision": commit.pk, "data_hub": True}
+    assert engine_rows(entry, f"{live_server.url}/hub", tokens["member"], tmp_path) == TRAINED
+
+
+def test_a_data_hub_repo_without_a_train_file_loads(transactional_db, live_server, project, tokens, tmp_path):
+    """The QA case: data.jsonl + test.jsonl. The Hub's rule finds no train split in it."""
+    repo = repos.create_repo(project, "ds4", "dataset")
+    commit = commits.commit_files(repo, "main", {"data.jsonl": text_rows(*[f"d{i}" for i in range(64)]), "test.jsonl": text_rows(*"abcde")}, "rows")
+    entry = {"path": "acme/ds4", "revision": commit.pk, "data_hub": True}
+    assert len(engine_rows(entry, f"{live_server.url}/hub", tokens["member"], tmp_path)) == 69
+
+
+def test_a_local_folder_trains_on_the_same_files_as_a_data_hub_repo(tmp_path):
+    folder = tmp_path / "rows"
+    for path, data in FILES.items():
+        (folder / path).parent.mkdir(parents=True, exist_ok=True)
+        (folder / path).write_bytes(data)
+    assert list(load_rows([DatasetRef(str(folder))])["text"]) == TRAINED
+
+
+def test_a_spec_s_data_hub_flag_must_be_true_or_false(tmp_path):
+    from training.engine.spec import SpecError, parse_spec
+
+    with pytest.raises(SpecError, match=r"^dataset\[0\]\.data_hub: true for a Data Hub repo"):
+        parse_spec({"method": "sft", "base_model": "unused", "output_dir": str(tmp_path), "dataset": [{"path": "acme/ds4", "data_hub": "yes"}]})
