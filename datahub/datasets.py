@@ -2,8 +2,11 @@
 shape, previewing the first rows, and checking every row against a training method.
 
 Findings name the row (1-based: the line for JSONL, the data row for CSV and Parquet) and the
-field, e.g. `row 57: "chosen" is empty`. A commit never changes, so the findings of a
-(commit, method) pair are cached.
+field, e.g. `row 57: "chosen" is empty`. The rule is what the engine's reader and trainer can read:
+text that is UTF-8 (a leading byte order mark allowed), every row an object, the first object row's
+shape and the first good row's form (text or messages) kept by every row. Each file is checked up to
+DATAHUB_VALIDATE_MAX_ROWS rows; a file with more is a notice, not a finding. A commit never changes,
+so the findings of a (commit, method) pair are cached.
 """
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import csv
 import hashlib
 import io
 import json
+import re
 from collections.abc import Callable, Iterator
 from contextlib import suppress
 from dataclasses import dataclass
@@ -42,7 +46,12 @@ METHOD_SHAPES = {
     "dpo": ("preference",),
     "grpo": ("prompts", "prompt_completion", "preference"),
 }
+# The fields the trainer reads from each row of a shape.
+SHAPE_KEYS = {"chat": ("messages",), "preference": ("prompt", "chosen", "rejected"), "prompt_completion": ("prompt", "completion"),
+              "prompts": ("prompt",), "text": ("text",)}
 ROLES = ("system", "user", "assistant", "tool")
+# A value's kind as JSON names it, for findings ("must be an object, not null").
+JSON_TYPES = {dict: "object", list: "list", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
 MAX_FINDINGS = 20
 MAX_JSON_ARRAY_BYTES = 64 * 1024 * 1024
 
@@ -116,7 +125,10 @@ def commit_sources_of(entry: TreeEntry) -> Source:
 
 
 def _json_rows(fh, size: int) -> Iterator[tuple[int, Any]]:
-    text = io.TextIOWrapper(fh, encoding="utf-8", errors="replace")
+    # utf-8-sig: a leading byte order mark is no part of the first row (the engine's reader skips it too).
+    # surrogateescape: a byte that is not UTF-8 becomes a lone surrogate that _undecodable finds on its
+    # row, where the engine's reader fails the whole file with a UnicodeDecodeError.
+    text = io.TextIOWrapper(fh, encoding="utf-8-sig", errors="surrogateescape")
     first, blank_lines = text.read(1), 0  # the lines before the first value still count in line numbers
     while first and first.isspace():
         blank_lines += first == "\n"
@@ -125,8 +137,14 @@ def _json_rows(fh, size: int) -> Iterator[tuple[int, Any]]:
         if size > MAX_JSON_ARRAY_BYTES:
             yield 1, RowError("a JSON array this large cannot be checked: store it as JSON Lines (.jsonl)")
             return
+        whole = "\n" * blank_lines + first + text.read()
+        bad = _undecodable(whole)
+        if bad is not None:
+            on_line = whole.count("\n", 0, bad.start()) + 1
+            yield 1, RowError(f"the file is not valid UTF-8 ({_byte(bad)} on line {on_line}): save it as UTF-8")
+            return
         try:
-            rows = json.loads("\n" * blank_lines + first + text.read())
+            rows = json.loads(whole)
         except ValueError as exc:
             yield 1, RowError(f"the file is not valid JSON ({exc})")
             return
@@ -135,10 +153,28 @@ def _json_rows(fh, size: int) -> Iterator[tuple[int, Any]]:
     for number, line in enumerate(_prefixed(first, text), start=1 + blank_lines):
         if not line.strip():
             continue
+        bad = _undecodable(line)
+        if bad is not None:
+            yield number, RowError(f"not valid UTF-8 ({_byte(bad)} at column {bad.start() + 1}): save the file as UTF-8")
+            continue
         try:
             yield number, json.loads(line)
         except ValueError as exc:
             yield number, RowError(_line_problem(line, exc))
+
+
+# What errors="surrogateescape" decodes a byte that is not UTF-8 to: U+DC80 to U+DCFF (no UTF-8 text
+# holds a lone surrogate, and a JSON escape such as "\udce9" is six ASCII characters, not one).
+UNDECODABLE = re.compile("[\udc80-\udcff]")
+
+
+def _undecodable(text: str) -> re.Match[str] | None:
+    """Where `text`, decoded with errors="surrogateescape", had its first byte that is not UTF-8."""
+    return None if text.isascii() else UNDECODABLE.search(text)
+
+
+def _byte(bad: re.Match[str]) -> str:
+    return f"the byte 0x{ord(bad.group()) - 0xDC00:02X}"
 
 
 def _line_problem(line: str, exc: ValueError) -> str:
@@ -167,15 +203,23 @@ def _csv_rows(fh) -> Iterator[tuple[int, Any]]:
     header is a RowError, as pandas refuses it ("Expected 2 fields in line 6, saw 4", and on the
     first row it silently shifts every column under an index instead). A shorter row is not, as
     pandas fills its missing fields with nulls: DictReader's None, which the shape checks find empty."""
-    text = io.TextIOWrapper(fh, encoding="utf-8-sig", errors="replace", newline="")
+    text = io.TextIOWrapper(fh, encoding="utf-8-sig", errors="surrogateescape", newline="")  # as _json_rows
     reader = csv.DictReader(text)
     number = 0
     try:
+        bad = next(filter(None, map(_undecodable, reader.fieldnames or ())), None)
+        if bad is not None:
+            yield 1, RowError(f"the header line is not valid UTF-8 ({_byte(bad)}): save the file as UTF-8")
+            return
         for number, row in enumerate(reader, start=1):
             if None in row:  # DictReader's restkey: the fields past the header's
                 header = len(reader.fieldnames or ())
                 yield number, RowError(f"line {reader.line_num} has {header + len(row[None])} fields, the header has {header}: "
                                        'put a field that holds a comma in double quotes ("a, b"), or remove the extra fields')
+                continue
+            bad_field = next(((k, bad) for k, v in row.items() if isinstance(v, str) and (bad := _undecodable(v))), None)
+            if bad_field is not None:
+                yield number, RowError(f'not valid UTF-8 ({_byte(bad_field[1])} in "{bad_field[0]}", on line {reader.line_num}): save the file as UTF-8')
                 continue
             yield number, {k: _maybe_json(k, v) for k, v in row.items()}
     except csv.Error as exc:
@@ -222,7 +266,7 @@ def _need(row: dict, key: str) -> str | None:
     if isinstance(value, list):
         return _messages_problem(value, key)
     if not isinstance(value, str):
-        return f'"{key}" must be text or a list of messages, not {type(value).__name__}'
+        return f'"{key}" must be text or a list of messages, not {_json_type(value)}'
     return None
 
 
@@ -246,19 +290,57 @@ def row_problem(row: Any, shape: str) -> str | None:
     if isinstance(row, RowError):
         return str(row)
     if not isinstance(row, dict):
-        return f"must be an object, not {type(row).__name__}"
+        return f"must be an object, not {_json_type(row)}"
     if shape == "chat":
         if "messages" not in row:
             return '"messages" is missing'
         return _messages_problem(row["messages"], need_assistant=True)
-    keys = {"preference": ("prompt", "chosen", "rejected"), "prompt_completion": ("prompt", "completion"), "prompts": ("prompt",), "text": ("text",)}[shape]
-    for key in keys:
+    for key in SHAPE_KEYS[shape]:
         problem = _need(row, key)
         if problem:
             return problem
     if shape == "preference" and row["chosen"] == row["rejected"]:
         return '"chosen" and "rejected" are the same: a preference pair needs two different answers'
     return None
+
+
+def _json_type(value: Any) -> str:
+    return JSON_TYPES.get(type(value), type(value).__name__)
+
+
+class FirstRowForm:
+    """Whether each field of a file's rows is text or a list of messages, as its first good row has it.
+    The trainer reads every row the way it reads the first (TRL decides once whether the data is
+    conversational), so a later row of the other form failed the run inside the engine
+    ("'list' object has no attribute 'endswith'")."""
+
+    def __init__(self, shape: str) -> None:
+        self.keys = SHAPE_KEYS[shape]
+        self.first: tuple[int, tuple[bool, ...]] | None = None  # the row's number, and which of its fields are text
+
+    def problem(self, number: int, row: dict) -> str | None:
+        """What is wrong with the form of row `number`; give it the rows that row_problem passed, in order."""
+        texts = tuple(isinstance(row[key], str) for key in self.keys)
+        if self.first is None:
+            self.first = (number, texts)
+            return None
+        first, first_texts = self.first
+        if texts == first_texts:
+            return None
+        key, text = next((k, t) for k, t, was in zip(self.keys, texts, first_texts, strict=True) if t != was)
+        form, first_form = ("text", "a list of messages") if text else ("a list of messages", "text")
+        return (f'"{key}" is {form}, and in row {first} it is {first_form}: write it as {first_form} here too, '
+                "as the trainer reads every row the way it reads the file's first")
+
+
+def _meant_shape(row: dict, shape: str, wanted: tuple[str, ...]) -> str | None:
+    """The shape of `wanted` that `row` (detected as `shape`, which the method does not train on) was
+    meant to be: one with a column the row has beyond those of its own shape. A preference row without
+    "rejected" reads as prompts (prompt, chosen): it is meant as a preference row that lacks a field."""
+    own = set(SHAPE_KEYS.get(shape, ()))
+    extra = {s: len((set(SHAPE_KEYS[s]) - own) & row.keys()) for s in wanted}
+    meant = max(wanted, key=lambda s: extra[s])
+    return meant if extra[meant] else None
 
 
 def _other_data_or_method(shape: str) -> str:
@@ -296,8 +378,10 @@ def preview(commit: Commit, path: str | None = None, limit: int = 20) -> dict:
     shape = detect_shape(columns)
     if shape == "unknown" and rows:  # no method trains on these rows: START would refuse the file, not a row
         problems.append({"row": numbers[0], "message": unknown_shape_problem(columns)})
-    elif shape in SHAPE_LABELS:  # what START would say of these rows for a method that trains on this shape
-        problems += [{"row": n, "message": problem} for n, r in zip(numbers, rows, strict=True) if (problem := row_problem(r, shape))]
+    elif shape in SHAPE_KEYS:  # what START would say of these rows for a method that trains on this shape
+        form = FirstRowForm(shape)
+        problems += [{"row": n, "message": problem} for n, r in zip(numbers, rows, strict=True)
+                     if (problem := row_problem(r, shape) or form.problem(n, r))]
     problems.sort(key=lambda p: int(p["row"]))
     return {
         "path": chosen.path,
@@ -339,60 +423,85 @@ class RowNeeds:
         return f"{self.who}:{','.join(self.keys)}"
 
 
-def method_findings(commit: Commit, method: str, field: str, needs: RowNeeds | None = None) -> list[Finding]:
-    def check() -> list[Finding]:
+@dataclass(frozen=True)
+class RowsCheck:
+    """What checking a dataset's rows found: `findings` refuse START; `notices` say what was not
+    checked (the rows of a file past DATAHUB_VALIDATE_MAX_ROWS) and refuse nothing."""
+
+    findings: list[Finding]
+    notices: list[Finding]
+
+
+def method_check(commit: Commit, method: str, field: str, needs: RowNeeds | None = None) -> RowsCheck:
+    def check() -> RowsCheck:
         entries = commit_sources(commit)
         if not entries and method in METHOD_SHAPES:
-            return [Finding(field, f"{commit.repo.full_name}@{commit.pk[:10]} has no .jsonl, .json, .csv or .parquet file to train on")]
-        return rows_findings(entries, method, field, needs, lambda path: (
+            return RowsCheck([Finding(field, f"{commit.repo.full_name}@{commit.pk[:10]} has no .jsonl, .json, .csv or .parquet file to train on")], [])
+        return check_rows(entries, method, field, needs, lambda path: (
             f"delete {path} from the branch (its Delete on the repo's Files tab, or DELETE /api/hub/repos/{commit.repo.name}/files) "
             f"or move it to another branch or repo"))
 
-    return cached_findings(f"datahub:findings:{commit.pk}:{method}:{field}:{needs.cache_key() if needs else ''}", check)
+    return cached_check(f"{commit.pk}:{method}:{field}:{needs.cache_key() if needs else ''}", check)
 
 
-def local_findings(path: Path, method: str, field: str, needs: RowNeeds | None = None) -> list[Finding]:
+def local_check(path: Path, method: str, field: str, needs: RowNeeds | None = None) -> RowsCheck:
     """The same checks for a dataset on the Studio's machine (the local backend reads it there).
     Cached while no file of it changes (name, size and modification time)."""
     if path.is_file() and not file_format(path.name):
-        return [Finding(field, f"{path} is not a .jsonl, .json, .csv or .parquet file: give a dataset file of one of those formats, or a folder of them")]
+        return RowsCheck([Finding(field, f"{path} is not a .jsonl, .json, .csv or .parquet file: give a dataset file of one of those formats, or a folder of them")], [])
     sources = local_sources(path)
     if not sources:
-        return [Finding(field, f"{path} holds no .jsonl, .json, .csv or .parquet file to train on")]
+        return RowsCheck([Finding(field, f"{path} holds no .jsonl, .json, .csv or .parquet file to train on")], [])
     stamp = hashlib.sha1(repr([str(path)] + [(s.path, s.version) for s in sources]).encode()).hexdigest()
-    return cached_findings(f"datahub:local-findings:{stamp}:{method}:{field}:{needs.cache_key() if needs else ''}",
-                           lambda: rows_findings(sources, method, field, needs, lambda file: f"move {file} out of {path}"))
+    return cached_check(f"local:{stamp}:{method}:{field}:{needs.cache_key() if needs else ''}",
+                        lambda: check_rows(sources, method, field, needs, lambda file: f"move {file} out of {path}"))
 
 
-def cached_findings(key: str, check: Callable[[], list[Finding]]) -> list[Finding]:
-    """`check()`'s findings, kept an hour under `key` (which names a commit, or a local dataset's file stamps)."""
+# Bumped when the rules change, so a commit's result cached under the old ones is not used.
+CACHE_VERSION = 2
+
+
+def cached_check(key: str, check: Callable[[], RowsCheck]) -> RowsCheck:
+    """`check()`'s result, kept an hour under `key` (which names a commit, or a local dataset's file
+    stamps) and the rules it was checked by."""
+    key = f"datahub:rows:v{CACHE_VERSION}:{settings.DATAHUB_VALIDATE_MAX_ROWS}:{key}"
     try:
         cached = cache.get(key)
     except Exception:  # noqa: BLE001 - the cache is an optimisation: Redis down (restarting) must not fail START
         cached = None
     if cached is not None:
-        return [Finding(f, m) for f, m in cached]
-    findings = check()
+        return RowsCheck([Finding(f, m) for f, m in cached["findings"]], [Finding(f, m) for f, m in cached["notices"]])
+    result = check()
     with suppress(Exception):
-        cache.set(key, [(f.field, f.message) for f in findings], 3600)
-    return findings
+        cache.set(key, {"findings": [(f.field, f.message) for f in result.findings], "notices": [(f.field, f.message) for f in result.notices]}, 3600)
+    return result
 
 
 def rows_findings(sources: list[Source], method: str, field: str, needs: RowNeeds | None = None,
                   set_aside: Callable[[str], str] = lambda path: f"remove {path}") -> list[Finding]:
-    """Every row of every file against what `method` trains on (and `needs`); at most MAX_FINDINGS.
+    return check_rows(sources, method, field, needs, set_aside).findings
+
+
+def check_rows(sources: list[Source], method: str, field: str, needs: RowNeeds | None = None,
+               set_aside: Callable[[str], str] = lambda path: f"remove {path}") -> RowsCheck:
+    """Every row of every file, up to DATAHUB_VALIDATE_MAX_ROWS a file, against what `method` trains
+    on (and `needs`); at most MAX_FINDINGS. The first object row of a file decides its shape, and the
+    first good one whether each field is text or messages; rows before it are checked too.
     A file of the wrong shape among others is a finding that ends with `set_aside(path)`: how to take
     that file out of the dataset (the run trains on every data file). A needed column that every row
     checked so far lacks (at the end of the file, or when the findings reach MAX_FINDINGS) is one
-    finding for the file, not one per row; rows that are bad on their own keep their own findings."""
+    finding for the file, not one per row; rows that are bad on their own keep their own findings.
+    A file with more rows than the limit is a notice: a row past it fails the run only in the engine."""
     wanted = METHOD_SHAPES.get(method)
     if wanted is None:
-        return []
-    max_rows = int(getattr(settings, "DATAHUB_VALIDATE_MAX_ROWS", 1_000_000))
+        return RowsCheck([], [])
+    max_rows = settings.DATAHUB_VALIDATE_MAX_ROWS
     findings: list[Finding] = []
+    notices: list[Finding] = []
     for entry in sources:
         where = f"{entry.path} " if len(sources) > 1 else ""
         shape = None
+        form: FirstRowForm | None = None
         # This file's findings, each with the needed key a row lacked entirely (None for any other problem).
         pending: list[tuple[Finding, str | None]] = []
         lacking = dict.fromkeys(needs.keys if needs is not None else (), 0)
@@ -400,16 +509,26 @@ def rows_findings(sources: list[Source], method: str, field: str, needs: RowNeed
         absent: frozenset[str] = frozenset()
         for number, row in iter_rows(entry):
             if number > max_rows:
+                notices.append(Finding(field, f"only the first {max_rows:,} rows of {entry.path} were checked before START (DATAHUB_VALIDATE_MAX_ROWS): "
+                                              "a problem in a later row fails the run when the trainer reaches it; check the rest of the file, "
+                                              "or ask the Studio's administrator to raise the limit"))
                 break
             if shape is None and isinstance(row, dict):
                 shape = detect_shape(row.keys())
                 if shape not in wanted:
-                    expected = " or ".join(SHAPE_LABELS[s] for s in wanted)
-                    todo = set_aside(entry.path) if len(sources) > 1 else _other_data_or_method(shape)
-                    pending.append((Finding(field, f"{where}rows look like {SHAPE_LABELS[shape]} (columns: {', '.join(sorted(row))}); "
-                                                   f"{method.upper()} trains on {expected} rows: {todo}"), None))
-                    break
-            problem = row_problem(row, shape or "text") if shape or isinstance(row, RowError) else None
+                    meant = _meant_shape(row, shape, wanted)
+                    if meant is None:
+                        expected = " or ".join(SHAPE_LABELS[s] for s in wanted)
+                        todo = set_aside(entry.path) if len(sources) > 1 else _other_data_or_method(shape)
+                        pending.append((Finding(field, f"{where}rows look like {SHAPE_LABELS[shape]} (columns: {', '.join(sorted(row))}); "
+                                                       f"{method.upper()} trains on {expected} rows: {todo}"), None))
+                        break
+                    shape = meant  # its missing field is this row's finding
+                form = FirstRowForm(shape)
+            # Before the first object row, `shape` is None: a row there is a RowError or not an object, whatever the shape.
+            problem = row_problem(row, shape or "text")
+            if problem is None and form is not None and isinstance(row, dict):
+                problem = form.problem(number, row)
             key = None
             if problem is None and needs is not None and isinstance(row, dict):
                 checked += 1
@@ -425,13 +544,13 @@ def rows_findings(sources: list[Source], method: str, field: str, needs: RowNeed
                 if len(findings) + len(pending) >= MAX_FINDINGS:
                     findings += [f for f, _ in pending]
                     findings.append(Finding(field, f"stopped after {MAX_FINDINGS} problems: fix these and start again"))
-                    return findings
+                    return RowsCheck(findings, notices)
         if needs is not None:
             absent = _collapse_absent(pending, lacking, checked, absent, needs, field, where)
         findings += [f for f, _ in pending]
         if shape is None and not findings:
             findings.append(Finding(field, no_rows(where)))
-    return findings
+    return RowsCheck(findings, notices)
 
 
 def _collapse_absent(pending: list[tuple[Finding, str | None]], lacking: dict[str, int], checked: int,

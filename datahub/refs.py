@@ -3,7 +3,8 @@ pinned to commit ids at START, and turned into what the engine loads.
 
 - parse_ref / resolve_ref: `[project/]repo@ref` → a repo and a commit of the run's own project.
 - run_refs / dataset_refs: every Data Hub ref a run names, with its field path.
-- ref_findings / dataset_findings: the pre-start (422) checks of the refs and of dataset rows.
+- ref_findings / dataset_findings / ruler_dataset_findings: the pre-start (422) checks of the refs and
+  of dataset rows.
 - pin_refs: the refs resolved to commits at START; engine_inputs: what the engine loads from them.
 - refs_at_pins: a run's refs written at the commits an attempt pinned (a resumed run's own).
 """
@@ -102,7 +103,8 @@ def dataset_refs(dataset: Any) -> list[tuple[str, str]]:
 
 def ref_findings(project, base_model: str | None, config: dict | None) -> list[Finding]:
     """422 findings for the non-dataset Data Hub refs of a run (base model, teacher, environment,
-    RULER dataset) that do not resolve. dataset_findings covers `dataset`."""
+    RULER dataset) that do not resolve. dataset_findings covers `dataset`, ruler_dataset_findings the
+    RULER dataset's rows."""
     findings: list[Finding] = []
     for field, value in run_refs(base_model, None, config):
         try:
@@ -169,10 +171,10 @@ def _set_field(fields: dict[str, Any], path: str, value: str) -> None:
     holder[keys[-1]] = value
 
 
-def dataset_findings(project, method: str, dataset, needs=None) -> list[Finding]:
+def dataset_findings(project, method: str, dataset, needs=None, notices: list[Finding] | None = None) -> list[Finding]:
     """Pre-start checks of a run's Data Hub datasets: the ref resolves, and every row has what the
     method trains on, and what `needs` (datasets.RowNeeds) adds (findings name the row and field,
-    e.g. `row 57: "chosen" is empty`)."""
+    e.g. `row 57: "chosen" is empty`). What was not checked (datasets.RowsCheck.notices) goes to `notices`."""
     from datahub import datasets
 
     findings: list[Finding] = []
@@ -184,8 +186,30 @@ def dataset_findings(project, method: str, dataset, needs=None) -> list[Finding]
         except Unprocessable as exc:
             findings += exc.errors
             continue
-        findings += datasets.method_findings(commit, method, field.removesuffix(".ref"), needs)
+        check = datasets.method_check(commit, method, field.removesuffix(".ref"), needs)
+        findings += check.findings
+        if notices is not None:
+            notices += check.notices
     return findings
+
+
+def ruler_dataset_findings(project, value: Any, notices: list[Finding] | None = None) -> list[Finding]:
+    """A RULER run's prompts (`config.ruler_task_args.dataset`) given as a Data Hub ref: its rows,
+    checked as a GRPO dataset's, as a local path's are. A ref that does not resolve is ref_findings'
+    finding, not one of these."""
+    from datahub import datasets
+
+    field = "config.ruler_task_args.dataset"
+    if not is_hub_ref(value):
+        return []
+    try:
+        _, commit = parse_ref(project, value, field)
+    except Unprocessable:
+        return []
+    check = datasets.method_check(commit, "grpo", field)
+    if notices is not None:
+        notices += check.notices
+    return check.findings
 
 
 def engine_inputs(run, ingest_token: str) -> dict[str, Any]:

@@ -53,6 +53,8 @@ def assert_refused(result: subprocess.CompletedProcess, variable: str) -> None:
     ({**PRODUCTION, "STUDIO_RUNS_DIR": "var/runs"}, "STUDIO_RUNS_DIR"),
     ({**PRODUCTION, "STUDIO_VAR_DIR": "var"}, "STUDIO_VAR_DIR"),
     ({"DEBUG": "1", "STUDIO_VAR_DIR": "./var"}, "STUDIO_VAR_DIR"),
+    ({**PRODUCTION, "DATAHUB_VALIDATE_MAX_ROWS": "all"}, "DATAHUB_VALIDATE_MAX_ROWS"),
+    ({**PRODUCTION, "DATAHUB_VALIDATE_MAX_ROWS": "0"}, "DATAHUB_VALIDATE_MAX_ROWS"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_bad_environment_stops_startup_naming_the_variable(env, variable):
     assert_refused(boot(env), variable)

@@ -12,9 +12,9 @@ from typing import Any
 
 from django.conf import settings
 
-from datahub.datasets import RowNeeds, local_findings
+from datahub.datasets import RowNeeds, local_check
 from datahub.models import Repo
-from datahub.refs import dataset_findings, dataset_refs, ref_findings, run_refs
+from datahub.refs import dataset_findings, dataset_refs, ref_findings, ruler_dataset_findings, run_refs
 from environments.services import dataset_row_needs, environment_findings
 from studio.errors import BadRequest, Finding
 from studio.parsing import control_character, invisible
@@ -100,7 +100,8 @@ def name_findings(name: Any) -> list[Finding]:
 
 
 def start_findings(draft: Draft) -> list[Finding]:
-    """Everything that stops a valid run from starting (422). The run itself is not changed."""
+    """Everything that stops a valid run from starting (422). The run itself is not changed. What the
+    checks left out, which refuses nothing, is start_notices(draft) afterwards."""
     method = method_or_400(draft.method)
     findings: list[Finding] = []
     if not draft.base_model:
@@ -121,12 +122,28 @@ def start_findings(draft: Draft) -> list[Finding]:
         findings += environment_findings(draft, backend.image_has)
     findings += teacher_tokenizer_findings(draft)
     needs = dataset_row_needs(draft)  # a GRPO environment's columns, in the run's own dataset
-    findings += local_path_findings(draft, needs)
+    notices: list[Finding] = []
+    findings += local_path_findings(draft, needs, notices)
     if draft.project is not None:
         findings += ref_findings(draft.project, draft.base_model, draft.config)
-        findings += dataset_findings(draft.project, draft.method, draft.dataset, needs)
+        findings += dataset_findings(draft.project, draft.method, draft.dataset, needs, notices)
+        findings += ruler_dataset_findings(draft.project, ruler_dataset(draft), notices)
         findings += bare_repo_name_findings(draft)
+    draft.memo["notices"] = notices
     return findings
+
+
+def start_notices(draft: Draft) -> list[Finding]:
+    """What start_findings(draft), which must have run on this draft, did not check: the rows of a
+    dataset file past DATAHUB_VALIDATE_MAX_ROWS. The run page says so beside the Start button; it
+    refuses nothing."""
+    return draft.memo.get("notices", [])
+
+
+def ruler_dataset(draft: Draft) -> Any:
+    """The prompts dataset the engine loads in RULER mode (config.ruler_task_args.dataset), else None."""
+    ruler = draft.config.get("ruler_task_args") if draft.method == "grpo" and draft.config.get("rl_mode") == "ruler" else None
+    return ruler.get("dataset") if isinstance(ruler, dict) else None
 
 
 def bare_repo_name_findings(draft: Draft) -> list[Finding]:
@@ -347,17 +364,16 @@ def teacher_tokenizer_findings(draft: Draft) -> list[Finding]:
     return []
 
 
-def local_path_findings(draft: Draft, needs: RowNeeds | None = None) -> list[Finding]:
+def local_path_findings(draft: Draft, needs: RowNeeds | None = None, notices: list[Finding] | None = None) -> list[Finding]:
     """A local path names a file on the Studio's machine: only the local backend can read it, and
     there it must be an absolute path to what the engine will load (a missing one would fail the run
-    only after the job started)."""
+    only after the job started). A dataset's rows are checked; what was not goes to `notices`."""
     models = [("base_model", draft.base_model)]
     if draft.method == "distill":
         models.append(("config.distillation.teacher_model", (draft.config.get("distillation") or {}).get("teacher_model")))
     datasets = [(f"dataset[{i}]" if isinstance(draft.dataset, list) else "dataset", e.ref) for i, e in enumerate(dataset_entries(draft.dataset))]
-    ruler = draft.config.get("ruler_task_args") if draft.method == "grpo" and draft.config.get("rl_mode") == "ruler" else None
-    if isinstance(ruler, dict) and isinstance(ruler.get("dataset"), str):
-        datasets.append(("config.ruler_task_args.dataset", ruler["dataset"]))  # its prompts, checked row by row like a dataset's
+    if isinstance(ruler_dataset(draft), str):
+        datasets.append(("config.ruler_task_args.dataset", ruler_dataset(draft)))  # its prompts, checked row by row like a dataset's
     paths = [(field, value, field in dict(models)) for field, value in models + datasets if isinstance(value, str) and ref_kind(value) == "path"]
     backend = draft.compute.get("backend", "local")
     if backend != "local":
@@ -379,7 +395,10 @@ def local_path_findings(draft: Draft, needs: RowNeeds | None = None) -> list[Fin
             findings.append(Finding(field, f"{value} does not exist on the Studio's machine: give the path of a .jsonl/.json/.parquet/.csv file or a folder of them"))
         elif not is_model:
             # The rows, as a Data Hub dataset's are checked: the row and field of each problem.
-            findings += local_findings(path, draft.method, field, needs if field.startswith("dataset") else None)
+            check = local_check(path, draft.method, field, needs if field.startswith("dataset") else None)
+            findings += check.findings
+            if notices is not None:
+                notices += check.notices
     return findings
 
 

@@ -46,6 +46,7 @@ from training.models import ACTIVE_STATUSES, TERMINAL_STATUSES, Checkpoint, Meth
 from training.queries import filter_rollouts, get_run_for, log_lines, runs_for, search_runs
 from training.refs import HUB_REF, dataset_entries, ref_kind
 from training.suggestions import RefSuggestions
+from training.validation import start_notices
 
 MAX_POINTS = 500
 LOG_TAIL = 200
@@ -225,6 +226,8 @@ def status_context(request: HttpRequest, run: TrainingRun, actor=None, error: Ap
         "poll": STATUS_POLL[page_phase(run)],
         "writable": actor.can_write(run.project),
         "blockers": blockers,
+        # Rows START did not check (a dataset file past DATAHUB_VALIDATE_MAX_ROWS): said, never refused.
+        "notices": start_notices(draft) if startable else [],
         "action_error": None if isinstance(error, Unprocessable) else error,
         "failure_help": failure_help(run, error_obj.get("code") or "") if run.status == Status.FAILED else "",
         "error_log_tail": failure_log_tail(run) if run.status == Status.FAILED else [],

@@ -1,0 +1,186 @@
+"""START's row checks of a dataset (the 422, the Start button) against what the engine's reader and
+trainer do with the same file: a dataset they cannot train on is refused naming the row and field,
+one they can is not, and rows left unchecked are said, not refused."""
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from django.urls import reverse
+
+from datahub import commits, datasets, repos
+from studio.services import set_secret
+from tests.conftest import assert_error, sft_body
+from tests.datahub.conftest import jsonl
+from training.models import TrainingRun
+
+CHAT = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
+DPO = {"method": "dpo", "config": {"loss": {"type": "dpo"}, "lora_rank": 8}}
+
+
+def start_refused(api, project, files: dict[str, bytes], field: str = "dataset", **overrides) -> list[str]:
+    """START a run on a new dataset repo holding `files`: it is a 422, the run stays unstarted; the messages on `field`."""
+    repo = repos.create_repo(project, "rows", "dataset")
+    commits.commit_files(repo, "main", files, "data")
+    run_id = api.post("/api/training-runs", sft_body(**{"dataset": "rows@main", **overrides})).json()["id"]
+    body = assert_error(api.post(f"/api/training-runs/{run_id}/start"), 422, field)
+    assert TrainingRun.objects.get(pk=run_id).start_requested_at is None
+    return [e["message"] for e in body["errors"] if e["field"] == field]
+
+
+def start_accepted(api, project, files: dict[str, bytes], **overrides) -> TrainingRun:
+    repo = repos.create_repo(project, "rows", "dataset")
+    commits.commit_files(repo, "main", files, "data")
+    run_id = api.post("/api/training-runs", sft_body(**{"dataset": "rows@main", **overrides})).json()["id"]
+    r = api.post(f"/api/training-runs/{run_id}/start")
+    assert r.status_code == 202, r.content
+    return TrainingRun.objects.get(pk=run_id)
+
+
+def preview_problems(api, path: str) -> list[dict]:
+    r = api.client.get("/api/hub/repos/rows/preview", {"path": path}, **api._headers())
+    assert r.status_code == 200, r.content
+    return r.json()["problems"]
+
+
+@pytest.mark.parametrize(("first", "kind"), [(b"null", "null"), (b"5", "number")])
+def test_a_first_line_that_is_not_an_object_is_refused_naming_row_1(api, project, first, kind):
+    # The shape came from the first object row and the lines before it were never checked: START
+    # took the file, and the engine's reader died on it (signal 11, or DatasetGenerationError).
+    messages = start_refused(api, project, {"train.jsonl": first + b"\n" + jsonl([CHAT, CHAT])})
+    assert messages == [f"row 1: must be an object, not {kind}"], messages
+    assert preview_problems(api, "train.jsonl") == [{"row": 1, "message": f"must be an object, not {kind}"}]
+
+
+def test_bytes_that_are_not_utf8_are_refused_naming_the_row(api, project):
+    # Read with errors="replace" they passed as "caf\ufffd", and the engine failed on a UnicodeDecodeError.
+    good = jsonl([{"prompt": "q", "completion": "a"}] * 4)
+    data = {"train.jsonl": good + b'{"prompt": "caf\xe9", "completion": "a"}\n' + good,
+            "train.csv": b"prompt,completion\nq,a\n\"caf\xe9, au lait\",a\n",
+            "train.json": b'[{"prompt": "q", "completion": "a"},\n {"prompt": "caf\xe9", "completion": "a"}]'}
+    messages = start_refused(api, project, data)
+    assert "train.jsonl row 5: not valid UTF-8 (the byte 0xE9 at column 16): save the file as UTF-8" in messages, messages
+    assert 'train.csv row 2: not valid UTF-8 (the byte 0xE9 in "prompt", on line 3): save the file as UTF-8' in messages, messages
+    assert "train.json row 1: the file is not valid UTF-8 (the byte 0xE9 on line 2): save it as UTF-8" in messages, messages
+    assert preview_problems(api, "train.jsonl") == [{"row": 5, "message": "not valid UTF-8 (the byte 0xE9 at column 16): save the file as UTF-8"}]
+    # A file of no other row previews too (no shape to check the rows against).
+    commits.commit_files(repos.find_repo(project, "rows"), "main", {"only.jsonl": b'{"text": "caf\xe9"}\n'}, "one bad row")
+    assert preview_problems(api, "only.jsonl") == [{"row": 1, "message": "not valid UTF-8 (the byte 0xE9 at column 14): save the file as UTF-8"}]
+    # The character written in UTF-8 is no problem.
+    assert not datasets.rows_findings([source("ok.jsonl", '{"prompt": "café", "completion": "a"}\n'.encode())], "sft", "dataset")
+
+
+def test_a_header_that_is_not_utf8_is_refused():
+    findings = datasets.rows_findings([source("t.csv", b"pr\xf6mpt,completion\nq,a\n")], "sft", "dataset")
+    assert [f.message for f in findings] == ["row 1: the header line is not valid UTF-8 (the byte 0xF6): save the file as UTF-8"]
+
+
+def test_a_later_row_whose_fields_are_messages_where_the_first_rows_are_text_is_refused_naming_both(api, project):
+    # It passed, and the trainer, which reads every row as it reads the first, failed on
+    # AttributeError: 'list' object has no attribute 'endswith'.
+    rows = [{"prompt": f"q{i}", "completion": f"a{i}"} for i in range(3000)]
+    rows[2499] = {"prompt": [{"role": "user", "content": "q"}], "completion": [{"role": "assistant", "content": "a"}]}
+    messages = start_refused(api, project, {"train.jsonl": jsonl(rows)})
+    assert messages == ['row 2500: "prompt" is a list of messages, and in row 1 it is text: '
+                        "write it as text here too, as the trainer reads every row the way it reads the file's first"], messages
+    # The other way round too, on the field that differs; the preview says it of the rows it shows.
+    pairs = [{"prompt": [{"role": "user", "content": "q"}], "completion": [{"role": "assistant", "content": "a"}]},
+             {"prompt": [{"role": "user", "content": "q"}], "completion": "a"}]
+    findings = datasets.rows_findings([source("pairs.jsonl", jsonl(pairs))], "sft", "dataset")
+    assert [f.message for f in findings] == ['row 2: "completion" is text, and in row 1 it is a list of messages: '
+                                             "write it as a list of messages here too, as the trainer reads every row the way it reads the file's first"]
+    commits.commit_files(repos.find_repo(project, "rows"), "main", {"pairs.jsonl": jsonl(pairs)}, "pairs")
+    assert [p["row"] for p in preview_problems(api, "pairs.jsonl")] == [2]
+
+
+def test_rows_past_the_limit_are_said_beside_start_and_do_not_refuse_it(api, project, browser, settings, tmp_path):
+    # They were skipped silently: a bad row there passed START and failed the run in the engine.
+    settings.DATAHUB_VALIDATE_MAX_ROWS = 3
+    rows = [{"prompt": "q", "completion": "a"}] * 4 + [{"prompt": "q", "completion": ""}]
+    check = datasets.check_rows([source("train.jsonl", jsonl(rows))], "sft", "dataset")
+    assert check.findings == []
+    assert [n.message for n in check.notices] == [
+        "only the first 3 rows of train.jsonl were checked before START (DATAHUB_VALIDATE_MAX_ROWS): a problem in a later row "
+        "fails the run when the trainer reaches it; check the rest of the file, or ask the Studio's administrator to raise the limit"]
+    repo = repos.create_repo(project, "rows", "dataset")
+    commits.commit_files(repo, "main", {"train.jsonl": jsonl(rows)}, "data")
+    run_id = api.post("/api/training-runs", sft_body(dataset="rows@main")).json()["id"]
+    page = browser("owner").get(reverse("training:run", args=[run_id])).content.decode()
+    assert 'id="start-notices"' in page and "only the first 3 rows of train.jsonl were checked" in page, page
+    assert 'id="start-blockers"' not in page
+    assert api.post(f"/api/training-runs/{run_id}/start").status_code == 202
+    # A dataset on the Studio's machine is said the same way.
+    local = tmp_path / "local.jsonl"
+    local.write_bytes(jsonl(rows))
+    run_id = api.post("/api/training-runs", sft_body(dataset=str(local))).json()["id"]
+    page = browser("owner").get(reverse("training:run", args=[run_id])).content.decode()
+    assert "only the first 3 rows of local.jsonl were checked" in page and 'id="start-blockers"' not in page, page
+    # Within the limit, there is nothing to say.
+    assert not datasets.check_rows([source("train.jsonl", jsonl(rows[:3]))], "sft", "dataset").notices
+
+
+def test_a_ruler_prompts_dataset_given_as_a_data_hub_ref_is_checked_row_by_row(api, project):
+    # Only a local path's rows were checked: a Data Hub ref of chat rows, or of an empty prompt, passed START.
+    set_secret(project, "judge-key", "sk")
+    config = {"rl_mode": "ruler", "ruler_task_args": {"dataset": "rows@main", "system_prompt": "Score it"},
+              "judge": {"mode": "external", "endpoint": "http://judge.example/v1", "api_key_secret": "judge-key"}}
+    grpo = {"method": "grpo", "dataset": None, "config": config}
+    field = "config.ruler_task_args.dataset"
+    messages = start_refused(api, project, {"prompts.jsonl": jsonl([{"prompt": "p1"}, {"prompt": " "}])}, field, **grpo)
+    assert messages == ['row 2: "prompt" is empty'], messages
+    commits.commit_files(repos.find_repo(project, "rows"), "main", {"prompts.jsonl": jsonl([CHAT])}, "chat rows")
+    run_id = api.post("/api/training-runs", sft_body(**grpo)).json()["id"]
+    body = assert_error(api.post(f"/api/training-runs/{run_id}/start"), 422, field)
+    assert any(e["field"] == field and "rows look like chat messages" in e["message"] and "GRPO trains on" in e["message"] for e in body["errors"]), body
+
+
+def test_a_jsonl_file_with_a_byte_order_mark_is_accepted(api, project):
+    # "Unexpected UTF-8 BOM" refused it, though the engine's reader reads it (and a CSV with one was accepted).
+    run = start_accepted(api, project, {"train.jsonl": b"\xef\xbb\xbf" + jsonl([CHAT, CHAT])})
+    assert run.start_requested_at is not None
+    assert preview_problems(api, "train.jsonl") == []
+    assert not datasets.rows_findings([source("rows.json", b"\xef\xbb\xbf" + json.dumps([CHAT]).encode())], "sft", "dataset")
+
+
+def test_a_dpo_row_missing_rejected_is_named_with_its_row_and_field(api, project):
+    # START said only "rows look like prompts (prompt) ... train on these rows with GRPO", where the
+    # preview said row 1: "rejected" is missing.
+    rows = [{"prompt": "q", "chosen": "a"}] + [{"prompt": "q", "chosen": "a", "rejected": "b"}] * 2
+    messages = start_refused(api, project, {"train.jsonl": jsonl(rows)}, **DPO)
+    assert messages == ['row 1: "rejected" is missing'], messages
+    findings = datasets.rows_findings([source("t.jsonl", jsonl([{"chosen": "a", "rejected": "b"}]))], "dpo", "dataset")
+    assert [f.message for f in findings] == ['row 1: "prompt" is missing']
+    # Rows that are another shape whole still say which method trains on them.
+    findings = datasets.rows_findings([source("t.jsonl", jsonl([{"prompt": "q", "completion": "a"}]))], "dpo", "dataset")
+    assert [f.message for f in findings] == ["rows look like prompt/completion (columns: completion, prompt); DPO trains on "
+                                             "prompt/chosen/rejected rows: give a dataset of such rows, or train on these rows with SFT or DISTILL or GRPO"]
+
+
+@pytest.mark.parametrize(("name", "data"), [
+    ("bom.jsonl", b"\xef\xbb\xbf" + jsonl([{"prompt": "q", "completion": "a"}] * 2)),
+    ("latin.jsonl", jsonl([{"prompt": "q", "completion": "a"}]) + b'{"prompt": "caf\xe9", "completion": "a"}\n'),
+    ("latin.csv", b"prompt,completion\nq,a\ncaf\xe9,a\n"),
+])
+def test_the_rule_is_the_engines_reader_s(tmp_path, monkeypatch, name, data):
+    """What the engine's reader (datasets.load_dataset) reads, START takes; what it fails on, START refuses."""
+    import datasets as hf_datasets
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setattr(hf_datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")
+    path = tmp_path / name
+    path.write_bytes(data)
+    findings = datasets.rows_findings([source(name, data)], "sft", "dataset")
+    builder = "csv" if name.endswith(".csv") else "json"
+    if name.startswith("latin"):
+        # CSV fails as it loads; JSON Lines loads (pyarrow keeps the bytes) and fails on the first read of the row.
+        with pytest.raises((UnicodeDecodeError, hf_datasets.exceptions.DatasetGenerationError)):
+            hf_datasets.load_dataset(builder, data_files=str(path), split="train", cache_dir=str(tmp_path / "cache")).to_list()
+        assert ["row 2: not valid UTF-8" in f.message for f in findings] == [True], findings
+    else:
+        rows = hf_datasets.load_dataset(builder, data_files=str(path), split="train", cache_dir=str(tmp_path / "cache")).to_list()
+        assert rows == [{"prompt": "q", "completion": "a"}] * 2 and not findings
+
+
+def source(name: str, data: bytes) -> datasets.Source:
+    return datasets.Source(name, len(data), lambda: io.BytesIO(data))
