@@ -4,6 +4,7 @@ as a remote job reads it. Not the Hub's split-by-file-name rule, which trained a
 alone and failed a repo of data.jsonl + test.jsonl ('Unknown split "train"')."""
 from __future__ import annotations
 
+import csv
 import io
 import json
 import os
@@ -16,8 +17,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from datahub import commits, datasets, repos
-from training.engine.data import load_rows
-from training.engine.spec import DatasetRef
+from training.engine.data import load_rows, row_format
+from training.engine.spec import DatasetRef, SpecError
 
 
 def text_rows(*texts: str) -> bytes:
@@ -93,3 +94,42 @@ def test_a_spec_s_data_hub_flag_must_be_true_or_false(tmp_path):
 
     with pytest.raises(SpecError, match=r"^dataset\[0\]\.data_hub: true for a Data Hub repo"):
         parse_spec({"method": "sft", "base_model": "unused", "output_dir": str(tmp_path), "dataset": [{"path": "acme/ds4", "data_hub": "yes"}]})
+
+
+CHAT = [[{"role": "user", "content": "Hi, \"you\"."}, {"role": "assistant", "content": "Hello,\nthere."}],
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]]
+
+
+def csv_bytes(header: list[str], rows: list[list[object]]) -> bytes:
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(header)
+    writer.writerows([[json.dumps(cell) if isinstance(cell, list) else cell for cell in row] for row in rows])
+    return out.getvalue().encode()
+
+
+@pytest.mark.parametrize(("header", "rows"), [
+    (["messages"], [[CHAT[0]], [CHAT[1]]]),
+    # a conversational prompt, and a cell that starts with "[" but is no JSON: text to both readers
+    (["prompt", "completion"], [[CHAT[1][:2], "[1] four"], [CHAT[0][:1], "[2] hello"]]),
+], ids=["chat", "prompt-completion"])
+def test_csv_cells_load_as_start_reads_them(tmp_path, header, rows):
+    """START (datahub.datasets) reads the JSON list in a CSV's messages cell and checks its messages:
+    the engine trains on those lists, not on the cell's text (SFT refused the rows as "not
+    conversational"; a prompt trained as the JSON's characters)."""
+    data = csv_bytes(header, rows)
+    path = tmp_path / "rows.csv"
+    path.write_bytes(data)
+    checked = [row for _, row in datasets.iter_rows(datasets.Source("rows.csv", len(data), lambda: io.BytesIO(data)))]
+    assert datasets.rows_findings([datasets.Source("rows.csv", len(data), lambda: io.BytesIO(data))], "sft", "dataset") == []
+    loaded = load_rows([DatasetRef(str(path))])
+    assert loaded.to_list() == checked
+    assert row_format(loaded) == ("chat" if header == ["messages"] else "prompt_completion")
+
+
+def test_csv_cells_of_one_column_as_lists_and_as_text_are_a_spec_error(tmp_path):
+    path = tmp_path / "rows.csv"
+    path.write_bytes(csv_bytes(["prompt", "completion"], [[CHAT[0][:1], "hello"], ["What is 2+2?", "4"]]))
+    with pytest.raises(SpecError, match=r"^dataset\[0\]\.path: the 'prompt' column of its CSV rows holds JSON lists of messages in some "
+                                        r"cells and plain text in others \(e\.g\. 'What is 2\+2\?'\): write every prompt cell"):
+        load_rows([DatasetRef(str(path))])
