@@ -31,18 +31,20 @@ def parquet_rows(*texts: str) -> bytes:
     return out.getvalue()
 
 
-# Data files at the top and in a folder, one whose name holds glob characters, two formats, and
-# files START does not check (a dot-folder's, a README): the engine must read exactly the checked ones.
+# Data files at the top and in a folder, one whose name holds glob characters, one with "::" (which
+# datasets reads as fsspec's URL chaining), two formats, and files START does not check (a
+# dot-folder's, a README): the engine must read exactly the checked ones.
 FILES = {
     "data.jsonl": text_rows("d1", "d2", "d3"),
     "test.jsonl": text_rows("t1", "t2"),
     "nested/part[1]*.jsonl": text_rows("n1"),
+    "nested/v1::v2.jsonl": text_rows("c1"),
     "shards/extra.parquet": parquet_rows("p1", "p2"),
     ".notes/scratch.jsonl": text_rows("never"),
     "README.md": b"# rows\n",
 }
 # By path, folder by folder; the parquet part follows the JSON one.
-TRAINED = ["d1", "d2", "d3", "n1", "t1", "t2", "p1", "p2"]
+TRAINED = ["d1", "d2", "d3", "n1", "c1", "t1", "t2", "p1", "p2"]
 
 
 def engine_rows(entry: dict, endpoint: str, token: str, tmp_path: Path) -> list[str]:
@@ -94,6 +96,21 @@ def test_a_spec_s_data_hub_flag_must_be_true_or_false(tmp_path):
 
     with pytest.raises(SpecError, match=r"^dataset\[0\]\.data_hub: true for a Data Hub repo"):
         parse_spec({"method": "sft", "base_model": "unused", "output_dir": str(tmp_path), "dataset": [{"path": "acme/ds4", "data_hub": "yes"}]})
+
+
+def test_a_file_whose_name_holds_a_double_colon_loads(tmp_path):
+    """datasets reads "a::b" as fsspec's chaining of URLs and found no such file; the Data Hub and
+    START take the name, so the engine loads it, alone or among other files."""
+    for name in ("v1::v2.jsonl", "v1::v2.csv"):
+        path = tmp_path / "one" / name
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(text_rows("x1", "x2") if name.endswith(".jsonl") else b"text\nx1\nx2\n")
+        assert list(load_rows([DatasetRef(str(path))])["text"]) == ["x1", "x2"]
+    folder = tmp_path / "in::folder"
+    folder.mkdir()
+    (folder / "a.jsonl").write_bytes(text_rows("a1"))
+    (folder / "b.jsonl").write_bytes(text_rows("b1"))
+    assert list(load_rows([DatasetRef(str(folder))])["text"]) == ["a1", "b1"]
 
 
 CHAT = [[{"role": "user", "content": "Hi, \"you\"."}, {"role": "assistant", "content": "Hello,\nthere."}],

@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -90,10 +91,20 @@ def _load_files(folder: Path, files: list[str], index: int) -> Any:
     import datasets
 
     groups: dict[str, list[str]] = {}
-    for f in files:
-        # Escaped: datasets reads data_files as glob patterns, and a name may hold *, ? or [.
-        groups.setdefault(_EXT_TO_BUILDER[PurePosixPath(f).suffix.lower()], []).append(glob.escape(str(folder / f)))
-    parts = [datasets.load_dataset(builder, data_files=paths, split="train") for builder, paths in groups.items()]
+    with tempfile.TemporaryDirectory(prefix="studio-data-") as aliases:
+        for n, f in enumerate(files):
+            path = folder / f
+            if "::" in str(path):
+                # datasets reads "::" in a data file's path as fsspec's chaining of URLs ("zip://a.csv::b.zip")
+                # and finds no such file, with no way to escape it; START checked the file, so it loads
+                # through a link of a plain name, in its place in the order. The rows are in datasets'
+                # cache once load_dataset returns, so the links can go then.
+                link = Path(aliases) / f"{n}{path.suffix}"
+                link.symlink_to(path.absolute())
+                path = link
+            # Escaped: datasets reads data_files as glob patterns, and a name may hold *, ? or [.
+            groups.setdefault(_EXT_TO_BUILDER[path.suffix.lower()], []).append(glob.escape(str(path)))
+        parts = [datasets.load_dataset(builder, data_files=paths, split="train") for builder, paths in groups.items()]
     parts = [_parse_csv_cells(part, index) if builder == "csv" else part for builder, part in zip(groups, parts, strict=True)]
     if len(parts) == 1:
         return parts[0]
