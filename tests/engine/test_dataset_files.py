@@ -150,3 +150,27 @@ def test_csv_cells_of_one_column_as_lists_and_as_text_are_a_spec_error(tmp_path)
     with pytest.raises(SpecError, match=r"^dataset\[0\]\.path: the 'prompt' column of its CSV rows holds JSON lists of messages in some "
                                         r"cells and plain text in others \(e\.g\. 'What is 2\+2\?'\): write every prompt cell"):
         load_rows([DatasetRef(str(path))])
+
+
+def test_csv_text_trains_beside_json_and_parquet_text(tmp_path):
+    """pandas reads a CSV's text as large_string and the JSON reader as string: datasets refused to
+    join them ("features can't be aligned"), so a dataset of a .csv and a .jsonl that START passed
+    failed the run, in one folder or as two dataset entries."""
+    import pandas as pd
+
+    folder = tmp_path / "rows"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text(json.dumps({"prompt": "q1", "completion": "a1"}) + "\n")
+    (folder / "b.csv").write_text("prompt,completion\nq2,a2\n")
+    pd.DataFrame({"prompt": ["q3"], "completion": ["a3"]}).to_parquet(folder / "c.parquet")
+    expected = [{"prompt": f"q{i}", "completion": f"a{i}"} for i in (1, 2, 3)]
+    assert load_rows([DatasetRef(str(folder))]).to_list() == expected
+    entries = [DatasetRef(str(folder / name)) for name in ("a.jsonl", "b.csv", "c.parquet")]
+    assert load_rows(entries).to_list() == expected
+
+
+def test_dataset_entries_whose_columns_differ_in_type_are_a_spec_error(tmp_path):
+    (tmp_path / "a.jsonl").write_text(json.dumps({"text": "x", "id": 1}) + "\n")
+    (tmp_path / "b.jsonl").write_text(json.dumps({"text": "y", "id": "b-1"}) + "\n")
+    with pytest.raises(SpecError, match=r"^dataset: its entries give the same column different types, so they cannot train as one dataset"):
+        load_rows([DatasetRef(str(tmp_path / "a.jsonl")), DatasetRef(str(tmp_path / "b.jsonl"))])

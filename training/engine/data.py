@@ -109,7 +109,7 @@ def _load_files(folder: Path, files: list[str], index: int) -> Any:
     if len(parts) == 1:
         return parts[0]
     try:
-        return datasets.concatenate_datasets(parts)
+        return datasets.concatenate_datasets(_plain_strings(parts))
     except ValueError as exc:
         formats = " and ".join(sorted({PurePosixPath(f).suffix.lower() for f in files}))
         raise SpecError(f"dataset[{index}].path: its {formats} files give the same column different types, so they cannot "
@@ -138,11 +138,41 @@ def _parse_csv_cells(dataset: Any, index: int) -> Any:
     return dataset.select_columns(order)
 
 
+def _plain_strings(parts: list[Any]) -> list[Any]:
+    """`parts` with their large_string text (at any depth) as string, so they concatenate: pandas reads
+    a CSV's text as large_string, the JSON and most Parquet readers as string, and datasets refuses to
+    join the two ("features can't be aligned"), though it is the same text."""
+    import datasets
+
+    def plain(feature: Any) -> Any:
+        if isinstance(feature, datasets.Value) and feature.dtype == "large_string":
+            return datasets.Value("string")
+        if isinstance(feature, dict):
+            return {key: plain(value) for key, value in feature.items()}
+        if isinstance(feature, datasets.List):
+            return datasets.List(plain(feature.feature), length=feature.length)
+        if isinstance(feature, datasets.LargeList):
+            return datasets.LargeList(plain(feature.feature))
+        return feature
+
+    out = []
+    for part in parts:
+        features = datasets.Features(plain(dict(part.features)))
+        out.append(part if features == part.features else part.cast(features))
+    return out
+
+
 def load_rows(refs: list[DatasetRef]) -> Any:
     import datasets
 
     parts = [_load_one(ref, i) for i, ref in enumerate(refs)]
-    return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+    if len(parts) == 1:
+        return parts[0]
+    try:
+        return datasets.concatenate_datasets(_plain_strings(parts))
+    except ValueError as exc:
+        raise SpecError(f"dataset: its entries give the same column different types, so they cannot train as one dataset ({exc}): "
+                        "give datasets whose columns hold the same kinds of values, or train on one") from None
 
 
 def detect_shape(columns: Any) -> str:
