@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from datahub.models import Commit, Repo, TreeEntry
+from datahub.models import Commit, Repo, RepoType, TreeEntry
 from datahub.repos import RefNotFound, find_repo, resolve
 from studio.errors import Finding, Unprocessable
 from training.refs import HUB_REF  # one grammar for [project/]repo@ref, shared with the create-time type check
@@ -114,10 +114,24 @@ def ref_findings(project, base_model: str | None, config: dict | None) -> list[F
             continue
         if field in MODEL_FIELDS and not TreeEntry.objects.filter(commit=commit, path="config.json").exists():
             findings.append(Finding(field, f"{value} has no config.json at its root: push the folder save_pretrained wrote (config, weights and tokenizer) to {repo.name}"))
+        if field in DATASET_FIELDS:
+            findings += not_a_dataset_repo(repo, value, field)
     return findings
 
 
 MODEL_FIELDS = ("base_model", "config.distillation.teacher_model")  # refs the engine loads as a model
+DATASET_FIELDS = ("config.ruler_task_args.dataset",)  # refs, beside `dataset`'s, that the engine loads as a dataset
+
+
+def not_a_dataset_repo(repo: Repo, value: str, field: str) -> list[Finding]:
+    """A dataset ref must name a dataset repo. The engine fetches a Data Hub dataset from /hub as a
+    dataset, and /hub, as the Hub does, serves only dataset repos as datasets (a model repo there is a
+    404): a run on another type's repo would pass START and fail only once its job had started."""
+    if repo.type == RepoType.DATASET:
+        return []
+    return [Finding(field, f'{value} names {repo.full_name}, a {repo.type} repo, and a run trains only on a dataset repo\'s files: '
+                           'push the data files to a dataset repo (type "dataset" in POST /api/hub/repos, or the Data Hub\'s New repo) '
+                           'and use its repo@ref')]
 
 
 def pin_refs(run) -> dict:
@@ -172,7 +186,7 @@ def _set_field(fields: dict[str, Any], path: str, value: str) -> None:
 
 
 def dataset_findings(project, method: str, dataset, needs=None, notices: list[Finding] | None = None) -> list[Finding]:
-    """Pre-start checks of a run's Data Hub datasets: the ref resolves, and every row has what the
+    """Pre-start checks of a run's Data Hub datasets: the ref resolves to a dataset repo, and every row has what the
     method trains on, and what `needs` (datasets.RowNeeds) adds (findings name the row and field,
     e.g. `row 57: "chosen" is empty`). What was not checked (datasets.RowsCheck.notices) goes to `notices`."""
     from datahub import datasets
@@ -185,6 +199,10 @@ def dataset_findings(project, method: str, dataset, needs=None, notices: list[Fi
             repo, commit = parse_ref(project, value, field)
         except Unprocessable as exc:
             findings += exc.errors
+            continue
+        wrong_type = not_a_dataset_repo(repo, value, field)
+        if wrong_type:
+            findings += wrong_type
             continue
         check = datasets.method_check(commit, method, field.removesuffix(".ref"), needs)
         findings += check.findings
@@ -203,8 +221,10 @@ def ruler_dataset_findings(project, value: Any, notices: list[Finding] | None = 
     if not is_hub_ref(value):
         return []
     try:
-        _, commit = parse_ref(project, value, field)
+        repo, commit = parse_ref(project, value, field)
     except Unprocessable:
+        return []
+    if repo.type != RepoType.DATASET:  # ref_findings' not_a_dataset_repo says so
         return []
     check = datasets.method_check(commit, "grpo", field)
     if notices is not None:

@@ -76,6 +76,37 @@ def test_unknown_dataset_ref_returns_422_on_start(api):
     assert TrainingRun.objects.get(pk=run_id).start_requested_at is None
 
 
+def not_a_dataset_repo(value: str, kind: str) -> str:
+    return (f'{value} names acme/chats, a {kind} repo, and a run trains only on a dataset repo\'s files: push the data files to a '
+            'dataset repo (type "dataset" in POST /api/hub/repos, or the Data Hub\'s New repo) and use its repo@ref')
+
+
+@pytest.mark.parametrize("kind", ["model", "experiment", "environment"])
+def test_a_dataset_ref_to_a_repo_of_another_type_returns_422_on_start(api, project, chat_data, kind):
+    """/hub serves only dataset repos as datasets (another type there is a 404, as on the Hub): the
+    engine found no such dataset and the run failed once its job had started, though START had
+    checked the repo's rows and passed them."""
+    repo = repos.create_repo(project, "chats", kind)
+    commits.commit_files(repo, "main", {"train.jsonl": jsonl(GOOD_CHAT)}, "rows")
+    run_id = api.post("/api/training-runs", body(dataset=["chat-data@main", {"ref": "chats@main"}])).json()["id"]
+    err = assert_error(api.post(f"/api/training-runs/{run_id}/start"), 422, "dataset[1].ref")
+    assert err["errors"] == [{"field": "dataset[1].ref", "message": not_a_dataset_repo("chats@main", kind)}]
+    run = TrainingRun.objects.get(pk=run_id)
+    assert run.start_requested_at is None and not run.pinned
+
+
+def test_a_ruler_dataset_ref_to_a_model_repo_returns_422_on_start(api, project):
+    """A RULER run's prompts load as a dataset too, from /hub on a remote backend."""
+    repo = repos.create_repo(project, "chats", "model")
+    commits.commit_files(repo, "main", {"prompts.jsonl": jsonl([{"prompt": "Greet a friend."}])}, "prompts")
+    config = {"rl_mode": "ruler", "ruler_task_args": {"dataset": "chats@main", "system_prompt": "Be warm."},
+              "judge": {"mode": "external", "endpoint": "http://judge.example/v1", "api_key_secret": "judge-key"}}
+    run_id = api.post("/api/training-runs", body(method="grpo", dataset=None, config=config)).json()["id"]
+    err = assert_error(api.post(f"/api/training-runs/{run_id}/start"), 422, "config.ruler_task_args.dataset")
+    assert {"field": "config.ruler_task_args.dataset", "message": not_a_dataset_repo("chats@main", "model")} in err["errors"]
+    assert TrainingRun.objects.get(pk=run_id).start_requested_at is None
+
+
 def test_unknown_base_model_branch_returns_422_on_start(api, base_repo, chat_data):
     run_id = api.post("/api/training-runs", body(base_model="base@no-such-branch")).json()["id"]
     assert_error(api.post(f"/api/training-runs/{run_id}/start"), 422, "base_model")

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import csv
 import json
 import os
 import subprocess
@@ -72,6 +73,22 @@ def test_sft_prompt_completion_rows_with_qlora(tiny, ingest: IngestStub, tmp_pat
     assert len(ingest.series("loss")) == 3
     assert (tmp_path / "merged" / "model.safetensors").is_file()
     assert json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())["lora_alpha"] == 16
+
+
+def test_sft_trains_on_csv_chat_rows_as_chats(tiny, ingest: IngestStub, tmp_path: Path) -> None:
+    """A CSV's messages cells hold JSON chat lists, which START reads and checks as chats: the run
+    trains on them as chats (assistant-only loss, the system prompt added), not as text, which
+    SFTTrainer refused ("the dataset is not conversational") after the job had started."""
+    rows = [json.loads(line) for line in Path(tiny["sft"]).read_text().splitlines()]
+    data = tmp_path / "chat.csv"
+    with data.open("w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["messages"])
+        writer.writerows([json.dumps(row["messages"])] for row in rows)
+    cfg = {**SFT_CONFIG, "max_steps": 2, "system_prompt": "Answer in one sentence."}
+    assert run_inprocess(make_spec("sft", tiny["student"], [str(data)], tmp_path / "out", cfg, ingest)) == 0, ingest.collect("logs")[-20:]
+    assert any(line.startswith(f"sft: {len(rows)} chat rows") for line in ingest.collect("logs")), ingest.collect("logs")
+    assert len(ingest.series("loss")) == 2
 
 
 def test_resume_from_checkpoint_matches_an_uninterrupted_run(tiny, ingest: IngestStub, tmp_path: Path) -> None:

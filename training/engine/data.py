@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import glob
+import json
 import os
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -11,6 +13,10 @@ from typing import Any
 from .spec import DatasetRef, SpecError
 
 _EXT_TO_BUILDER = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+# CSV cells are text: a cell of one of these columns that starts with "[" is a JSON list inside the
+# cell (a chat's messages, a conversational prompt or answer). Studio's dataset checks read it so
+# (datahub.datasets), and START checks the messages in it, so the engine trains on the same lists.
+CSV_JSON_COLUMNS = ("messages", "prompt", "chosen", "rejected", "completion")
 
 
 def is_data_path(path: str) -> bool:
@@ -27,6 +33,17 @@ def data_files(paths: Iterable[str]) -> list[str]:
     return sorted((p for p in paths if is_data_path(p)), key=lambda p: PurePosixPath(p).parts)
 
 
+def csv_cell(column: str, value: Any) -> Any:
+    """A CSV cell as START reads it: the JSON list in it for a column of CSV_JSON_COLUMNS, else as it is
+    (a cell that starts with "[" but is not JSON stays text, e.g. "[1] the first answer")."""
+    if isinstance(value, str) and column in CSV_JSON_COLUMNS and value[:1] == "[":
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
 def _load_one(ref: DatasetRef, index: int) -> Any:
     import datasets
 
@@ -34,10 +51,9 @@ def _load_one(ref: DatasetRef, index: int) -> Any:
         return _load_data_hub(ref, index)
     path = Path(ref.path)
     if path.is_file():
-        builder = _EXT_TO_BUILDER.get(path.suffix.lower())
-        if builder is None:
+        if path.suffix.lower() not in _EXT_TO_BUILDER:
             raise SpecError(f"dataset[{index}].path: unsupported file type {path.suffix!r} (use .jsonl, .json, .parquet or .csv)")
-        return datasets.load_dataset(builder, data_files=glob.escape(str(path)), split="train")
+        return _load_files(path.parent, [path.name], index)
     if path.is_dir():
         files = data_files(p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file())
         if files:
@@ -71,29 +87,92 @@ def _load_data_hub(ref: DatasetRef, index: int) -> Any:
 def _load_files(folder: Path, files: list[str], index: int) -> Any:
     """The rows of `files` (relative to `folder`), in order: the files of one format load together,
     and a dataset of several formats is those parts one after another, in the order each format
-    first appears."""
+    first appears. CSV cells read as START reads them (_parse_csv_cells)."""
     import datasets
 
     groups: dict[str, list[str]] = {}
-    for f in files:
-        # Escaped: datasets reads data_files as glob patterns, and a name may hold *, ? or [.
-        groups.setdefault(_EXT_TO_BUILDER[PurePosixPath(f).suffix.lower()], []).append(glob.escape(str(folder / f)))
-    parts = [datasets.load_dataset(builder, data_files=paths, split="train") for builder, paths in groups.items()]
+    with tempfile.TemporaryDirectory(prefix="studio-data-") as aliases:
+        for n, f in enumerate(files):
+            path = folder / f
+            if "::" in str(path):
+                # datasets reads "::" in a data file's path as fsspec's chaining of URLs ("zip://a.csv::b.zip")
+                # and finds no such file, with no way to escape it; START checked the file, so it loads
+                # through a link of a plain name, in its place in the order. The rows are in datasets'
+                # cache once load_dataset returns, so the links can go then.
+                link = Path(aliases) / f"{n}{path.suffix}"
+                link.symlink_to(path.absolute())
+                path = link
+            # Escaped: datasets reads data_files as glob patterns, and a name may hold *, ? or [.
+            groups.setdefault(_EXT_TO_BUILDER[path.suffix.lower()], []).append(glob.escape(str(path)))
+        parts = [datasets.load_dataset(builder, data_files=paths, split="train") for builder, paths in groups.items()]
+    parts = [_parse_csv_cells(part, index) if builder == "csv" else part for builder, part in zip(groups, parts, strict=True)]
     if len(parts) == 1:
         return parts[0]
     try:
-        return datasets.concatenate_datasets(parts)
+        return datasets.concatenate_datasets(_plain_strings(parts))
     except ValueError as exc:
         formats = " and ".join(sorted({PurePosixPath(f).suffix.lower() for f in files}))
         raise SpecError(f"dataset[{index}].path: its {formats} files give the same column different types, so they cannot "
                         f"train as one dataset ({exc}): store the dataset in one format") from None
 
 
+def _parse_csv_cells(dataset: Any, index: int) -> Any:
+    """CSV rows with the JSON lists in their cells parsed (csv_cell), as START checked them. A column
+    whose cells are lists in some rows and text in others cannot be one column of the dataset (nor
+    one kind of row to the trainer): a SpecError saying which column and what to do."""
+    order = list(dataset.column_names)
+    for column in [c for c in order if c in CSV_JSON_COLUMNS]:
+        cells = [csv_cell(column, value) for value in dataset[column]]
+        if not any(isinstance(cell, list) for cell in cells):
+            continue
+        text = next((cell for cell in cells if isinstance(cell, str)), None)
+        if text is not None:
+            raise SpecError(f"dataset[{index}].path: the {column!r} column of its CSV rows holds JSON lists of messages in some cells and "
+                            f"plain text in others (e.g. {text[:40]!r}): write every {column} cell as a JSON list of "
+                            '{role, content} messages, or every one as text')
+        # Built whole rather than mapped batch by batch, so one column type covers every row's messages
+        # (a tool_calls key on a later row's message, say). Added before the text column goes: a
+        # dataset left without columns would have no rows to add it to.
+        parsed = f"{column} (parsed)"
+        dataset = dataset.add_column(parsed, cells).remove_columns(column).rename_column(parsed, column)
+    return dataset.select_columns(order)
+
+
+def _plain_strings(parts: list[Any]) -> list[Any]:
+    """`parts` with their large_string text (at any depth) as string, so they concatenate: pandas reads
+    a CSV's text as large_string, the JSON and most Parquet readers as string, and datasets refuses to
+    join the two ("features can't be aligned"), though it is the same text."""
+    import datasets
+
+    def plain(feature: Any) -> Any:
+        if isinstance(feature, datasets.Value) and feature.dtype == "large_string":
+            return datasets.Value("string")
+        if isinstance(feature, dict):
+            return {key: plain(value) for key, value in feature.items()}
+        if isinstance(feature, datasets.List):
+            return datasets.List(plain(feature.feature), length=feature.length)
+        if isinstance(feature, datasets.LargeList):
+            return datasets.LargeList(plain(feature.feature))
+        return feature
+
+    out = []
+    for part in parts:
+        features = datasets.Features(plain(dict(part.features)))
+        out.append(part if features == part.features else part.cast(features))
+    return out
+
+
 def load_rows(refs: list[DatasetRef]) -> Any:
     import datasets
 
     parts = [_load_one(ref, i) for i, ref in enumerate(refs)]
-    return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+    if len(parts) == 1:
+        return parts[0]
+    try:
+        return datasets.concatenate_datasets(_plain_strings(parts))
+    except ValueError as exc:
+        raise SpecError(f"dataset: its entries give the same column different types, so they cannot train as one dataset ({exc}): "
+                        "give datasets whose columns hold the same kinds of values, or train on one") from None
 
 
 def detect_shape(columns: Any) -> str:
