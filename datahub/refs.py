@@ -195,8 +195,8 @@ def dataset_findings(project, method: str, dataset, needs=None, notices: list[Fi
 
 def ruler_dataset_findings(project, value: Any, notices: list[Finding] | None = None) -> list[Finding]:
     """A RULER run's prompts (`config.ruler_task_args.dataset`) given as a Data Hub ref: its rows,
-    checked as a GRPO dataset's, as a local path's are. A ref that does not resolve is ref_findings'
-    finding, not one of these."""
+    checked as the engine's RULER loader reads them (datasets.RULER), as a local path's are. A ref
+    that does not resolve is ref_findings' finding, not one of these."""
     from datahub import datasets
 
     field = "config.ruler_task_args.dataset"
@@ -206,7 +206,7 @@ def ruler_dataset_findings(project, value: Any, notices: list[Finding] | None = 
         _, commit = parse_ref(project, value, field)
     except Unprocessable:
         return []
-    check = datasets.method_check(commit, "grpo", field)
+    check = datasets.method_check(commit, datasets.RULER, field)
     if notices is not None:
         notices += check.notices
     return check.findings
