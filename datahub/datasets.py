@@ -4,7 +4,9 @@ shape, previewing the first rows, and checking every row against a training meth
 Findings name the row (1-based: the line for JSONL, the data row for CSV and Parquet) and the
 field, e.g. `row 57: "chosen" is empty`. The rule is what the engine's reader and trainer can read:
 text that is UTF-8 (a leading byte order mark allowed), every row an object, the first object row's
-shape and the first good row's form (text or messages) kept by every row. Each file is checked up to
+shape and the first good row's form (text or messages) kept by every row and every file of the
+dataset (the engine trains on its files joined into one table), and a row's fields in the one form
+the method's trainer reads. A RULER run's prompts are checked as its loader reads them. Each file is checked up to
 DATAHUB_VALIDATE_MAX_ROWS rows; a file with more is a notice, not a finding. A commit never changes,
 so the findings of a (commit, method) pair are cached.
 """
@@ -29,6 +31,7 @@ from datahub import storage
 from datahub.models import Commit, TreeEntry
 from studio.errors import BadRequest, Finding
 from training.engine.data import detect_shape, is_data_path  # the trainer's own rules, so validation and training agree
+from training.engine.ruler import PROMPT_COLUMNS as RULER_COLUMNS
 
 FORMATS = {".jsonl": "jsonl", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 SHAPES = ("chat", "prompt_completion", "preference", "prompts", "text")
@@ -46,6 +49,9 @@ METHOD_SHAPES = {
     "dpo": ("preference",),
     "grpo": ("prompts", "prompt_completion", "preference"),
 }
+# Not a method: the rows of a GRPO run's RULER prompts (config.ruler_task_args.dataset), which the
+# engine's RULER loader reads from the first of RULER_COLUMNS a row has, as text.
+RULER = "ruler"
 # The fields the trainer reads from each row of a shape.
 SHAPE_KEYS = {"chat": ("messages",), "preference": ("prompt", "chosen", "rejected"), "prompt_completion": ("prompt", "completion"),
               "prompts": ("prompt",), "text": ("text",)}
@@ -328,9 +334,62 @@ class FirstRowForm:
         if texts == first_texts:
             return None
         key, text = next((k, t) for k, t, was in zip(self.keys, texts, first_texts, strict=True) if t != was)
-        form, first_form = ("text", "a list of messages") if text else ("a list of messages", "text")
+        form, first_form = _forms(text)
         return (f'"{key}" is {form}, and in row {first} it is {first_form}: write it as {first_form} here too, '
                 "as the trainer reads every row the way it reads the file's first")
+
+    def unlike(self, other: FirstRowForm, other_path: str) -> str | None:
+        """What is wrong with this file's first good row (given to problem() already) when `other`, of
+        the dataset's file `other_path`, has a field in the other form: the engine joins the files into
+        one table, whose column holds one form (the load fails on "Couldn't cast")."""
+        if self.first is None or other.first is None or self.keys != other.keys:
+            return None
+        texts, (first, first_texts) = self.first[1], other.first
+        key, text = next(((k, t) for k, t, was in zip(self.keys, texts, first_texts, strict=True) if t != was), (None, False))
+        if key is None:
+            return None
+        form, first_form = _forms(text)
+        return (f'"{key}" is {form}, and in {other_path} (row {first}) it is {first_form}: the trainer reads all of a '
+                f"dataset's files as one table, each column in one form; write it as {first_form} in this file too")
+
+    def mixed(self, shape: str, method: str) -> str | None:
+        """What is wrong with the forms of this file's first good row (given to problem() already) for
+        `method`'s trainer; every later row has the same forms, or problem() said otherwise. TRL joins
+        a row's prompt and answers into one sequence (prompt + completion), which needs both text or
+        both lists of messages; GRPO reads the prompt alone; DISTILL tokenizes prompt/completion as text."""
+        if self.first is None:
+            return None
+        lists = [k for k, text in zip(self.keys, self.first[1], strict=True) if not text]
+        texts = [k for k in self.keys if k not in lists]
+        if method == "distill" and shape == "prompt_completion" and lists:
+            return (f"{_quoted(lists)} {_is(lists)} {_a_list(lists)} of messages: DISTILL reads prompt/completion rows as text; "
+                    f"write {_quoted(lists)} as text in every row, or give chat rows (messages)")
+        if method not in ("sft", "dpo") or shape not in ("prompt_completion", "preference") or not lists or not texts:
+            return None
+        return (f"{_quoted(texts)} {_is(texts)} text and {_quoted(lists)} {_is(lists)} {_a_list(lists)} of messages: {method.upper()} needs a row's "
+                f"{_joined(list(self.keys))} in one form, as TRL joins them into one sequence; write {_quoted(texts)} as "
+                f"{_a_list(texts)} of {{role, content}} messages too, or {_quoted(lists)} as text, in every row")
+
+
+def _forms(text: bool) -> tuple[str, str]:
+    """A field's form and the other one, as findings name them."""
+    return ("text", "a list of messages") if text else ("a list of messages", "text")
+
+
+def _joined(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def _quoted(keys: list[str]) -> str:
+    return _joined([f'"{k}"' for k in keys])
+
+
+def _is(keys: list[str]) -> str:
+    return "is" if len(keys) == 1 else "are"
+
+
+def _a_list(keys: list[str]) -> str:
+    return "a list" if len(keys) == 1 else "lists"
 
 
 def _meant_shape(row: dict, shape: str, wanted: tuple[str, ...]) -> str | None:
@@ -355,7 +414,45 @@ def unknown_shape_problem(columns: list[str]) -> str:
     return f"the columns ({', '.join(columns) or 'none'}) match no shape a method trains on ({takes}): rename the columns to one of these"
 
 
+def ruler_column(row: dict) -> str | None:
+    """The column RULER reads a file's prompts from: the first of RULER_COLUMNS that its first row has."""
+    return next((c for c in RULER_COLUMNS if c in row), None)
+
+
+def ruler_columns_problem(columns: list[str]) -> str:
+    """What to do about RULER prompts in rows with none of the columns its loader reads."""
+    names = f"{', '.join(RULER_COLUMNS[:-1])} or {RULER_COLUMNS[-1]}"
+    return (f"rows have no {names} column (columns: {', '.join(columns) or 'none'}): RULER reads each prompt from the "
+            f'first of those a row has; rename the column that holds the prompts to "{RULER_COLUMNS[0]}"')
+
+
+def ruler_row_problem(row: Any, column: str) -> str | None:
+    """What is wrong with one row of RULER prompts read from `column`, as a phrase naming the field."""
+    if isinstance(row, RowError):
+        return str(row)
+    if not isinstance(row, dict):
+        return f"must be an object, not {_json_type(row)}"
+    if column not in row:
+        return f'"{column}" is missing'
+    value = row[column]
+    if _empty(value):
+        return f'"{column}" is empty'
+    if isinstance(value, list):  # the loader takes str(value): the policy and the judge would read a Python list
+        return f'"{column}" is a list of messages: RULER gives each prompt to the policy and the judge as text; write it as text'
+    if not isinstance(value, str):
+        return f'"{column}" must be text, not {_json_type(value)}'
+    return None
+
+
+def _shape_label(shape: str, method: str) -> str:
+    return f'prompts in "{shape}"' if method == RULER else SHAPE_LABELS[shape]
+
+
 # ---- preview and method checks -----------------------------------------------------------------
+
+# Whose rule the preview applies to a row's forms: the method that reads the shape with TRL's joining.
+PREVIEW_METHODS = {"prompt_completion": "sft", "preference": "dpo"}
+
 
 def preview(commit: Commit, path: str | None = None, limit: int = 20) -> dict:
     entries = data_entries(commit)
@@ -380,8 +477,13 @@ def preview(commit: Commit, path: str | None = None, limit: int = 20) -> dict:
         problems.append({"row": numbers[0], "message": unknown_shape_problem(columns)})
     elif shape in SHAPE_KEYS:  # what START would say of these rows for a method that trains on this shape
         form = FirstRowForm(shape)
-        problems += [{"row": n, "message": problem} for n, r in zip(numbers, rows, strict=True)
-                     if (problem := row_problem(r, shape) or form.problem(n, r))]
+        for n, r in zip(numbers, rows, strict=True):
+            first_row = form.first is None
+            problem = row_problem(r, shape) or form.problem(n, r)
+            if problem is None and first_row:  # as the method that trains on this shape with TRL would say it
+                problem = form.mixed(shape, PREVIEW_METHODS.get(shape, ""))
+            if problem:
+                problems.append({"row": n, "message": problem})
     problems.sort(key=lambda p: int(p["row"]))
     return {
         "path": chosen.path,
@@ -435,7 +537,7 @@ class RowsCheck:
 def method_check(commit: Commit, method: str, field: str, needs: RowNeeds | None = None) -> RowsCheck:
     def check() -> RowsCheck:
         entries = commit_sources(commit)
-        if not entries and method in METHOD_SHAPES:
+        if not entries and (method in METHOD_SHAPES or method == RULER):
             return RowsCheck([Finding(field, f"{commit.repo.full_name}@{commit.pk[:10]} has no .jsonl, .json, .csv or .parquet file to train on")], [])
         return check_rows(entries, method, field, needs, lambda path: (
             f"delete {path} from the branch (its Delete on the repo's Files tab, or DELETE /api/hub/repos/{commit.repo.name}/files) "
@@ -458,7 +560,7 @@ def local_check(path: Path, method: str, field: str, needs: RowNeeds | None = No
 
 
 # Bumped when the rules change, so a commit's result cached under the old ones is not used.
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 
 
 def cached_check(key: str, check: Callable[[], RowsCheck]) -> RowsCheck:
@@ -491,13 +593,17 @@ def check_rows(sources: list[Source], method: str, field: str, needs: RowNeeds |
     that file out of the dataset (the run trains on every data file). A needed column that every row
     checked so far lacks (at the end of the file, or when the findings reach MAX_FINDINGS) is one
     finding for the file, not one per row; rows that are bad on their own keep their own findings.
-    A file with more rows than the limit is a notice: a row past it fails the run only in the engine."""
-    wanted = METHOD_SHAPES.get(method)
-    if wanted is None:
+    A file with more rows than the limit is a notice: a row past it fails the run only in the engine.
+    The engine joins the files into one table, so a file whose shape, or a field's form, differs from
+    the dataset's first file's is refused too, naming both files. `method` RULER checks a RULER run's
+    prompts as its loader reads them."""
+    if method != RULER and method not in METHOD_SHAPES:
         return RowsCheck([], [])
     max_rows = settings.DATAHUB_VALIDATE_MAX_ROWS
     findings: list[Finding] = []
     notices: list[Finding] = []
+    first_shape: tuple[str, str, list[str]] | None = None  # the dataset's first file with a shape: its path, shape and columns
+    first_form: tuple[str, FirstRowForm] | None = None  # the dataset's first file with a good row: its path, and that row's forms
     for entry in sources:
         where = f"{entry.path} " if len(sources) > 1 else ""
         shape = None
@@ -514,21 +620,22 @@ def check_rows(sources: list[Source], method: str, field: str, needs: RowNeeds |
                                               "or ask the Studio's administrator to raise the limit"))
                 break
             if shape is None and isinstance(row, dict):
-                shape = detect_shape(row.keys())
-                if shape not in wanted:
-                    meant = _meant_shape(row, shape, wanted)
-                    if meant is None:
-                        expected = " or ".join(SHAPE_LABELS[s] for s in wanted)
-                        todo = set_aside(entry.path) if len(sources) > 1 else _other_data_or_method(shape)
-                        pending.append((Finding(field, f"{where}rows look like {SHAPE_LABELS[shape]} (columns: {', '.join(sorted(row))}); "
-                                                       f"{method.upper()} trains on {expected} rows: {todo}"), None))
-                        break
-                    shape = meant  # its missing field is this row's finding
-                form = FirstRowForm(shape)
+                shape, refusal = _file_shape(row, method, entry.path, len(sources) > 1, set_aside)
+                if refusal is None and first_shape is not None and shape != first_shape[1]:
+                    refusal = _mixed_shapes(entry.path, shape, sorted(row), first_shape, method, set_aside)
+                if refusal is not None:
+                    pending.append((Finding(field, f"{where}{refusal}"), None))
+                    break
+                first_shape = first_shape or (entry.path, shape, sorted(row))
+                form = None if method == RULER else FirstRowForm(shape)
             # Before the first object row, `shape` is None: a row there is a RowError or not an object, whatever the shape.
-            problem = row_problem(row, shape or "text")
-            if problem is None and form is not None and isinstance(row, dict):
-                problem = form.problem(number, row)
+            problem = row_problem(row, "text") if shape is None else ruler_row_problem(row, shape) if method == RULER else row_problem(row, shape)
+            if problem is None and form is not None and shape is not None and isinstance(row, dict):
+                first_row = form.first is None
+                problem = form.problem(number, row)  # None for the file's first good row, whose forms it keeps
+                if first_row:  # the forms every row of the file has, or form.problem says otherwise
+                    problem = form.mixed(shape, method) or (form.unlike(first_form[1], first_form[0]) if first_form else None)
+                    first_form = first_form or (entry.path, form)
             key = None
             if problem is None and needs is not None and isinstance(row, dict):
                 checked += 1
@@ -551,6 +658,40 @@ def check_rows(sources: list[Source], method: str, field: str, needs: RowNeeds |
         if shape is None and not findings:
             findings.append(Finding(field, no_rows(where)))
     return RowsCheck(findings, notices)
+
+
+def _file_shape(row: dict, method: str, path: str, several: bool, set_aside: Callable[[str], str]) -> tuple[str, str | None]:
+    """The shape of the file at `path` whose first object row is `row`, as `method` reads it (for
+    RULER, the column its prompts are in), and the finding that refuses the whole file, if any."""
+    if method == RULER:
+        column = ruler_column(row)
+        if column is None:
+            return "unknown", ruler_columns_problem(sorted(row)) + (f", or {set_aside(path)}" if several else "")
+        return column, None
+    wanted = METHOD_SHAPES[method]
+    shape = detect_shape(row.keys())
+    if shape in wanted:
+        return shape, None
+    meant = _meant_shape(row, shape, wanted)
+    if meant is not None:
+        return meant, None  # its missing field is this row's finding
+    expected = " or ".join(SHAPE_LABELS[s] for s in wanted)
+    todo = set_aside(path) if several else _other_data_or_method(shape)
+    return shape, f"rows look like {SHAPE_LABELS[shape]} (columns: {', '.join(sorted(row))}); {method.upper()} trains on {expected} rows: {todo}"
+
+
+def _mixed_shapes(path: str, shape: str, columns: list[str], first: tuple[str, str, list[str]], method: str,
+                  set_aside: Callable[[str], str]) -> str:
+    """What to do about the file at `path`, whose rows are of another shape than the dataset's first
+    file's (`first`: its path, shape and columns). The engine joins a dataset's files into one table:
+    files of one format fail to load ("column names don't match"), and files of two formats join with
+    each file's rows empty (null) in the other's columns, which the trainer then reads."""
+    first_path, first_shape, first_columns = first
+    label, first_label = _shape_label(shape, method), _shape_label(first_shape, method)
+    return (f"rows look like {label} (columns: {', '.join(columns)}), and {first_path} rows like {first_label} (columns: "
+            f"{', '.join(first_columns)}): the run trains on all of a dataset's files as one table, where each file's rows "
+            f"would have the other's columns empty; keep one shape per dataset: write {path}'s rows as {first_label} too, "
+            f"or {set_aside(path)} and train on it in a run of its own")
 
 
 def _collapse_absent(pending: list[tuple[Finding, str | None]], lacking: dict[str, int], checked: int,

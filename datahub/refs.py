@@ -213,8 +213,8 @@ def dataset_findings(project, method: str, dataset, needs=None, notices: list[Fi
 
 def ruler_dataset_findings(project, value: Any, notices: list[Finding] | None = None) -> list[Finding]:
     """A RULER run's prompts (`config.ruler_task_args.dataset`) given as a Data Hub ref: its rows,
-    checked as a GRPO dataset's, as a local path's are. A ref that does not resolve is ref_findings'
-    finding, not one of these."""
+    checked as the engine's RULER loader reads them (datasets.RULER), as a local path's are. A ref
+    that does not resolve is ref_findings' finding, not one of these."""
     from datahub import datasets
 
     field = "config.ruler_task_args.dataset"
@@ -226,7 +226,7 @@ def ruler_dataset_findings(project, value: Any, notices: list[Finding] | None = 
         return []
     if repo.type != RepoType.DATASET:  # ref_findings' not_a_dataset_repo says so
         return []
-    check = datasets.method_check(commit, "grpo", field)
+    check = datasets.method_check(commit, datasets.RULER, field)
     if notices is not None:
         notices += check.notices
     return check.findings

@@ -202,7 +202,7 @@ def test_a_local_ruler_prompts_dataset_is_checked_row_by_row_at_start(api, proje
     config = {"rl_mode": "ruler", "ruler_task_args": {"dataset": str(chat), "system_prompt": "Score it"},
               "judge": {"mode": "external", "endpoint": "http://judge.example/v1", "api_key_secret": "judge-key"}}
     body = assert_start_refused(api, make_run(api, **grpo(**config)), 422, "config.ruler_task_args.dataset")
-    assert any(e["field"] == "config.ruler_task_args.dataset" and "GRPO trains on" in e["message"] for e in body["errors"]), body
+    assert any(e["field"] == "config.ruler_task_args.dataset" and "rows have no prompt, question or text column" in e["message"] for e in body["errors"]), body
 
 
 def test_a_local_dataset_is_checked_row_by_row_like_a_data_hub_one(api, tmp_path):

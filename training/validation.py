@@ -12,7 +12,7 @@ from typing import Any
 
 from django.conf import settings
 
-from datahub.datasets import RowNeeds, local_check
+from datahub.datasets import RULER, RowNeeds, local_check
 from datahub.models import Repo
 from datahub.refs import dataset_findings, dataset_refs, ref_findings, ruler_dataset_findings, run_refs
 from environments.services import dataset_row_needs, environment_findings
@@ -395,7 +395,8 @@ def local_path_findings(draft: Draft, needs: RowNeeds | None = None, notices: li
             findings.append(Finding(field, f"{value} does not exist on the Studio's machine: give the path of a .jsonl/.json/.parquet/.csv file or a folder of them"))
         elif not is_model:
             # The rows, as a Data Hub dataset's are checked: the row and field of each problem.
-            check = local_check(path, draft.method, field, needs if field.startswith("dataset") else None)
+            method = RULER if field == "config.ruler_task_args.dataset" else draft.method
+            check = local_check(path, method, field, needs if field.startswith("dataset") else None)
             findings += check.findings
             if notices is not None:
                 notices += check.notices

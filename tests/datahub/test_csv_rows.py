@@ -36,8 +36,8 @@ def test_a_row_with_more_fields_than_the_header_is_a_preview_problem_naming_its_
 
 def test_a_row_with_more_fields_than_the_header_is_refused_at_start_naming_file_and_row(api, project):
     repo = repos.create_repo(project, "qa-data", "dataset")
-    chat = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}]
-    commits.commit_files(repo, "main", {"chat.jsonl": jsonl(chat), "qa.csv": LONG_ROW}, "data")
+    pairs = [{"prompt": "q0", "completion": "a0"}]  # the CSV's shape: files of two shapes are refused as such
+    commits.commit_files(repo, "main", {"pairs.jsonl": jsonl(pairs), "qa.csv": LONG_ROW}, "data")
     run_id = api.post("/api/training-runs", sft_body(dataset="qa-data@main")).json()["id"]
     body = assert_error(api.post(f"/api/training-runs/{run_id}/start"), 422, "dataset")
     assert {"field": "dataset", "message": f"qa.csv row 5: {LONG_ROW_PROBLEM}"} in body["errors"], body
