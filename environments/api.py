@@ -70,7 +70,8 @@ class CheckOut(Schema):
     repo: str
     commit: str
     backend: str
-    findings: list[FindingOut] = Field(description="what START would refuse (422), by field")
+    findings: list[FindingOut] = Field(description="what START would refuse (422), by field; a CONFIG value that breaks the package's "
+                                                   "CONFIG_TYPES or REWARD_COMPONENTS is on its own path (config.max_examples), as PUT …/config names it")
 
 
 @router.get("/catalogue", response=list[CatalogueOut])

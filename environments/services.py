@@ -22,6 +22,7 @@ from typing import Any
 from django.conf import settings
 
 from datahub.datasets import RowNeeds
+from environments.declarations import assignment, declaration_findings, declared_config_findings
 from studio.errors import BadRequest, Finding, NotFound
 from training.engine.packages import CONFIG_METADATA
 
@@ -144,7 +145,9 @@ def config_findings(reference: dict[str, Any] | None, config: dict[str, Any], fi
     """A new CONFIG checked against the one it replaces (`reference`: the catalogue's, or the repo's) and
     the package it configures: the run loads it with load_environment(**CONFIG), so a wrong type
     failed the run with a bare TypeError, a misspelt key was silently unused, and a data file the
-    package does not have failed it with FileNotFoundError."""
+    package does not have failed it with FileNotFoundError. What the package declares (CONFIG_TYPES,
+    REWARD_COMPONENTS: environments/declarations.py) is checked too, where the reference cannot say:
+    a key whose default is None, a weight's name."""
     init = parsed_init(files)
     findings = missing_config_findings(init, config, field)
     reads, optional = _config_reads(init) if init is not None else ({}, set())
@@ -161,7 +164,8 @@ def config_findings(reference: dict[str, Any] | None, config: dict[str, Any], fi
             if (isinstance(was, str) and root + was in files and isinstance(now, str) and now != was
                     and not PurePosixPath(now).is_absolute() and root + now not in files):
                 findings.append(Finding(f"{field}.{key}", f"the package has no file {now!r} (it has {was!r}): name one of its files, or push the file to the repo first"))
-    return findings
+    said = {f.field for f in findings}  # one finding a field: the reference's, where both see a wrong type
+    return findings + [f for f in declared_config_findings(init, config, field) if f.field not in said]
 
 
 def _entry_parameters(init: ast.Module) -> tuple[set[str], bool]:
@@ -237,9 +241,12 @@ def _is_taskset_base(base: ast.expr) -> bool:
     return (isinstance(base, ast.Name) and base.id == "Taskset") or (isinstance(base, ast.Attribute) and base.attr == "Taskset")
 
 
-def static_findings(files: dict[str, bytes], image_has: Callable[[str], bool], *, field: str = FIELD, where: str = "the trainer image") -> list[Finding]:
-    """Problems a package would hit at import time, found by parsing it: no entry point, syntax errors,
-    imports that neither the standard library, the package itself nor the trainer image provides."""
+def static_findings(files: dict[str, bytes], image_has: Callable[[str], bool], *, field: str = FIELD, where: str = "the trainer image",
+                    config_field: str | None = None) -> list[Finding]:
+    """Problems a package would hit at import time or as it loads, found by parsing it: no entry point,
+    syntax errors, imports that neither the standard library, the package itself nor the trainer image
+    provides, and a CONFIG that lacks a key it reads or breaks what it declares. CONFIG's values are
+    reported on `config_field` (default `field`): "config" names each key's path, config.max_examples."""
     prefix = package_prefix(files)
     if prefix is None:
         return [Finding(field, "the environment has no __init__.py at its root: an environment is a Python package whose __init__.py exposes load_environment(**kwargs)")]
@@ -283,6 +290,8 @@ def static_findings(files: dict[str, bytes], image_has: Callable[[str], bool], *
         findings.append(Finding(field, "the package's __init__.py has no module-level load_environment(**kwargs) (and exports no verifiers Taskset subclass)"))
     findings += missing_config_findings(init, read_config(files), field)
     findings += row_keys_finding(files, field)
+    findings += declaration_findings(init, field)
+    findings += declared_config_findings(init, read_config(files), config_field or field)
     return findings
 
 
@@ -375,16 +384,7 @@ def _package_files(project, env_id: str) -> dict[str, bytes] | None:
 
 def _row_keys_assignment(init: ast.Module | None) -> ast.Assign | ast.AnnAssign | None:
     """The module-level `ROW_KEYS = ...` of a parsed __init__.py, if it has one."""
-    for node in init.body if init is not None else []:
-        if isinstance(node, ast.Assign):
-            targets = node.targets
-        elif isinstance(node, ast.AnnAssign):
-            targets = [node.target]
-        else:
-            continue
-        if any(isinstance(t, ast.Name) and t.id == "ROW_KEYS" for t in targets):
-            return node
-    return None
+    return assignment(init, "ROW_KEYS")
 
 
 def _literal_row_keys(node: ast.Assign | ast.AnnAssign | None) -> tuple[str, ...]:
@@ -582,7 +582,8 @@ def check_repo(project, name: str, ref: str = "main", backend_name: str = "local
         raise BadRequest(f"Unknown backend {backend_name!r}.", [Finding("backend", "use local, dstack or modal")])
     commit = resolve(repo, ref)
     where = "this machine's trainer environment" if backend_name == "local" else f"the {backend_name} trainer image"
-    found = static_findings(hub_package_files(commit), backend.image_has, where=where)
+    # CONFIG's own values by their path, as PUT …/config names them (START names config.environment_id).
+    found = static_findings(hub_package_files(commit), backend.image_has, where=where, config_field="config")
     return {"repo": repo.name, "commit": commit.pk, "backend": backend_name, "findings": [f.as_dict() for f in found]}
 
 
@@ -599,8 +600,8 @@ def first_config(repo) -> dict[str, Any] | None:
 
 def _type_reference(current: dict[str, Any] | None, first: dict[str, Any] | None) -> dict[str, Any] | None:
     """What a CONFIG edit is type-checked against: each key's first value where the package first had it
-    (its default: one that started as None takes any value, and can go back to None), else its current
-    one. Against the current value alone, `max_examples` set once from None to 10 could never be None
+    (its default: one that started as None takes any value, unless the package declares its type in
+    CONFIG_TYPES, and can go back to None), else its current one. Against the current value alone, `max_examples` set once from None to 10 could never be None
     again, and a wrong type that got in could not be corrected."""
     if current is None:
         return first

@@ -29,6 +29,11 @@ def create_experiment(project: Project, name: str) -> Experiment:
         # The slug names the experiment's Data Hub repo (experiment-<slug>), which allows ASCII only.
         raise BadRequest(errors=[Finding("name", f"{name!r} has no ASCII letter or digit: the name becomes a Data Hub repo name, which keeps only "
                                                  "ASCII letters, digits, '-' and '_' (spaces become '-'); use at least one of a-z or 0-9, e.g. tone-sweep")])
+    if slug.isdigit():
+        # A run names its experiment by id or slug, the id first ("experiment": "1" is experiment id 1),
+        # so an experiment whose slug is a number could be shadowed by another's id and never picked.
+        raise BadRequest(errors=[Finding("name", f"{name!r} becomes the slug {slug!r}, only digits, which reads as an experiment id where a run names "
+                                                 f"its experiment: add a letter, e.g. exp-{slug}")])
     repo_name = f"{EXPERIMENT_PREFIX}{slug}"
     clash = Repo.objects.filter(project=project, name=repo_name).exclude(type=RepoType.EXPERIMENT).first()
     if clash is not None:
@@ -62,7 +67,9 @@ def default_experiment(project: Project) -> Experiment:
 
 
 def find_experiment(project: Project, key: str | int) -> Experiment | None:
-    """An experiment of `project` by id, slug or name."""
+    """An experiment of `project` by id, slug or name; a string of digits is an id first. Names whose
+    slug is only digits are refused at create, so no slug can be shadowed by an id; one made before
+    that rule is still found by its own id (the list and the pages give it)."""
     qs = Experiment.objects.filter(project=project)
     if isinstance(key, str) and "\x00" in key:
         return None  # no experiment has such a name, and PostgreSQL cannot compare text with a NUL

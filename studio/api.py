@@ -58,7 +58,25 @@ class StudioApi(NinjaAPI):
         for operations in schema["paths"].values():
             for operation in operations.values():
                 operation["responses"].setdefault("4XX", ERROR_RESPONSE)
+                if "requestBody" in operation:
+                    operation["requestBody"] = hoist_defs(operation["requestBody"], components)
         return schema
+
+
+def hoist_defs(request_body: dict[str, Any], components: dict[str, Any]) -> dict[str, Any]:
+    """`request_body` with its schemas' nested models ($defs, as body_schema() builds them) moved into
+    components, where their $refs point: left in the body they resolved nowhere, and /api/docs showed a
+    resolver error for that operation. A copy: the endpoint's openapi_extra is the very dict ninja
+    merges into the document on every call, so changing it in place lost the $defs after one call."""
+    content = {}
+    for media_type, entry in request_body.get("content", {}).items():
+        schema = dict(entry.get("schema", {}))
+        for name, definition in schema.pop("$defs", {}).items():
+            if components.setdefault(name, definition) != definition:
+                # Two models of one name: a $ref would read the wrong one. Rename one of the classes.
+                raise ValueError(f"two schemas are named {name!r} in the OpenAPI document, with different fields")
+        content[media_type] = {**entry, "schema": schema} if "schema" in entry else entry
+    return {**request_body, "content": content} if "content" in request_body else request_body
 
 
 api = StudioApi(title="Studio API", version="1.0", urls_namespace="api", auth=StudioAuth(), docs=Swagger())

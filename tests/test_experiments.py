@@ -153,3 +153,23 @@ def test_a_run_never_commits_into_a_repo_of_another_type_named_as_its_experiment
     Repo.objects.filter(project=project, name="experiment-foo").update(type="dataset")
     with pytest.raises(Conflict, match="is a dataset repo, not experiment foo's"):
         run_repo(run)
+
+
+@pytest.mark.parametrize("name", ["1", "007", " 42 ", "3!", "-5", "１２"])
+def test_a_name_whose_slug_is_only_digits_is_400_as_it_would_read_as_an_id(api, project, name):
+    # "1" was created with slug "1", and a run naming experiment "1" then went to experiment id 1 (default).
+    body = assert_error(api.post("/api/experiments", {"name": name}), 400, "name")
+    assert "only digits, which reads as an experiment id" in body["errors"][0]["message"] and "add a letter, e.g. exp-" in body["errors"][0]["message"]
+    assert not Experiment.objects.filter(project=project).exists()
+
+
+def test_a_digit_string_names_the_experiment_of_that_id_and_digits_with_a_letter_name_a_slug(api, project):
+    default = TrainingRun.objects.get(pk=api.post("/api/training-runs", sft_body(name="first")).json()["id"]).experiment
+    assert_error(api.post("/api/experiments", {"name": str(default.pk)}), 400, "name")
+    run = api.post("/api/training-runs", sft_body(name="by id", experiment=str(default.pk)))
+    assert run.status_code == 201 and run.json()["experiment"]["id"] == default.pk
+    v1 = api.post("/api/experiments", {"name": "v1"}).json()
+    moved = api.post("/api/training-runs", sft_body(name="by slug", experiment="v1"))
+    assert moved.status_code == 201 and moved.json()["experiment"]["id"] == v1["id"]
+    listed = api.get("/api/training-runs", experiment="v1").json()["items"]
+    assert [r["name"] for r in listed] == ["by slug"]

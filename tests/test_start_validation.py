@@ -324,6 +324,20 @@ def test_resume_without_training_plan_is_402_before_a_bad_step(api, project, fre
     assert TrainingRun.objects.count() == 1
 
 
+def test_resume_with_a_body_on_a_plan_without_training_is_402_not_the_bodys_400(api, api_as, project, free_plan):
+    # Precedence 401 → 404 → 403 → 402 → 409 → 400: the body check came first, and {"config": {}} got a 400.
+    from training.models import Checkpoint
+
+    run_id = make_run(api)
+    Checkpoint.objects.create(run_id=run_id, attempt=1, step=5, path="/x/checkpoint-5")
+    set_plan(project, free_plan)
+    for body in ({"config": {}}, {"config": {"max_steps": 10}}):
+        assert_error(api.post(f"/api/training-runs/{run_id}/checkpoints/5/resume", body), 402)
+    assert_error(api_as("viewer").post(f"/api/training-runs/{run_id}/checkpoints/5/resume", {"config": {}}), 403)
+    assert_error(api_as("outsider").post(f"/api/training-runs/{run_id}/checkpoints/5/resume", {"config": {}}), 404)
+    assert TrainingRun.objects.count() == 1
+
+
 # ---- 409 ---------------------------------------------------------------------------------------
 
 def test_start_on_an_active_run_returns_409(api):

@@ -177,6 +177,7 @@ def resume_from_checkpoint(request: HttpRequest, run_id: int, step: int, query: 
     `attempt`, or of the newest attempt that saved it."""
     who = actor(request)
     run = get_run_for(who, run_id, write=True)
+    services.require_training_plan(run.project)  # 402 before the body's 400, as the contract orders them
     if sent_a_body(request):  # it was ignored: {"config": {...}} made a child with the parent's settings
         raise BadRequest("Resume takes no body: the new run copies this run's settings.",
                          [Finding("body", "send no body, then PATCH the new run (it is queued) to change its settings")])

@@ -91,10 +91,10 @@ def test_fork_copies_the_package_with_an_editable_config(api, api_as, project):
     got = api.get("/api/environments/my-maths/config").json()
     assert got["config"]["max_examples"] == 5 and got["config"]["answer_marker"] == "####"
     assert {"__init__.py", "config.py", "data.jsonl"} <= set(got["files"])
-    edited = {**got["config"], "weights": {"correct": 1.0}}
+    edited = {**got["config"], "weights": {"correct": 1.0, "close": 0.0, "format": 0}}
     r = api.put("/api/environments/my-maths/config", {"config": edited})
     assert r.status_code == 200, r.content
-    assert api.get("/api/environments/my-maths/config").json()["config"]["weights"] == {"correct": 1.0}
+    assert api.get("/api/environments/my-maths/config").json()["config"]["weights"] == {"correct": 1.0, "close": 0.0, "format": 0}
     assert [e["repo"] for e in api.get("/api/environments").json()] == ["my-maths"]
     # the same name twice is a 409; an unknown catalogue entry a 404; viewers cannot fork (403)
     assert_error(api.post("/api/environments/fork", {"catalogue": "gsm-maths", "name": "my-maths"}), 409)
@@ -354,10 +354,16 @@ def test_an_optional_config_key_set_once_can_go_back_to_none_and_a_wrong_type_ca
     api.post("/api/environments/fork", {"catalogue": "gsm-maths", "name": "gsm2"})
     config = api.get("/api/environments/gsm2/config").json()["config"]
     assert config["max_examples"] is None
-    for value in (10, None, "lots", 10, None):
+    for value in (10, None, 10, None):
         r = api.put("/api/environments/gsm2/config", {"config": {**config, "max_examples": value}})
         assert r.status_code == 200, (value, r.content)
         assert api.get("/api/environments/gsm2/config").json()["config"]["max_examples"] == value
+    # The package declares max_examples a whole number or null (CONFIG_TYPES): a string is refused, and
+    # one that got in by a commit of config.py is reported by the check and can be corrected.
+    assert_error(api.put("/api/environments/gsm2/config", {"config": {**config, "max_examples": "lots"}}), 400, "config.max_examples")
+    commit_files(Repo.objects.get(project=project, name="gsm2"), "main", {"config.py": services.render_config({**config, "max_examples": "lots"}).encode()})
+    assert [f["field"] for f in api.get("/api/environments/gsm2/check").json()["findings"]] == ["config.max_examples"]
+    assert api.put("/api/environments/gsm2/config", {"config": {**config, "max_examples": 10}}).status_code == 200
     # A key that had a type from the start keeps it.
     assert_error(api.put("/api/environments/gsm2/config", {"config": {**config, "answer_marker": 4}}), 400, "config.answer_marker")
 

@@ -108,6 +108,25 @@ def test_config_box_refuses_what_the_api_refuses_and_commits_nothing(project, us
     assert env_services.repo_config(project, "mc") == before
 
 
+def test_config_box_and_package_check_name_the_config_key_the_environment_declares_otherwise(project, users):
+    # max_examples "ten" and a weight for a component the package does not have were saved, and the
+    # check said the package was fine; the run then failed as it loaded.
+    from datahub.commits import commit_files
+    from datahub.models import Repo
+
+    env_services.fork(project, "gsm-maths", "gsm", user=users["owner"])
+    client = client_for(users["owner"])
+    before = env_services.repo_config(project, "gsm")
+    bad = {**before["config"], "max_examples": "ten", "weights": {"correct": 0.5, "close": 0.2, "format": 0.1, "exact": 0.2}}
+    html = client.post("/environments/gsm/config", {"config": json.dumps(bad)}, HTTP_HX_REQUEST="true").content.decode()
+    assert 'id="f-config-errors"' in html and "config.max_examples: must be a whole number or null" in html
+    assert "config.weights.exact: &#x27;exact&#x27; is not a reward component" in html
+    assert env_services.repo_config(project, "gsm")["commit"] == before["commit"]
+    commit_files(Repo.objects.get(project=project, name="gsm"), "main", {"config.py": env_services.render_config(bad).encode()})
+    page = client.get("/environments/gsm/").content.decode()
+    assert "would refuse this package" in page and "<code>config.max_examples</code>: must be a whole number or null" in page
+
+
 def test_viewer_cannot_write_and_outsider_sees_nothing(project, other_project, users):
     env_services.fork(project, "science-qa", "sci", user=users["owner"])
     viewer = client_for(users["viewer"])

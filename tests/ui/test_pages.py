@@ -414,6 +414,14 @@ def test_experiment_create_via_htmx_and_compare_page(project, users):
     assert "compare-loss" in html and run.name in html
 
 
+def test_experiment_form_refuses_a_name_of_only_digits_beside_the_field(project, users):
+    # The form calls the API's service: "12" would get the slug "12", which a run reads as experiment id 12.
+    response = client_for(users["owner"]).post("/experiments/create", {"name": "12"}, HTTP_HX_REQUEST="true")
+    html = response.content.decode()
+    assert response.status_code == 400 and "f-name-errors" in html and "only digits, which reads as an experiment id" in html
+    assert not project.experiments.exists()
+
+
 def test_billing_page(project, users):
     html = client_for(users["member"]).get("/settings/billing/").content.decode()
     assert "team" in html and "owner" in html and "Cost so far" in html

@@ -27,6 +27,11 @@ from .config import CONFIG
 # The columns score() reads from a row: a GRPO run that brings its own dataset needs them in every
 # row ("answer": the reference number).
 ROW_KEYS = ("prompt", "answer")
+# What CONFIG's values must be (JSON type names; read by the Studio without importing this package,
+# so it can refuse a CONFIG edit that would fail the run as it loads).
+CONFIG_TYPES = {"data_file": "string", "system_prompt": "string", "max_tool_calls": "integer", "weights": "object", "max_examples": ("integer", "null")}
+# The components score() returns besides total: CONFIG["weights"] gives each one its weight.
+REWARD_COMPONENTS = ("correct", "tool_use", "format")
 
 HERE = Path(__file__).resolve().parent
 CALL = re.compile(r"<calc>(.*?)</calc>", re.DOTALL)
