@@ -127,9 +127,11 @@ def csv_bytes(header: list[str], rows: list[list[object]]) -> bytes:
 
 @pytest.mark.parametrize(("header", "rows"), [
     (["messages"], [[CHAT[0]], [CHAT[1]]]),
-    # a conversational prompt, and a cell that starts with "[" but is no JSON: text to both readers
-    (["prompt", "completion"], [[CHAT[1][:2], "[1] four"], [CHAT[0][:1], "[2] hello"]]),
-], ids=["chat", "prompt-completion"])
+    # a conversational prompt and completion (SFT needs both in one form)
+    (["prompt", "completion"], [[CHAT[1][:2], CHAT[1][2:]], [CHAT[0][:1], CHAT[0][1:]]]),
+    # cells that start with "[" but are no JSON: text to both readers
+    (["prompt", "completion"], [["[1] 2+2?", "[1] four"], ["[2] hi", "[2] hello"]]),
+], ids=["chat", "prompt-completion", "bracketed-text"])
 def test_csv_cells_load_as_start_reads_them(tmp_path, header, rows):
     """START (datahub.datasets) reads the JSON list in a CSV's messages cell and checks its messages:
     the engine trains on those lists, not on the cell's text (SFT refused the rows as "not
