@@ -156,7 +156,8 @@ def test_a_file_of_exactly_4_tib_can_be_announced_and_the_limit_is_documented(ap
     assert UploadFile.objects.get(session_id=r.json()["id"]).size == MAX_FILE_SIZE
     spec = api.get("/api/openapi.json").json()
     body = spec["paths"]["/api/hub/repos/{name}/uploads"]["post"]["requestBody"]["content"]["application/json"]["schema"]
-    assert body["$defs"]["UploadFileIn"]["properties"]["size"]["maximum"] == MAX_FILE_SIZE
+    assert body["properties"]["files"]["items"]["$ref"] == "#/components/schemas/UploadFileIn"
+    assert spec["components"]["schemas"]["UploadFileIn"]["properties"]["size"]["maximum"] == MAX_FILE_SIZE
     put_chunk = next(op for path, ops in spec["paths"].items() if path.endswith("/files/{index}") for op in ops.values())
     assert next(p for p in put_chunk["parameters"] if p["name"] == "offset")["schema"]["maximum"] == MAX_FILE_SIZE
 
