@@ -19,8 +19,11 @@ $(STAMP): requirements.txt requirements-dev.txt
 
 install: $(STAMP)
 
+# runstudio --check-only first: a Studio already running from var/ (or a taken STUDIO_ADDR) stops
+# this one before it migrates or bootstraps anything.
 studio: install
 	mkdir -p var
+	DEBUG=$${DEBUG:-1} $(PY) manage.py runstudio --check-only
 	DEBUG=$${DEBUG:-1} $(PY) manage.py migrate --noinput
 	DEBUG=$${DEBUG:-1} $(PY) manage.py bootstrapdemo
 	DEBUG=$${DEBUG:-1} $(PY) manage.py runstudio

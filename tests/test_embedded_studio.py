@@ -180,3 +180,76 @@ def test_runstudio_stops_every_part_and_starts_none_again(embedded_env, tmp_path
     finally:
         if studio.poll() is None:
             os.killpg(studio.pid, signal.SIGKILL)
+
+
+def start_studio(env: dict, addr: str, log_path: Path) -> subprocess.Popen:
+    with log_path.open("wb") as log:
+        return subprocess.Popen([sys.executable, "manage.py", "runstudio", "--addr", addr], cwd=REPO_ROOT, env=env,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop_studio(studio: subprocess.Popen) -> None:
+    if studio.poll() is None:
+        os.killpg(studio.pid, signal.SIGINT)
+    try:
+        studio.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(studio.pid, signal.SIGKILL)
+
+
+def runstudio_briefly(env: dict, *args: str) -> tuple[int, str, float]:
+    """runstudio that is expected to stop by itself: its exit status, its output and how long it took.
+    One that does not stop within a minute is stopped with every part it started (on the old code a
+    second Studio ran on)."""
+    began = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "manage.py", "runstudio", *args], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        said, _ = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        said, _ = proc.communicate()
+    return proc.returncode, said, time.monotonic() - began
+
+
+def test_a_second_runstudio_on_the_same_var_folder_refuses_and_leaves_the_first_running(embedded_env, tmp_path):
+    """A second `make studio` in the same checkout started its own redis-server on the first one's
+    socket path, deleted the first's socket on its way out, and the first one's restarted worker
+    could not reach its broker again. The second must stop before it starts anything, and say why."""
+    manage(embedded_env, "migrate", "--noinput")
+    first_addr = f"127.0.0.1:{free_port()}"
+    first = start_studio(embedded_env, first_addr, tmp_path / "first.log")
+    try:
+        wait_for(lambda: "Studio is up" in (tmp_path / "first.log").read_text(), 60, message="the first Studio to start its parts")
+        sock = tmp_path / "var" / "redis.sock"
+        inode = sock.stat().st_ino
+        for extra in ([], ["--check-only"]):  # `make studio` checks before it migrates, and runstudio again
+            code, said, took = runstudio_briefly(embedded_env, "--addr", f"127.0.0.1:{free_port()}", *extra)
+            assert code != 0 and took < 10, said
+            assert f"a Studio already runs from {tmp_path / 'var'} (pid {first.pid}, http://{first_addr}/)" in said, said
+            assert "STUDIO_VAR_DIR" in said and "started" not in said and "Studio is up" not in said, said
+        assert first.poll() is None
+        assert sock.stat().st_ino == inode  # the first one's socket, not one a second redis-server made
+        import redis
+
+        assert redis.Redis(unix_socket_path=str(sock)).ping()
+    finally:
+        stop_studio(first)
+    # The kernel drops the lock with the process: the next Studio starts, with no stale file to clear.
+    again = start_studio(embedded_env, f"127.0.0.1:{free_port()}", tmp_path / "again.log")
+    try:
+        wait_for(lambda: "Studio is up" in (tmp_path / "again.log").read_text(), 60, message="a Studio after the first one stopped")
+    finally:
+        stop_studio(again)
+
+
+def test_runstudio_on_a_port_in_use_says_so_before_it_starts_anything(embedded_env, tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        addr = f"127.0.0.1:{taken.getsockname()[1]}"
+        code, said, took = runstudio_briefly(embedded_env, "--addr", addr)
+    assert code != 0 and took < 10, said
+    assert f"STUDIO_ADDR {addr}: the port is in use" in said, said
+    assert "started" not in said and "Studio is up" not in said, said
+    assert not (tmp_path / "var" / "redis.sock").exists()

@@ -2,8 +2,11 @@
 worker, Celery beat and the web server. A part that exits is started again; Ctrl-C stops them all."""
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -14,6 +17,7 @@ from pathlib import Path
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
+from django.core.management.commands.runserver import naiveip_re
 
 
 def start_embedded_redis(socket_path: Path) -> subprocess.Popen:
@@ -35,6 +39,51 @@ def start_embedded_redis(socket_path: Path) -> subprocess.Popen:
         time.sleep(0.05)
     proc.terminate()
     raise CommandError("the embedded redis-server did not open its socket within 5 s")
+
+
+def hold_var_dir(var_dir: Path, addr: str) -> int:
+    """Lock var_dir for the life of this process and return the lock's descriptor (keep it open).
+
+    Two Studios on one var folder share its redis socket, SQLite file and beat schedule: a second
+    one's redis-server replaced the first one's socket, then deleted it on its way out. An flock is
+    dropped by the kernel when its holder dies, however it dies, so unlike a pid file it never goes
+    stale. Python opens files non-inheritable, so the parts runstudio starts do not hold it."""
+    var_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(var_dir / "studio.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        # The holder writes "<pid> <url>" just after it takes the lock: it may not have yet.
+        pid, url = (os.read(fd, 256).decode(errors="replace").split() + ["unknown", "address unknown"])[:2]
+        os.close(fd)
+        raise CommandError(f"a Studio already runs from {var_dir} (pid {pid}, {url}); stop it first (Ctrl-C in its terminal, "
+                           f"or kill {pid}), or give this one a folder and an address of its own, e.g. "
+                           "STUDIO_VAR_DIR=/tmp/studio2/var STUDIO_ADDR=127.0.0.1:8001 make studio") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()} http://{addr}/\n".encode())
+    return fd
+
+
+def check_addr_free(addr: str) -> None:
+    """Raise when runserver could not listen on addr: started anyway, it exits at once, six times, and
+    stops the Studio after its parts were up and it had said so."""
+    match = naiveip_re.match(addr)
+    if match is None:
+        raise CommandError(f"STUDIO_ADDR {addr!r} is neither a port nor a host:port pair; give one such as 127.0.0.1:8000")
+    host, _ipv4, ipv6, _fqdn, port = match.groups()
+    with socket.socket(socket.AF_INET6 if ipv6 else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        # As runserver does: connections closed a moment ago (TIME_WAIT) do not keep it from the port.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(((host or "127.0.0.1").strip("[]"), int(port)))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise CommandError(f"STUDIO_ADDR {addr}: the port is in use by another program; stop that program, or set "
+                                   "STUDIO_ADDR to a free port (e.g. STUDIO_ADDR=127.0.0.1:8001 make studio)") from None
+            raise CommandError(f"STUDIO_ADDR {addr}: the web server cannot listen there ({exc.strerror or exc}); "
+                               "give an address of this machine, such as 127.0.0.1:8000") from None
+        except OverflowError:
+            raise CommandError(f"STUDIO_ADDR {addr}: {port} is not a port (0-65535); give one such as 127.0.0.1:8000") from None
 
 
 def interrupt(signum: int, frame) -> None:
@@ -82,6 +131,8 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--addr", default=os.environ.get("STUDIO_ADDR", "127.0.0.1:8000"))
+        parser.add_argument("--check-only", action="store_true",
+                            help="Stop with an error if a Studio runs on this var folder or the address is taken; start nothing.")
 
     def say(self, line: str) -> None:
         """A line now, also when stdout is a file (a log), where Python would hold it in its buffer."""
@@ -89,6 +140,13 @@ class Command(BaseCommand):
         self.stdout.flush()
 
     def handle(self, *args, **opts) -> None:
+        # Before anything starts: the parts of a Studio already running here, and its socket, stay untouched.
+        lock = hold_var_dir(settings.VAR_DIR, opts["addr"])
+        check_addr_free(opts["addr"])
+        if opts["check_only"]:
+            os.close(lock)
+            self.say(f"No Studio runs from {settings.VAR_DIR}, and {opts['addr']} is free.")
+            return
         env = dict(os.environ)
         python = sys.executable
         children: list[Child] = []
