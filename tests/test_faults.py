@@ -4,11 +4,15 @@
   reporter retries its batches (same batch_id), and every point lands exactly once.
 - The web process is killed and restarted mid-run: the run still completes and every metric step
   the engine logged arrives, once.
+- The whole Studio is down from mid-run until after the engine gave up on its last reports: the
+  engine spools them, and the reconciler delivers them when it sees the job end (checkpoints,
+  metrics and the end status land, and the run log says so).
 - STOP while a DISTILL run is capturing the teacher's logits: cancelled, the engine's process group
   is gone, and nothing from it lands afterwards.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -23,9 +27,10 @@ from django.db import connection
 
 from studio import crypto
 from tests.conftest import REPO_ROOT, Api, celery_worker, wait_for
-from training.backends.local import group_alive, parse_job_id
+from training import reconciler
+from training.backends.local import group_alive, output_dir, parse_job_id, run_dir
 from training.engine.reporter import Reporter
-from training.models import LogLine, MetricPoint, Status, TrainingRun
+from training.models import Checkpoint, LogLine, MetricPoint, Status, TrainingRun
 
 pytestmark = pytest.mark.worker
 FAST = {"learning_rate": 5e-3, "per_device_train_batch_size": 8, "max_length": 64, "heartbeat_interval_seconds": 1}
@@ -108,7 +113,8 @@ class WebProcess:
                # The worker's: ingest takes a checkpoint only inside the attempt's output folder there.
                "STUDIO_RUNS_DIR": str(self.tmp_path / "runs")}
         self.proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", "studio/gunicorn.conf.py", "studio.wsgi:application"],
-                                     cwd=REPO_ROOT, env=env, stdout=(self.tmp_path / f"web-{time.time_ns()}.log").open("wb"), stderr=subprocess.STDOUT)
+                                     cwd=REPO_ROOT, env=env, stdout=(self.tmp_path / f"web-{time.time_ns()}.log").open("wb"), stderr=subprocess.STDOUT,
+                                     start_new_session=True)
 
         def up() -> bool:
             try:
@@ -121,7 +127,8 @@ class WebProcess:
         wait_for(up, 60, message="gunicorn to listen")
 
     def kill(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
+        # The whole group: a worker whose master was killed alone keeps answering until it notices.
+        os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(timeout=10)
 
 
@@ -166,6 +173,43 @@ def test_web_process_restarted_mid_run_the_run_completes_with_every_metric(web_a
     assert down_at < max_steps, "the run finished before the web process went down: nothing was tested"
     steps = list(MetricPoint.objects.filter(run_id=run_id, key="loss").values_list("step", flat=True))
     assert sorted(steps) == list(range(1, max_steps + 1)), sorted(steps)
+
+
+# ---- the Studio down while the engine finishes -----------------------------------------------------
+
+def test_reports_spooled_during_an_outage_longer_than_the_drain_are_delivered_when_the_job_ends(web_and_worker, api, tiny_models):
+    max_steps = 240
+    body = {"name": "outage at the end", "method": "sft", "base_model": tiny_models["student"], "dataset": tiny_models["data_sft"],
+            "config": {**FAST, "max_steps": max_steps, "save_steps": 80, "logging_steps": 1, "heartbeat_timeout_seconds": 60}}
+    run_id = api.post("/api/training-runs", body).json()["id"]
+    assert api.post(f"/api/training-runs/{run_id}/start").status_code == 202
+    wait_for(lambda: MetricPoint.objects.filter(run_id=run_id, key="loss").count() >= 3, 240, interval=0.2, message="the first metrics")
+    web_and_worker.kill()  # no beat runs in this fixture: with the web process down, nothing of the Studio hears the engine
+    down_at = MetricPoint.objects.filter(run_id=run_id, key="loss").count()
+    exit_file = run_dir(run_id, 1) / "exit.json"
+    # The engine trains to its end, retries its last reports for heartbeat_timeout_seconds (60 s), then exits.
+    assert down_at < max_steps, "the run finished before the Studio went down: nothing was tested"
+    wait_for(exit_file.is_file, 300, interval=0.5, message="the engine to exit")
+    assert json.loads(exit_file.read_text())["returncode"] == 4
+    assert TrainingRun.objects.get(pk=run_id).status == Status.RUNNING
+    assert not Checkpoint.objects.filter(run_id=run_id).exists()
+
+    web_and_worker.start()  # the Studio is back; its reconciler sees the job ended
+    reconciler.reconcile_run(run_id)
+
+    run = TrainingRun.objects.get(pk=run_id)
+    lines = list(LogLine.objects.filter(run_id=run_id).order_by("id").values_list("line", flat=True))
+    assert run.status == Status.COMPLETED, (run.status, run.error, lines[-20:])
+    steps = sorted(MetricPoint.objects.filter(run_id=run_id, key="loss").values_list("step", flat=True))
+    assert steps == list(range(1, max_steps + 1)), steps
+    assert run.progress["step"] == max_steps
+    stored = set(Checkpoint.objects.filter(run_id=run_id).values_list("step", "kind"))
+    assert {(80, "checkpoint"), (160, "checkpoint"), (240, "checkpoint"), (240, "final")} <= stored, stored
+    assert any("were delivered from" in line and "undelivered-reports.jsonl" in line for line in lines), lines[-20:]
+    assert not any("never reached the Studio" in line or "did not reach the Studio" in line for line in lines), lines[-20:]
+    listed = api.get(f"/api/training-runs/{run_id}/checkpoints").json()
+    assert {c["kind"] for c in (listed["items"] if isinstance(listed, dict) else listed)} >= {"checkpoint", "final"}
+    assert (output_dir(run_id, 1) / "undelivered-reports.jsonl.delivered").is_file()
 
 
 # ---- STOP during DISTILL capture -----------------------------------------------------------------

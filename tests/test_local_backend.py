@@ -195,3 +195,29 @@ def test_stop_still_cancels_when_the_grace_period_ends_in_sigkill(api, settings,
     reconciler.reconcile_run(run.pk)
     run.refresh_from_db()
     assert run.status == Status.CANCELLED and run.error is None
+
+
+@pytest.mark.parametrize(("backend", "returncode", "says"), [
+    ("modal", 4, "its last reports did not reach the Studio (exit code 4)"),
+    ("dstack", 0, "its final report never reached the Studio"),
+    ("local", 0, "its final report never reached the Studio"),
+])
+def test_a_job_that_ended_without_its_end_report_completes_saying_what_is_missing_and_where(api, settings, tmp_path, backend, returncode, says):
+    """No spool this machine can read (a remote job's disk, or none written): the run is not called a
+    clean completion; its log says the last reports are missing and where the output is."""
+    from tests.conftest import sft_body
+    from training import reconciler
+    from training.models import LogLine, Status, TrainingRun
+
+    settings.STUDIO_RUNS_DIR = tmp_path / "runs"
+    run = TrainingRun.objects.get(pk=api.post("/api/training-runs", sft_body()).json()["id"])
+    TrainingRun.objects.filter(pk=run.pk).update(status=Status.RUNNING, attempt=1, compute={**run.compute, "backend": backend})
+    run.refresh_from_db()
+    result = exit_result(returncode, None, [])
+    assert result.state == "succeeded" and result.reports_undelivered == (returncode == 4)
+    reconciler.apply_poll(run, result)
+    run.refresh_from_db()
+    assert run.status == Status.COMPLETED
+    note = LogLine.objects.filter(run=run, line__startswith="[studio] status → completed").get().line
+    where = str(run_dir(run.pk, 1) / "output") if backend == "local" else f"/tmp/studio-output on the machine the {backend} job ran on"
+    assert says in note and where in note, note

@@ -2,10 +2,16 @@
 
 A batch id seen twice is applied once. The token is valid for one attempt: an engine left over
 from before a restart gets 403 and writes nothing.
+
+`deliver_spooled` applies an engine's spool file (the batches it could not POST before it exited,
+reporter.SPOOL_NAME) through the same checks and transaction as a POST, when the reconciler sees
+the job end.
 """
 from __future__ import annotations
 
 import logging
+import re
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.db import IntegrityError, connection, transaction
@@ -17,7 +23,7 @@ from pydantic import ValidationError as PydanticValidationError
 from datahub.services import record_checkpoint
 from studio import crypto
 from studio.api import ErrorOut, body_schema, json_body, loads_json, parse_body, unstorable
-from studio.errors import BadRequest, Conflict, Finding, Forbidden, Unauthorized
+from studio.errors import ApiError, BadRequest, Conflict, Finding, Forbidden, Unauthorized
 from studio.ratelimit import check_auth_allowed, refuse_bad_credentials
 from training import status as status_service
 from training.backends import get_backend
@@ -61,17 +67,24 @@ def require_open(run: TrainingRun) -> None:
 def ingest(request: HttpRequest, run_id: int):
     run = run_for_token(request, run_id)
     batch = parse_batch(request)
+    return {"ok": True, "duplicate": ingest_batch(run, batch)}
+
+
+def ingest_batch(run: TrainingRun, batch: IngestBatchIn) -> bool:
+    """Apply one batch of `run`'s current attempt, once; True when its batch id was applied before.
+    `run` is the row its token (or, for a spooled batch, its attempt) was checked against. Raises
+    ApiError (nothing of the batch stored) for a batch the run cannot take."""
     # A batch resent because its answer was lost is a duplicate even after the reports closed: the
     # reporter reads a 409 as "superseded" and would stop retrying what it has still to send.
     if IngestBatch.objects.filter(run=run, batch_id=batch.batch_id).exists():
-        return {"ok": True, "duplicate": True}
+        return True
     require_open(run)
     refuse_foreign_checkpoints(run, batch)
     try:
         with transaction.atomic():
             locked = locked_run_for_token(run)
             if IngestBatch.objects.filter(run=locked, batch_id=batch.batch_id).exists():
-                return {"ok": True, "duplicate": True}
+                return True
             require_open(locked)
             IngestBatch.objects.create(run=locked, batch_id=batch.batch_id)
             apply_batch(locked, batch)
@@ -79,9 +92,59 @@ def ingest(request: HttpRequest, run_id: int):
         if not TrainingRun.objects.filter(pk=run.pk).exists():
             raise Forbidden("This token is not valid for this run's current attempt.") from None
         if IngestBatch.objects.filter(run=run, batch_id=batch.batch_id).exists():
-            return {"ok": True, "duplicate": True}
+            return True
         raise
-    return {"ok": True, "duplicate": False}
+    return False
+
+
+# ---- an engine's spool file ----------------------------------------------------------------------
+
+CHECKPOINT_ITEM = re.compile(r"^checkpoints\[(\d+)\]")
+
+
+@dataclass
+class SpoolOutcome:
+    delivered: int = 0
+    duplicates: int = 0
+    problems: list[str] = field(default_factory=list)  # sentences for the run log: what was not stored, and why
+
+
+def deliver_spooled(run: TrainingRun, lines: list[str]) -> SpoolOutcome:
+    """Apply the batches of `run`'s current attempt that its engine spooled, in order, as if it had
+    POSTed them: the same validation, dedup on batch_id (a batch that did land is applied once) and
+    locked run row. As the engine's reporter does with a 400, a refused checkpoint is left out and
+    the rest of its batch applied. Call outside a transaction, after the attempt's job has ended."""
+    outcome = SpoolOutcome()
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            raw = loads_json(line.encode())
+            if unstorable(raw) is not None:
+                raise ValueError("it holds text PostgreSQL cannot store")
+            batch = IngestBatchIn.model_validate(raw)
+        except (ValueError, RecursionError, PydanticValidationError) as exc:  # a line cut short by a full disk, say
+            outcome.problems.append(f"line {number} is not a report batch ({str(exc).splitlines()[0]}) and was skipped")
+            continue
+        while True:
+            try:
+                duplicate = ingest_batch(run, batch)
+            except BadRequest as exc:
+                named = {int(m[1]) for finding in exc.errors if (m := CHECKPOINT_ITEM.match(finding.field))}
+                outcome.problems.append(f"line {number}: {exc.detail} ({'; '.join(f'{f.field}: {f.message}' for f in exc.errors)})")
+                if not named:
+                    break
+                batch = batch.model_copy(update={"checkpoints": [c for i, c in enumerate(batch.checkpoints) if i not in named]})
+                continue
+            except ApiError as exc:  # the run was stopped or restarted meanwhile: nothing more of it belongs to the run
+                outcome.problems.append(f"line {number} and after were not stored: {exc.detail}")
+                return outcome
+            if duplicate:
+                outcome.duplicates += 1
+            else:
+                outcome.delivered += 1
+            break
+    return outcome
 
 
 def locked_run_for_token(checked: TrainingRun) -> TrainingRun:

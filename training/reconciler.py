@@ -157,7 +157,11 @@ def _reconcile(run_id: int, now, silence_from=None) -> bool:
             TrainingRun.objects.filter(pk=run.pk, attempt=run.attempt, worker_up_at__isnull=True).update(worker_up_at=now)
             run.worker_up_at = now
         if result.state not in ("pending", "running"):
-            apply_poll(run, result)
+            # The reports the engine could not deliver before it exited come first: the status they
+            # end with (and its checkpoints, metrics and final model) is the run's, not the exit's.
+            # Re-read: a run the spool ended is no longer running, and the exit changes nothing of it.
+            deliver_spool(run, backend)
+            apply_poll(TrainingRun.objects.select_related("project").get(pk=run.pk), result)
             settle_cost(TrainingRun.objects.get(pk=run.pk))
             return False
     # The engine calling home (a heartbeat after the claim) also means the worker is up.
@@ -168,6 +172,33 @@ def _reconcile(run_id: int, now, silence_from=None) -> bool:
     return False
 
 
+def deliver_spool(run: TrainingRun, backend) -> None:
+    """Apply the reports the engine of `run`'s current attempt spooled because the Studio did not take
+    them before it exited (an outage longer than its final drain), through ingest's own checks, and say
+    so on the run. Call once its job has ended. The file is renamed after, so it is delivered once."""
+    from training.ingest import deliver_spooled
+
+    path = backend.spool_file(run) if backend is not None else None
+    if path is None:
+        return
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError as exc:
+        add_log(run, f"[studio] the engine's undelivered reports in {path} could not be read ({exc}): the metrics, checkpoints and "
+                     "final model it reported after the outage are missing here; its output is in that folder")
+        return
+    outcome = deliver_spooled(run, lines)
+    add_log(run, f"[studio] {outcome.delivered} report batch{'' if outcome.delivered == 1 else 'es'} the engine could not deliver during a "
+                 f"Studio outage {'was' if outcome.delivered == 1 else 'were'} delivered from {path}"
+                 + (f" ({outcome.duplicates} had already arrived)" if outcome.duplicates else ""))
+    for problem in outcome.problems:
+        add_log(run, f"[studio] {path.name}: {problem}")
+    try:
+        path.rename(path.with_name(path.name + ".delivered"))
+    except OSError as exc:  # delivering it again applies nothing twice (batch ids): only a repeated log line
+        log.warning("run %s: could not rename the delivered spool file %s: %s", run.pk, path, exc)
+
+
 def apply_poll(run: TrainingRun, result: PollResult) -> None:
     if result.state in ("pending", "running"):
         return
@@ -175,11 +206,23 @@ def apply_poll(run: TrainingRun, result: PollResult) -> None:
         retry_after_interruption(run, result)
         return
     if result.state == "succeeded":
+        # An engine that delivered its "completed" ended the run before its job did; one still active
+        # here did not: its end status (and what it reported after the outage) never reached the Studio.
+        backend = get_backend(run.backend_name)
+        where = backend.output_folder(run) if backend is not None else "the engine's output folder"
+        lost = (f"the engine trained to its end, but its last reports did not reach the Studio (exit code 4): metrics, checkpoints and the final "
+                f"model it reported after that are missing here; they are in {where} (undelivered-reports.jsonl lists them)"
+                if result.reports_undelivered else
+                f"the engine exited cleanly, but its final report never reached the Studio: metrics, checkpoints and the final model it reported "
+                f"last may be missing here; its output is in {where}")
         if run.status == Status.RUNNING:
             try:
-                status_service.transition(run.pk, Status.COMPLETED, attempt=run.attempt, note="the engine exited cleanly")
+                status_service.transition(run.pk, Status.COMPLETED, attempt=run.attempt, note=lost)
             except status_service.IllegalTransition:
                 pass
+        elif result.reports_undelivered:
+            fail(run, ErrorCode.TRAINING_ERROR, f"none of the engine's reports reached the Studio, though it trained to its end (exit code 4): "
+                                                f"its output is in {where} (undelivered-reports.jsonl lists what it reported)", result.log_tail)
         else:
             fail(run, ErrorCode.TRAINING_ERROR, "the engine exited before it reported any training step", result.log_tail)
         return

@@ -83,6 +83,39 @@ def test_a_failure_report_outlasts_a_studio_outage_the_studio_would_ride_out(tin
     assert time.monotonic() - down_since[0] >= 40
 
 
+def test_reports_the_studio_never_took_are_spooled_in_order_and_the_exit_says_so(tiny, ingest: IngestStub, tmp_path: Path, monkeypatch) -> None:
+    """The Studio goes down at step 2 and stays down past the final drain: the engine exits 4, and
+    every batch it could not deliver (the later steps, the checkpoints, the final model, "completed")
+    is in output_dir/undelivered-reports.jsonl, in order, as the bodies it would have POSTed."""
+    monkeypatch.setattr("training.engine.__main__.final_drain_seconds", lambda spec: 2.0)  # heartbeat_timeout_seconds' 60 s floor, shortened
+    down: list[bool] = []
+
+    def studio_down_from_step_2(body: dict) -> int | None:
+        if any(m["step"] >= 2 for m in body["metrics"]):
+            down.append(True)
+        return 503 if down else None
+
+    ingest.answer = studio_down_from_step_2
+    out = tmp_path / "out"
+    spec = make_spec("sft", tiny["student"], [tiny["sft"]], out, {"max_steps": 6, "save_steps": 2, "max_length": 32}, ingest)
+    assert run_inprocess(spec) == 4
+
+    spooled = [json.loads(line) for line in (out / "undelivered-reports.jsonl").read_text().splitlines()]
+    assert spooled, "nothing was spooled"
+    delivered_ids = {b["batch_id"] for b in ingest.batches}
+    assert not delivered_ids & {b["batch_id"] for b in spooled}, "a delivered batch was spooled too"
+    assert all(set(b) == set(ingest.batches[0]) for b in spooled), "a spooled line is not a batch as the engine POSTs it"
+    # Delivered and spooled together say everything, once, in the order it happened.
+    steps = sorted(m["step"] for b in [*ingest.batches, *spooled] for m in b["metrics"] if m["key"] == "loss")
+    assert steps == [1, 2, 3, 4, 5, 6]
+    assert "completed" not in ingest.scalars("status")
+    assert [b["status"] for b in spooled if b["status"]][-1] == "completed"
+    checkpoints = [(c["step"], c["kind"]) for b in spooled for c in b["checkpoints"]]
+    assert checkpoints[-1] == (6, "final") and {(4, "checkpoint"), (6, "checkpoint")} <= set(checkpoints), checkpoints
+    last_status_line = max(i for i, b in enumerate(spooled) if b["status"] == "completed")
+    assert all(not b["checkpoints"] for b in spooled[last_status_line + 1:]), "a checkpoint was spooled after the end status"
+
+
 def test_the_engine_waits_out_the_heartbeat_deadline_the_studio_uses(tmp_path: Path) -> None:
     # The reconciler took a stored heartbeat_timeout_seconds as given and the engine floored it at 60 s.
     def drain(**config: int) -> float:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 from studio.errors import Finding
@@ -36,7 +37,7 @@ class JobSpec:
 
 @dataclass
 class PollResult:
-    """state: pending | running | succeeded | failed | gone (the backend no longer knows the job)
+    """state: pending | running | succeeded (see reports_undelivered) | failed | gone (the backend no longer knows the job)
     | interrupted (the machine was taken away, e.g. a spot interruption: the reconciler retries from
     the last checkpoint within the connection's budget, else fails the run with error_code).
 
@@ -51,6 +52,9 @@ class PollResult:
     log_tail: list[str] = field(default_factory=list)
     leased: bool | None = None
     gpu_type: str | None = None
+    # The engine trained to its end but exited saying the Studio did not take its last reports
+    # (exit code 4): they are in its spool file, which only a backend on this machine can read.
+    reports_undelivered: bool = False
 
 
 class BackendError(Exception):
@@ -99,6 +103,18 @@ class Backend:
 
     def logs(self, run, tail: int = 200) -> list[str]:
         return []
+
+    def spool_file(self, run) -> Path | None:
+        """The spool file of `run`'s current attempt (the reports its engine could not deliver before
+        it exited) when it exists on this machine; None when there is none or it cannot be read from
+        here (a remote machine's disk)."""
+        return None
+
+    def output_folder(self, run) -> str:
+        """Where `run`'s current attempt left its output, in words a user can act on."""
+        from training.backends.connections import OUTPUT_DIR
+
+        return f"{OUTPUT_DIR} on the machine the {self.name} job ran on"
 
     def find_job(self, run_id: int, attempt: int) -> str | None:
         """The job id of this attempt if the backend already has it (a submit whose id was never

@@ -23,6 +23,7 @@ from studio.errors import Finding, counted
 from training.backends.base import Backend, BackendError, JobSpec, PollResult
 from training.compute import accelerators_of
 from training.engine.launch import engine_argv
+from training.engine.reporter import SPOOL_NAME
 
 ENV_ALLOW_LIST = (
     "PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "LD_LIBRARY_PATH",
@@ -233,6 +234,13 @@ class LocalBackend(Backend):
 
     def logs(self, run, tail: int = LOG_TAIL_LINES) -> list[str]:
         return tail_lines(run_dir(run.pk, run.attempt) / "engine.log", tail)
+
+    def spool_file(self, run) -> Path | None:
+        path = output_dir(run.pk, run.attempt) / SPOOL_NAME
+        return path if path.is_file() else None
+
+    def output_folder(self, run) -> str:
+        return str(output_dir(run.pk, run.attempt))
 
 
 def group_alive(pgid: int) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 
 from training.backends.base import PollResult
+from training.engine.reporter import UNDELIVERED_EXIT
 from training.models import ErrorCode
 
 LOG_TAIL_LINES = 200
@@ -27,6 +28,8 @@ def exit_result(returncode: int | None, sig: int | None, log_tail: list[str], oo
     tail = log_tail[-LOG_TAIL_LINES:]
     if returncode == 0 and not sig:
         return PollResult("succeeded", log_tail=tail)
+    if returncode == UNDELIVERED_EXIT and not sig:
+        return PollResult("succeeded", log_tail=tail, reports_undelivered=True)
     killed = sig == signal.SIGKILL or returncode == SIGKILL_EXIT
     if killed and oom_kills:
         return PollResult("failed", ErrorCode.OOM, f"the engine was killed (SIGKILL) by the kernel's OOM killer (the kernel counted an OOM kill while the engine ran): it ran out of memory (the machine's, or its container's limit); {LESS_MEMORY}", tail)

@@ -1,7 +1,11 @@
 """`python -m training.engine --spec run.json`: run one training attempt and report it to Studio.
 
 Exit codes: 0 completed, 1 training failed (reported), 2 bad spec, 3 superseded (ingest said 401/403, or 409: its run ended),
+4 completed but the Studio did not take the last reports in time (they are in output_dir/undelivered-reports.jsonl),
 143 stopped by SIGTERM after flushing.
+
+Whatever the exit, reports the Studio did not take before the final drain ran out go to
+output_dir/undelivered-reports.jsonl (reporter.SPOOL_NAME), for the Studio to deliver when it sees the job end.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from typing import Any
 
 from .environments import PackageError
 from .launch import DATA_PARALLEL_METHODS, Rank, die_with_parent, failure_of_another_rank, failure_path, gpu_count, this_rank
-from .reporter import RankReporter, Reporter, Superseded
+from .reporter import SPOOL_NAME, UNDELIVERED_EXIT, RankReporter, Reporter, Superseded, write_spool
 from .spec import Spec, SpecError, heartbeat_interval, heartbeat_timeout, load_spec
 
 SIGTERM_GRACE_S = 4.0
@@ -80,7 +84,7 @@ def _install_sigterm(reporter: Reporter, spec: Spec, rank: Rank) -> None:
                 reporter.status("failed", failure)
             else:
                 reporter.log("SIGTERM: flushing reports and stopping")
-            reporter.close(timeout=SIGTERM_GRACE_S)
+            close_reporter(reporter, spec, SIGTERM_GRACE_S)
         finally:
             # os._exit: no unwinding through half-finished torch/trainer state, and no atexit surprises.
             sys.stdout.flush()
@@ -148,6 +152,23 @@ def final_drain_seconds(spec: Spec) -> float:
     return float(heartbeat_timeout(spec.config))
 
 
+def close_reporter(reporter: Reporter, spec: Spec, timeout: float) -> bool:
+    """Send the last reports within `timeout`; what the Studio did not take goes, in order, to the
+    spool file in the output folder instead of being lost with the process. True if all was sent."""
+    delivered = reporter.close(timeout=timeout)
+    batches = reporter.take_undelivered()
+    if batches:
+        path = spec.output_dir / SPOOL_NAME
+        try:
+            write_spool(path, batches)
+            print(f"reporter: the Studio did not take the last {len(batches)} reports in time; they are in {path}, "
+                  "which the Studio delivers when it sees the job end", file=sys.stderr, flush=True)
+        except OSError as exc:  # a full disk: say what was lost rather than fail the exit
+            print(f"reporter: the Studio did not take the last {len(batches)} reports in time, and they could not be "
+                  f"written to {path} ({exc}): they are lost", file=sys.stderr, flush=True)
+    return delivered
+
+
 def leave_process_group() -> None:
     """End this process's part in the run's process group once training is done. Left to the
     interpreter's exit, gloo's worker threads can outlive it and abort the process (SIGABRT,
@@ -173,7 +194,7 @@ def _execute(spec: Spec, reporter: Reporter, rank: Rank) -> int:
     except SpecError as exc:
         reporter.log(f"bad spec: {exc}")
         reporter.status("failed", {"code": "training_error", "message": str(exc), "log_tail": list(reporter.log_tail)})
-        reporter.close(timeout=30.0)
+        close_reporter(reporter, spec, 30.0)
         return 2
     except BaseException as exc:  # noqa: BLE001 - every failure must reach Studio before we exit
         if isinstance(exc, KeyboardInterrupt):
@@ -191,16 +212,17 @@ def _execute(spec: Spec, reporter: Reporter, rank: Rank) -> int:
         else:
             code, message = "training_error", f"{type(exc).__name__}: {exc}"
         reporter.status("failed", {"code": code, "message": message, "log_tail": tail})
-        reporter.close(timeout=final_drain_seconds(spec))
+        close_reporter(reporter, spec, final_drain_seconds(spec))
         return 1
     if reporter.superseded.is_set():
         reporter.close(timeout=2.0)
         return 3
     reporter.log("completed")
     reporter.status("completed")
-    if not reporter.close(timeout=final_drain_seconds(spec)):
-        print("reporter: the Studio did not take the last reports in time; the run's output is in its output folder", file=sys.stderr, flush=True)
-    return 3 if reporter.superseded.is_set() else 0
+    delivered = close_reporter(reporter, spec, final_drain_seconds(spec))
+    if reporter.superseded.is_set():
+        return 3
+    return 0 if delivered else UNDELIVERED_EXIT
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,6 +10,9 @@ A batch too large for one request (a backlog left by an outage, a burst of long 
 smaller batches, in order: resending it whole would be refused forever and starve the heartbeat. A
 batch Studio refuses (another 4xx: it stores nothing of it) goes again without the items Studio's
 findings name, which are dropped with its reason; one whose refusal names no item is dropped.
+Batches still undelivered when `close` gives up (a Studio outage longer than the final drain) are
+kept, in order and with their batch ids, for the engine to write to its spool file (`write_spool`):
+the Studio delivers them from there when it sees the job end, and dedups them like any resend.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import collections
 import json
 import math
+import os
 import re
 import sys
 import threading
@@ -34,6 +38,11 @@ BACKOFF_CAP_S = 10.0
 # lower answers 413, which splits the batch just the same.
 MAX_BATCH_BYTES = 2_000_000
 ITEM_KEYS = ("metrics", "logs", "rollouts", "checkpoints")
+# In the engine's output_dir: the batches the Studio did not take before the engine exited, one JSON
+# body a line, exactly as they would have been POSTed (the Studio's local backend delivers them).
+SPOOL_NAME = "undelivered-reports.jsonl"
+# The engine's exit code when it trained to the end but spooled reports (its end status among them).
+UNDELIVERED_EXIT = 4
 
 
 def storable(value: Any) -> Any:
@@ -107,6 +116,24 @@ def without(batch: dict[str, Any], items: dict[str, set[int]]) -> dict[str, Any]
     return batch | kept | {"batch_id": uuid.uuid4().hex}
 
 
+def says_something(batch: dict[str, Any]) -> bool:
+    """Whether `batch` is more than a heartbeat: a spooled heartbeat would tell the Studio nothing."""
+    return any(batch[key] for key in ITEM_KEYS) or any(value is not None for key, value in batch.items() if key not in ITEM_KEYS and key != "batch_id")
+
+
+def write_spool(path: Path, batches: list[dict[str, Any]]) -> None:
+    """Append `batches` to the spool file at `path`, one JSON body a line, in order. Appended, not
+    replaced: a SIGTERM during the final drain closes the reporter a second time, and what the first
+    close wrote must stay (a batch written twice is applied once: the Studio dedups on batch_id)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)  # the reports may quote the data
+    with os.fdopen(fd, "a", encoding="utf-8") as f:
+        for batch in batches:
+            f.write(json.dumps(batch) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
 class Superseded(RuntimeError):
     """The ingest endpoint refused this attempt's token (401/403)."""
 
@@ -140,6 +167,7 @@ class Reporter:
         self._drain_deadline: float | None = None
         self._last_post = 0.0
         self._gave_up = False
+        self._undelivered: list[dict[str, Any]] = []  # given up on at shutdown, in order, for the spool
         self._warned: set[str] = set()
         self._thread: threading.Thread | None = None
 
@@ -251,7 +279,12 @@ class Reporter:
     def _send(self, batch: dict[str, Any]) -> None:
         """Send `batch`, as smaller batches in order when it is too large for one request. When Studio
         refuses items of it (a checkpoint outside the output folder, say), the rest goes again
-        without them, its status included; a refusal that names no item drops the batch."""
+        without them, its status included; a refusal that names no item drops the batch. Once a batch
+        was given up on at shutdown, the rest is kept for the spool unsent: sending a later batch
+        (its "completed") while an earlier one waits in the spool would deliver them out of order."""
+        if self._gave_up:
+            self._keep_undelivered(batch)
+            return
         body = json.dumps(batch).encode()
         outcome = "too large" if len(body) > MAX_BATCH_BYTES else self._send_with_retry(batch, body)
         if isinstance(outcome, Refused):
@@ -281,8 +314,9 @@ class Reporter:
                 return outcome
             deadline = self._drain_deadline
             if deadline is not None and time.monotonic() + delay > deadline:
-                self._warn(f"reporter: giving up on batch {batch['batch_id']} at shutdown")
+                self._warn(f"reporter: giving up on batch {batch['batch_id']} at shutdown; it goes to the spool file")
                 self._gave_up = True
+                self._keep_undelivered(batch)
                 return "gave up"
             time.sleep(delay)
             delay = min(delay * 2, BACKOFF_CAP_S)
@@ -319,6 +353,11 @@ class Reporter:
             self._warn(f"reporter: ingest unreachable ({exc}); retrying batch {batch['batch_id']}")
             return "retry"
 
+    def _keep_undelivered(self, batch: dict[str, Any]) -> None:
+        if says_something(batch):
+            with self._lock:
+                self._undelivered.append(batch)
+
     def _warn(self, line: str) -> None:
         # Straight to stderr: routing reporter trouble through the buffer would feed the failing channel.
         self.log_tail.append(line)
@@ -350,8 +389,24 @@ class Reporter:
         with self._lock:
             self._lock.notify_all()
         if self._thread is not None:
-            self._thread.join(timeout=max(0.0, self._drain_deadline - time.monotonic()) + 0.5)
+            # A POST under way at the deadline ends within request_timeout; its batch then goes to the spool.
+            self._thread.join(timeout=max(0.0, self._drain_deadline - time.monotonic()) + self.request_timeout + 0.5)
+        if not drained and self.url and not self.superseded.is_set():
+            with self._lock:
+                # What the thread never took (it stopped at the deadline) follows what it gave up on.
+                while self._sealed or self._dirty:
+                    self._undelivered.append(self._take())
+                self._undelivered = [batch for batch in self._undelivered if says_something(batch)]
         return drained and not self._gave_up
+
+    def take_undelivered(self) -> list[dict[str, Any]]:
+        """After `close`: the batches the Studio did not take, in order, each as it would have been
+        POSTed (its batch_id included); empty when everything was delivered or the attempt was
+        superseded (its reports are refused for good). Taken once: a second call returns only what
+        a second close added."""
+        with self._lock:
+            batches, self._undelivered = self._undelivered, []
+        return [] if self.superseded.is_set() else batches
 
 
 class RankReporter(Reporter):
