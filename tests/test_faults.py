@@ -192,7 +192,7 @@ def test_reports_spooled_during_an_outage_longer_than_the_drain_are_delivered_wh
     wait_for(exit_file.is_file, 300, interval=0.5, message="the engine to exit")
     assert json.loads(exit_file.read_text())["returncode"] == 4
     assert TrainingRun.objects.get(pk=run_id).status == Status.RUNNING
-    assert not Checkpoint.objects.filter(run_id=run_id).exists()
+    assert not Checkpoint.objects.filter(run_id=run_id, kind="final").exists()  # a step checkpoint may have landed before the outage
 
     web_and_worker.start()  # the Studio is back; its reconciler sees the job ended
     reconciler.reconcile_run(run_id)
