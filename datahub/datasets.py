@@ -30,7 +30,7 @@ from django.core.cache import cache
 from datahub import storage
 from datahub.models import Commit, TreeEntry
 from studio.errors import BadRequest, Finding
-from training.engine.data import detect_shape, is_data_path  # the trainer's own rules, so validation and training agree
+from training.engine.data import csv_cell, detect_shape, is_data_path  # the trainer's own rules, so validation and training agree
 from training.engine.ruler import PROMPT_COLUMNS as RULER_COLUMNS
 
 FORMATS = {".jsonl": "jsonl", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
@@ -227,19 +227,9 @@ def _csv_rows(fh) -> Iterator[tuple[int, Any]]:
             if bad_field is not None:
                 yield number, RowError(f'not valid UTF-8 ({_byte(bad_field[1])} in "{bad_field[0]}", on line {reader.line_num}): save the file as UTF-8')
                 continue
-            yield number, {k: _maybe_json(k, v) for k, v in row.items()}
+            yield number, {k: csv_cell(k, v) for k, v in row.items()}
     except csv.Error as exc:
         yield number + 1, RowError(f"line {reader.line_num} is not valid CSV ({exc})")
-
-
-def _maybe_json(key: str, value: Any) -> Any:
-    """CSV cells are text: a messages or list-valued cell is JSON inside the cell."""
-    if isinstance(value, str) and key in ("messages", "prompt", "chosen", "rejected", "completion") and value[:1] == "[":
-        try:
-            return json.loads(value)
-        except ValueError:
-            return value
-    return value
 
 
 def _parquet_rows(fh) -> Iterator[tuple[int, Any]]:
