@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -239,7 +240,9 @@ def celery_worker(env: dict[str, str], log_path: Path, name: str, beat_schedule:
     if beat_schedule is not None:
         args += ["-B", "-s", str(beat_schedule)]
     with log_path.open("wb") as log:
-        proc = subprocess.Popen(args, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        # Its own process group: `-B` runs beat in a child process, which a killed worker would leave
+        # behind, publishing reconcile passes into the test queue for whatever worker comes next.
+        proc = subprocess.Popen(args, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_for(lambda: "ready." in log_path.read_text(errors="replace") or proc.poll() is not None, 60,
                  message="the Celery worker to be ready")
@@ -251,6 +254,9 @@ def celery_worker(env: dict[str, str], log_path: Path, name: str, beat_schedule:
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait(timeout=10)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # what the worker left of its group (the beat child); engines run in their own
 
 
 @pytest.fixture(scope="session")

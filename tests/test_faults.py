@@ -195,8 +195,14 @@ def test_reports_spooled_during_an_outage_longer_than_the_drain_are_delivered_wh
     assert not Checkpoint.objects.filter(run_id=run_id, kind="final").exists()  # a step checkpoint may have landed before the outage
 
     web_and_worker.start()  # the Studio is back; its reconciler sees the job ended
-    reconciler.reconcile_run(run_id)
 
+    def delivered() -> bool:
+        # Another pass may hold the run's reconcile lease (then this one returns at once) and be
+        # mid-delivery: the run reads completed before the delivery's own log line is written.
+        reconciler.reconcile_run(run_id)
+        return LogLine.objects.filter(run_id=run_id, line__contains="were delivered from").exists()
+
+    wait_for(delivered, 150, interval=1, message="the spool's delivery")
     run = TrainingRun.objects.get(pk=run_id)
     lines = list(LogLine.objects.filter(run_id=run_id).order_by("id").values_list("line", flat=True))
     assert run.status == Status.COMPLETED, (run.status, run.error, lines[-20:])
