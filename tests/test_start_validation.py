@@ -120,6 +120,18 @@ def test_external_judge_with_saved_secret_passes(api, project):
     assert start(api, run_id).status_code == 202
 
 
+def test_a_stored_ruler_run_with_an_environment_id_is_refused_at_start_naming_it(api, project):
+    # Create and PATCH refuse the pair, but a run stored before that rule (or resumed from one, which
+    # copies its parent's config unchecked) started: the judge scored it and the environment never loaded.
+    set_secret(project, "judge-key", "sk-123")
+    run_id = make_run(api, **grpo(rl_mode="ruler", ruler_task_args={"dataset": "org/prompts", "system_prompt": "Be kind"}, judge={"mode": "external", "endpoint": "http://judge/v1", "api_key_secret": "judge-key"}))
+    run = TrainingRun.objects.get(pk=run_id)
+    TrainingRun.objects.filter(pk=run_id).update(config={**run.config, "environment_id": "builtin/arith@main"})
+    body = assert_start_refused(api, run_id, 422, "config.environment_id")
+    assert [e["field"] for e in body["errors"]] == ["config.environment_id"]
+    assert "remove environment_id, or set rl_mode: environment" in body["errors"][0]["message"]
+
+
 def test_precision_advice_names_a_card_the_precision_runs_on():
     # NVFP4's advice on an H100 said "pick e.g. H100" (a Hopper, which it had just ruled out).
     from training.compute import parse_accelerators, precision_findings

@@ -187,6 +187,9 @@ class AttemptOut(Schema):
                                                "(POST .../checkpoints/{step}/resume?attempt=N) copies these settings, not the run's current ones")
     compute: dict[str, Any]
     pinned: dict[str, Any] = Field(description="The commits its Data Hub refs were pinned to at START")
+    system_prompt: str | None = Field(description="GRPO: the system prompt its engine reported it put before each prompt (the config's, "
+                                                  "RULER's criteria, or one the environment package sets itself); \"\" for none, "
+                                                  "null until its engine reports one")
 
 
 # Steps are stored as PostgreSQL integers; a larger one must be a 400, not an overflow at INSERT.

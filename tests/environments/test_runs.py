@@ -6,6 +6,7 @@ and the judge's API key appears in no API response, page, log line, run file or 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -167,3 +168,23 @@ def test_remote_backends_fetch_the_pinned_commit_through_the_hub_api(transaction
     run.config = {**run.config, "environment_id": "builtin/science-qa@main"}
     block = job_environment(run)
     assert "path" not in block and {"__init__.py", "config.py", "data.jsonl"} <= set(block["files"])
+
+
+def test_the_system_prompt_a_catalogue_environment_sets_itself_is_reported_and_shown(api, users, studio_worker, tiny_models):
+    # gsm-maths puts its own system prompt before each question; the run's config names none, so only
+    # the engine knows it: the Rollouts tab and the run's attempts show the one the rollouts were made with.
+    from django.utils.html import escape
+
+    from environments.catalogue.gsm_maths.config import CONFIG
+
+    run = start_and_wait(api, {"name": "maths prompt", "method": "grpo", "base_model": tiny_models["student"],
+                               "config": {**FAST, "environment_id": "builtin/gsm-maths@main"}}, timeout=480)
+    assert run.status == Status.COMPLETED, (run.error, logs(run)[-40:])
+    assert "system_prompt" not in run.config
+    assert [a["system_prompt"] for a in api.get(f"/api/training-runs/{run.pk}/attempts").json()] == [CONFIG["system_prompt"]]
+    browser = Client()
+    browser.force_login(users["owner"])
+    html = browser.get(f"/training/runs/{run.pk}/rollouts/").content.decode()
+    shown = re.search(r'<p class="prompt" data-testid="system-prompt">(.*?)</p>', html, re.S)
+    assert shown, html[-3000:]
+    assert "set by the environment builtin/gsm-maths@main itself" in shown.group(1) and escape(CONFIG["system_prompt"]) in shown.group(1)

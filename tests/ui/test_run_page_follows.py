@@ -153,3 +153,18 @@ def test_a_start_in_another_tab_shows_on_a_cancelled_runs_page(owner_page, proje
     expect(page.get_by_role("button", name="Start again")).to_have_count(0)
     expect(page.locator("#run-progress")).to_have_count(0)  # the old attempt's 70 % went with it
     page.shot("started-elsewhere")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_teammates_edit_of_a_queued_run_shows_on_its_page_within_one_poll(owner_page, project, users, api_as):
+    # The HTTP tests above check the poll's answer; this, that the browser obeys it: the reload shows the
+    # new name in the heading and the new max_steps on the Configuration tab, with no click.
+    page = owner_page
+    run = services.create_run(project, users["owner"], name="before the edit", method="sft", base_model="org/base", dataset="org/sft-data",
+                              config={"max_steps": 100})
+    page.goto(f"/training/runs/{run.pk}/configuration/")
+    expect(page.locator("h1")).to_contain_text("before the edit")
+    assert api_as("member").patch(f"/api/training-runs/{run.pk}", {"name": "renamed by a teammate", "config": {"max_steps": 37}}).status_code == 200
+    expect(page.locator("h1")).to_contain_text("renamed by a teammate", timeout=20_000)  # the slow poll is every 15 s
+    expect(page.locator("#tab-panel")).to_contain_text("37")
+    expect(page.get_by_test_id("run-status")).to_have_text("queued")

@@ -66,6 +66,15 @@ def unused_batch_findings(config: dict) -> list[Finding]:
             for key, why in UNUSED_BY_GRPO.items() if key in config and not (key == "num_epochs" and config[key] == DEFAULTS["num_epochs"])]
 
 
+def mode_findings(config: dict) -> list[Finding]:
+    """RULER mode wins in the engine (training/engine/environments.py environment_for loads the judge's
+    task and never reads environment_id), so an environment_id beside it is taken and never loaded."""
+    if config.get("rl_mode") == "ruler" and config.get("environment_id"):
+        return [Finding("config.environment_id", "RULER mode scores rollouts with its judge, and environment_id would be silently unused: "
+                                                 "remove environment_id, or set rl_mode: environment to score with the environment")]
+    return []
+
+
 # This engine generates rollouts in the trainer's own process, on the trainer's GPU (training/engine/rollout.py):
 # there is no separate vLLM server. The blocks are the split the foundation contract asks for; on one GPU the
 # inference and trainer blocks share it, while a colocated judge always needs a GPU of its own.
@@ -128,9 +137,7 @@ class GRPO(TrainingMethod):
             findings.append(Finding("config.global_batch_size", "GRPO does not support global_batch_size: each step trains on one prompt and its rollouts_per_prompt completions; remove it"))
         if "max_prompt_length" in config and not config.get("use_unsloth"):
             findings.append(Finding("config.max_prompt_length", "max_prompt_length only applies with use_unsloth: the default trainer does not truncate prompts; remove it or set use_unsloth: true"))
-        if config.get("rl_mode") == "ruler" and config.get("environment_id"):
-            findings.append(Finding("config.environment_id", "RULER mode scores rollouts with its judge, and environment_id would be silently unused: "
-                                                             "remove environment_id, or set rl_mode: environment to score with the environment"))
+        findings += mode_findings(config)
         findings += generation_batch_findings(config)
         findings += unused_batch_findings(config)
         # load_in_4bit without LoRA: the shared rule (TrainingMethod.check_types, lora_enabled), where lora: true is rank 16.
@@ -141,7 +148,7 @@ class GRPO(TrainingMethod):
         return super().apply_defaults({**DEFAULTS, **config})
 
     def start_findings(self, draft: Draft) -> list[Finding]:
-        config, findings = draft.config, []
+        config, findings = draft.config, mode_findings(draft.config)  # again: a run stored before the rule, or resumed from one
         mode = config.get("rl_mode", "environment")
         if mode == "environment" and not config.get("environment_id"):
             findings.append(Finding("config.environment_id", 'Environment mode needs a registered environment: set environment_id, e.g. "builtin/arith@main"'))
