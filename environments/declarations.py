@@ -7,12 +7,17 @@
   saved, and the run then failed as it loaded ("slice indices must be integers").
 - ``REWARD_COMPONENTS``: the names score() returns besides ``total``, which ``CONFIG["weights"]``
   weighs. A weight for another name was never used, and a component without one silently weighed 0.
+- ``CONFIG_RANGES``: CONFIG key → ``(min, max)``, both inclusive, ``None`` for no bound, e.g.
+  ``{"max_examples": (1, None), "keep_prob": (0, 1), "weights": (0, None)}``; on an object (the weights)
+  each of its values. A number out of range is refused; null and other types are left to CONFIG_TYPES.
+  ``max_examples: 0`` silently trained on every row, and ``-5`` on all but the last five.
 
-A package that declares neither is checked as before: against the CONFIG it replaces.
+A package that declares none of them is checked as before: against the CONFIG it replaces.
 """
 from __future__ import annotations
 
 import ast
+import math
 from typing import Any
 
 from studio.errors import Finding
@@ -21,19 +26,19 @@ TYPE_NAMES = {"string": "a string", "integer": "a whole number", "number": "a nu
               "list": "a list", "object": "an object", "null": "null"}
 PYTHON_TYPES: dict[str, type | tuple[type, ...]] = {"string": str, "integer": int, "number": (int, float), "list": list, "object": dict}
 WEIGHTS = "weights"
+DECLARATIONS = ("CONFIG_TYPES", "REWARD_COMPONENTS", "CONFIG_RANGES")
 MAX_UNKNOWN = 20  # unknown weight names reported, as for unknown query parameters
+
+
+def _assigns(node: ast.stmt, name: str) -> bool:
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+    return any(isinstance(t, ast.Name) and t.id == name for t in targets)
 
 
 def assignment(init: ast.Module | None, name: str) -> ast.Assign | ast.AnnAssign | None:
     """The module-level `NAME = ...` (or `NAME: T = ...`) of a parsed __init__.py, if it has one."""
     for node in init.body if init is not None else []:
-        if isinstance(node, ast.Assign):
-            targets = node.targets
-        elif isinstance(node, ast.AnnAssign):
-            targets = [node.target]
-        else:
-            continue
-        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and _assigns(node, name):
             return node
     return None
 
@@ -70,9 +75,27 @@ def reward_components(init: ast.Module | None) -> tuple[str, ...]:
     return ()
 
 
+def _bound(value: Any) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value))
+
+
+def config_ranges(init: ast.Module | None) -> dict[str, tuple[float | None, float | None]]:
+    """CONFIG_RANGES as key → (min, max); {} when the package has none or it cannot be read."""
+    value = _literal(assignment(init, "CONFIG_RANGES"))
+    if not isinstance(value, dict) or not value:
+        return {}
+    for key, pair in value.items():
+        if not (isinstance(key, str) and isinstance(pair, (tuple, list)) and len(pair) == 2 and all(_bound(b) for b in pair)
+                and any(b is not None for b in pair)):
+            return {}
+        if None not in pair and pair[0] > pair[1]:
+            return {}
+    return {key: (pair[0], pair[1]) for key, pair in value.items()}
+
+
 def declaration_findings(init: ast.Module | None, field: str) -> list[Finding]:
-    """A CONFIG_TYPES or REWARD_COMPONENTS that is there but cannot be read without importing the
-    package: it would check nothing, silently."""
+    """A CONFIG_TYPES, REWARD_COMPONENTS or CONFIG_RANGES that is there but cannot be read without
+    importing the package: it would check nothing, silently."""
     findings = []
     node = assignment(init, "CONFIG_TYPES")
     if node is not None and not config_types(init):
@@ -82,7 +105,23 @@ def declaration_findings(init: ast.Module | None, field: str) -> list[Finding]:
     if node is not None and not reward_components(init):
         findings.append(Finding(field, f"__init__.py:{node.lineno}: REWARD_COMPONENTS must be a literal tuple of the names score() returns, "
                                        "e.g. REWARD_COMPONENTS = (\"correct\", \"format\")"))
+    node = assignment(init, "CONFIG_RANGES")
+    if node is not None and not config_ranges(init):
+        findings.append(Finding(field, f"__init__.py:{node.lineno}: CONFIG_RANGES must be a literal dict of CONFIG key → (min, max), numbers or None "
+                                       "for no bound, min ≤ max, e.g. CONFIG_RANGES = {\"max_examples\": (1, None), \"keep_prob\": (0, 1)}"))
     return findings
+
+
+def code(init: ast.Module) -> str:
+    """The parsed __init__.py without its declarations (ROW_KEYS too) and comments: what runs."""
+    body = [node for node in init.body if not any(_assigns(node, name) for name in (*DECLARATIONS, "ROW_KEYS"))]
+    return ast.dump(ast.Module(body=body, type_ignores=[]))
+
+
+def with_declarations(init: ast.Module, other: ast.Module) -> ast.Module:
+    """`init` with each declaration it lacks taken from `other`, a package whose code it runs."""
+    taken = [node for name in DECLARATIONS if assignment(init, name) is None for node in [assignment(other, name)] if node is not None]
+    return ast.Module(body=[*taken, *init.body], type_ignores=[]) if taken else init
 
 
 def is_type(value: Any, name: str) -> bool:
@@ -98,27 +137,46 @@ def _finding(field: str, key: str, message: str) -> Finding:
     return Finding(f"{field}.{key}", message) if field == "config" else Finding(field, f"CONFIG.{key}: {message}")
 
 
+def _range(low: float | None, high: float | None) -> str:
+    if high is None:
+        return f"at least {low}"
+    return f"at most {high}" if low is None else f"from {low} to {high}"
+
+
+def _out_of_range(key: str, value: Any, low: float | None, high: float | None) -> dict[str, Any]:
+    """Each number in `value` (itself, or an object's members) outside [low, high], by its key."""
+    if isinstance(value, dict):
+        return {k: v for name, member in value.items() for k, v in _out_of_range(f"{key}.{name}", member, low, high).items()}
+    in_range = (low is None or value >= low) and (high is None or value <= high) if is_type(value, "number") else True
+    return {} if in_range else {key: value}  # NaN is in no range
+
+
 def declared_config_findings(init: ast.Module | None, config: dict[str, Any] | None, field: str = "config") -> list[Finding]:
-    """`config` (a CONFIG) against the package's CONFIG_TYPES and REWARD_COMPONENTS (in the parsed __init__.py `init`)."""
+    """`config` (a CONFIG) against the package's CONFIG_TYPES, REWARD_COMPONENTS and CONFIG_RANGES (in
+    the parsed __init__.py `init`), one finding a value."""
     if not isinstance(config, dict):
         return []
-    findings = []
+    found: dict[str, str] = {}  # CONFIG key (weights.correct) → what is wrong with its value
     for key, names in config_types(init).items():
         if key in config and not any(is_type(config[key], name) for name in names):
             kinds = " or ".join(TYPE_NAMES[name] for name in names)
-            findings.append(_finding(field, key, f"must be {kinds}, as the environment declares (CONFIG_TYPES in __init__.py); got {config[key]!r}"))
+            found[key] = f"must be {kinds}, as the environment declares (CONFIG_TYPES in __init__.py); got {config[key]!r}"
     components = reward_components(init)
     weights = config.get(WEIGHTS)
     if components and isinstance(weights, dict):
         listed = ", ".join(components)
         unknown = [name for name in weights if name not in components]
         for name in unknown[:MAX_UNKNOWN]:
-            findings.append(_finding(field, f"{WEIGHTS}.{name}", f"{name!r} is not a reward component of this environment, so its weight would never be used: "
-                                                                 f"weigh only {listed} (REWARD_COMPONENTS in __init__.py)"))
+            found[f"{WEIGHTS}.{name}"] = (f"{name!r} is not a reward component of this environment, so its weight would never be used: "
+                                          f"weigh only {listed} (REWARD_COMPONENTS in __init__.py)")
         for name in components:
             if name not in weights:
-                findings.append(_finding(field, f"{WEIGHTS}.{name}", f"the reward component {name!r} has no weight, and would count 0 in total without a word: "
-                                                                     "give it one (0 leaves it out on purpose)"))
+                found[f"{WEIGHTS}.{name}"] = (f"the reward component {name!r} has no weight, and would count 0 in total without a word: "
+                                              "give it one (0 leaves it out on purpose)")
             elif not is_type(weights[name], "number"):
-                findings.append(_finding(field, f"{WEIGHTS}.{name}", f"a weight must be a number; got {weights[name]!r}"))
-    return findings
+                found[f"{WEIGHTS}.{name}"] = f"a weight must be a number; got {weights[name]!r}"
+    for key, (low, high) in config_ranges(init).items():
+        bad = _out_of_range(key, config[key], low, high) if key in config else {}
+        for path, value in list(bad.items())[:MAX_UNKNOWN]:
+            found.setdefault(path, f"must be {_range(low, high)}, as the environment declares (CONFIG_RANGES in __init__.py); got {value!r}")
+    return [_finding(field, key, message) for key, message in found.items()]

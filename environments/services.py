@@ -22,7 +22,7 @@ from typing import Any
 from django.conf import settings
 
 from datahub.datasets import RowNeeds
-from environments.declarations import assignment, declaration_findings, declared_config_findings
+from environments.declarations import DECLARATIONS, assignment, code, declaration_findings, declared_config_findings, with_declarations
 from studio.errors import BadRequest, Finding, NotFound
 from training.engine.packages import CONFIG_METADATA
 
@@ -165,7 +165,23 @@ def config_findings(reference: dict[str, Any] | None, config: dict[str, Any], fi
                     and not PurePosixPath(now).is_absolute() and root + now not in files):
                 findings.append(Finding(f"{field}.{key}", f"the package has no file {now!r} (it has {was!r}): name one of its files, or push the file to the repo first"))
     said = {f.field for f in findings}  # one finding a field: the reference's, where both see a wrong type
-    return findings + [f for f in declared_config_findings(init, config, field) if f.field not in said]
+    return findings + [f for f in declared_config_findings(declared(init), config, field) if f.field not in said]
+
+
+def declared(init: ast.Module | None) -> ast.Module | None:
+    """`init` (a parsed __init__.py) with each declaration it lacks (CONFIG_TYPES, REWARD_COMPONENTS,
+    CONFIG_RANGES) taken from the catalogue package whose code it is. A fork made before the catalogue
+    declared them runs that same code, so they hold for it too. Keyed on the code, not on the
+    "Forked from" the fork records: a fork whose code was edited since may weigh other components or
+    read other types, so it keeps the checks against the CONFIG it replaces."""
+    if init is None or all(assignment(init, name) for name in DECLARATIONS):
+        return init
+    runs = code(init)
+    for entry in catalogue():
+        theirs = ast.parse((entry.directory / "__init__.py").read_bytes())
+        if code(theirs) == runs:
+            return with_declarations(init, theirs)
+    return init
 
 
 def _entry_parameters(init: ast.Module) -> tuple[set[str], bool]:
@@ -291,7 +307,7 @@ def static_findings(files: dict[str, bytes], image_has: Callable[[str], bool], *
     findings += missing_config_findings(init, read_config(files), field)
     findings += row_keys_finding(files, field)
     findings += declaration_findings(init, field)
-    findings += declared_config_findings(init, read_config(files), config_field or field)
+    findings += declared_config_findings(declared(init), read_config(files), config_field or field)
     return findings
 
 

@@ -32,6 +32,9 @@ ROW_KEYS = ("prompt", "answer")
 CONFIG_TYPES = {"data_file": "string", "system_prompt": "string", "max_tool_calls": "integer", "weights": "object", "max_examples": ("integer", "null")}
 # The components score() returns besides total: CONFIG["weights"] gives each one its weight.
 REWARD_COMPONENTS = ("correct", "tool_use", "format")
+# Each number's (min, max), None for no bound; on weights, each weight (a negative one would reward
+# failing a component). max_examples 0 would silently keep every row.
+CONFIG_RANGES = {"max_tool_calls": (1, None), "max_examples": (1, None), "weights": (0, None)}
 
 HERE = Path(__file__).resolve().parent
 CALL = re.compile(r"<calc>(.*?)</calc>", re.DOTALL)

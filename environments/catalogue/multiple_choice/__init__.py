@@ -25,6 +25,9 @@ CONFIG_TYPES = {"data_file": "string", "system_prompt": "string", "letters": "st
                 "max_examples": ("integer", "null")}
 # The components score() returns besides total: CONFIG["weights"] gives each one its weight.
 REWARD_COMPONENTS = ("correct", "format")
+# Each number's (min, max), None for no bound; on weights, each weight (a negative one would reward
+# failing a component). max_examples 0 would silently keep every row.
+CONFIG_RANGES = {"max_examples": (1, None), "weights": (0, None)}
 
 HERE = Path(__file__).resolve().parent
 

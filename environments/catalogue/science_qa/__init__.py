@@ -25,6 +25,9 @@ ROW_KEYS = ("prompt", "aliases")
 CONFIG_TYPES = {"data_file": "string", "system_prompt": "string", "max_words": "integer", "weights": "object", "max_examples": ("integer", "null")}
 # The components score() returns besides total: CONFIG["weights"] gives each one its weight.
 REWARD_COMPONENTS = ("correct", "mentions", "concise")
+# Each number's (min, max), None for no bound; on weights, each weight (a negative one would reward
+# failing a component). max_examples 0 would silently keep every row.
+CONFIG_RANGES = {"max_words": (1, None), "max_examples": (1, None), "weights": (0, None)}
 
 HERE = Path(__file__).resolve().parent
 
