@@ -7,8 +7,9 @@ text that is UTF-8 (a leading byte order mark allowed), every row an object, the
 shape and the first good row's form (text or messages) kept by every row and every file of the
 dataset (the engine trains on its files joined into one table), and a row's fields in the one form
 the method's trainer reads. A RULER run's prompts are checked as its loader reads them. Each file is checked up to
-DATAHUB_VALIDATE_MAX_ROWS rows; a file with more is a notice, not a finding. A commit never changes,
-so the findings of a (commit, method) pair are cached.
+DATAHUB_VALIDATE_MAX_ROWS rows; a file with more is a notice, not a finding. A row over
+DATAHUB_MAX_ROW_BYTES is a finding, and a JSON Lines row that large is never parsed. A commit never
+changes, so the findings of a (commit, method) pair are cached.
 """
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ import hashlib
 import io
 import json
 import re
+import reprlib
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import suppress
 from dataclasses import dataclass
@@ -30,6 +33,7 @@ from django.core.cache import cache
 from datahub import storage
 from datahub.models import Commit, TreeEntry
 from studio.errors import BadRequest, Finding
+from studio.templatetags.studio_ui import binary_h
 from training.engine.data import csv_cell, detect_shape, is_data_path  # the trainer's own rules, so validation and training agree
 from training.engine.ruler import PROMPT_COLUMNS as RULER_COLUMNS
 
@@ -60,10 +64,38 @@ ROLES = ("system", "user", "assistant", "tool")
 JSON_TYPES = {dict: "object", list: "list", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
 MAX_FINDINGS = 20
 MAX_JSON_ARRAY_BYTES = 64 * 1024 * 1024
+# pandas, the engine's CSV reader, reads a field of any length: csv's default limit (131,072
+# characters) refused a longer one as "not valid CSV"; DATAHUB_MAX_ROW_BYTES bounds a row instead.
+csv.field_size_limit(sys.maxsize)
 
 
 class RowError(ValueError):
     pass
+
+
+class RowTooLarge(RowError):
+    """A row over DATAHUB_MAX_ROW_BYTES. The trainer cuts a row to max_length tokens only after
+    tokenizing all of it (a 30 MB row: minutes and gigabytes), so such a row is refused, not trained."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"the row is {binary_h(size)} ({size:,} bytes), over the {binary_h(limit)} ({limit:,} bytes) one row may have "
+                         "(DATAHUB_MAX_ROW_BYTES): split it into shorter rows or shorten it (the trainer keeps only the first "
+                         "max_length tokens of a row)")
+
+
+def _too_large(limit: int, *texts: str) -> RowTooLarge | None:
+    """A RowTooLarge when `texts` (a row's line, or its fields) hold more than `limit` bytes of UTF-8.
+    Cheap for a row of at most limit / 4 characters, which cannot (a character is at most 4 bytes)."""
+    if sum(map(len, texts)) * 4 <= limit:
+        return None
+    size = sum(len(t.encode("utf-8", "surrogateescape")) for t in texts)
+    return RowTooLarge(size, limit) if size > limit else None
+
+
+def _json_size(row: Any) -> int:
+    """A row's size in bytes written as one compact JSON line: the size of a row of a .json array or a
+    Parquet file, whose bytes in the file are not one line's."""
+    return len(json.dumps(row, ensure_ascii=False, separators=(",", ":"), default=str).encode("utf-8", "surrogateescape"))
 
 
 def file_format(path: str) -> str | None:
@@ -135,6 +167,7 @@ def _json_rows(fh, size: int) -> Iterator[tuple[int, Any]]:
     # surrogateescape: a byte that is not UTF-8 becomes a lone surrogate that _undecodable finds on its
     # row, where the engine's reader fails the whole file with a UnicodeDecodeError.
     text = io.TextIOWrapper(fh, encoding="utf-8-sig", errors="surrogateescape")
+    limit = settings.DATAHUB_MAX_ROW_BYTES
     first, blank_lines = text.read(1), 0  # the lines before the first value still count in line numbers
     while first and first.isspace():
         blank_lines += first == "\n"
@@ -154,9 +187,16 @@ def _json_rows(fh, size: int) -> Iterator[tuple[int, Any]]:
         except ValueError as exc:
             yield 1, RowError(f"the file is not valid JSON ({exc})")
             return
-        yield from enumerate(rows, start=1)
+        if size <= limit:  # no row of it can be larger
+            yield from enumerate(rows, start=1)
+            return
+        for number, row in enumerate(rows, start=1):
+            yield number, RowTooLarge(row_size, limit) if (row_size := _json_size(row)) > limit else row
         return
-    for number, line in enumerate(_prefixed(first, text), start=1 + blank_lines):
+    for number, line in enumerate(_lines(first, text, limit), start=1 + blank_lines):
+        if isinstance(line, RowTooLarge):
+            yield number, line
+            continue
         if not line.strip():
             continue
         bad = _undecodable(line)
@@ -193,12 +233,21 @@ def _line_problem(line: str, exc: ValueError) -> str:
     return f"not valid JSON at column {exc.pos + 1} ({exc.msg})"
 
 
-def _prefixed(first: str, text) -> Iterator[str]:
-    if not first:
-        return
-    rest = text.readline()
-    yield first + rest
-    yield from text
+def _lines(first: str, text, limit: int) -> Iterator[str | RowTooLarge]:
+    """The lines of `text` from its character `first` on, read at most limit + 1 characters at a time:
+    a line over `limit` bytes comes back as a RowTooLarge, and is never held whole."""
+    line = first + text.readline(limit) if first else ""
+    while line:
+        if len(line) * 4 <= limit:  # most lines: too short to be too large
+            yield line
+        elif len(line) <= limit or line.endswith("\n"):
+            yield _too_large(limit, line) or line
+        else:  # over `limit` characters, so over `limit` bytes: the rest is counted, not kept
+            size = len(line.encode("utf-8", "surrogateescape"))
+            while not line.endswith("\n") and (line := text.readline(limit)):
+                size += len(line.encode("utf-8", "surrogateescape"))
+            yield RowTooLarge(size, limit)
+        line = text.readline(limit + 1)
 
 
 def _csv_rows(fh) -> Iterator[tuple[int, Any]]:
@@ -211,6 +260,7 @@ def _csv_rows(fh) -> Iterator[tuple[int, Any]]:
     pandas fills its missing fields with nulls: DictReader's None, which the shape checks find empty."""
     text = io.TextIOWrapper(fh, encoding="utf-8-sig", errors="surrogateescape", newline="")  # as _json_rows
     reader = csv.DictReader(text)
+    limit = settings.DATAHUB_MAX_ROW_BYTES
     number = 0
     try:
         bad = next(filter(None, map(_undecodable, reader.fieldnames or ())), None)
@@ -227,6 +277,10 @@ def _csv_rows(fh) -> Iterator[tuple[int, Any]]:
             if bad_field is not None:
                 yield number, RowError(f'not valid UTF-8 ({_byte(bad_field[1])} in "{bad_field[0]}", on line {reader.line_num}): save the file as UTF-8')
                 continue
+            too_large = _too_large(limit, *filter(None, row.values()))  # its fields, as the engine reads them
+            if too_large is not None:
+                yield number, too_large
+                continue
             yield number, {k: csv_cell(k, v) for k, v in row.items()}
     except csv.Error as exc:
         yield number + 1, RowError(f"line {reader.line_num} is not valid CSV ({exc})")
@@ -240,11 +294,13 @@ def _parquet_rows(fh) -> Iterator[tuple[int, Any]]:
     except Exception as exc:  # noqa: BLE001 - any unreadable file is one finding
         yield 1, RowError(f"not a readable Parquet file ({exc})")
         return
+    limit = settings.DATAHUB_MAX_ROW_BYTES
     number = 0
     for batch in pf.iter_batches(batch_size=1024):
+        measure = batch.nbytes * 2 > limit  # as JSON, a row is at most about twice its Arrow bytes (quotes, escapes)
         for row in batch.to_pylist():
             number += 1
-            yield number, row
+            yield number, RowTooLarge(size, limit) if measure and (size := _json_size(row)) > limit else row
 
 
 # ---- shapes ------------------------------------------------------------------------------------
@@ -273,7 +329,7 @@ def _messages_problem(messages: Any, key: str = "messages", need_assistant: bool
         if not isinstance(msg, dict):
             return f'"{key}"[{i}] must be an object with role and content'
         if msg.get("role") not in ROLES:
-            return f'"{key}"[{i}].role must be one of {", ".join(ROLES)} (got {msg.get("role")!r})'
+            return f'"{key}"[{i}].role must be one of {", ".join(ROLES)} (got {reprlib.repr(msg.get("role"))})'
         if not isinstance(msg.get("content"), str) and not msg.get("tool_calls"):
             return f'"{key}"[{i}].content must be text'
     if need_assistant and not any(m.get("role") == "assistant" for m in messages):
@@ -442,6 +498,48 @@ def _shape_label(shape: str, method: str) -> str:
 
 # Whose rule the preview applies to a row's forms: the method that reads the shape with TRL's joining.
 PREVIEW_METHODS = {"prompt_completion": "sft", "preference": "dpo"}
+# What the preview shows of a row, in characters of its text (each key and string, and one for each
+# other value): a field at most PREVIEW_FIELD_CHARS, a row at most PREVIEW_ROW_CHARS, a key (a name)
+# at most PREVIEW_KEY_CHARS. Rows may be up to DATAHUB_MAX_ROW_BYTES each; a preview of 200 of them
+# holds at most some 800,000 characters of their text.
+PREVIEW_FIELD_CHARS = 1_000
+PREVIEW_ROW_CHARS = 4_000
+PREVIEW_KEY_CHARS = 100
+
+
+def cut_row(row: Any, number: int, cuts: list[dict[str, Any]]) -> Any:
+    """`row` as the preview shows it: a string past its share of the text is cut short with a marker
+    of its full length ("… [cut: 30,000,000 characters in all]"), and a list or object keeps the items
+    it has room for. Each cut goes to `cuts`: the row, the field's path (`messages[3].content`; "" for
+    the row itself; `<key>` for a key, as `meta.<key>`) and its full length in characters or items.
+    The stored file is not changed."""
+    def cut(value: Any, room: int, path: str) -> tuple[Any, int]:
+        """`value` in at most `room` characters (and the markers of what was cut), and those it used."""
+        if isinstance(value, str):
+            if len(value) <= room:
+                return value, len(value)
+            cuts.append({"row": number, "field": path, "characters": len(value)})
+            return f"{value[:room]}… [cut: {len(value):,} characters in all]", room
+        if not isinstance(value, (list, dict)):
+            return value, 1
+        out: list[tuple[Any, Any]] = []
+        used = 0
+        for key, item in value.items() if isinstance(value, dict) else enumerate(value):
+            if used >= room:
+                cuts.append({"row": number, "field": path, "items": len(value)})
+                break
+            if isinstance(value, dict):
+                key, size = cut(str(key), min(PREVIEW_KEY_CHARS, room - used), f"{path}.<key>" if path else "<key>")
+                used += size
+            at = f"{path}[{key}]" if isinstance(value, list) else f"{path}.{key}" if path else str(key)
+            # Each field of the row gets at most PREVIEW_FIELD_CHARS: one long field leaves the others room.
+            share = room - used if path or isinstance(value, list) else min(PREVIEW_FIELD_CHARS, room - used)
+            item, size = cut(item, share, at)
+            out.append((key, item))
+            used += max(size, 1)
+        return (dict(out) if isinstance(value, dict) else [item for _, item in out]), used
+
+    return cut(row, PREVIEW_ROW_CHARS if isinstance(row, dict) else PREVIEW_FIELD_CHARS, "")[0]
 
 
 def preview(commit: Commit, path: str | None = None, limit: int = 20) -> dict:
@@ -463,6 +561,9 @@ def preview(commit: Commit, path: str | None = None, limit: int = 20) -> dict:
     # In the file's own order (prompt before completion, as written), first seen first.
     columns = list(dict.fromkeys(k for r in rows if isinstance(r, dict) for k in r))
     shape = detect_shape(columns)
+    cuts: list[dict[str, Any]] = []
+    shown = [cut_row(r, n, cuts) for n, r in zip(numbers, rows, strict=True)]
+    columns = list(dict.fromkeys(k for r in shown if isinstance(r, dict) for k in r))  # a key too can be cut
     if shape == "unknown" and rows:  # no method trains on these rows: START would refuse the file, not a row
         problems.append({"row": numbers[0], "message": unknown_shape_problem(columns)})
     elif shape in SHAPE_KEYS:  # what START would say of these rows for a method that trains on this shape
@@ -480,9 +581,10 @@ def preview(commit: Commit, path: str | None = None, limit: int = 20) -> dict:
         "format": file_format(chosen.path),
         "shape": shape,
         "columns": columns,
-        "rows": rows,
+        "rows": shown,
         "row_numbers": numbers,
         "problems": problems,
+        "cut": cuts,
         "files": [e.path for e in entries] if path is None else [chosen.path],
     }
 
@@ -550,13 +652,13 @@ def local_check(path: Path, method: str, field: str, needs: RowNeeds | None = No
 
 
 # Bumped when the rules change, so a commit's result cached under the old ones is not used.
-CACHE_VERSION = 3
+CACHE_VERSION = 4
 
 
 def cached_check(key: str, check: Callable[[], RowsCheck]) -> RowsCheck:
     """`check()`'s result, kept an hour under `key` (which names a commit, or a local dataset's file
     stamps) and the rules it was checked by."""
-    key = f"datahub:rows:v{CACHE_VERSION}:{settings.DATAHUB_VALIDATE_MAX_ROWS}:{key}"
+    key = f"datahub:rows:v{CACHE_VERSION}:{settings.DATAHUB_VALIDATE_MAX_ROWS}:{settings.DATAHUB_MAX_ROW_BYTES}:{key}"
     try:
         cached = cache.get(key)
     except Exception:  # noqa: BLE001 - the cache is an optimisation: Redis down (restarting) must not fail START
@@ -584,6 +686,7 @@ def check_rows(sources: list[Source], method: str, field: str, needs: RowNeeds |
     checked so far lacks (at the end of the file, or when the findings reach MAX_FINDINGS) is one
     finding for the file, not one per row; rows that are bad on their own keep their own findings.
     A file with more rows than the limit is a notice: a row past it fails the run only in the engine.
+    A row over DATAHUB_MAX_ROW_BYTES names its file even in a dataset of one: the file to split.
     The engine joins the files into one table, so a file whose shape, or a field's form, differs from
     the dataset's first file's is refused too, naming both files. `method` RULER checks a RULER run's
     prompts as its loader reads them."""
@@ -635,7 +738,8 @@ def check_rows(sources: list[Source], method: str, field: str, needs: RowNeeds |
                 if found is not None:
                     key, problem = found[0] if found[0] not in row else None, found[1]
             if problem:
-                pending.append((Finding(field, f"{where}row {number}: {problem}"), key))
+                named = where or (f"{entry.path} " if isinstance(row, RowTooLarge) else "")  # which file to split, even of one
+                pending.append((Finding(field, f"{named}row {number}: {problem}"), key))
                 if len(findings) + len(pending) >= MAX_FINDINGS and needs is not None:
                     absent = _collapse_absent(pending, lacking, checked, absent, needs, field, where)
                 if len(findings) + len(pending) >= MAX_FINDINGS:

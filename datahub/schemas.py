@@ -7,6 +7,8 @@ from ninja import Schema
 from pydantic import ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
+from datahub.datasets import PREVIEW_FIELD_CHARS, PREVIEW_ROW_CHARS
+
 # The largest file an upload session takes: 4 TiB. Far above any real model file (a 405B model's
 # whole fp16 weights in one GGUF are ~0.8 TiB; safetensors shards are a few GB), and far below what
 # a bigint column holds (8 EiB), which a larger size reached as a 500 on the INSERT.
@@ -77,15 +79,27 @@ class DiffOut(Schema):
     changed: list[FileOut]
 
 
+class PreviewCutOut(Schema):
+    row: int = Field(description="The row's number, as row_numbers has it")
+    field: str = Field(description='Where in the row, e.g. "completion" or "messages[3].content"; "" for the row itself, '
+                                   '"<key>" for a key (a name) cut short, as "meta.<key>"')
+    characters: int | None = Field(None, description="A string's full length: the preview shows its start, then "
+                                                     '"… [cut: N characters in all]"')
+    items: int | None = Field(None, description="A list's or object's full number of items: the preview shows the first ones")
+
+
 class PreviewOut(Schema):
     commit: str
     path: str
     format: str
     shape: str
     columns: list[str]
-    rows: list[Any]
+    rows: list[Any] = Field(description="The rows, each cut to a few thousand characters of text (see cut)")
     row_numbers: list[int] = Field(description="Each of rows' own number, as problems number rows (a row that is a problem leaves a gap)")
     problems: list[dict[str, Any]]
+    cut: list[PreviewCutOut] = Field(description="What the preview cut short to stay small, whatever the rows: each long string "
+                                                 f"({PREVIEW_FIELD_CHARS:,} characters a field, {PREVIEW_ROW_CHARS:,} a row) and each "
+                                                 "list or object past that room. The file itself keeps every row whole")
     files: list[str]
 
 

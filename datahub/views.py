@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from typing import Any
 
 from django.conf import settings
 from django.contrib import messages
@@ -350,6 +351,26 @@ def repo_compare(request: HttpRequest, namespace: str, name: str, base: str, hea
     })
 
 
+def preview_cells(preview: dict) -> list[tuple[int, list[str], list[tuple[Any, list[str]]]]]:
+    """Each previewed row as the page shows it: its number, what was cut from the row itself, and
+    for each column its value and what the preview cut short there (the cell shows only its start,
+    which hides the marker at a cut string's end)."""
+    def note(cut: dict, column: str = "") -> str:
+        inner = cut["field"][len(column):].lstrip(".")
+        size = f'{cut["characters"]:,} characters' if "characters" in cut else f'{cut["items"]:,} items'
+        return f"{inner + ': ' if inner else ''}cut for the preview, {size} in all"
+
+    out = []
+    for number, row in zip(preview["row_numbers"], preview["rows"], strict=True):
+        cuts = [c for c in preview["cut"] if c["row"] == number]
+        cells = []
+        for column in preview["columns"]:
+            mine = [c for c in cuts if c["field"] == column or c["field"].startswith((f"{column}.", f"{column}["))]
+            cells.append((row.get(column) if isinstance(row, dict) else None, [note(c, column) for c in mine]))
+        out.append((number, [note(c) for c in cuts if c["field"] == ""], cells))
+    return out
+
+
 @studio_page
 @require_GET
 def dataset_preview(request: HttpRequest, namespace: str, name: str, revision: str, path: str) -> HttpResponse:
@@ -362,7 +383,7 @@ def dataset_preview(request: HttpRequest, namespace: str, name: str, revision: s
     return render(request, "datahub/repo.html", {
         "section": "hub", "repo": repo, "tab": "preview", "revision": revision, "commit": commit, "preview": preview,
         "shape_label": datasets.SHAPE_LABELS.get(preview["shape"], preview["shape"]),
-        "preview_rows": list(zip(preview["row_numbers"], preview["rows"], strict=True)),
+        "preview_rows": preview_cells(preview),
         # A file without a single row: START's own sentence, naming the file (as START does in a dataset of several).
         "no_rows": "" if preview["rows"] or preview["problems"] else datasets.no_rows(f"{preview['path']} "),
         "branches": list(Branch.objects.filter(repo=repo)), "tags": list(Tag.objects.filter(repo=repo)),

@@ -237,6 +237,12 @@ DATAHUB_ROOT = Path(env("DATAHUB_ROOT") or VAR_DIR / "hub")
 DATAHUB_VALIDATE_MAX_ROWS = envint("DATAHUB_VALIDATE_MAX_ROWS", 1_000_000)
 if DATAHUB_VALIDATE_MAX_ROWS < 1:
     raise ImproperlyConfigured(f"DATAHUB_VALIDATE_MAX_ROWS={DATAHUB_VALIDATE_MAX_ROWS} checks no row: give a positive number of rows, e.g. 1000000")
+# START refuses a dataset row over this many bytes (a JSON Lines row is its line). The trainer cuts a
+# row to max_length tokens only after tokenizing all of it: a 30 MB row took minutes and gigabytes of
+# memory there. 4 MiB is about a million tokens of English, more than any model's context.
+DATAHUB_MAX_ROW_BYTES = envint("DATAHUB_MAX_ROW_BYTES", 4 * 1024**2)
+if DATAHUB_MAX_ROW_BYTES < 1:
+    raise ImproperlyConfigured(f"DATAHUB_MAX_ROW_BYTES={DATAHUB_MAX_ROW_BYTES} allows no row: give a positive number of bytes, e.g. 4194304")
 # Where the local backend keeps each run's spec, output and engine log.
 STUDIO_RUNS_DIR = Path(env("STUDIO_RUNS_DIR") or VAR_DIR / "runs")
 if env("STUDIO_RUNS_DIR") and not STUDIO_RUNS_DIR.is_absolute():

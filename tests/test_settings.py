@@ -55,6 +55,8 @@ def assert_refused(result: subprocess.CompletedProcess, variable: str) -> None:
     ({"DEBUG": "1", "STUDIO_VAR_DIR": "./var"}, "STUDIO_VAR_DIR"),
     ({**PRODUCTION, "DATAHUB_VALIDATE_MAX_ROWS": "all"}, "DATAHUB_VALIDATE_MAX_ROWS"),
     ({**PRODUCTION, "DATAHUB_VALIDATE_MAX_ROWS": "0"}, "DATAHUB_VALIDATE_MAX_ROWS"),
+    ({**PRODUCTION, "DATAHUB_MAX_ROW_BYTES": "4MB"}, "DATAHUB_MAX_ROW_BYTES"),
+    ({**PRODUCTION, "DATAHUB_MAX_ROW_BYTES": "0"}, "DATAHUB_MAX_ROW_BYTES"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_bad_environment_stops_startup_naming_the_variable(env, variable):
     assert_refused(boot(env), variable)
