@@ -149,7 +149,7 @@ def test_csv_cells_load_as_start_reads_them(tmp_path, header, rows):
 def test_csv_cells_of_one_column_as_lists_and_as_text_are_a_spec_error(tmp_path):
     path = tmp_path / "rows.csv"
     path.write_bytes(csv_bytes(["prompt", "completion"], [[CHAT[0][:1], "hello"], ["What is 2+2?", "4"]]))
-    with pytest.raises(SpecError, match=r"^dataset\[0\]\.path: the 'prompt' column of its CSV rows holds JSON lists of messages in some "
+    with pytest.raises(SpecError, match=r"^dataset\[0\]\.path: the 'prompt' column of rows\.csv holds JSON lists of messages in some "
                                         r"cells and plain text in others \(e\.g\. 'What is 2\+2\?'\): write every prompt cell"):
         load_rows([DatasetRef(str(path))])
 
