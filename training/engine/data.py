@@ -158,7 +158,10 @@ def _parse_csv_cells(dataset: Any, index: int, path: str) -> Any:
 def _plain_strings(parts: list[Any]) -> list[Any]:
     """`parts` with their large_string text (at any depth) as string, so they concatenate: pandas reads
     a CSV's text as large_string, the JSON and most Parquet readers as string, and datasets refuses to
-    join the two ("features can't be aligned"), though it is the same text."""
+    join the two ("features can't be aligned"), though it is the same text. A column of single values
+    (not lists) whose type differs between parts is text in all of them, as a CSV's cells are (an `id`
+    of numbers in a JSON file beside one of a CSV file, or beside text ids in another file): START
+    checks the fields a method trains on, not the type of every other column."""
     import datasets
 
     def plain(feature: Any) -> Any:
@@ -172,11 +175,14 @@ def _plain_strings(parts: list[Any]) -> list[Any]:
             return datasets.LargeList(plain(feature.feature))
         return feature
 
-    out = []
-    for part in parts:
-        features = datasets.Features(plain(dict(part.features)))
-        out.append(part if features == part.features else part.cast(features))
-    return out
+    features = [datasets.Features(plain(dict(part.features))) for part in parts]
+    for column in {column for f in features for column in f}:
+        types = [f[column] for f in features if column in f]
+        if all(isinstance(t, datasets.Value) for t in types) and len(set(map(str, types))) > 1:
+            for f in features:
+                if column in f:
+                    f[column] = datasets.Value("string")
+    return [part if f == part.features else part.cast(f) for part, f in zip(parts, features, strict=True)]
 
 
 def load_rows(refs: list[DatasetRef]) -> Any:
