@@ -5,8 +5,9 @@ Findings name the row (1-based: the line for JSONL, the data row for CSV and Par
 field, e.g. `row 57: "chosen" is empty`. The rule is what the engine's reader and trainer can read:
 text that is UTF-8 (a leading byte order mark allowed), every row an object, the first object row's
 shape and the first good row's form (text or messages) kept by every row and every file of the
-dataset (the engine trains on its files joined into one table), and a row's fields in the one form
-the method's trainer reads. A RULER run's prompts are checked as its loader reads them. Each file is checked up to
+dataset, and every dataset entry of the run (the engine trains on them joined into one table), a row's
+fields in the one form the method's trainer reads, and a CSV column's cells all JSON lists or all text.
+A RULER run's prompts are checked as its loader reads them. Each file is checked up to
 DATAHUB_VALIDATE_MAX_ROWS rows; a file with more is a notice, not a finding. A row over
 DATAHUB_MAX_ROW_BYTES is a finding, and a JSON Lines row that large is never parsed. A commit never
 changes, so the findings of a (commit, method) pair are cached.
@@ -34,7 +35,7 @@ from datahub import storage
 from datahub.models import Commit, TreeEntry
 from studio.errors import BadRequest, Finding
 from studio.templatetags.studio_ui import binary_h
-from training.engine.data import csv_cell, detect_shape, is_data_path  # the trainer's own rules, so validation and training agree
+from training.engine.data import CSV_JSON_COLUMNS, csv_cell, detect_shape, is_data_path  # the trainer's own rules, so validation and training agree
 from training.engine.ruler import PROMPT_COLUMNS as RULER_COLUMNS
 
 FORMATS = {".jsonl": "jsonl", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
@@ -398,11 +399,13 @@ class FirstRowForm:
         return (f'"{key}" is {form}, and in {other_path} (row {first}) it is {first_form}: the trainer reads all of a '
                 f"dataset's files as one table, each column in one form; write it as {first_form} in this file too")
 
-    def mixed(self, shape: str, method: str) -> str | None:
+    def mixed(self, shape: str, method: str, system_prompt: bool = False) -> str | None:
         """What is wrong with the forms of this file's first good row (given to problem() already) for
         `method`'s trainer; every later row has the same forms, or problem() said otherwise. TRL joins
         a row's prompt and answers into one sequence (prompt + completion), which needs both text or
-        both lists of messages; GRPO reads the prompt alone; DISTILL tokenizes prompt/completion as text."""
+        both lists of messages; GRPO reads the prompt alone; DISTILL tokenizes prompt/completion as text.
+        DPO with a `system_prompt` makes a text prompt a chat (system + user) before TRL reads it, so a
+        text prompt goes with answers that are lists of messages (and no other mix)."""
         if self.first is None:
             return None
         lists = [k for k, text in zip(self.keys, self.first[1], strict=True) if not text]
@@ -412,9 +415,39 @@ class FirstRowForm:
                     f"write {_quoted(lists)} as text in every row, or give chat rows (messages)")
         if method not in ("sft", "dpo") or shape not in ("prompt_completion", "preference") or not lists or not texts:
             return None
+        if method == "dpo" and system_prompt and texts == ["prompt"]:
+            return None
+        # A DPO text prompt beside message answers trains once a system prompt makes the prompt a chat.
+        chat = (', or set config.system_prompt (DPO then makes a text prompt a chat of the system prompt and the user\'s prompt)'
+                if method == "dpo" and texts == ["prompt"] else "")
         return (f"{_quoted(texts)} {_is(texts)} text and {_quoted(lists)} {_is(lists)} {_a_list(lists)} of messages: {method.upper()} needs a row's "
                 f"{_joined(list(self.keys))} in one form, as TRL joins them into one sequence; write {_quoted(texts)} as "
-                f"{_a_list(texts)} of {{role, content}} messages too, or {_quoted(lists)} as text, in every row")
+                f"{_a_list(texts)} of {{role, content}} messages too, or {_quoted(lists)} as text, in every row{chat}")
+
+
+class CsvColumnForms:
+    """Whether each JSON-list column (CSV_JSON_COLUMNS) of a CSV file holds lists in some cells and
+    text in others, which the engine cannot read as one column (training.engine.data._parse_csv_cells
+    stops the run): one finding a column, at the first cell of the other form. Every cell counts, an
+    empty one as text (the engine reads it as ""), not only the fields the method trains on."""
+
+    def __init__(self) -> None:
+        self.first: dict[str, tuple[int, bool]] = {}  # a column's first row, and whether its cell was a list
+        self.reported: set[str] = set()
+
+    def problem(self, number: int, row: dict) -> str | None:
+        for column in CSV_JSON_COLUMNS:
+            if column not in row or column in self.reported:
+                continue
+            is_list = isinstance(row[column], list)
+            first, first_list = self.first.setdefault(column, (number, is_list))
+            if is_list != first_list:
+                self.reported.add(column)
+                form, first_form = ("a JSON list of messages", "text") if is_list else ("text", "a JSON list of messages")
+                return (f'the "{column}" cell is {form}, and in row {first} it is {first_form}: the trainer reads a CSV column '
+                        f"as JSON lists of messages or as text, not both; write every {column} cell as a JSON list of "
+                        "{role, content} messages, or every one as text")
+        return None
 
 
 def _forms(text: bool) -> tuple[str, str]:
@@ -624,21 +657,26 @@ class RowsCheck:
 
     findings: list[Finding]
     notices: list[Finding]
+    # The dataset's first file with a shape (its path, shape and first row's columns), and its first
+    # good row (the file's path, the row's number, and which of the shape's fields are text): what
+    # the run's other dataset entries must agree with (entries_findings).
+    shape: tuple[str, str, list[str]] | None = None
+    forms: tuple[str, int, tuple[bool, ...]] | None = None
 
 
-def method_check(commit: Commit, method: str, field: str, needs: RowNeeds | None = None) -> RowsCheck:
+def method_check(commit: Commit, method: str, field: str, needs: RowNeeds | None = None, system_prompt: bool = False) -> RowsCheck:
     def check() -> RowsCheck:
         entries = commit_sources(commit)
         if not entries and (method in METHOD_SHAPES or method == RULER):
             return RowsCheck([Finding(field, f"{commit.repo.full_name}@{commit.pk[:10]} has no .jsonl, .json, .csv or .parquet file to train on")], [])
         return check_rows(entries, method, field, needs, lambda path: (
             f"delete {path} from the branch (its Delete on the repo's Files tab, or DELETE /api/hub/repos/{commit.repo.name}/files) "
-            f"or move it to another branch or repo"))
+            f"or move it to another branch or repo"), system_prompt)
 
-    return cached_check(f"{commit.pk}:{method}:{field}:{needs.cache_key() if needs else ''}", check)
+    return cached_check(f"{commit.pk}:{method}:{field}:{needs.cache_key() if needs else ''}:{system_prompt:d}", check)
 
 
-def local_check(path: Path, method: str, field: str, needs: RowNeeds | None = None) -> RowsCheck:
+def local_check(path: Path, method: str, field: str, needs: RowNeeds | None = None, system_prompt: bool = False) -> RowsCheck:
     """The same checks for a dataset on the Studio's machine (the local backend reads it there).
     Cached while no file of it changes (name, size and modification time)."""
     if path.is_file() and not file_format(path.name):
@@ -647,12 +685,12 @@ def local_check(path: Path, method: str, field: str, needs: RowNeeds | None = No
     if not sources:
         return RowsCheck([Finding(field, f"{path} holds no .jsonl, .json, .csv or .parquet file to train on")], [])
     stamp = hashlib.sha1(repr([str(path)] + [(s.path, s.version) for s in sources]).encode()).hexdigest()
-    return cached_check(f"local:{stamp}:{method}:{field}:{needs.cache_key() if needs else ''}",
-                        lambda: check_rows(sources, method, field, needs, lambda file: f"move {file} out of {path}"))
+    return cached_check(f"local:{stamp}:{method}:{field}:{needs.cache_key() if needs else ''}:{system_prompt:d}",
+                        lambda: check_rows(sources, method, field, needs, lambda file: f"move {file} out of {path}", system_prompt))
 
 
 # Bumped when the rules change, so a commit's result cached under the old ones is not used.
-CACHE_VERSION = 4
+CACHE_VERSION = 5
 
 
 def cached_check(key: str, check: Callable[[], RowsCheck]) -> RowsCheck:
@@ -664,20 +702,22 @@ def cached_check(key: str, check: Callable[[], RowsCheck]) -> RowsCheck:
     except Exception:  # noqa: BLE001 - the cache is an optimisation: Redis down (restarting) must not fail START
         cached = None
     if cached is not None:
-        return RowsCheck([Finding(f, m) for f, m in cached["findings"]], [Finding(f, m) for f, m in cached["notices"]])
+        return RowsCheck([Finding(f, m) for f, m in cached["findings"]], [Finding(f, m) for f, m in cached["notices"]],
+                         cached["shape"], cached["forms"])
     result = check()
     with suppress(Exception):
-        cache.set(key, {"findings": [(f.field, f.message) for f in result.findings], "notices": [(f.field, f.message) for f in result.notices]}, 3600)
+        cache.set(key, {"findings": [(f.field, f.message) for f in result.findings], "notices": [(f.field, f.message) for f in result.notices],
+                        "shape": result.shape, "forms": result.forms}, 3600)
     return result
 
 
 def rows_findings(sources: list[Source], method: str, field: str, needs: RowNeeds | None = None,
-                  set_aside: Callable[[str], str] = lambda path: f"remove {path}") -> list[Finding]:
-    return check_rows(sources, method, field, needs, set_aside).findings
+                  set_aside: Callable[[str], str] = lambda path: f"remove {path}", system_prompt: bool = False) -> list[Finding]:
+    return check_rows(sources, method, field, needs, set_aside, system_prompt).findings
 
 
 def check_rows(sources: list[Source], method: str, field: str, needs: RowNeeds | None = None,
-               set_aside: Callable[[str], str] = lambda path: f"remove {path}") -> RowsCheck:
+               set_aside: Callable[[str], str] = lambda path: f"remove {path}", system_prompt: bool = False) -> RowsCheck:
     """Every row of every file, up to DATAHUB_VALIDATE_MAX_ROWS a file, against what `method` trains
     on (and `needs`); at most MAX_FINDINGS. The first object row of a file decides its shape, and the
     first good one whether each field is text or messages; rows before it are checked too.
@@ -688,8 +728,9 @@ def check_rows(sources: list[Source], method: str, field: str, needs: RowNeeds |
     A file with more rows than the limit is a notice: a row past it fails the run only in the engine.
     A row over DATAHUB_MAX_ROW_BYTES names its file even in a dataset of one: the file to split.
     The engine joins the files into one table, so a file whose shape, or a field's form, differs from
-    the dataset's first file's is refused too, naming both files. `method` RULER checks a RULER run's
-    prompts as its loader reads them."""
+    the dataset's first file's is refused too, naming both files, as is a CSV column of JSON lists in
+    some cells and text in others. `system_prompt`: the run sets one (DPO reads text prompts as chats).
+    `method` RULER checks a RULER run's prompts as its loader reads them."""
     if method != RULER and method not in METHOD_SHAPES:
         return RowsCheck([], [])
     max_rows = settings.DATAHUB_VALIDATE_MAX_ROWS
@@ -706,6 +747,7 @@ def check_rows(sources: list[Source], method: str, field: str, needs: RowNeeds |
         lacking = dict.fromkeys(needs.keys if needs is not None else (), 0)
         checked = 0  # rows of this file checked against `needs`
         absent: frozenset[str] = frozenset()
+        csv_forms = CsvColumnForms() if file_format(entry.path) == "csv" and method != RULER else None
         for number, row in iter_rows(entry):
             if number > max_rows:
                 notices.append(Finding(field, f"only the first {max_rows:,} rows of {entry.path} were checked before START (DATAHUB_VALIDATE_MAX_ROWS): "
@@ -727,8 +769,10 @@ def check_rows(sources: list[Source], method: str, field: str, needs: RowNeeds |
                 first_row = form.first is None
                 problem = form.problem(number, row)  # None for the file's first good row, whose forms it keeps
                 if first_row:  # the forms every row of the file has, or form.problem says otherwise
-                    problem = form.mixed(shape, method) or (form.unlike(first_form[1], first_form[0]) if first_form else None)
+                    problem = form.mixed(shape, method, system_prompt) or (form.unlike(first_form[1], first_form[0]) if first_form else None)
                     first_form = first_form or (entry.path, form)
+            if problem is None and csv_forms is not None and isinstance(row, dict):
+                problem = csv_forms.problem(number, row)
             key = None
             if problem is None and needs is not None and isinstance(row, dict):
                 checked += 1
@@ -745,13 +789,52 @@ def check_rows(sources: list[Source], method: str, field: str, needs: RowNeeds |
                 if len(findings) + len(pending) >= MAX_FINDINGS:
                     findings += [f for f, _ in pending]
                     findings.append(Finding(field, f"stopped after {MAX_FINDINGS} problems: fix these and start again"))
-                    return RowsCheck(findings, notices)
+                    return RowsCheck(findings, notices, first_shape, _first_forms(first_form))
         if needs is not None:
             absent = _collapse_absent(pending, lacking, checked, absent, needs, field, where)
         findings += [f for f, _ in pending]
         if shape is None and not findings:
             findings.append(Finding(field, no_rows(where)))
-    return RowsCheck(findings, notices)
+    return RowsCheck(findings, notices, first_shape, _first_forms(first_form))
+
+
+def _first_forms(first_form: tuple[str, FirstRowForm] | None) -> tuple[str, int, tuple[bool, ...]] | None:
+    if first_form is None or first_form[1].first is None:
+        return None
+    return first_form[0], *first_form[1].first
+
+
+def entries_findings(checks: list[tuple[str, RowsCheck]], method: str) -> list[Finding]:
+    """What is wrong with a run's dataset entries (`checks`: each entry's field and RowsCheck, in the
+    dataset's order) taken together. The engine joins the entries into one table as it joins one
+    entry's files: an entry of another shape trains with its rows empty (null) in the first entry's
+    columns (SFT: "the dataset is not conversational"), and a field in the other form fails the load."""
+    shaped = [(field, check.shape, check.forms) for field, check in checks if check.shape is not None]
+    if len(shaped) < 2:
+        return []
+    first_field, (first_path, first_shape, first_columns), first_forms = shaped[0]
+    findings = []
+    todo = "or remove {field} and train on it in a run of its own"
+    for field, (path, shape, columns), forms in shaped[1:]:
+        if shape != first_shape:
+            label, first_label = _shape_label(shape, method), _shape_label(first_shape, method)
+            findings.append(Finding(field, (
+                f"rows look like {label} (columns: {', '.join(columns)}, in {path}), and {first_field}'s rows like {first_label} "
+                f"(columns: {', '.join(first_columns)}, in {first_path}): the run trains on all of its dataset entries as one table, "
+                f"where each entry's rows would have the other's columns empty; keep one shape per run: give {field} rows of "
+                f"{first_label} too, {todo.format(field=field)}")))
+            continue
+        if forms is None or first_forms is None:
+            continue
+        (forms_path, number, texts), (first_forms_path, first_number, first_texts) = forms, first_forms
+        key, text = next(((k, t) for k, t, was in zip(SHAPE_KEYS[shape], texts, first_texts, strict=True) if t != was), (None, False))
+        if key is not None:
+            form, first_form = _forms(text)
+            findings.append(Finding(field, (
+                f'"{key}" is {form} ({forms_path} row {number}), and in {first_field} it is {first_form} ({first_forms_path} row '
+                f"{first_number}): the run trains on all of its dataset entries as one table, each column in one form; write "
+                f'"{key}" as {first_form} in {field} too, {todo.format(field=field)}')))
+    return findings
 
 
 def _file_shape(row: dict, method: str, path: str, several: bool, set_aside: Callable[[str], str]) -> tuple[str, str | None]:

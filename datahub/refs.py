@@ -185,10 +185,12 @@ def _set_field(fields: dict[str, Any], path: str, value: str) -> None:
     holder[keys[-1]] = value
 
 
-def dataset_findings(project, method: str, dataset, needs=None, notices: list[Finding] | None = None) -> list[Finding]:
+def dataset_findings(project, method: str, dataset, needs=None, notices: list[Finding] | None = None,
+                     checks: list | None = None, system_prompt: bool = False) -> list[Finding]:
     """Pre-start checks of a run's Data Hub datasets: the ref resolves to a dataset repo, and every row has what the
     method trains on, and what `needs` (datasets.RowNeeds) adds (findings name the row and field,
-    e.g. `row 57: "chosen" is empty`). What was not checked (datasets.RowsCheck.notices) goes to `notices`."""
+    e.g. `row 57: "chosen" is empty`). What was not checked (datasets.RowsCheck.notices) goes to `notices`,
+    each entry's check to `checks` (its field and datasets.RowsCheck). `system_prompt`: the run sets one."""
     from datahub import datasets
 
     findings: list[Finding] = []
@@ -204,10 +206,12 @@ def dataset_findings(project, method: str, dataset, needs=None, notices: list[Fi
         if wrong_type:
             findings += wrong_type
             continue
-        check = datasets.method_check(commit, method, field.removesuffix(".ref"), needs)
+        check = datasets.method_check(commit, method, field.removesuffix(".ref"), needs, system_prompt)
         findings += check.findings
         if notices is not None:
             notices += check.notices
+        if checks is not None:
+            checks.append((field.removesuffix(".ref"), check))
     return findings
 
 

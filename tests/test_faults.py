@@ -189,7 +189,7 @@ def test_reports_spooled_during_an_outage_longer_than_the_drain_are_delivered_wh
     exit_file = run_dir(run_id, 1) / "exit.json"
     # The engine trains to its end, retries its last reports for heartbeat_timeout_seconds (60 s), then exits.
     assert down_at < max_steps, "the run finished before the Studio went down: nothing was tested"
-    wait_for(exit_file.is_file, 300, interval=0.5, message="the engine to exit")
+    wait_for(exit_file.is_file, 600, interval=0.5, message="the engine to exit")
     assert json.loads(exit_file.read_text())["returncode"] == 4
     assert TrainingRun.objects.get(pk=run_id).status == Status.RUNNING
     assert not Checkpoint.objects.filter(run_id=run_id, kind="final").exists()  # a step checkpoint may have landed before the outage

@@ -12,7 +12,7 @@ from typing import Any
 
 from django.conf import settings
 
-from datahub.datasets import RULER, RowNeeds, local_check
+from datahub.datasets import RULER, RowNeeds, RowsCheck, entries_findings, local_check
 from datahub.models import Repo
 from datahub.refs import dataset_findings, dataset_refs, ref_findings, ruler_dataset_findings, run_refs
 from environments.services import dataset_row_needs, environment_findings
@@ -123,12 +123,15 @@ def start_findings(draft: Draft) -> list[Finding]:
     findings += teacher_tokenizer_findings(draft)
     needs = dataset_row_needs(draft)  # a GRPO environment's columns, in the run's own dataset
     notices: list[Finding] = []
-    findings += local_path_findings(draft, needs, notices)
+    checks: list[tuple[str, RowsCheck]] = []  # each dataset entry's rows check, local or Data Hub
+    findings += local_path_findings(draft, needs, notices, checks)
     if draft.project is not None:
         findings += ref_findings(draft.project, draft.base_model, draft.config)
-        findings += dataset_findings(draft.project, draft.method, draft.dataset, needs, notices)
+        findings += dataset_findings(draft.project, draft.method, draft.dataset, needs, notices, checks, system_prompt_set(draft))
         findings += ruler_dataset_findings(draft.project, ruler_dataset(draft), notices)
         findings += bare_repo_name_findings(draft)
+    fields = [field.removesuffix(".ref") for field, _ in dataset_refs(draft.dataset)]  # the entries' order, local and Data Hub alike
+    findings += entries_findings(sorted(checks, key=lambda check: fields.index(check[0])), draft.method)
     draft.memo["notices"] = notices
     return findings
 
@@ -364,10 +367,17 @@ def teacher_tokenizer_findings(draft: Draft) -> list[Finding]:
     return []
 
 
-def local_path_findings(draft: Draft, needs: RowNeeds | None = None, notices: list[Finding] | None = None) -> list[Finding]:
+def system_prompt_set(draft: Draft) -> bool:
+    """Whether the run gives a system prompt, which DPO's engine puts before text prompts as a chat."""
+    return bool(draft.config.get("system_prompt"))
+
+
+def local_path_findings(draft: Draft, needs: RowNeeds | None = None, notices: list[Finding] | None = None,
+                        checks: list[tuple[str, RowsCheck]] | None = None) -> list[Finding]:
     """A local path names a file on the Studio's machine: only the local backend can read it, and
     there it must be an absolute path to what the engine will load (a missing one would fail the run
-    only after the job started). A dataset's rows are checked; what was not goes to `notices`."""
+    only after the job started). A dataset's rows are checked; what was not goes to `notices`, and
+    each dataset entry's check to `checks` (its field and RowsCheck)."""
     models = [("base_model", draft.base_model)]
     if draft.method == "distill":
         models.append(("config.distillation.teacher_model", (draft.config.get("distillation") or {}).get("teacher_model")))
@@ -396,10 +406,12 @@ def local_path_findings(draft: Draft, needs: RowNeeds | None = None, notices: li
         elif not is_model:
             # The rows, as a Data Hub dataset's are checked: the row and field of each problem.
             method = RULER if field == "config.ruler_task_args.dataset" else draft.method
-            check = local_check(path, method, field, needs if field.startswith("dataset") else None)
+            check = local_check(path, method, field, needs if field.startswith("dataset") else None, system_prompt_set(draft))
             findings += check.findings
             if notices is not None:
                 notices += check.notices
+            if checks is not None and field.startswith("dataset"):
+                checks.append((field, check))
     return findings
 
 

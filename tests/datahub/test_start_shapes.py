@@ -7,7 +7,7 @@ import pytest
 
 from datahub import commits, datasets, repos
 from studio.services import set_secret
-from tests.conftest import sft_body
+from tests.conftest import assert_error, sft_body
 from tests.datahub.conftest import jsonl
 from tests.datahub.test_start_rows import DPO, preview_problems, source, start_accepted, start_refused
 from training.models import TrainingRun
@@ -141,3 +141,92 @@ def _folder(tmp_path, files: dict[str, bytes]):
     for name, data in files.items():
         (folder / name).write_bytes(data)
     return folder
+
+
+def start_errors(api, body: dict) -> list[tuple[str, str]]:
+    """START a run of `body`: a 422 (the run stays unstarted), its dataset findings as (field, message)."""
+    run_id = api.post("/api/training-runs", sft_body(**body)).json()["id"]
+    errors = assert_error(api.post(f"/api/training-runs/{run_id}/start"), 422)["errors"]
+    assert TrainingRun.objects.get(pk=run_id).start_requested_at is None
+    return [(e["field"], e["message"]) for e in errors if e["field"].startswith("dataset")]
+
+
+def test_dataset_entries_of_different_shapes_or_forms_are_refused_naming_both(api, project, tmp_path):
+    # Each entry passed on its own; the engine joins them into one table: chat rows beside
+    # prompt/completion rows trained with each other's columns null (SFT: "the dataset is not
+    # conversational"), and a field in the other form failed the load ("features can't be aligned").
+    chat, pairs = tmp_path / "chat.jsonl", tmp_path / "pairs.jsonl"
+    chat.write_bytes(jsonl([CHAT] * 2))
+    pairs.write_bytes(jsonl([PAIR] * 2))
+    assert start_errors(api, {"dataset": [str(chat), {"ref": str(pairs)}]}) == [("dataset[1]", (
+        "rows look like prompt/completion (columns: completion, prompt, in pairs.jsonl), and dataset[0]'s rows like chat messages "
+        "(messages) (columns: messages, in chat.jsonl): the run trains on all of its dataset entries as one table, where each entry's "
+        "rows would have the other's columns empty; keep one shape per run: give dataset[1] rows of chat messages (messages) too, "
+        "or remove dataset[1] and train on it in a run of its own"))]
+    # A Data Hub entry first, a local one second: the order is the dataset's, whatever the kind.
+    repos_ = repos.create_repo(project, "rows", "dataset")
+    commits.commit_files(repos_, "main", {"train.jsonl": jsonl([CHAT_PAIR] * 2)}, "data")
+    assert start_errors(api, {"dataset": ["rows@main", str(pairs)]}) == [("dataset[1]", (
+        '"prompt" is text (pairs.jsonl row 1), and in dataset[0] it is a list of messages (train.jsonl row 1): the run trains on all '
+        'of its dataset entries as one table, each column in one form; write "prompt" as a list of messages in dataset[1] too, '
+        "or remove dataset[1] and train on it in a run of its own"))]
+    # Entries of one shape and form start.
+    run_id = api.post("/api/training-runs", sft_body(dataset=[str(pairs), str(pairs)])).json()["id"]
+    assert api.post(f"/api/training-runs/{run_id}/start").status_code == 202
+
+
+def test_a_csv_column_of_json_lists_and_text_is_refused_naming_the_row(api, project, tmp_path):
+    # The engine stops on such a column whether or not the trainer reads it (training.engine.data);
+    # START took it when the column was not one of the shape's fields.
+    from training.engine.data import load_rows
+    from training.engine.spec import DatasetRef, SpecError
+
+    data = tmp_path / "chat.csv"
+    data.write_text('messages,prompt\n"[{""role"": ""user"", ""content"": ""hi""}, {""role"": ""assistant"", ""content"": ""yo""}]",'
+                    '"[{""role"": ""user"", ""content"": ""hi""}]"\n'
+                    '"[{""role"": ""user"", ""content"": ""2+2?""}, {""role"": ""assistant"", ""content"": ""4""}]",what is 2+2?\n')
+    assert start_errors(api, {"dataset": str(data)}) == [("dataset", (
+        'row 2: the "prompt" cell is text, and in row 1 it is a JSON list of messages: the trainer reads a CSV column as JSON lists '
+        "of messages or as text, not both; write every prompt cell as a JSON list of {role, content} messages, or every one as text"))]
+    with pytest.raises(SpecError, match=r"the 'prompt' column of chat\.csv holds JSON lists of messages in some cells and plain text"):
+        load_rows([DatasetRef(str(data))])
+
+
+DPO_MIXED = [{"prompt": f"Colour {i}?", "chosen": [{"role": "assistant", "content": "blue"}],
+              "rejected": [{"role": "assistant", "content": "red"}]} for i in range(2)]
+
+
+def test_dpo_text_prompts_beside_message_answers_start_with_a_system_prompt(api, project, tmp_path):
+    # The engine makes a text prompt a chat (system + user) when the run sets system_prompt, and then
+    # trains these rows (tests/engine/test_dpo.py); without one TRL fails on them.
+    data = tmp_path / "pairs.jsonl"
+    data.write_bytes(jsonl(DPO_MIXED))
+    body = {**DPO, "dataset": str(data)}
+    assert start_errors(api, body) == [("dataset", (
+        'row 1: "prompt" is text and "chosen" and "rejected" are lists of messages: DPO needs a row\'s prompt, chosen and rejected in '
+        'one form, as TRL joins them into one sequence; write "prompt" as a list of {role, content} messages too, or "chosen" and '
+        '"rejected" as text, in every row, or set config.system_prompt (DPO then makes a text prompt a chat of the system prompt '
+        "and the user's prompt)"))]
+    run_id = api.post("/api/training-runs", sft_body(**{**body, "config": {**DPO["config"], "system_prompt": "Name the colour."}})).json()["id"]
+    assert api.post(f"/api/training-runs/{run_id}/start").status_code == 202
+    # A conversational prompt beside text answers stays refused: the system prompt changes neither.
+    prefs = [{"prompt": [{"role": "user", "content": "q"}], "chosen": "a", "rejected": "b"}]
+    assert datasets.rows_findings([source("t.jsonl", jsonl(prefs))], "dpo", "dataset", system_prompt=True)
+
+
+def test_a_later_file_with_a_column_the_first_lacks_starts_and_loads(api, project, tmp_path):
+    # datasets' loader of several files takes the first file's columns and failed on a later file
+    # with one more ("column names don't match"); the engine loads each file and joins them by column.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from training.engine.data import load_rows
+    from training.engine.spec import DatasetRef
+
+    folder = _folder(tmp_path, {"a.jsonl": jsonl([PAIR]), "b.jsonl": jsonl([{**PAIR, "id": "b-1"}]),
+                                "c.csv": b"prompt,completion\nq,a\n", "d.csv": b"prompt,completion,id\nq,a,d-1\n"})
+    pq.write_table(pa.table({"prompt": ["q"], "completion": ["a"]}), folder / "e.parquet")
+    pq.write_table(pa.table({"prompt": ["q"], "completion": ["a"], "id": ["f-1"]}), folder / "f.parquet")
+    run_id = api.post("/api/training-runs", sft_body(dataset=str(folder))).json()["id"]
+    assert api.post(f"/api/training-runs/{run_id}/start").status_code == 202
+    assert [row.get("id") for row in load_rows([DatasetRef(str(folder))]).to_list()] == [None, "b-1", None, "d-1", None, "f-1"]

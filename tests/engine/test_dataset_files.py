@@ -149,7 +149,7 @@ def test_csv_cells_load_as_start_reads_them(tmp_path, header, rows):
 def test_csv_cells_of_one_column_as_lists_and_as_text_are_a_spec_error(tmp_path):
     path = tmp_path / "rows.csv"
     path.write_bytes(csv_bytes(["prompt", "completion"], [[CHAT[0][:1], "hello"], ["What is 2+2?", "4"]]))
-    with pytest.raises(SpecError, match=r"^dataset\[0\]\.path: the 'prompt' column of its CSV rows holds JSON lists of messages in some "
+    with pytest.raises(SpecError, match=r"^dataset\[0\]\.path: the 'prompt' column of rows\.csv holds JSON lists of messages in some "
                                         r"cells and plain text in others \(e\.g\. 'What is 2\+2\?'\): write every prompt cell"):
         load_rows([DatasetRef(str(path))])
 
@@ -171,8 +171,21 @@ def test_csv_text_trains_beside_json_and_parquet_text(tmp_path):
     assert load_rows(entries).to_list() == expected
 
 
-def test_dataset_entries_whose_columns_differ_in_type_are_a_spec_error(tmp_path):
+def test_a_column_of_single_values_whose_type_differs_between_files_or_entries_loads_as_text(tmp_path):
+    # START checks the fields a method trains on, not every column's type: an id of numbers in one
+    # file and of text in another (or in a CSV, whose cells are text) failed the run after START.
     (tmp_path / "a.jsonl").write_text(json.dumps({"text": "x", "id": 1}) + "\n")
     (tmp_path / "b.jsonl").write_text(json.dumps({"text": "y", "id": "b-1"}) + "\n")
+    (tmp_path / "c.csv").write_text("text,id\nz,3\n")
+    expected = [{"text": "x", "id": "1"}, {"text": "y", "id": "b-1"}, {"text": "z", "id": "3"}]
+    assert load_rows([DatasetRef(str(tmp_path))]).to_list() == expected
+    assert load_rows([DatasetRef(str(tmp_path / name)) for name in ("a.jsonl", "b.jsonl", "c.csv")]).to_list() == expected
+
+
+def test_dataset_entries_whose_columns_differ_in_type_are_a_spec_error(tmp_path):
+    # A column of lists in one entry and of text in another cannot be one column (START refuses the
+    # fields it checks; this is any other column).
+    (tmp_path / "a.jsonl").write_text(json.dumps({"text": "x", "tags": ["a"]}) + "\n")
+    (tmp_path / "b.jsonl").write_text(json.dumps({"text": "y", "tags": "b"}) + "\n")
     with pytest.raises(SpecError, match=r"^dataset: its entries give the same column different types, so they cannot train as one dataset"):
         load_rows([DatasetRef(str(tmp_path / "a.jsonl")), DatasetRef(str(tmp_path / "b.jsonl"))])

@@ -76,3 +76,17 @@ def test_dpo_trains_with_a_system_prompt(tiny, ingest: IngestStub, tmp_path: Pat
     cfg = {**DPO_CONFIG, "max_steps": 2, "system_prompt": "Answer with the colour only.", "loss": {"type": "dpo"}}
     assert run_inprocess(make_spec("dpo", tiny["student"], [tiny["dpo"]], tmp_path, cfg, ingest)) == 0
     assert len(ingest.series("loss")) == 2
+
+
+def test_dpo_trains_text_prompts_beside_message_answers_with_a_system_prompt(tiny, ingest: IngestStub, tmp_path: Path) -> None:
+    # START takes these rows when the run sets system_prompt (the prompt becomes a chat, as the
+    # answers are): they train. Without it TRL fails on them ("'list' object has no attribute 'endswith'").
+    import json
+
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"Colour {i}?", "chosen": [{"role": "assistant", "content": "blue"}],
+                                        "rejected": [{"role": "assistant", "content": "red"}]}) + "\n" for i in range(8)))
+    cfg = {**DPO_CONFIG, "max_steps": 2, "per_device_train_batch_size": 4, "system_prompt": "Name the colour.", "loss": {"type": "dpo"}}
+    assert run_inprocess(make_spec("dpo", tiny["student"], [str(data)], tmp_path, cfg, ingest)) == 0, ingest.collect("logs")[-20:]
+    assert len(ingest.series("loss")) == 2
+    assert ingest.series("loss")[-1] < ingest.series("loss")[0]

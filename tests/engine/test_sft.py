@@ -144,3 +144,22 @@ def test_a_resume_with_more_steps_follows_its_own_learning_rate_schedule(tiny, t
     finally:
         fresh.close()
         resumed.close()
+
+
+def test_sft_trains_on_csv_cells_as_the_text_start_checked(tiny, ingest: IngestStub, tmp_path: Path) -> None:
+    """pandas guessed types: an all-number completion column read as numbers (TRL then failed joining
+    text and an int) and a cell "NA" or "null" as a missing value, where START checked text. The engine
+    reads every cell as its text, as START does, and trains on it."""
+    from datahub.datasets import Source, iter_rows, rows_findings
+    from training.engine.data import load_rows
+    from training.engine.spec import DatasetRef
+
+    data = tmp_path / "sums.csv"
+    data.write_text("prompt,completion\n" + "".join(f"{i}+{i}=,{2 * i}\n" for i in range(7)) + "Is it known?,NA\n")
+    source = Source("sums.csv", data.stat().st_size, lambda: data.open("rb"))
+    assert rows_findings([source], "sft", "dataset") == []
+    assert load_rows([DatasetRef(str(data))]).to_list() == [row for _, row in iter_rows(source)]
+    cfg = {**SFT_CONFIG, "max_steps": 2}
+    assert run_inprocess(make_spec("sft", tiny["student"], [str(data)], tmp_path / "out", cfg, ingest)) == 0, ingest.collect("logs")[-20:]
+    assert any(line.startswith("sft: 8 prompt_completion rows") for line in ingest.collect("logs")), ingest.collect("logs")
+    assert len(ingest.series("loss")) == 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import glob
 import json
 import os
@@ -85,12 +86,15 @@ def _load_data_hub(ref: DatasetRef, index: int) -> Any:
 
 
 def _load_files(folder: Path, files: list[str], index: int) -> Any:
-    """The rows of `files` (relative to `folder`), in order: the files of one format load together,
-    and a dataset of several formats is those parts one after another, in the order each format
-    first appears. CSV cells read as START reads them (_parse_csv_cells)."""
+    """The rows of `files` (relative to `folder`), in order: the files of one format one after another,
+    and a dataset of several formats is those parts one after another, in the order each format first
+    appears. Each file loads on its own and the files join by column name, a column one file lacks
+    being empty (null) in its rows: datasets' loader of several files at once takes the first file's
+    columns and fails on a later file with one more ("column names don't match"), which START took.
+    CSV cells read as START reads them (_load_csv, _parse_csv_cells)."""
     import datasets
 
-    groups: dict[str, list[str]] = {}
+    groups: dict[str, list[tuple[str, str]]] = {}
     with tempfile.TemporaryDirectory(prefix="studio-data-") as aliases:
         for n, f in enumerate(files):
             path = folder / f
@@ -102,24 +106,37 @@ def _load_files(folder: Path, files: list[str], index: int) -> Any:
                 link = Path(aliases) / f"{n}{path.suffix}"
                 link.symlink_to(path.absolute())
                 path = link
-            # Escaped: datasets reads data_files as glob patterns, and a name may hold *, ? or [.
-            groups.setdefault(_EXT_TO_BUILDER[path.suffix.lower()], []).append(glob.escape(str(path)))
-        parts = [datasets.load_dataset(builder, data_files=paths, split="train") for builder, paths in groups.items()]
-    parts = [_parse_csv_cells(part, index) if builder == "csv" else part for builder, part in zip(groups, parts, strict=True)]
+            groups.setdefault(_EXT_TO_BUILDER[path.suffix.lower()], []).append((f, str(path)))
+        parts = [_parse_csv_cells(_load_csv(path), index, f) if builder == "csv"
+                 # Escaped: datasets reads data_files as glob patterns, and a name may hold *, ? or [.
+                 else datasets.load_dataset(builder, data_files=[glob.escape(path)], split="train")
+                 for builder, named in groups.items() for f, path in named]
     if len(parts) == 1:
         return parts[0]
     try:
         return datasets.concatenate_datasets(_plain_strings(parts))
     except ValueError as exc:
-        formats = " and ".join(sorted({PurePosixPath(f).suffix.lower() for f in files}))
-        raise SpecError(f"dataset[{index}].path: its {formats} files give the same column different types, so they cannot "
-                        f"train as one dataset ({exc}): store the dataset in one format") from None
+        raise SpecError(f"dataset[{index}].path: its files give the same column different types, so they cannot "
+                        f"train as one dataset ({exc}): give the column one type in every file") from None
 
 
-def _parse_csv_cells(dataset: Any, index: int) -> Any:
+def _load_csv(path: str) -> Any:
+    """A CSV file with every cell as the text it holds, as START reads it (Python's csv module): not
+    pandas' guesses, which read an all-number column as numbers and a cell "NA", "null" or empty as a
+    missing value (NaN), so a run trained on other values than START checked, or failed on them."""
+    import datasets
+
+    with open(path, encoding="utf-8-sig", newline="") as fh:
+        header = next(csv.reader(fh), [])
+    features = datasets.Features({column: datasets.Value("string") for column in header})
+    return datasets.load_dataset("csv", data_files=[glob.escape(path)], split="train", features=features, keep_default_na=False)
+
+
+def _parse_csv_cells(dataset: Any, index: int, path: str) -> Any:
     """CSV rows with the JSON lists in their cells parsed (csv_cell), as START checked them. A column
     whose cells are lists in some rows and text in others cannot be one column of the dataset (nor
-    one kind of row to the trainer): a SpecError saying which column and what to do."""
+    one kind of row to the trainer): a SpecError saying which file and column and what to do (START
+    refuses it naming the row: datahub.datasets.CsvColumnForms)."""
     order = list(dataset.column_names)
     for column in [c for c in order if c in CSV_JSON_COLUMNS]:
         cells = [csv_cell(column, value) for value in dataset[column]]
@@ -127,7 +144,7 @@ def _parse_csv_cells(dataset: Any, index: int) -> Any:
             continue
         text = next((cell for cell in cells if isinstance(cell, str)), None)
         if text is not None:
-            raise SpecError(f"dataset[{index}].path: the {column!r} column of its CSV rows holds JSON lists of messages in some cells and "
+            raise SpecError(f"dataset[{index}].path: the {column!r} column of {path} holds JSON lists of messages in some cells and "
                             f"plain text in others (e.g. {text[:40]!r}): write every {column} cell as a JSON list of "
                             '{role, content} messages, or every one as text')
         # Built whole rather than mapped batch by batch, so one column type covers every row's messages
@@ -141,7 +158,10 @@ def _parse_csv_cells(dataset: Any, index: int) -> Any:
 def _plain_strings(parts: list[Any]) -> list[Any]:
     """`parts` with their large_string text (at any depth) as string, so they concatenate: pandas reads
     a CSV's text as large_string, the JSON and most Parquet readers as string, and datasets refuses to
-    join the two ("features can't be aligned"), though it is the same text."""
+    join the two ("features can't be aligned"), though it is the same text. A column of single values
+    (not lists) whose type differs between parts is text in all of them, as a CSV's cells are (an `id`
+    of numbers in a JSON file beside one of a CSV file, or beside text ids in another file): START
+    checks the fields a method trains on, not the type of every other column."""
     import datasets
 
     def plain(feature: Any) -> Any:
@@ -155,11 +175,14 @@ def _plain_strings(parts: list[Any]) -> list[Any]:
             return datasets.LargeList(plain(feature.feature))
         return feature
 
-    out = []
-    for part in parts:
-        features = datasets.Features(plain(dict(part.features)))
-        out.append(part if features == part.features else part.cast(features))
-    return out
+    features = [datasets.Features(plain(dict(part.features))) for part in parts]
+    for column in {column for f in features for column in f}:
+        types = [f[column] for f in features if column in f]
+        if all(isinstance(t, datasets.Value) for t in types) and len(set(map(str, types))) > 1:
+            for f in features:
+                if column in f:
+                    f[column] = datasets.Value("string")
+    return [part if f == part.features else part.cast(f) for part, f in zip(parts, features, strict=True)]
 
 
 def load_rows(refs: list[DatasetRef]) -> Any:
