@@ -99,17 +99,21 @@ def failure_of_another_rank(output_dir: Path, rank: Rank) -> dict[str, Any] | No
     return None
 
 
-def die_with_parent() -> None:
-    """torchrun starts each rank in a session of its own, out of reach of a signal to the job's
-    process group: should torchrun be killed (STOP's SIGKILL after its grace period), the kernel
-    kills this rank too instead of leaving it training on a GPU nobody pays attention to."""
+def die_with_parent(signum: int = signal.SIGKILL, parent: int | None = None) -> None:
+    """Have the kernel send this process `signum` when its parent dies. torchrun starts each rank in a
+    session of its own, out of reach of a signal to the job's process group: should torchrun be killed
+    (STOP's SIGKILL after its grace period), the rank dies too instead of training on a GPU nobody pays
+    attention to. `parent`: the pid the caller forked from (runstudio's parts call this between fork and
+    exec); one that died before the signal was set is not watched by the kernel, so this sends it now."""
     try:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        libc.prctl(PR_SET_PDEATHSIG, signum)
     except (OSError, AttributeError):  # not Linux: torchrun's own shutdown still ends the ranks
-        pass
+        return
+    if parent is not None and os.getppid() != parent:
+        os.kill(os.getpid(), signum)
 
 
 def main(argv: list[str]) -> int:
