@@ -253,3 +253,51 @@ def test_runstudio_on_a_port_in_use_says_so_before_it_starts_anything(embedded_e
     assert f"STUDIO_ADDR {addr}: the port is in use" in said, said
     assert "started" not in said and "Studio is up" not in said, said
     assert not (tmp_path / "var" / "redis.sock").exists()
+
+
+def group_processes(pgid: int) -> list[int]:
+    """Live processes in process group `pgid`: runstudio's parts and what they fork (the worker's pool)
+    stay in the group runstudio leads, also after it died."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            members.append(int(entry.name))
+    return sorted(members)
+
+
+def test_the_parts_of_a_runstudio_killed_with_sigkill_stop_and_one_left_running_is_named(embedded_env, tmp_path):
+    """A `kill -9` leaves runstudio no moment to stop its parts: they ran on without its lock, and a
+    second `make studio` started beside them (its redis-server on their socket). The parts now die
+    with runstudio; one that cannot (stopped here with SIGSTOP) keeps the var folder locked, and the
+    next runstudio names it instead of starting."""
+    var = tmp_path / "var"
+    manage(embedded_env, "migrate", "--noinput")
+    studio = start_studio(embedded_env, f"127.0.0.1:{free_port()}", tmp_path / "first.log")
+    try:
+        wait_for(lambda: "Studio is up" in (tmp_path / "first.log").read_text(), 60, message="runstudio to start its parts")
+        parts = {name: int(pid) for name, pid in re.findall(r"(\w+) started \(pid (\d+)\)", (tmp_path / "first.log").read_text())}
+        assert set(parts) == {"redis", "worker", "beat", "web"}
+        time.sleep(3)  # the parts are up (celery installs its own signal handlers)
+        os.kill(parts["web"], signal.SIGSTOP)
+        os.kill(studio.pid, signal.SIGKILL)
+        studio.wait(timeout=10)
+        wait_for(lambda: group_processes(studio.pid) == [parts["web"]], 60, message="every other part, and the worker's pool, to stop")
+        code, said, _ = runstudio_briefly(embedded_env, "--addr", f"127.0.0.1:{free_port()}")
+        assert code != 0, said
+        assert f"the Studio that ran from {var} (pid {studio.pid}) is gone, but parts it started still run" in said, said
+        assert f"pid {parts['web']}: " in said and "runserver" in said and f"kill {parts['web']}" in said, said
+        assert "started (pid" not in said and "Studio is up" not in said, said
+        os.kill(parts["web"], signal.SIGCONT)  # the SIGTERM runstudio's death sent it is delivered now
+        wait_for(lambda: not group_processes(studio.pid), 60, message="the web server to stop")
+    finally:
+        if group_processes(studio.pid):  # the old code left every part running
+            os.killpg(studio.pid, signal.SIGKILL)
+    again = start_studio(embedded_env, f"127.0.0.1:{free_port()}", tmp_path / "again.log")
+    try:
+        wait_for(lambda: "Studio is up" in (tmp_path / "again.log").read_text(), 60, message="a Studio after the parts stopped")
+    finally:
+        stop_studio(again)

@@ -75,7 +75,7 @@ def test_the_task_on_the_server_has_the_runs_resources_spot_policy_region_and_en
     assert conf.regions == ["us-east-1"] and [b.value for b in conf.backends] == ["aws"]
     assert conf.retry.on_events[0].value == "no-capacity" and conf.retry.duration == 600
     # SFT on two GPUs trains on both: torchrun, one engine process a GPU.
-    assert conf.commands[-2:] == ["cd /workflow/studio", "python -m torch.distributed.run --standalone --nproc_per_node 2 -m training.engine --spec /tmp/studio-run.json"]
+    assert conf.commands[-2:] == ["cd /workflow/studio", "python -m training.engine.launch --standalone --nproc_per_node 2 -m training.engine --spec /tmp/studio-run.json"]
     assert conf.commands[0].startswith("pip install -q torch==2.13.0 ")  # the trainer stack at the Studio's pins
     # The engine's source travels with the run, uploaded to the server from this checkout.
     assert sorted(a.path for a in spec.file_archives) == ["/workflow/studio/training/__init__.py", "/workflow/studio/training/engine"]

@@ -245,7 +245,7 @@ def test_the_job_body_runs_a_tiny_engine_job_to_completion(tiny_models, tmp_path
 
 def test_the_job_body_runs_sft_on_several_gpus_under_torchrun(tiny_models, tmp_path, monkeypatch):
     assert modal_app.engine_argv("/s.json", {"method": "dpo", "compute": {"accelerators": "H100:8"}})[1:6] == [
-        "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "8"]
+        "-m", "training.engine.launch", "--standalone", "--nproc_per_node", "8"]
     monkeypatch.setenv("STUDIO_ENGINE_CPU_PROCESSES", "2")  # two CPU processes stand in for two GPUs
     spec = {
         "run_id": 1, "attempt": 1, "method": "sft", "base_model": tiny_models["student"], "base_model_revision": None,

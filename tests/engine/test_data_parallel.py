@@ -29,7 +29,7 @@ def run_under_torchrun(spec: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv(CPU_PROCESSES_ENV, str(processes))
     monkeypatch.setenv("STUDIO_PEAK_TFLOPS", "1")  # the CPU has no peak of its own: MFU is then reported
     command = engine_argv(sys.executable, str(spec_path), spec["method"], spec["compute"])
-    assert command[1:7] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes), "-m"]
+    assert command[1:7] == ["-m", "training.engine.launch", "--standalone", "--nproc_per_node", str(processes), "-m"]
     return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 

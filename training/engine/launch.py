@@ -4,6 +4,8 @@ the backends build their command with it (the Studio's local backend, dstack's t
 SFT and DPO train data-parallel on every GPU of the run: one process a GPU under
 `torch.distributed.run`, each on the GPU of its LOCAL_RANK, only rank 0 reporting to the Studio.
 GRPO and DISTILL train in one process, on one GPU, whatever the run asked for.
+
+`python -m training.engine.launch TORCHRUN-ARGS...` is torchrun that exits as rank 0 did (main()).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import os
 import re
 import shlex
 import signal
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,13 +48,13 @@ def processes_for(method: str, compute: dict[str, Any] | None) -> int:
 
 
 def engine_argv(python: str, spec_path: str, method: str, compute: dict[str, Any] | None) -> list[str]:
-    """The command that runs the engine on `spec_path`: torchrun with one process per GPU when the run
-    trains data-parallel, else the engine alone."""
+    """The command that runs the engine on `spec_path`: torchrun (through main() below) with one
+    process per GPU when the run trains data-parallel, else the engine alone."""
     engine = ["-m", "training.engine", "--spec", spec_path]
     n = processes_for(method, compute)
     if n == 1:
         return [python, *engine]
-    return [python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(n), *engine]
+    return [python, "-m", "training.engine.launch", "--standalone", "--nproc_per_node", str(n), *engine]
 
 
 def engine_shell_command(python: str, spec_path: str, method: str, compute: dict[str, Any] | None) -> str:
@@ -96,14 +99,40 @@ def failure_of_another_rank(output_dir: Path, rank: Rank) -> dict[str, Any] | No
     return None
 
 
-def die_with_parent() -> None:
-    """torchrun starts each rank in a session of its own, out of reach of a signal to the job's
-    process group: should torchrun be killed (STOP's SIGKILL after its grace period), the kernel
-    kills this rank too instead of leaving it training on a GPU nobody pays attention to."""
+def die_with_parent(signum: int = signal.SIGKILL, parent: int | None = None) -> None:
+    """Have the kernel send this process `signum` when its parent dies. torchrun starts each rank in a
+    session of its own, out of reach of a signal to the job's process group: should torchrun be killed
+    (STOP's SIGKILL after its grace period), the rank dies too instead of training on a GPU nobody pays
+    attention to. `parent`: the pid the caller forked from (runstudio's parts call this between fork and
+    exec); one that died before the signal was set is not watched by the kernel, so this sends it now."""
     try:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        libc.prctl(PR_SET_PDEATHSIG, signum)
     except (OSError, AttributeError):  # not Linux: torchrun's own shutdown still ends the ranks
-        pass
+        return
+    if parent is not None and os.getppid() != parent:
+        os.kill(os.getpid(), signum)
+
+
+def main(argv: list[str]) -> int:
+    """torchrun, exiting as rank 0 (the rank that reports) did when it failed. torchrun exits 1
+    whenever a rank does not exit 0, so an engine that trained to its end and spooled its last
+    reports (exit 4, __main__'s UNDELIVERED_EXIT) read as a failed run, on every backend."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main as torchrun
+
+    try:
+        torchrun(argv)
+    except ChildFailedError as exc:
+        rank0 = exc.failures.get(0)
+        if rank0 is None or rank0.exitcode <= 0:  # only another rank failed, or rank 0 died of a signal
+            raise
+        print(f"launch: rank 0 exited with {rank0.exitcode}; so does the launch", file=sys.stderr, flush=True)
+        return rank0.exitcode
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

