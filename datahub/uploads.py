@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 import uuid
 from collections.abc import Iterable
 from datetime import datetime
@@ -122,13 +123,17 @@ def write_chunk(session: UploadSession, index: int, offset: int, stream: IO[byte
     The row lock serialises two clients writing the same file. A full disk is a 507, and the
     file is cut back to `offset`: the client sends the chunk again once space is freed.
 
-    The body is read into the session's folder first, outside any transaction: on SQLite a
+    The body is read into a temp file first, outside any transaction: on SQLite a
     transaction holds the database's one write lock, and a chunk coming over a slow link held it
     from every other writer (engines' ingest included) for as long as its bytes took."""
     size = UploadFile.objects.filter(session=session, index=index).values_list("size", flat=True).first()
     if size is None:
         raise NotFound(f"The upload session has no file {index}.")
-    incoming = session_dir(session) / f"{index}.{uuid.uuid4().hex}.incoming"
+    # A temp file of the staging dir's kind (hub_gc removes one a crash left), not in the session's
+    # folder, which would bring back the folder of a session aborted meanwhile.
+    fd, name = tempfile.mkstemp(dir=storage.staging_dir(), prefix="blob-", suffix=".chunk")
+    os.close(fd)
+    incoming = Path(name)
     try:
         try:
             arrived = _write_part(incoming, index, offset, stream, length, size, at=0)
