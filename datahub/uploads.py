@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 import uuid
 from collections.abc import Iterable
 from datetime import datetime
@@ -120,7 +121,33 @@ def get_upload(repo_ids: list[int] | None, upload_id: str) -> UploadSession:
 def write_chunk(session: UploadSession, index: int, offset: int, stream: IO[bytes], length: int | None) -> UploadFile:
     """Append the request body to file `index` at `offset` (which must equal what has arrived).
     The row lock serialises two clients writing the same file. A full disk is a 507, and the
-    file is cut back to `offset`: the client sends the chunk again once space is freed."""
+    file is cut back to `offset`: the client sends the chunk again once space is freed.
+
+    The body is read into a temp file first, outside any transaction: on SQLite a
+    transaction holds the database's one write lock, and a chunk coming over a slow link held it
+    from every other writer (engines' ingest included) for as long as its bytes took."""
+    size = UploadFile.objects.filter(session=session, index=index).values_list("size", flat=True).first()
+    if size is None:
+        raise NotFound(f"The upload session has no file {index}.")
+    # A temp file of the staging dir's kind (hub_gc removes one a crash left), not in the session's
+    # folder, which would bring back the folder of a session aborted meanwhile.
+    fd, name = tempfile.mkstemp(dir=storage.staging_dir(), prefix="blob-", suffix=".chunk")
+    os.close(fd)
+    incoming = Path(name)
+    try:
+        try:
+            arrived = _write_part(incoming, index, offset, stream, length, size, at=0)
+        except OSError as exc:
+            if not storage.disk_full(exc):
+                raise
+            raise storage.disk_full_error(exc, "body", f"send this chunk again at offset {offset} (the upload session keeps what arrived before it)") from exc
+        with open(incoming, "rb") as body:
+            return _append_chunk(session, index, offset, body, arrived)
+    finally:
+        incoming.unlink(missing_ok=True)
+
+
+def _append_chunk(session: UploadSession, index: int, offset: int, stream: IO[bytes], length: int) -> UploadFile:
     with transaction.atomic():
         upload = UploadFile.objects.select_for_update().filter(session=session, index=index).first()
         if upload is None:
@@ -152,11 +179,13 @@ def write_chunk(session: UploadSession, index: int, offset: int, stream: IO[byte
         return upload
 
 
-def _write_part(part: Path, index: int, offset: int, stream: IO[bytes], length: int | None, size: int) -> int:
-    """Write `stream` into the staged file at `offset`, dropping what lay beyond it; the bytes written."""
+def _write_part(part: Path, index: int, offset: int, stream: IO[bytes], length: int | None, size: int, at: int | None = None) -> int:
+    """Write `stream`, the bytes of file `index` from `offset`, into `part` at `at` (default `offset`:
+    the staged file; 0 for a spooled chunk), dropping what lay beyond it; the bytes written."""
     written = 0
+    at = offset if at is None else at
     with open(part, "r+b" if part.exists() else "wb") as out:
-        out.seek(offset)
+        out.seek(at)
         out.truncate()
         while True:
             want = storage.CHUNK_SIZE if length is None else min(storage.CHUNK_SIZE, length - written)
@@ -166,7 +195,7 @@ def _write_part(part: Path, index: int, offset: int, stream: IO[bytes], length: 
             if not chunk:
                 break
             if offset + written + len(chunk) > size:
-                out.truncate(offset)
+                out.truncate(at)
                 raise BadRequest(
                     f"File {index} is {size} bytes and this chunk goes past its end.",
                     [Finding("body", f"send at most {size - offset} bytes at offset {offset}")],

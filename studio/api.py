@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
+from django.db import OperationalError
 from django.http import Http404, HttpRequest, HttpResponse
 from ninja import NinjaAPI, Schema
 from ninja.errors import AuthenticationError, HttpError, ValidationError
@@ -23,6 +24,7 @@ from pydantic import ValidationError as PydanticValidationError
 
 from studio.auth import Actor, StudioAuth
 from studio.errors import ApiError, BadRequest, Finding, NotFound, PayloadTooLarge, Unauthorized, UnsupportedMediaType
+from studio.sqlite import database_busy
 
 S = TypeVar("S", bound=BaseModel)  # a ninja Schema, or a plain pydantic model (training.schemas.IngestBatchIn)
 
@@ -309,6 +311,15 @@ def on_body_too_large(request: HttpRequest, exc: RequestDataTooBig) -> HttpRespo
         Finding("body", f"send at most {limit} bytes: shorten the longest values, and put a file's content in the Data Hub "
                         "(POST /api/hub/repos/{name}/uploads sends it in chunks) rather than in a JSON body")])
     return error_response(request, 413, error.body())
+
+
+@api.exception_handler(OperationalError)
+def on_database_error(request: HttpRequest, exc: OperationalError) -> HttpResponse:
+    """SQLite still locked by other writers after the busy timeout: a 503 to send again, not a 500."""
+    busy = database_busy(exc)
+    if busy is None:
+        raise exc
+    return on_api_error(request, busy)
 
 
 def on_not_found(request: HttpRequest, exc: Http404) -> HttpResponse:

@@ -76,6 +76,19 @@ class Unprocessable(ApiError):
     default_detail = "The run cannot start until these problems are fixed."
 
 
+class ServiceUnavailable(ApiError):
+    """503: the request is fine but cannot be done now; send it again after Retry-After seconds."""
+
+    status = 503
+
+    def __init__(self, detail: str, errors: list[Finding], retry_after: int) -> None:
+        super().__init__(detail, errors)
+        self.retry_after = retry_after
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after)}
+
+
 class InsufficientStorage(ApiError):
     """507: the Studio's own disk is full, so nothing could be stored (datahub.storage.disk_full)."""
 

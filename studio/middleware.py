@@ -15,6 +15,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 
 from datahub.storage import disk_full, disk_full_error
+from studio.sqlite import database_busy
 from studio.views import bad_request
 
 API_PREFIX = "/api/"
@@ -24,6 +25,7 @@ SENTENCES = {
     404: "Not found: check the URL (ids are integers, names as listed by the API).",
     405: "This method is not allowed here.",
     413: "The request body is too large.",
+    503: "The Studio is busy: send the request again after Retry-After seconds.",
     500: "Something went wrong on the server: it has been logged; try again, and report it if it persists.",
 }
 
@@ -67,6 +69,28 @@ class ApiErrorShapeMiddleware:
                 if header in response:
                     shaped[header] = response[header]
             return shaped
+        return response
+
+
+class DatabaseBusyMiddleware:
+    """A page or form whose write found the database busy past its wait (studio.sqlite.database_busy)
+    is the 503 page with Retry-After, not a 500: htmx's error banner shows its card, which says to
+    send it again. (The API answers its own, in its shape: studio.api.on_database_error.)"""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]):
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        return self.get_response(request)
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        busy = database_busy(exception)
+        if busy is None:
+            return None
+        advice = f"wait {busy.retry_after} s, then send it again (press the button again, or reload the page)"
+        response = render(request, "503.html", {"detail": busy.detail, "advice": advice}, status=busy.status)
+        for name, value in busy.headers().items():
+            response[name] = value
         return response
 
 
