@@ -37,6 +37,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def answers(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
+
+
 def http(method: str, url: str, token: str | None = None, body: dict | None = None) -> tuple[int, dict | str]:
     request = urllib.request.Request(url, method=method, data=json.dumps(body).encode() if body is not None else None)
     request.add_header("content-type", "application/json")
@@ -159,15 +167,20 @@ def test_runstudio_stops_every_part_and_starts_none_again(embedded_env, tmp_path
     does not take the parts dying of that SIGINT for crashes to mend by starting them again."""
     manage(embedded_env, "migrate", "--noinput")
     log_path = tmp_path / "studio.log"
+    port = free_port()
     with log_path.open("wb") as log:
-        studio = subprocess.Popen([sys.executable, "manage.py", "runstudio", "--addr", f"127.0.0.1:{free_port()}"], cwd=REPO_ROOT,
+        studio = subprocess.Popen([sys.executable, "manage.py", "runstudio", "--addr", f"127.0.0.1:{port}"], cwd=REPO_ROOT,
                                   env=embedded_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                   preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
         wait_for(lambda: "Studio is up" in log_path.read_text(), 60, message="runstudio to start its parts")
         parts = [int(pid) for pid in re.findall(r"started \(pid (\d+)\)", log_path.read_text())]
         assert len(parts) == 4  # redis, worker, beat, web
-        time.sleep(3)  # the parts are up (celery installs its own signal handlers)
+        # The parts are up, not still importing (a SIGINT there is a KeyboardInterrupt traceback): the
+        # worker said ready (celery installs its own signal handlers then) and the web server answers.
+        wait_for(lambda: "ready." in log_path.read_text(), 120, message="the worker to be ready")
+        wait_for(lambda: answers(port), 120, message="the web server to listen")
+        time.sleep(2)  # beat, which says nothing when it is up
         if stop == "SIGTERM to runstudio":
             os.kill(studio.pid, signal.SIGTERM)
         else:
