@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from django.contrib.auth.backends import ModelBackend
 from django.db.models import F
 from django.http import HttpRequest
 from ninja.utils import check_csrf
 
 from studio.errors import Forbidden, NotFound, Unauthorized
 from studio.models import ApiToken, Membership, Project
-from studio.ratelimit import refuse_bad_credentials
+from studio.ratelimit import count_auth_attempt, login_scope, refund_auth_attempt, refuse_bad_credentials
 from studio.services import authenticate_token
 
 SESSION_PROJECT_KEY = "studio_project"
@@ -70,6 +71,23 @@ def current_project_for_session(request: HttpRequest) -> Project | None:
     # A new session (just logged in) opens the project the user switched to last, else the first by name.
     first = memberships.order_by(F("last_used_at").desc(nulls_last=True), "project__slug").first()
     return first.project if first else None
+
+
+class RateLimitedModelBackend(ModelBackend):
+    """Django's user-name-and-password check under the password failure budget (studio/ratelimit.py),
+    so every form that logs in through authenticate() has it: /login/ and the admin's /admin/login/,
+    which guards the superusers. The attempt is counted before the slow password check (a burst sent
+    at once gets no more checks than the budget) and over the budget TooManyRequests leaves
+    authenticate(): LoginView and studio.middleware.TooManyLogInsMiddleware answer it with a 429. A
+    right password gives its count back, so only wrong ones use the budget up."""
+
+    def authenticate(self, request: HttpRequest | None, username: str | None = None, password: str | None = None, **kwargs) -> object | None:
+        # Without a request (a shell's authenticate()) there is no address to count against.
+        counted = count_auth_attempt(request, login_scope(username or "")) if request is not None else None
+        user = super().authenticate(request, username, password, **kwargs)
+        if user is not None:
+            refund_auth_attempt(counted)
+        return user
 
 
 BAD_TOKEN = ("This API token is not valid: it is mistyped, was revoked, or its user is no longer a member of its "

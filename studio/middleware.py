@@ -15,8 +15,9 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 
 from datahub.storage import disk_full, disk_full_error
+from studio.ratelimit import TooManyRequests
 from studio.sqlite import database_busy
-from studio.views import bad_request
+from studio.views import bad_request, too_many_log_ins
 
 API_PREFIX = "/api/"
 SENTENCES = {
@@ -132,3 +133,19 @@ def discard_spooled_files(request: HttpRequest) -> None:
         if spooled is not None:
             with suppress(OSError):
                 spooled.close()
+
+
+class TooManyLogInsMiddleware:
+    """A password check over its failure budget raises TooManyRequests out of authenticate()
+    (studio.auth.RateLimitedModelBackend); from a form that does not answer it itself, as the
+    admin's log-in, it is a 429 page with Retry-After rather than a 500. (The API and the Hub answer
+    their own TooManyRequests, so none reaches here from them.)"""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]):
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        return self.get_response(request)
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        return too_many_log_ins(request, exception) if isinstance(exception, TooManyRequests) else None

@@ -113,6 +113,7 @@ MIDDLEWARE = [
     "studio.middleware.FormParseMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "studio.middleware.TooManyLogInsMiddleware",
     "studio.audit.AuditMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
@@ -158,6 +159,9 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     })
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# Django's ModelBackend under the password failure budget (studio/ratelimit.py), for every log-in form.
+AUTHENTICATION_BACKENDS = ["studio.auth.RateLimitedModelBackend"]
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

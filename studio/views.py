@@ -2,7 +2,6 @@
 the session's Actor, and turning service errors into pages."""
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from decimal import Decimal
 from functools import wraps
@@ -29,7 +28,7 @@ from studio.auth import SESSION_PROJECT_KEY, Actor, current_project_for_session
 from studio.errors import ApiError, Finding, Forbidden, NotFound
 from studio.models import Membership, Role
 from studio.queries import projects_for
-from studio.ratelimit import TooManyRequests, check_auth_allowed, note_auth_failure
+from studio.ratelimit import TooManyRequests
 from training.compute import accelerators_of
 from training.models import ACTIVE_STATUSES, TrainingRun
 
@@ -134,9 +133,9 @@ def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
 
 
 class LoginView(auth_views.LoginView):
-    """django.contrib.auth's login form under the per-address failure budget that API and ingest
-    tokens have (studio/ratelimit.py): a wrong password counts as a failure, and over the budget
-    every POST is a 429 (the right password too, so guessing learns nothing until the window ends)."""
+    """django.contrib.auth's login form. Its password check has a failure budget per address and
+    user name (studio.auth.RateLimitedModelBackend): over it every POST is a 429, shown beside the
+    form (the right password too, so guessing learns nothing until the window ends)."""
 
     redirect_authenticated_user = True
 
@@ -146,23 +145,22 @@ class LoginView(auth_views.LoginView):
 
     def post(self, request: HttpRequest, *args, **kwargs) -> HttpResponse:
         try:
-            check_auth_allowed(request, login_scope(request))
+            return super().post(request, *args, **kwargs)
         except TooManyRequests as exc:
-            refusal = f"Too many failed log-ins from this address: try again in {exc.retry_after} s."
-            response = self.render_to_response(self.get_context_data(refusal=refusal), status=429)
-            for name, value in exc.headers().items():
-                response[name] = value
-            return response
-        return super().post(request, *args, **kwargs)
-
-    def form_invalid(self, form) -> HttpResponse:
-        note_auth_failure(self.request, login_scope(self.request))
-        return super().form_invalid(form)
+            return self.render_to_response(self.get_context_data(refusal=too_many_log_ins_sentence(exc)), status=429, headers=exc.headers())
 
 
-def login_scope(request: HttpRequest) -> str:
-    """The log-in form's failure budget is per address and user name (studio/ratelimit.py)."""
-    return "login:" + hashlib.sha256(request.POST.get("username", "").strip().lower().encode()).hexdigest()[:16]
+def too_many_log_ins_sentence(exc: TooManyRequests) -> str:
+    return f"Too many failed log-ins from this address: try again in {exc.retry_after} s."
+
+
+def too_many_log_ins(request: HttpRequest, exc: TooManyRequests) -> HttpResponse:
+    """The 429 page for a password form over its failure budget that does not show it beside the
+    form itself, as the admin's log-in (studio.middleware.TooManyLogInsMiddleware)."""
+    response = render(request, "429.html", {"refusal": too_many_log_ins_sentence(exc), "form_page": request.get_full_path()}, status=429)
+    for name, value in exc.headers().items():
+        response[name] = value
+    return response
 
 
 def favicon(request: HttpRequest) -> HttpResponse:

@@ -1,8 +1,12 @@
-"""The login form has a failure budget per address and user name (studio/ratelimit.py): passwords
+"""The log-in forms (/login/, /admin/login/) share a failure budget per address and user name (studio/ratelimit.py): passwords
 cannot be guessed at request speed, and one user's typos do not lock the others out."""
 from __future__ import annotations
 
+import threading
+
 import pytest
+import requests
+from django.contrib.auth import get_user_model
 from django.core.cache import cache
 from django.test import Client
 
@@ -10,6 +14,8 @@ from django.test import Client
 @pytest.fixture
 def budget_of_three(settings):
     settings.STUDIO_RATELIMIT_AUTH_FAILURES = 3
+    # Fixed windows start every count again at their end: one that ends mid-test let the last attempt through.
+    settings.STUDIO_RATELIMIT_WINDOW_SECONDS = 10**9
     cache.clear()
     yield
     cache.clear()
@@ -52,3 +58,60 @@ def test_logout_needs_a_post(users):
     assert browser.get("/logout/").status_code == 405
     assert "_auth_user_id" in browser.session
     assert browser.post("/logout/").status_code == 302 and "_auth_user_id" not in browser.session
+
+
+def test_the_admin_log_in_shares_the_budget_and_answers_429_over_it(users, budget_of_three):
+    # /admin/login/ guards superusers: its wrong passwords were never counted, and the right one logged in after any number.
+    get_user_model().objects.create_superuser("root", "root@example.com", "pw")
+    admin_form = Client()
+    for _ in range(2):
+        r = admin_form.post("/admin/login/?next=/admin/", {"username": "root", "password": "guess", "next": "/admin/"})
+        assert r.status_code == 200 and "_auth_user_id" not in admin_form.session
+    assert Client().post("/login/", {"username": "root", "password": "guess"}).status_code == 200
+    r = admin_form.post("/admin/login/?next=/admin/", {"username": "root", "password": "pw", "next": "/admin/"})
+    assert r.status_code == 429 and "_auth_user_id" not in admin_form.session
+    assert "Too many failed log-ins" in r.content.decode() and int(r["Retry-After"]) > 0
+    assert Client().post("/login/", {"username": "root", "password": "pw"}).status_code == 429
+    # another address is not affected
+    r = Client(REMOTE_ADDR="10.0.0.2").post("/admin/login/?next=/admin/", {"username": "root", "password": "pw", "next": "/admin/"})
+    assert r.status_code == 302 and r["Location"] == "/admin/"
+
+
+def test_right_passwords_do_not_use_up_the_budget(users, budget_of_three):
+    # Each attempt is counted before its password is checked; a right one gives its count back.
+    for _ in range(2):
+        Client().post("/login/", {"username": "owner", "password": "guess"})
+    for _ in range(3):
+        assert Client().post("/login/", {"username": "owner", "password": "pw"}).status_code == 302
+    assert Client().post("/login/", {"username": "owner", "password": "guess"}).status_code == 200
+    assert Client().post("/login/", {"username": "owner", "password": "pw"}).status_code == 429
+
+
+def test_a_concurrent_burst_gets_no_more_password_checks_than_the_budget(transactional_db, live_server, settings, budget_of_three):
+    # The count was read before the (slow) password check and written after it, so a burst sent at once
+    # had every password checked: 29 wrong ones and the right one, which logged in.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.PBKDF2PasswordHasher"]  # the real cost is the race window
+    get_user_model().objects.create_user("burst", "burst@example.com", "right password")
+    csrf = requests.get(f"{live_server.url}/login/", timeout=30).cookies["csrftoken"]
+    passwords = [f"guess {n}" for n in range(11)] + ["right password"]
+    start = threading.Barrier(len(passwords))
+    answers: dict[str, int] = {}
+
+    def attempt(password: str) -> None:
+        start.wait()
+        r = requests.post(f"{live_server.url}/login/", data={"username": "burst", "password": password, "csrfmiddlewaretoken": csrf},
+                          cookies={"csrftoken": csrf}, allow_redirects=False, timeout=60)
+        answers[password] = r.status_code
+
+    threads = [threading.Thread(target=attempt, args=(p,)) for p in passwords]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    # At most the budget's three wrong passwords were checked (a right one checked among them gives its count back).
+    wrong_checked = [p for p, status in answers.items() if p != "right password" and status != 429]
+    assert len(answers) == 12 and len(wrong_checked) <= 3 and all(answers[p] == 200 for p in wrong_checked), answers
+    assert answers["right password"] in (302, 429), answers  # logged in only when it was counted within the budget
+    r = requests.post(f"{live_server.url}/login/", data={"username": "burst", "password": "right password", "csrfmiddlewaretoken": csrf},
+                      cookies={"csrftoken": csrf}, allow_redirects=False, timeout=60)
+    assert r.status_code == 429 and int(r.headers["Retry-After"]) > 0
