@@ -12,7 +12,7 @@ from django.utils.http import urlencode
 from ninja import Router
 
 from datahub import datasets, repos, services, storage, uploads
-from datahub.models import Blob, Branch, Commit, Repo, RepoType, Tag, TreeEntry, UploadSession
+from datahub.models import Blob, Commit, Repo, RepoType, Tag, TreeEntry, UploadSession
 from datahub.schemas import (
     MAX_FILE_SIZE,
     BranchIn,
@@ -22,6 +22,7 @@ from datahub.schemas import (
     FilesDeleteIn,
     PreviewOut,
     RefOut,
+    RefPageOut,
     RepoIn,
     RepoOut,
     TagIn,
@@ -30,7 +31,7 @@ from datahub.schemas import (
     UploadIn,
     UploadOut,
 )
-from studio.api import ErrorOut, actor, body_schema, parse_body
+from studio.api import MAX_LIMIT, MAX_OFFSET, ErrorOut, actor, body_schema, parse_body
 from studio.errors import BadRequest, Finding, NotFound
 from studio.parsing import ascii_int
 
@@ -131,10 +132,17 @@ def delete_repo(request: HttpRequest, name: str):
     return 204, None
 
 
-@router.get("/repos/{name}/branches", response=list[RefOut])
+@router.get("/repos/{name}/branches", response=RefPageOut, openapi_extra=query_doc(
+    ("limit", {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "default": 100}, "at most this many branches"),
+    ("offset", {"type": "integer", "minimum": 0, "maximum": MAX_OFFSET, "default": 0}, "skip this many first")))
 def list_branches(request: HttpRequest, name: str):
+    """The repo's branches in natural order (run-2 before run-10), a page at a time: an experiment's
+    repo has a branch for each run."""
     repo = repo_or_404(request, name)
-    return [{"name": b.name, "commit": b.head_id} for b in Branch.objects.filter(repo=repo)]
+    limit = query_int(request, "limit", 100, 1, MAX_LIMIT) or 100
+    offset = query_int(request, "offset", 0, 0, MAX_OFFSET) or 0
+    branches = repos.branches_of(repo)
+    return {"items": [{"name": b.name, "commit": b.head_id} for b in branches[offset:offset + limit]], "count": len(branches)}
 
 
 @router.post("/repos/{name}/branches", response={201: RefOut}, openapi_extra=body_schema(BranchIn))

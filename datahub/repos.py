@@ -201,6 +201,16 @@ def find_repo(project, name: str) -> Repo | None:
     return Repo.objects.filter(project=project, name=name).select_related("project").first()
 
 
+def natural_key(name: str) -> list:
+    """checkpoints/step-40 before step-120, run-2 before run-10: the digits in a name compare as numbers."""
+    return [(0, int(part), "") if i % 2 else (1, 0, part.lower()) for i, part in enumerate(re.split(r"(\d+)", name)) if part]
+
+
+def branches_of(repo: Repo) -> list[Branch]:
+    """The repo's branches in natural order (an experiment's repo has one a run)."""
+    return sorted(Branch.objects.filter(repo=repo), key=lambda b: natural_key(b.name))
+
+
 def create_branch(repo: Repo, name: str, from_ref: str = MAIN, *, name_field: str = "branch", from_field: str = "ref",
                   exist_ok: bool = True) -> Branch:
     """Branch `name` at `from_ref`; an existing branch of that name is returned unchanged, or with

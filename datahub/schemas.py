@@ -50,6 +50,12 @@ class RefOut(Schema):
     commit: str
 
 
+class RefPageOut(Schema):
+    """A page of a repo's branches, in the shape of the other paged lists (GET /api/training-runs)."""
+    items: list[RefOut]
+    count: int = Field(description="Branches in the whole list")
+
+
 class CommitOut(Schema):
     id: str
     parents: list[str]

@@ -24,7 +24,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -121,13 +121,16 @@ RUN_BRANCH_RE = re.compile(r"^run-(\d+)$")
 
 def branch_run(repo: Repo, name: str):
     """The training run whose branch `name` is in `repo` (its experiment's repo), or None."""
+    return branch_runs(repo, [name]).get(name)
+
+
+def branch_runs(repo: Repo, names: Iterable[str]) -> dict[str, Any]:
+    """branch_run for many branch names in one query: {name: run} for those that are a run's."""
     from training.models import TrainingRun
 
-    match = RUN_BRANCH_RE.match(name)
-    if match is None:
-        return None
-    run = TrainingRun.objects.select_related("experiment").filter(pk=int(match[1]), project_id=repo.project_id).first()
-    return run if run is not None and experiment_repo_name(run.experiment) == repo.name else None
+    ids = {name: int(match[1]) for name in names if (match := RUN_BRANCH_RE.match(name)) and int(match[1]) < 2**63}
+    runs = TrainingRun.objects.select_related("experiment").filter(pk__in=set(ids.values()), project_id=repo.project_id).in_bulk() if ids else {}
+    return {name: runs[pk] for name, pk in ids.items() if pk in runs and experiment_repo_name(runs[pk].experiment) == repo.name}
 
 
 def refuse_run_branch(repo: Repo, name: str, what: str, keep: str) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib import messages
+from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -22,7 +23,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from datahub import commits, datasets, services, uploads
 from datahub.models import Branch, Commit, Repo, RepoType, Tag, TreeEntry
-from datahub.repos import MAIN, clean_path, create_repo, entry, history, resolve, tree, under
+from datahub.repos import MAIN, branches_of, clean_path, create_repo, entry, history, natural_key, resolve, tree, under
 from datahub.schemas import FilesDeleteIn, RepoIn, UploadIn
 from datahub.services import MODEL_REPO_RE
 from studio.api import validate_data
@@ -103,17 +104,25 @@ def repo_tree(request: HttpRequest, namespace: str, name: str, revision: str | N
     return render(request, "datahub/repo.html", context, status=404 if context["missing"] else 200)
 
 
-def natural_key(name: str) -> list:
-    """checkpoints/step-40 before step-120: the digits in a name compare as numbers."""
-    return [(0, int(part), "") if part.isdigit() else (1, 0, part.lower()) for part in re.split(r"(\d+)", name) if part]
-
-
 def model_folder(commit) -> str:
     """The folder of an experiment branch that from_pretrained loads (its model sits below the root:
     final/, merged/ or adapter/), or "" when the commit has none."""
     paths = set(tree(commit))
     return next((folder for folder in ("final", "merged", "adapter")
                  if f"{folder}/config.json" in paths or f"{folder}/adapter_config.json" in paths), "")
+
+
+# An experiment's repo has a branch a run: 650 runs made a 612 KB page with each branch on it 11 times.
+# The page's head names the first few; the Branches table shows a page of them (?branches=N).
+HEAD_BRANCHES = 10
+BRANCHES_PER_PAGE = 50
+
+
+def refs_context(request: HttpRequest, repo: Repo) -> dict:
+    """The page head's branches and tags, and the Branches table's page, in natural order (run-2 before run-10)."""
+    branches = branches_of(repo)
+    return {"all_branches": branches, "branches": branches[:HEAD_BRANCHES], "branches_more": max(len(branches) - HEAD_BRANCHES, 0),
+            "branch_page": Paginator(branches, BRANCHES_PER_PAGE).get_page(request.GET.get("branches")), "tags": list(Tag.objects.filter(repo=repo))}
 
 
 def tree_context(request: HttpRequest, repo: Repo, revision: str, path: str = "", **forms: dict) -> dict:
@@ -142,16 +151,19 @@ def tree_context(request: HttpRequest, repo: Repo, revision: str, path: str = ""
         missing = (f"{folder} is a file, not a folder, on {revision}: download it from the folder above."
                    if entry(commit, folder) is not None else
                    f"{folder} is not on {revision} (commit {commit.pk[:10]}): pick another branch or tag, or go back to the repo root.")
-    branches = list(Branch.objects.filter(repo=repo))
-    names = [b.name for b in branches]
+    refs = refs_context(request, repo)
+    names = [b.name for b in refs["all_branches"]]
     writable = web_actor(request).can_write(repo.project)
-    upload = {"values": {"branch": revision if revision in names else repo.default_branch, "folder": prefix.rstrip("/")}, "errors": {}}
+    # A run's branch takes its run's checkpoints alone: an upload to it is a 409 (services.refuse_run_branch).
+    runs = services.branch_runs(repo, names) if repo.type == RepoType.EXPERIMENT else {}
+    uploadable = [name for name in names if name not in runs]
+    upload = {"values": {"branch": revision if revision in uploadable else repo.default_branch, "folder": prefix.rstrip("/")}, "errors": {}}
     return {
         "section": "hub", "repo": repo, "tab": "files", "revision": revision, "commit": commit, "prefix": prefix.rstrip("/"),
         "model_folder": model_folder(commit) if repo.type == RepoType.EXPERIMENT else "",
         "crumbs": crumbs, "folders": [{"path": f, "name": f.rsplit("/", 1)[-1]} for f in sorted(folders, key=natural_key)], "files": files,
-        "missing": missing, "branches": branches, "tags": list(Tag.objects.filter(repo=repo)),
-        "writable": writable, "branch_names": names, "files_deletable": writable and revision in names,
+        "missing": missing, **refs,
+        "writable": writable, "branch_names": uploadable, "files_deletable": writable and revision in names,
         "files_help": f"One or more files, committed together; at most {settings.DATA_UPLOAD_MAX_NUMBER_FILES} at a time (the upload API takes more).",
         "max_files": settings.DATA_UPLOAD_MAX_NUMBER_FILES,
         "confirm_help": f"Type {repo.name} exactly.",
@@ -331,7 +343,7 @@ def repo_commits(request: HttpRequest, namespace: str, name: str, revision: str)
     repo = repo_for_page(request, namespace, name)
     return render(request, "datahub/repo.html", {
         "section": "hub", "repo": repo, "tab": "commits", "revision": revision, "commits": history(repo, revision, 200),
-        "branches": list(Branch.objects.filter(repo=repo)), "tags": list(Tag.objects.filter(repo=repo)),
+        **refs_context(request, repo),
     })
 
 
@@ -347,7 +359,7 @@ def repo_compare(request: HttpRequest, namespace: str, name: str, base: str, hea
     }
     return render(request, "datahub/repo.html", {
         "section": "hub", "repo": repo, "tab": "compare", "base": base, "head": head, "diff": diff, "revision": head,
-        "branches": list(Branch.objects.filter(repo=repo)), "tags": list(Tag.objects.filter(repo=repo)),
+        **refs_context(request, repo),
     })
 
 
@@ -386,7 +398,7 @@ def dataset_preview(request: HttpRequest, namespace: str, name: str, revision: s
         "preview_rows": preview_cells(preview),
         # A file without a single row: START's own sentence, naming the file (as START does in a dataset of several).
         "no_rows": "" if preview["rows"] or preview["problems"] else datasets.no_rows(f"{preview['path']} "),
-        "branches": list(Branch.objects.filter(repo=repo)), "tags": list(Tag.objects.filter(repo=repo)),
+        **refs_context(request, repo),
     })
 
 

@@ -84,6 +84,13 @@ def hoist_defs(request_body: dict[str, Any], components: dict[str, Any]) -> dict
 api = StudioApi(title="Studio API", version="1.0", urls_namespace="api", auth=StudioAuth(), docs=Swagger())
 
 
+# The list endpoints' limit and offset (training runs, rollouts, a hub repo's branches). PostgreSQL's
+# LIMIT/OFFSET are bigints: ninja's own Input lets any integer through, and ?limit=3e26 was a 500
+# (found by schemathesis). Bounded, so it is a 400 naming the field.
+MAX_LIMIT = 1000
+MAX_OFFSET = 2**31 - 1
+
+
 def query_names(operation: Any) -> frozenset[str]:
     """The query parameters an operation takes: those of its signature (Query[...] and plain
     values, pagination's included) and those it reads by hand and documents in openapi_extra."""

@@ -9,7 +9,7 @@ from django.test import Client
 from studio import crypto
 from tests.conftest import sft_body
 from training.backends.local import output_dir
-from training.models import Checkpoint, IngestBatch, LogLine, MetricPoint, Rollout, RunAttempt, Status, TrainingRun
+from training.models import LOG_LINE_CHARS, Checkpoint, IngestBatch, LogLine, MetricPoint, Rollout, RunAttempt, Status, TrainingRun
 
 
 @pytest.fixture
@@ -57,6 +57,17 @@ def test_a_batch_lands_whole_and_moves_the_run_to_running(live_run):
     assert Rollout.objects.get(run=run).components == {"exact": 1.0}
     assert Checkpoint.objects.get(run=run).path == out(run, "checkpoint-2")
     assert LogLine.objects.filter(run=run, line="step 2").exists()
+
+
+def test_a_log_line_past_the_cap_is_stored_cut_with_a_marker_and_the_batch_lands(live_run):
+    # Only the body was capped (2.5 MiB): one 2 MB line was one 2 MB row, read back whole in every page.
+    run, token = live_run
+    r = send(run.pk, token, batch(run, logs=["short", "x" * (LOG_LINE_CHARS + 5)]))
+    assert r.status_code == 200
+    lines = list(LogLine.objects.filter(run=run).order_by("id").values_list("line", flat=True))
+    assert lines[0] == "short"
+    assert lines[1] == "x" * LOG_LINE_CHARS + " … [cut by the Studio: 5 more characters]"
+    assert MetricPoint.objects.filter(run=run).count() == 2  # the rest of the batch landed
 
 
 def test_completed_from_a_run_whose_running_report_was_lost_still_completes(live_run):

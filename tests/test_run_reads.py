@@ -10,7 +10,8 @@ from django.test.utils import CaptureQueriesContext
 
 from experiments.services import create_experiment, default_experiment
 from tests.conftest import assert_error
-from training.models import Checkpoint, LogLine, MetricPoint, Rollout, Status, TrainingRun
+from training.models import LOG_LINE_CHARS, Checkpoint, LogLine, MetricPoint, Rollout, Status, TrainingRun
+from training.queries import LOGS_MAX_CHARS, LOGS_MAX_LINES
 
 
 @pytest.fixture(autouse=True)
@@ -196,13 +197,44 @@ def test_logs_full(api, log_run):
     assert body["lines"] == [f"line {i}" for i in range(300)] and body["total"] == 300
 
 
-@pytest.mark.parametrize("query, field", [({"tail": "0"}, "tail"), ({"tail": "x"}, "tail"), ({"full": "perhaps"}, "full"), ({"full": "true", "tail": "2"}, "tail")])
+def test_logs_page_forward_with_after_and_next(api, log_run):
+    first_id = LogLine.objects.filter(run=log_run).order_by("id").values_list("id", flat=True)[0]
+    seen, after, pages = [], 0, 0
+    while after is not None:
+        body = api.get(f"/api/training-runs/{log_run.pk}/logs", after=after, limit=128).json()
+        assert body["total"] == 300 and len(body["lines"]) <= 128
+        seen += body["lines"]
+        after, pages = body["next"], pages + 1
+    assert seen == [f"line {i}" for i in range(300)] and pages == 3
+    # A cursor is a line id: the lines after it, whatever its page was.
+    assert api.get(f"/api/training-runs/{log_run.pk}/logs", after=first_id + 297).json() == {"lines": ["line 298", "line 299"], "total": 300, "next": None}
+
+
+def test_full_is_the_first_page_and_no_answer_holds_more_than_the_page_limits(api, run):
+    # 16.6 MB in one answer for a 128k-line log: a page has at most LOGS_MAX_LINES lines and about LOGS_MAX_CHARS characters.
+    LogLine.objects.bulk_create([LogLine(run=run, line=f"line {i}") for i in range(LOGS_MAX_LINES + 10)])
+    body = api.get(f"/api/training-runs/{run.pk}/logs", full="true").json()
+    assert len(body["lines"]) == LOGS_MAX_LINES and body["lines"][0] == "line 0" and body["total"] == LOGS_MAX_LINES + 10
+    rest = api.get(f"/api/training-runs/{run.pk}/logs", after=body["next"]).json()
+    assert rest["lines"] == [f"line {i}" for i in range(LOGS_MAX_LINES, LOGS_MAX_LINES + 10)] and rest["next"] is None
+    assert len(api.get(f"/api/training-runs/{run.pk}/logs", tail=LOGS_MAX_LINES).json()["lines"]) == LOGS_MAX_LINES
+    long = "y" * LOG_LINE_CHARS
+    LogLine.objects.bulk_create([LogLine(run=run, line=long) for _ in range(LOGS_MAX_CHARS // LOG_LINE_CHARS + 50)])
+    last = api.get(f"/api/training-runs/{run.pk}/logs", after=rest["next"] or body["next"], limit=LOGS_MAX_LINES).json()
+    assert sum(map(len, last["lines"])) <= LOGS_MAX_CHARS and last["next"] is not None
+    assert sum(map(len, api.get(f"/api/training-runs/{run.pk}/logs", tail=LOGS_MAX_LINES).json()["lines"])) <= LOGS_MAX_CHARS
+
+
+@pytest.mark.parametrize("query, field", [({"tail": "0"}, "tail"), ({"tail": "x"}, "tail"), ({"full": "perhaps"}, "full"), ({"full": "true", "tail": "2"}, "tail"),
+                                          ({"tail": str(LOGS_MAX_LINES + 1)}, "tail"), ({"after": "-1"}, "after"), ({"after": "x"}, "after"),
+                                          ({"after": "0", "limit": "0"}, "limit"), ({"after": "0", "limit": str(LOGS_MAX_LINES + 1)}, "limit"),
+                                          ({"limit": "10"}, "limit"), ({"after": "0", "tail": "5"}, "tail"), ({"after": "0", "full": "true"}, "full")])
 def test_logs_with_bad_query_is_400(api, log_run, query, field):
     assert_error(api.get(f"/api/training-runs/{log_run.pk}/logs", **query), 400, field)
 
 
 def test_logs_of_a_run_without_lines(api, run):
-    assert api.get(f"/api/training-runs/{run.pk}/logs").json() == {"lines": [], "total": 0}
+    assert api.get(f"/api/training-runs/{run.pk}/logs").json() == {"lines": [], "total": 0, "next": None}
 
 
 TRACEBACK = ["Traceback (most recent call last):", '  File "train.py", line 3, in <module>', "ValueError: bad reward"]
@@ -221,10 +253,10 @@ def test_a_restart_keeps_the_failed_attempts_log_readable_by_attempt(api):
     LogLine.objects.bulk_create([LogLine(run=run, attempt=2, line=f"attempt 2 step {i}") for i in range(3)])
 
     current = api.get(f"/api/training-runs/{run.pk}/logs", full="true").json()
-    assert current == {"lines": [f"attempt 2 step {i}" for i in range(3)], "total": 3}
+    assert current == {"lines": [f"attempt 2 step {i}" for i in range(3)], "total": 3, "next": None}
     first = api.get(f"/api/training-runs/{run.pk}/logs", full="true", attempt=1).json()
     assert first["lines"][:4] == ["step 1", *TRACEBACK] and first["lines"][-1] == "[studio] status → queued: restarted" and first["total"] == 5
-    assert api.get(f"/api/training-runs/{run.pk}/logs", tail=1, attempt=1).json() == {"lines": ["[studio] status → queued: restarted"], "total": 5}
+    assert api.get(f"/api/training-runs/{run.pk}/logs", tail=1, attempt=1).json() == {"lines": ["[studio] status → queued: restarted"], "total": 5, "next": None}
     assert api.get(f"/api/training-runs/{run.pk}/logs", attempt=2).json()["lines"] == current["lines"]
 
 
@@ -240,8 +272,8 @@ def test_logs_since_the_last_start_span_the_attempts_a_spot_interruption_retried
     # START → attempt 1 failed; START again → attempt 2, interrupted and retried in attempt 3.
     TrainingRun.objects.filter(pk=run.pk).update(attempt=3, interruptions=1, status=Status.RUNNING)
     LogLine.objects.bulk_create([LogLine(run=run, attempt=a, line=f"attempt {a}") for a in (1, 2, 3)])
-    assert api.get(f"/api/training-runs/{run.pk}/logs").json() == {"lines": ["attempt 2", "attempt 3"], "total": 2}
-    assert api.get(f"/api/training-runs/{run.pk}/logs", attempt=2).json() == {"lines": ["attempt 2"], "total": 1}
+    assert api.get(f"/api/training-runs/{run.pk}/logs").json() == {"lines": ["attempt 2", "attempt 3"], "total": 2, "next": None}
+    assert api.get(f"/api/training-runs/{run.pk}/logs", attempt=2).json() == {"lines": ["attempt 2"], "total": 1, "next": None}
 
 
 def test_lines_from_before_the_first_start_read_with_attempt_one(api, run):

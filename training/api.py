@@ -9,12 +9,12 @@ from django.http.request import RawPostDataException
 from ninja import Field, Query, Router, Schema
 from ninja.pagination import LimitOffsetPagination, paginate
 
-from studio.api import ErrorOut, actor, body_schema, parse_body
+from studio.api import MAX_LIMIT, MAX_OFFSET, ErrorOut, actor, body_schema, parse_body
 from studio.errors import BadRequest, Finding
 from training import checkpoints, metrics, services
 from training.fit_report import fit_report
 from training.models import Checkpoint, Rollout, RunAttempt
-from training.queries import filter_rollouts, get_run_for, log_lines, runs_for, search_runs
+from training.queries import LOGS_MAX_LINES, filter_rollouts, get_run_for, log_lines, log_page, log_tail, runs_for, search_runs
 from training.schemas import (
     AttemptOut,
     CheckpointOut,
@@ -34,12 +34,6 @@ from training.schemas import (
 )
 
 router = Router(tags=["training-runs"])
-
-# PostgreSQL's LIMIT/OFFSET are bigints: ninja's own Input lets any integer through, and
-# ?limit=3e26 was a 500 (found by schemathesis). Bounded here, so it is a 400 naming the field.
-MAX_LIMIT = 1000
-MAX_OFFSET = 2**31 - 1
-
 
 class Pagination(LimitOffsetPagination):
     class Input(Schema):
@@ -142,19 +136,25 @@ def run_rollouts(request: HttpRequest, run_id: int, query: Query[RolloutQuery]):
 @router.get("/{int:run_id}/logs", response=LogsOut)
 def run_logs(request: HttpRequest, run_id: int, query: Query[LogsQuery]):
     """The run's log since it was last started, or with `attempt` that attempt's: a restart keeps
-    the earlier attempts' logs."""
+    the earlier attempts' logs. Its last lines (tail), or a page of it after a line id (after, then
+    each answer's next): the whole log of a long run is too big for one answer (log.txt streams it)."""
     run = get_run_for(actor(request), run_id)
-    if query.full and "tail" in request.GET:
-        raise BadRequest("tail and full=true ask for different things.", [Finding("tail", "full=true returns every line: drop tail, or drop full to get the last lines")])
+    if "tail" in request.GET and (query.full or query.after is not None):
+        raise BadRequest("tail and a page (after, full=true) ask for different things.",
+                         [Finding("tail", "tail gives the last lines, after= and full=true page from the first: drop one of them")])
+    if query.full and query.after is not None:
+        raise BadRequest("full=true and after both say where to start.", [Finding("full", "full=true is after=0: drop it when you give after")])
+    if query.limit is not None and not query.full and query.after is None:
+        raise BadRequest("limit sizes a page that starts somewhere.", [Finding("limit", "give after=0 (then each answer's next) with limit, or tail for the last lines")])
     if query.attempt is not None and query.attempt > run.attempt:
         had = f"has had attempts 1 to {run.attempt}" if run.attempt else "has not been started yet"
         raise BadRequest(f"Run {run.pk} has no attempt {query.attempt}.", [Finding("attempt", f"the run {had}: give one of those, or leave attempt out for its current log")])
     lines = log_lines(run, query.attempt)
     total = lines.count()
-    if query.full:
-        return {"lines": list(lines.order_by("id").values_list("line", flat=True)), "total": total}
-    tail = list(lines.order_by("-id").values_list("line", flat=True)[: query.tail])
-    return {"lines": tail[::-1], "total": total}
+    if query.full or query.after is not None:
+        page, cursor = log_page(lines, query.after or 0, query.limit or LOGS_MAX_LINES)
+        return {"lines": page, "total": total, "next": cursor}
+    return {"lines": log_tail(lines, query.tail), "total": total, "next": None}
 
 
 @router.get("/{int:run_id}/checkpoints", response=list[CheckpointOut])

@@ -27,7 +27,7 @@ from studio.errors import ApiError, BadRequest, Conflict, Finding, Forbidden, Un
 from studio.ratelimit import check_auth_allowed, refuse_bad_credentials
 from training import status as status_service
 from training.backends import get_backend
-from training.models import TERMINAL_STATUSES, Checkpoint, ErrorCode, IngestBatch, LogLine, MetricPoint, Rollout, RunAttempt, Status, TrainingRun
+from training.models import TERMINAL_STATUSES, Checkpoint, ErrorCode, IngestBatch, LogLine, MetricPoint, Rollout, RunAttempt, Status, TrainingRun, clip_log_line
 from training.schemas import IngestBatchIn, IngestOut
 
 log = logging.getLogger(__name__)
@@ -236,7 +236,7 @@ def apply_batch(run: TrainingRun, batch: IngestBatchIn) -> None:
     """Call inside the transaction that recorded the batch id, so a batch lands whole or not at all."""
     attempt, ended = run.attempt, run.status in TERMINAL_STATUSES
     insert_metric_points(run.pk, [(m.step, m.key, m.value) for m in batch.metrics])
-    lines = list(batch.logs)
+    lines = [clip_log_line(line) for line in batch.logs]
     recorded = set(Checkpoint.objects.filter(run=run, attempt=attempt, requested=False).values_list("step", "kind"))  # a Merge asked for is not the engine's own
     for reported in batch.checkpoints:
         if ended_early(run) and reported.kind in END_OF_TRAINING_KINDS:

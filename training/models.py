@@ -151,6 +151,17 @@ class MetricPoint(models.Model):
         indexes = [models.Index(fields=["run", "key", "step"])]
 
 
+# A log line longer than this is stored cut, with a marker saying how much went: one line (a progress
+# bar's carriage returns, a dumped tensor) could fill a page of the log; ingest caps only the batch.
+LOG_LINE_CHARS = 10_000
+
+
+def clip_log_line(line: str) -> str:
+    if len(line) <= LOG_LINE_CHARS:
+        return line
+    return f"{line[:LOG_LINE_CHARS]} … [cut by the Studio: {len(line) - LOG_LINE_CHARS} more characters]"
+
+
 class LogLine(models.Model):
     run = models.ForeignKey(TrainingRun, on_delete=models.CASCADE, related_name="log_lines")
     attempt = models.PositiveIntegerField(default=0)

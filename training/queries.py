@@ -46,3 +46,33 @@ def log_lines(run: TrainingRun, attempt: int | None = None) -> QuerySet[LogLine]
     before a worker claimed it) read with attempt 1. Unordered."""
     low, high = (run.start_attempt, run.attempt) if attempt is None else (attempt, attempt)
     return LogLine.objects.filter(run=run, attempt__gte=0 if low <= 1 else low, attempt__lte=high)
+
+
+# One GET .../logs answer: at most LOGS_MAX_LINES lines (the tail, or a page after a cursor), and a
+# page of long lines ends early at about LOGS_MAX_CHARS characters: a 128k-line log was one 16.6 MB answer.
+LOGS_MAX_LINES = 5000
+LOGS_MAX_CHARS = 2_000_000
+
+
+def within_budget(rows: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    """The leading rows whose lines fit in LOGS_MAX_CHARS; always the first, so a page is never empty."""
+    size = 0
+    for i, (_, line) in enumerate(rows):
+        size += len(line)
+        if i and size > LOGS_MAX_CHARS:
+            return rows[:i]
+    return rows
+
+
+def log_page(lines: QuerySet[LogLine], after: int, limit: int) -> tuple[list[str], int | None]:
+    """Up to `limit` lines after line id `after`, oldest first, and the cursor for the next page (the
+    id of this page's last line), None when this page reaches the end of the log as it is now."""
+    rows = list(lines.filter(id__gt=after).order_by("id").values_list("id", "line")[: limit + 1])
+    page = within_budget(rows[:limit])
+    return [line for _, line in page], (page[-1][0] if len(page) < len(rows) else None)
+
+
+def log_tail(lines: QuerySet[LogLine], tail: int) -> list[str]:
+    """The last `tail` lines, oldest first (fewer when they run past LOGS_MAX_CHARS)."""
+    page = within_budget(list(lines.order_by("-id").values_list("id", "line")[:tail]))
+    return [line for _, line in reversed(page)]

@@ -28,7 +28,7 @@ from training.backends.base import PollResult
 from training.backends.connections import connection_for
 from training.compute import accelerators_of
 from training.engine.spec import heartbeat_timeout
-from training.models import ACTIVE_STATUSES, BackendConnection, ErrorCode, GpuPrice, LogLine, Status, TrainingRun
+from training.models import ACTIVE_STATUSES, BackendConnection, ErrorCode, GpuPrice, LogLine, Status, TrainingRun, clip_log_line
 from training.services import INGEST_TOKEN_PREFIX, add_log, backoff_seconds, fail, mark_stopping, record_attempt, submit_attempt
 
 log = logging.getLogger(__name__)
@@ -234,7 +234,7 @@ def apply_poll(run: TrainingRun, result: PollResult) -> None:
     if result.log_tail and run.backend_name != "local" and run.worker_up_at is None and run.status == Status.PROVISIONING:
         # The engine never reported (it sends its own lines through ingest): the job's own output
         # (image pull, setup, a crash before the first report) is the only log there is.
-        LogLine.objects.bulk_create([LogLine(run=run, attempt=run.attempt, line=f"[{run.backend_name}] {line}") for line in result.log_tail])
+        LogLine.objects.bulk_create([LogLine(run=run, attempt=run.attempt, line=clip_log_line(f"[{run.backend_name}] {line}")) for line in result.log_tail])
     fail(run, result.error_code or ErrorCode.TRAINING_ERROR, result.message or "the job failed", result.log_tail)
 
 

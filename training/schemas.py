@@ -11,6 +11,7 @@ from pydantic_core import PydanticCustomError
 from studio.parsing import control_character
 from training.methods import NOT_YET_SUPPORTED
 from training.models import Method, Status, TrainingRun
+from training.queries import LOGS_MAX_LINES
 
 # cost as its column stores it (four decimals), for a run that was not read back from the database too
 COST_PLACES = Decimal(1).scaleb(-TrainingRun._meta.get_field("cost").decimal_places)
@@ -134,15 +135,20 @@ class CheckpointQuery(Schema):
 
 
 class LogsQuery(Schema):
-    tail: int = Field(200, ge=1, le=100_000)
-    full: bool = False
+    tail: int = Field(200, ge=1, le=LOGS_MAX_LINES, description="The last lines of the log (the default reading)")
+    after: int | None = Field(None, ge=0, le=2**63 - 1, description="Page through the log from its start: the lines after this line id, oldest "
+                                                                    "first; 0 for the first page, then each answer's `next`")
+    limit: int | None = Field(None, ge=1, le=LOGS_MAX_LINES, description=f"The most lines in a page of `after` or `full` (default {LOGS_MAX_LINES})")
+    full: bool = Field(False, description="The first page of the log, the same as after=0 (it was every line: follow `next` for the rest)")
     attempt: AttemptNumber | None = Field(None, description="One attempt's log (RunOut.attempt is the current one); without it, the lines since "
                                                             "the run was last started (its current attempt, with any a spot interruption retried from)")
 
 
 class LogsOut(Schema):
     lines: list[str]
-    total: int
+    total: int = Field(description="Lines in the whole log (of the attempt, or since the last start)")
+    next: int | None = Field(None, description="With `after` or `full`: the `after` of the next page; null when this page reaches the end "
+                                               "of the log as it is now (a page of long lines may hold fewer than `limit` lines)")
 
 
 class RolloutOut(Schema):

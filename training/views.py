@@ -14,7 +14,6 @@ from urllib.parse import urlencode
 import yaml
 from django.contrib import messages
 from django.core.paginator import Paginator
-from django.db import connection
 from django.db.models import Q
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseNotFound, StreamingHttpResponse
 from django.shortcuts import redirect, render
@@ -34,7 +33,7 @@ from experiments.services import DEFAULT_EXPERIMENT
 from studio.errors import ApiError, BadRequest, Conflict, Finding, Forbidden, PaymentRequired, Unprocessable
 from studio.parsing import ascii_int, isolated
 from studio.views import errors_by_field, studio_page, web_actor
-from training import checkpoints, forms, services
+from training import checkpoints, forms, metrics, services
 from training.backends.local import checkpoint_dir
 from training.compute import accelerators_of
 from training.engine.environments import group_std
@@ -42,7 +41,7 @@ from training.fit_report import fit_report, form_fit_report
 from training.ingest import LATE_REPORTS
 from training.methods import distill as distill_method
 from training.methods.base import lora_enabled
-from training.models import ACTIVE_STATUSES, TERMINAL_STATUSES, Checkpoint, Method, MetricPoint, Rollout, RunAttempt, Status, TrainingRun
+from training.models import ACTIVE_STATUSES, TERMINAL_STATUSES, Checkpoint, Method, Rollout, RunAttempt, Status, TrainingRun
 from training.queries import filter_rollouts, get_run_for, log_lines, runs_for, search_runs
 from training.refs import HUB_REF, dataset_entries, ref_kind
 from training.suggestions import RefSuggestions
@@ -100,26 +99,9 @@ def align(named: OrderedDict[str, list[tuple[int, float]]]) -> dict[str, Any]:
 
 
 def chart_series(run_id: int, keys: list[str], max_points: int = MAX_POINTS) -> dict[str, list[tuple[int, float]]]:
-    """Step-ordered series for charts, downsampled inside the database: a series longer than
-    max_points is cut into max_points equal step ranges and each range is drawn at its last step
-    with its mean. One query whatever the run's size, so a 100k-point run page stays fast.
-    (training.metrics.series does the same in Python for the API; see bench/run_page.py.)"""
-    table = MetricPoint._meta.db_table
-    out: dict[str, list[tuple[int, float]]] = {}
-    with connection.cursor() as cursor:
-        for key in keys:
-            # MIN/MAX alone are two index probes on (run, key, step); no count needed: a span of
-            # at most max_points steps cannot hold more than max_points distinct steps.
-            cursor.execute(f"SELECT MIN(step), MAX(step) FROM {table} WHERE run_id = %s AND key = %s", [run_id, key])
-            lo, hi = cursor.fetchone()
-            if lo is None:
-                continue
-            span = hi - lo + 1
-            bucket = "step" if span <= max_points else "(step - %s) * %s / %s"
-            params = [run_id, key] + ([] if span <= max_points else [lo, max_points, span])
-            cursor.execute(f"SELECT MAX(step), AVG(value) FROM {table} WHERE run_id = %s AND key = %s GROUP BY {bucket} ORDER BY 1", params)
-            out[key] = [(int(step), float(value)) for step, value in cursor.fetchall()]
-    return out
+    """Step-ordered series for charts, downsampled inside the database the way the metrics API does
+    it (training.metrics), so a 100k-point run page stays fast and draws the API's points."""
+    return metrics.series_in_sql(run_id, keys, max_points) if keys else {}
 
 
 def run_charts(run: TrainingRun) -> list[dict[str, Any]]:

@@ -47,7 +47,7 @@ def test_files_commits_branches_download_and_diff(api, repo, users):
     files = get(api, "/api/hub/repos/my-model/files", ref="dev").json()
     assert files["commit"] == second.pk and [f["path"] for f in files["files"]] == ["README.md", "w/model.bin"]
     assert [c["id"] for c in get(api, "/api/hub/repos/my-model/commits", ref="dev").json()][:2] == [second.pk, first.pk]
-    assert {b["name"] for b in api.get("/api/hub/repos/my-model/branches").json()} == {"main", "dev"}
+    assert {b["name"] for b in api.get("/api/hub/repos/my-model/branches").json()["items"]} == {"main", "dev"}
     r = get(api, "/api/hub/repos/my-model/download", ref=first.pk[:10], path="w/model.bin")
     assert r.status_code == 200 and b"".join(r.streaming_content) == b"1" * 100 and r["X-Repo-Commit"] == first.pk
     d = get(api, "/api/hub/repos/my-model/diff", base="main", head="dev").json()

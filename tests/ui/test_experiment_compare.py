@@ -10,7 +10,7 @@ from playwright.sync_api import expect
 
 from experiments.services import create_experiment
 from training import services
-from training.models import MetricPoint
+from training.models import MetricPoint, TrainingRun
 
 COMPARE_LIMIT = 12
 
@@ -57,6 +57,24 @@ def test_with_more_runs_with_points_than_slots_the_newest_are_compared(project, 
     assert compared_labels(html) == [f"#{run.pk} {run.name}" for run in reversed(runs[2:])]
     assert f"the {COMPARE_LIMIT} most recent of {COMPARE_LIMIT + 2} runs with loss points compared" in html
     assert "1 run has no loss points yet (queued, or not past its first logged step), so it is not on the chart." in html
+
+
+@pytest.mark.django_db
+def test_the_runs_table_shows_a_page_of_fifty_and_the_chart_counts_every_run(project, users):
+    # 650 runs made a 184 KB page listing each: the table pages as the runs list does.
+    experiment = create_experiment(project, "big sweep")
+    TrainingRun.objects.bulk_create([TrainingRun(project=project, experiment=experiment, created_by=users["owner"], name=f"sweep {i}", method="sft",
+                                                 base_model="org/base", dataset="my-data@main", config={}, compute={"backend": "local"}) for i in range(120)])
+    trained = run_in(project, users, experiment, "trained", [1.0, 0.5])
+    order = list(TrainingRun.objects.filter(experiment=experiment).order_by("-created_at", "-id").values_list("pk", flat=True))
+    client = client_for(users["owner"])
+    html = client.get(f"/experiments/{experiment.pk}/").content.decode()
+    shown = [int(pk) for pk in re.findall(r'<span class="muted">#(\d+)</span>', html)]
+    assert shown == order[:50] and "Runs 1–50 of 121" in html and '?page=2" rel="next"' in html
+    assert compared_labels(html) == [f"#{trained.pk} trained"]
+    assert "120 runs have no loss points yet" in html  # counted over every run, not the page
+    last = client.get(f"/experiments/{experiment.pk}/", {"page": "3"}).content.decode()
+    assert [int(pk) for pk in re.findall(r'<span class="muted">#(\d+)</span>', last)] == order[100:] and "Runs 101–121 of 121" in last
 
 
 # uPlot draws its tick labels on the canvas: record the value axis' ones (right-aligned against the

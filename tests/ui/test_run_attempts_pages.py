@@ -62,7 +62,7 @@ def test_the_log_page_shows_an_earlier_attempts_whole_log(users, restarted):
     assert first.status_code == 200
     assert "ValueError: the reward function returned None" in html and "attempt 2 step" not in html
     assert 'aria-current="page">Attempt 1</a>' in html and "3 lines" in html
-    assert f"/api/training-runs/{run.pk}/logs?full=true&amp;attempt=1" in html
+    assert f"/api/training-runs/{run.pk}/logs?after=0&amp;attempt=1" in html
     current = client.get(f"/training/runs/{run.pk}/log").content.decode()
     assert "attempt 2 step 0" in current and "ValueError" not in current and "(attempt 2)" in current
     text = client.get(f"/training/runs/{run.pk}/log.txt", {"attempt": "1"})
