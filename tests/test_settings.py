@@ -55,6 +55,7 @@ def assert_refused(result: subprocess.CompletedProcess, variable: str) -> None:
     ({"DEBUG": "1", "STUDIO_VAR_DIR": "./var"}, "STUDIO_VAR_DIR"),
     ({**PRODUCTION, "DATAHUB_VALIDATE_MAX_ROWS": "all"}, "DATAHUB_VALIDATE_MAX_ROWS"),
     ({**PRODUCTION, "DATAHUB_VALIDATE_MAX_ROWS": "0"}, "DATAHUB_VALIDATE_MAX_ROWS"),
+    ({**PRODUCTION, "STUDIO_LOCAL_SANDBOX": "yes"}, "STUDIO_LOCAL_SANDBOX"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_bad_environment_stops_startup_naming_the_variable(env, variable):
     assert_refused(boot(env), variable)
