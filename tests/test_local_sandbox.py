@@ -18,7 +18,7 @@ import pytest
 
 from datahub.commits import commit_files
 from datahub.models import Repo
-from tests.conftest import REPO_ROOT, assert_error
+from tests.conftest import REPO_ROOT, assert_error, wait_for
 from tests.environments.test_runs import FAST, logs, start_and_wait
 from training.backends.base import BackendError, JobSpec
 from training.models import Status
@@ -171,6 +171,29 @@ def test_the_launcher_mirrors_an_engine_killed_by_a_signal(world_readable_tmp):
     plan.write_text(json.dumps({"hide": [str(world_readable_tmp)]}))
     done = subprocess.run([sys.executable, "-m", "training.backends.sandbox", str(plan), "--", "sh", "-c", "kill -9 $$"], cwd=REPO_ROOT, timeout=60)
     assert done.returncode == -9
+
+
+def test_a_process_the_engine_left_behind_in_a_session_of_its_own_ends_with_it(world_readable_tmp):
+    # Out of reach of STOP's signal to the process group; not of the PID namespace's end.
+    plan = world_readable_tmp / "plan.json"
+    plan.write_text(json.dumps({"hide": [str(world_readable_tmp)]}))
+    marker = f"left-behind-{uuid.uuid4().hex}"
+    daemon = f"import time; time.sleep(300)  # {marker}"
+    done = subprocess.run([sys.executable, "-m", "training.backends.sandbox", str(plan), "--", "sh", "-c", f"setsid {sys.executable} -c '{daemon}' & sleep 1"],
+                          cwd=REPO_ROOT, timeout=60)
+    assert done.returncode == 0
+
+    def left() -> list[str]:
+        found = []
+        for entry in Path("/proc").iterdir():
+            try:
+                if marker in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                    found.append(entry.name)
+            except OSError:
+                continue
+        return found
+
+    wait_for(lambda: not left(), 10, message="the left-behind process to end")
 
 
 # ---- STUDIO_LOCAL_SANDBOX where the kernel refuses namespaces ----------------------------------
