@@ -272,6 +272,12 @@ _local_roots = envlist("STUDIO_LOCAL_ROOTS", [])
 if relative := [root for root in _local_roots if not Path(root).is_absolute()]:
     raise ImproperlyConfigured(f"STUDIO_LOCAL_ROOTS={','.join(relative)}: give absolute folders, comma-separated")
 STUDIO_LOCAL_ROOTS = [Path(root).resolve() for root in _local_roots]
+# Local backend: whether the engine (which imports environment packages any project member can
+# upload) runs in a sandbox of Linux namespaces that hides the Studio's files (training/backends/sandbox.py).
+# auto: when this machine allows it (else a warning); required: never without one; off: never.
+STUDIO_LOCAL_SANDBOX = (env("STUDIO_LOCAL_SANDBOX") or "auto").strip().lower()
+if STUDIO_LOCAL_SANDBOX not in ("auto", "required", "off"):
+    raise ImproperlyConfigured(f"STUDIO_LOCAL_SANDBOX={STUDIO_LOCAL_SANDBOX!r}: use auto, required or off")
 # Python packages the trainer image of remote backends ships (the local backend looks at its own env).
 STUDIO_IMAGE_PACKAGES = envlist(
     "STUDIO_IMAGE_PACKAGES",

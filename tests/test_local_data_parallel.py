@@ -66,7 +66,7 @@ def engine_processes(spec_path: Path) -> list[int]:
             state = (entry / "stat").read_text().rsplit(")", 1)[-1].split()[0]
         except OSError:
             continue
-        if str(spec_path) in cmdline and state != "Z" and "local_runner" not in cmdline:
+        if str(spec_path) in cmdline and state != "Z" and "local_runner" not in cmdline and "training.backends.sandbox" not in cmdline:
             pids.append(int(entry.name))
     return pids
 

@@ -57,6 +57,7 @@ def assert_refused(result: subprocess.CompletedProcess, variable: str) -> None:
     ({**PRODUCTION, "DATAHUB_VALIDATE_MAX_ROWS": "0"}, "DATAHUB_VALIDATE_MAX_ROWS"),
     ({**PRODUCTION, "DATAHUB_MAX_ROW_BYTES": "4MB"}, "DATAHUB_MAX_ROW_BYTES"),
     ({**PRODUCTION, "DATAHUB_MAX_ROW_BYTES": "0"}, "DATAHUB_MAX_ROW_BYTES"),
+    ({**PRODUCTION, "STUDIO_LOCAL_SANDBOX": "yes"}, "STUDIO_LOCAL_SANDBOX"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_bad_environment_stops_startup_naming_the_variable(env, variable):
     assert_refused(boot(env), variable)

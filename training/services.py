@@ -594,3 +594,5 @@ def submit_attempt(run: TrainingRun, token: str) -> None:
         backend.stop(run.pk, run.attempt, job_id)
     else:
         add_log(run, f"[studio] submitted: job {job_id}")
+        for warning in backend.submit_warnings():
+            add_log(run, f"[studio] warning: {warning}")

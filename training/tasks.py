@@ -10,11 +10,21 @@ import logging
 from functools import partial
 
 from celery import shared_task
+from celery.signals import worker_ready
 
 from training import reconciler, services
 from training.backends.base import BackendUnavailable
 
 log = logging.getLogger(__name__)
+
+
+@worker_ready.connect
+def warn_if_engines_run_unsandboxed(**_) -> None:
+    """Once, at worker start: a local engine without a sandbox can read the Studio's files."""
+    from training.backends.local import sandbox_warning
+
+    if warning := sandbox_warning():
+        log.warning("local backend: %s", warning)
 
 
 @shared_task(name="training.tasks.dispatch_run", soft_time_limit=150, time_limit=180)

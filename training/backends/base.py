@@ -81,6 +81,10 @@ class Backend:
         """Start the job; returns the backend's job id. Raises BackendError."""
         raise NotImplementedError
 
+    def submit_warnings(self) -> list[str]:
+        """What each run's log should say about how this backend runs its jobs (a missing sandbox)."""
+        return []
+
     def poll(self, run) -> PollResult:
         raise NotImplementedError
 

@@ -1,7 +1,9 @@
 """The local backend: runs the engine on the Studio's own machine, in its own process group.
 
 The engine gets an environment built from an allow-list (never the Studio's own secrets) and its
-spec in a 0600 file. STOP sends SIGTERM to the group, waits the grace period, then SIGKILLs it.
+spec in a 0600 file. It imports environment packages that any project member can upload, so it runs
+in a sandbox (training/backends/sandbox.py, STUDIO_LOCAL_SANDBOX) that hides the Studio's private
+files and processes. STOP sends SIGTERM to the group, waits the grace period, then SIGKILLs it.
 """
 from __future__ import annotations
 
@@ -71,6 +73,71 @@ def checkpoint_dir(checkpoint) -> Path | None:
     return folder if folder.is_relative_to(own) and folder != own and folder.is_dir() else None
 
 
+@lru_cache(maxsize=1)
+def sandbox_problem() -> str | None:
+    """Why engines cannot run in a sandbox on this machine (None: they can), found by building one.
+    Asked once per process: the kernel's answer does not change while it runs."""
+    try:
+        done = subprocess.run([sys.executable, "-m", "training.backends.sandbox", "--probe"], cwd=REPO_ROOT, env=engine_env({}),
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return str(exc)
+    if done.returncode == 0:
+        return None
+    said = [line.removeprefix("sandbox: ") for line in done.stderr.splitlines() if line.startswith("sandbox: ")]
+    return said[-1] if said else f"the probe exited {done.returncode}"
+
+
+def sandbox_warning() -> str | None:
+    """What the run log and the worker's log say when engines run without a sandbox; None when they do not."""
+    mode = settings.STUDIO_LOCAL_SANDBOX
+    problem = "STUDIO_LOCAL_SANDBOX=off" if mode == "off" else sandbox_problem()
+    if problem is None:
+        return None
+    return (f"the engine is not isolated ({problem}): environment code that any project member uploads runs as the "
+            "Studio's OS user and can read its files (other runs' tokens, the database, secrets); "
+            "allow user namespaces or set STUDIO_LOCAL_SANDBOX=required (README: Security)")
+
+
+def sandbox_plan(job: JobSpec, directory: Path) -> dict:
+    """What the engine of `job` may see (training/backends/sandbox.py): the Studio's private folders and
+    files and its checkout hidden, then the engine's code, its run's folder (read-write) and the local
+    paths its spec reads (read-only) bound back; a path that would show a hidden secret, another run's
+    spec or the Data Hub's storage is not."""
+    from datahub.storage import hub_root
+
+    runs, var = Path(settings.STUDIO_RUNS_DIR).resolve(), Path(settings.VAR_DIR).resolve()
+    hub = [hub_root().resolve(), Path(getattr(settings, "DATAHUB_STAGING_DIR", None) or hub_root() / "staging").resolve()]
+    files = [var / "demo-token", Path(str(settings.EMBEDDED_REDIS_SOCKET)).resolve()]
+    if settings.REDIS_URL.startswith(("redis+socket://", "unix://")):
+        files.append(Path(settings.REDIS_URL.split("://", 1)[1].split("?", 1)[0]).resolve())
+    for database in settings.DATABASES.values():
+        if database["ENGINE"] == "django.db.backends.sqlite3":
+            name = Path(str(database["NAME"])).resolve()
+            files += [name, *(name.with_name(name.name + suffix) for suffix in ("-journal", "-wal", "-shm"))]
+    files += [Path(os.environ[key]).resolve() for key in ("SECRET_KEY_FILE", "STUDIO_ENCRYPTION_KEY_FILE") if os.environ.get(key)]
+    hidden = [runs, var, *hub, REPO_ROOT]  # the checkout too: a studio.env beside the code
+    own = directory.parent.resolve()  # the run's folder: its attempts, staged environment, cache
+    # The engine's code and the catalogue's packages, and the virtualenv when it lies in the checkout.
+    code = [REPO_ROOT / "training", REPO_ROOT / "environments", *([Path(sys.prefix)] if Path(sys.prefix).is_relative_to(REPO_ROOT) else [])]
+
+    def may_show(path: Path) -> bool:
+        if any(secret.is_relative_to(path) for secret in [*files, *hidden]) or any(path.is_relative_to(h) for h in hub):
+            return False
+        parts = path.relative_to(runs).parts if path.is_relative_to(runs) else None
+        # Another run's folder only below an attempt's output (a resumed step, a trained model): never a spec.
+        return parts is None or path.is_relative_to(own) or (len(parts) > 3 and parts[1].startswith("attempt-") and parts[2] == "output")
+
+    config, environment = job.config or {}, job.environment or {}
+    reads = [job.base_model, (config.get("distillation") or {}).get("teacher_model"), (config.get("ruler_task_args") or {}).get("dataset"),
+             environment.get("path"), (environment.get("ruler_dataset") or {}).get("path"), job.resume_from,
+             *(entry.get("path") for entry in job.dataset if not entry.get("data_hub"))]
+    paths = [Path(p).resolve() for p in reads if isinstance(p, str) and p.startswith("/")]
+    return {"hide": [str(p) for p in hidden], "hide_files": [str(p) for p in files], "read_write": [str(own)],
+            "read_only": [*map(str, code), *(str(p) for p in paths if may_show(p))], "cwd": str(REPO_ROOT),
+            "pid_file": str(directory / "engine.pid")}
+
+
 def engine_env(extra: dict[str, str]) -> dict[str, str]:
     env = {name: os.environ[name] for name in ENV_ALLOW_LIST if name in os.environ}
     env["PYTHONPATH"] = str(REPO_ROOT)
@@ -126,6 +193,9 @@ class LocalBackend(Backend):
                     for key, what in (("region", "a region does not apply"), ("spot", "there are no spot instances"))
                     if compute.get(key)]
         accel = accelerators_of(compute)
+        if settings.STUDIO_LOCAL_SANDBOX == "required" and (problem := sandbox_problem()):
+            findings.append(Finding("compute.backend", f"this Studio runs local engines only in a sandbox (STUDIO_LOCAL_SANDBOX=required) and this machine "
+                                    f"cannot build one ({problem}): allow user namespaces for the Studio's user, or use dstack or modal"))
         if accel.is_cpu:
             return findings
         available = local_gpu_count()
@@ -163,7 +233,15 @@ class LocalBackend(Backend):
         fd = os.open(spec_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             json.dump(job.as_engine_spec(), f, indent=2)
-        command = [sys.executable, "-m", "training.backends.local_runner", str(directory), "--",
+        sandbox: list[str] = []
+        if settings.STUDIO_LOCAL_SANDBOX != "off":
+            if (problem := sandbox_problem()) is None:
+                plan = directory / "sandbox.json"
+                plan.write_text(json.dumps(sandbox_plan(job, directory), indent=2))
+                sandbox = ["--sandbox", str(plan)]
+            elif settings.STUDIO_LOCAL_SANDBOX == "required":
+                raise BackendError(f"STUDIO_LOCAL_SANDBOX=required and this machine cannot run the engine in a sandbox ({problem})")
+        command = [sys.executable, "-m", "training.backends.local_runner", str(directory), *sandbox, "--",
                    *engine_argv(sys.executable, str(spec_path), job.method, job.compute)]
         try:
             runner = subprocess.Popen(command, cwd=REPO_ROOT, env=engine_env(job.env), start_new_session=True,
@@ -171,6 +249,10 @@ class LocalBackend(Backend):
         except OSError as exc:
             raise BackendError(f"could not start the engine: {exc}") from exc
         return f"{socket.gethostname()}:{runner.pid}"
+
+    def submit_warnings(self) -> list[str]:
+        warning = sandbox_warning()
+        return [warning] if warning else []
 
     def poll(self, run) -> PollResult:
         directory = run_dir(run.pk, run.attempt)

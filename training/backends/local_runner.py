@@ -1,11 +1,13 @@
 """Supervises one engine process for the local backend. Imports no Django.
 
-    python -m training.backends.local_runner RUN_DIR -- python -m training.engine --spec RUN_DIR/spec.json
+    python -m training.backends.local_runner RUN_DIR [--sandbox PLAN.json] -- python -m training.engine --spec RUN_DIR/spec.json
 
 The local backend starts this in a new session (its own process group); the engine inherits the
 group, so STOP can signal both at once. The runner writes the engine's output to RUN_DIR/engine.log
 and, when the engine exits, RUN_DIR/exit.json ({"returncode", "signal", "oom_kills"}) so the exit can
-be mapped to an error code even though the runner is not the Studio's child any more.
+be mapped to an error code even though the runner is not the Studio's child any more. With
+--sandbox, the engine runs inside training.backends.sandbox (which mirrors its exit and writes
+engine.pid itself, as the engine's pid is only known inside).
 
 A SIGKILL alone does not say who sent it: the kernel's OOM killer, or a `kill -9` / a supervisor.
 "oom_kills" is the evidence: how much the kernel's OOM-kill counter grew while the engine ran, 0 when
@@ -65,10 +67,13 @@ def oom_kills_between(before: dict[str, int], after: dict[str, int]) -> int | No
 
 
 def main(argv: list[str]) -> int:
-    if "--" not in argv or argv.index("--") != 1:
-        print("usage: local_runner RUN_DIR -- COMMAND...", file=sys.stderr)
+    if "--" not in argv or argv.index("--") not in (1, 3) or (argv.index("--") == 3 and argv[1] != "--sandbox"):
+        print("usage: local_runner RUN_DIR [--sandbox PLAN.json] -- COMMAND...", file=sys.stderr)
         return 2
-    run_dir, command = Path(argv[0]), argv[2:]
+    run_dir, command = Path(argv[0]), argv[argv.index("--") + 1:]
+    sandbox = argv[2] if argv[1] == "--sandbox" else None
+    if sandbox:
+        command = [sys.executable, "-m", "training.backends.sandbox", sandbox, "--", *command]
     # A group SIGTERM is meant for the engine (it flushes and exits); the runner outlives it to
     # record the exit. SIGKILL after the grace period takes the runner too, which is fine then.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -78,7 +83,8 @@ def main(argv: list[str]) -> int:
     with open(run_dir / "engine.log", "ab", buffering=0) as log:
         child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                  preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
-        (run_dir / "engine.pid").write_text(str(child.pid))
+        if not sandbox:
+            (run_dir / "engine.pid").write_text(str(child.pid))
         returncode = child.wait()
     result = {"returncode": returncode, "signal": -returncode if returncode < 0 else None,
               "oom_kills": oom_kills_between(counters, oom_kill_counters())}
