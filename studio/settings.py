@@ -266,6 +266,13 @@ STUDIO_CONFIGURING_TIMEOUT_SECONDS = envint("STUDIO_CONFIGURING_TIMEOUT_SECONDS"
 # one reconciler pass holds a run.
 STUDIO_SUBMIT_LEASE_SECONDS = envint("STUDIO_SUBMIT_LEASE_SECONDS", 300)
 STUDIO_RECONCILE_LEASE_SECONDS = envint("STUDIO_RECONCILE_LEASE_SECONDS", 120)
+# Local backend: how many CPU jobs train at once (the rest wait for a slot). An engine's torch uses
+# every core it sees, so jobs at once share the cores rather than add to them, and each holds its
+# model in memory: a quarter of the cores each keeps a step's speed useful and leaves cores to the
+# web server, worker and database. GPU jobs take their GPUs instead (one slot per GPU).
+STUDIO_LOCAL_MAX_CPU_JOBS = envint("STUDIO_LOCAL_MAX_CPU_JOBS", max(1, len(os.sched_getaffinity(0)) // 4))
+if STUDIO_LOCAL_MAX_CPU_JOBS < 1:
+    raise ImproperlyConfigured(f"STUDIO_LOCAL_MAX_CPU_JOBS={STUDIO_LOCAL_MAX_CPU_JOBS} lets no CPU run train: give a positive number of jobs, e.g. 2")
 # Local backend: the folders a run's local paths (base_model, teacher, dataset) may lie under.
 # Unset: any absolute path, the embedded default's one-team machine. A multi-team install sets it.
 _local_roots = envlist("STUDIO_LOCAL_ROOTS", [])

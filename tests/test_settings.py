@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parent.parent
 SETTINGS_VARS = (
     "DEBUG", "SECRET_KEY", "SECRET_KEY_FILE", "STUDIO_ENCRYPTION_KEY", "STUDIO_ENCRYPTION_KEY_FILE", "DATABASE_URL",
     "DATABASE_URL_FILE", "REDIS_URL", "REDIS_URL_FILE", "ALLOWED_HOSTS", "DB_CONN_MAX_AGE", "STUDIO_STOP_GRACE_SECONDS",
-    "STUDIO_LOCAL_ROOTS", "STUDIO_PUBLIC_URL", "STUDIO_RUNS_DIR",
+    "STUDIO_LOCAL_ROOTS", "STUDIO_LOCAL_MAX_CPU_JOBS", "STUDIO_PUBLIC_URL", "STUDIO_RUNS_DIR",
     "STUDIO_VAR_DIR",
 )
 PRODUCTION = {"DEBUG": "0", "SECRET_KEY": "s" * 50, "STUDIO_ENCRYPTION_KEY": "e" * 32}
@@ -58,9 +58,18 @@ def assert_refused(result: subprocess.CompletedProcess, variable: str) -> None:
     ({**PRODUCTION, "DATAHUB_MAX_ROW_BYTES": "4MB"}, "DATAHUB_MAX_ROW_BYTES"),
     ({**PRODUCTION, "DATAHUB_MAX_ROW_BYTES": "0"}, "DATAHUB_MAX_ROW_BYTES"),
     ({**PRODUCTION, "STUDIO_LOCAL_SANDBOX": "yes"}, "STUDIO_LOCAL_SANDBOX"),
+    ({**PRODUCTION, "STUDIO_LOCAL_MAX_CPU_JOBS": "0"}, "STUDIO_LOCAL_MAX_CPU_JOBS"),
+    ({**PRODUCTION, "STUDIO_LOCAL_MAX_CPU_JOBS": "all"}, "STUDIO_LOCAL_MAX_CPU_JOBS"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_bad_environment_stops_startup_naming_the_variable(env, variable):
     assert_refused(boot(env), variable)
+
+
+def test_local_cpu_jobs_default_to_a_quarter_of_the_cpus_and_at_least_one():
+    result = boot({"DEBUG": "1"}, PRINT.format(attr="s.STUDIO_LOCAL_MAX_CPU_JOBS"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert int(result.stdout.strip()) == max(1, len(os.sched_getaffinity(0)) // 4)
+    assert boot({"DEBUG": "1", "STUDIO_LOCAL_MAX_CPU_JOBS": "3"}, PRINT.format(attr="s.STUDIO_LOCAL_MAX_CPU_JOBS")).stdout.strip() == "3"
 
 
 def test_production_environment_boots():

@@ -153,6 +153,11 @@ def _reconcile(run_id: int, now, silence_from=None) -> bool:
         leased = result.leased if result.leased is not None else result.state == "running"
         leased = leased and not accelerators_of(run.compute).is_cpu  # a CPU run rents no GPU
         track_lease(run, leased, result.gpu_type, now)
+        if result.state == "pending" and result.waiting:
+            # Its turn on the machine has not come (the local backend's device slots): it is queued,
+            # not slow, so no provisioning deadline counts, and it rents nothing (pending is not leased).
+            note_waiting(run, result.waiting)
+            return False
         if result.state == "running" and run.worker_up_at is None:
             TrainingRun.objects.filter(pk=run.pk, attempt=run.attempt, worker_up_at__isnull=True).update(worker_up_at=now)
             run.worker_up_at = now
@@ -170,6 +175,14 @@ def _reconcile(run_id: int, now, silence_from=None) -> bool:
         run.worker_up_at = run.last_heartbeat_at
     check_deadlines(run, backend, conn, now, silence_from)
     return False
+
+
+def note_waiting(run: TrainingRun, waiting: str) -> None:
+    """Say in the run's log why its job waits, once, and again when that changes (other holders)."""
+    line = f"[studio] the job {waiting}"
+    last = LogLine.objects.filter(run=run, attempt=run.attempt, line__startswith="[studio] the job waits").order_by("-id").values_list("line", flat=True).first()
+    if last != line:
+        add_log(run, line)
 
 
 def deliver_spool(run: TrainingRun, backend) -> None:

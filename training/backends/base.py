@@ -55,6 +55,9 @@ class PollResult:
     # The engine trained to its end but exited saying the Studio did not take its last reports
     # (exit code 4): they are in its spool file, which only a backend on this machine can read.
     reports_undelivered: bool = False
+    # pending only: why the job waits its turn on the backend's machine (the local backend's device
+    # slots), in words for the run's log. No deadline counts while it waits: it is queued, not slow.
+    waiting: str = ""
 
 
 class BackendError(Exception):

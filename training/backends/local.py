@@ -4,6 +4,8 @@ The engine gets an environment built from an allow-list (never the Studio's own 
 spec in a 0600 file. It imports environment packages that any project member can upload, so it runs
 in a sandbox (training/backends/sandbox.py, STUDIO_LOCAL_SANDBOX) that hides the Studio's private
 files and processes. STOP sends SIGTERM to the group, waits the grace period, then SIGKILLs it.
+A job first takes its device slots on this machine (local_runner): the GPUs it asked for, or one of
+STUDIO_LOCAL_MAX_CPU_JOBS CPU slots; until it has them it is pending, and says why.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from django.conf import settings
 
 from studio.errors import Finding, counted
 from training.backends.base import Backend, BackendError, JobSpec, PollResult
+from training.backends.local_runner import WAITING_NAME
 from training.compute import accelerators_of
 from training.engine.launch import engine_argv
 from training.engine.reporter import SPOOL_NAME
@@ -47,6 +50,28 @@ def local_gpu_count() -> int:
     except (OSError, subprocess.TimeoutExpired):
         return 0
     return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+def local_gpu_devices() -> list[str]:
+    """The GPUs local jobs share, as CUDA_VISIBLE_DEVICES entries: the Studio's own
+    CUDA_VISIBLE_DEVICES when it is set (an operator keeping GPUs for other work), else every GPU."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [device.strip() for device in visible.split(",") if device.strip() and not device.strip().startswith("-")]
+    return [str(index) for index in range(local_gpu_count())]
+
+
+def slots_dir() -> Path:
+    """The lock files of the machine's device slots (local_runner): one per GPU, STUDIO_LOCAL_MAX_CPU_JOBS for the CPU."""
+    return Path(settings.STUDIO_RUNS_DIR) / ".slots"
+
+
+def slot_args(compute: dict) -> list[str]:
+    """The runner's arguments for the slots a job takes: the GPUs it asked for, exclusively, or a CPU slot."""
+    accel = accelerators_of(compute)
+    if accel.is_cpu:
+        return ["--slots", str(slots_dir()), "--cpu-slots", str(settings.STUDIO_LOCAL_MAX_CPU_JOBS)]
+    return ["--slots", str(slots_dir()), "--gpus", str(accel.count), "--devices", ",".join(local_gpu_devices())]
 
 
 def run_dir(run_id: int, attempt: int) -> Path:
@@ -174,6 +199,14 @@ def reap(pid: int) -> None:
         pass
 
 
+def waiting_message(directory: Path) -> str:
+    """Why the attempt's runner waits (its waiting.json), or "" when it does not say."""
+    try:
+        return str(json.loads((directory / WAITING_NAME).read_text())["message"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+
+
 def tail_lines(path: Path, n: int = LOG_TAIL_LINES) -> list[str]:
     if not path.is_file():
         return []
@@ -198,7 +231,7 @@ class LocalBackend(Backend):
                                     f"cannot build one ({problem}): allow user namespaces for the Studio's user, or use dstack or modal"))
         if accel.is_cpu:
             return findings
-        available = local_gpu_count()
+        available = len(local_gpu_devices())
         if accel.count > available:
             findings.append(Finding("compute.accelerators", f"the local backend has {counted(available, 'GPU')} and this run asks for {accel.count}: use CPU here, or a remote backend"))
         return findings
@@ -241,7 +274,7 @@ class LocalBackend(Backend):
                 sandbox = ["--sandbox", str(plan)]
             elif settings.STUDIO_LOCAL_SANDBOX == "required":
                 raise BackendError(f"STUDIO_LOCAL_SANDBOX=required and this machine cannot run the engine in a sandbox ({problem})")
-        command = [sys.executable, "-m", "training.backends.local_runner", str(directory), *sandbox, "--",
+        command = [sys.executable, "-m", "training.backends.local_runner", str(directory), *sandbox, *slot_args(job.compute), "--",
                    *engine_argv(sys.executable, str(spec_path), job.method, job.compute)]
         try:
             runner = subprocess.Popen(command, cwd=REPO_ROOT, env=engine_env(job.env), start_new_session=True,
@@ -263,7 +296,10 @@ class LocalBackend(Backend):
                 reap(parsed[1])
             return self._exit_result(json.loads(exit_file.read_text()), directory)
         if parsed and parsed[0] == socket.gethostname() and process_alive(parsed[1]):
-            return PollResult("running")
+            if (directory / "engine.pid").is_file():
+                return PollResult("running")
+            # The runner waits for its slots (or is about to start the engine): nothing runs, nothing is leased.
+            return PollResult("pending", waiting=waiting_message(directory))
         if not parsed:
             return PollResult("pending")
         if exit_file.is_file():  # the runner wrote it and exited between our two looks
