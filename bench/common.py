@@ -90,6 +90,19 @@ def fresh_project(prefix: str, *, max_concurrent_runs: int = 100_000):
     return project, user, token
 
 
+def live_run(project, user, name: str):
+    """A run of `project` marked running, and the ingest token its engine would have: a bench posts
+    reports as an engine does, with no engine."""
+    from studio import crypto
+    from training.models import Status, TrainingRun
+    from training.services import create_run
+
+    run = create_run(project, user, name=name, method="sft", base_model="org/base", dataset="org/data")
+    token = crypto.new_token("ing")
+    TrainingRun.objects.filter(pk=run.pk).update(status=Status.RUNNING, attempt=1, ingest_token_hash=crypto.hash_token(token))
+    return run, token
+
+
 def session_cookie(user) -> str:
     """A logged-in session for `user`, for the HTML pages."""
     from django.conf import settings

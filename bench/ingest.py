@@ -18,23 +18,10 @@ import uuid
 
 import requests
 
-from bench.common import Gunicorn, emit, setup_django, summary_ms
+from bench.common import Gunicorn, emit, fresh_project, live_run, setup_django, summary_ms
 
 BATCH = 500
 KEYS = ("loss", "grad_norm", "learning_rate", "entropy", "mean_token_accuracy", "num_tokens", "epoch", "reward", "kl", "kd_loss")
-
-
-def live_run():
-    from bench.common import fresh_project
-    from studio import crypto
-    from training.models import Status, TrainingRun
-    from training.services import create_run
-
-    project, user, _ = fresh_project("ingest")
-    run = create_run(project, user, name="ingest bench", method="sft", base_model="org/base", dataset="org/data")
-    token = crypto.new_token("ing")
-    TrainingRun.objects.filter(pk=run.pk).update(status=Status.RUNNING, attempt=1, ingest_token_hash=crypto.hash_token(token))
-    return run, token
 
 
 def client(url: str, token: str, client_no: int, deadline: float, out: dict) -> None:
@@ -60,7 +47,7 @@ def measure(server: Gunicorn, clients: int, seconds: float) -> dict:
     from training.models import MetricPoint
 
     # One run per client, as each engine reports its own run.
-    runs = [live_run() for _ in range(clients)]
+    runs = [live_run(*fresh_project("ingest")[:2], "ingest bench") for _ in range(clients)]
     urls = [f"{server.url}/api/ingest/runs/{run.pk}" for run, _ in runs]
     for url, (_, token) in zip(urls, runs, strict=True):
         # Warm the workers (imports, connections) outside the timed window.

@@ -21,24 +21,13 @@ from collections import Counter
 
 import requests
 
-from bench.common import BENCH_VAR, Gunicorn, emit, summary_ms
+from bench.common import BENCH_VAR, Gunicorn, emit, live_run, summary_ms
 
 KEYS = ("loss", "grad_norm", "learning_rate", "entropy", "mean_token_accuracy", "num_tokens", "epoch", "reward", "kl", "kd_loss")
 STEPS_PER_BATCH = 60  # x 10 keys = 600 points
 LOG_LINES = 100
 CHUNK = 256 * 1024
 LINK_BYTES_PER_S = 5_000_000 // 8
-
-
-def live_run(project, user):
-    from studio import crypto
-    from training.models import Status, TrainingRun
-    from training.services import create_run
-
-    run = create_run(project, user, name="sqlite writers bench", method="sft", base_model="org/base", dataset="org/data")
-    token = crypto.new_token("ing")
-    TrainingRun.objects.filter(pk=run.pk).update(status=Status.RUNNING, attempt=1, ingest_token_hash=crypto.hash_token(token))
-    return run, token
 
 
 def engine(url: str, token: str, number: int, deadline: float, out: dict) -> None:
@@ -150,7 +139,7 @@ def main() -> None:
 
     project, user, token = fresh_project("sqlite")
     repos.create_repo(project, "bench-data", "dataset", user)
-    runs = [live_run(project, user) for _ in range(args.writers)]
+    runs = [live_run(project, user, "sqlite writers bench") for _ in range(args.writers)]
     results: dict = {}
     with Gunicorn(workers=args.workers, threads=args.threads) as server:
         for run, run_token in runs:  # warm the workers outside the timed window
