@@ -116,21 +116,41 @@ def die_with_parent(signum: int = signal.SIGKILL, parent: int | None = None) -> 
         os.kill(os.getpid(), signum)
 
 
+def exit_status(failures: dict[int, Any]) -> int | None:
+    """The status the launch exits with for torchrun's failed ranks (global rank → its failure, whose
+    `exitcode` is the rank's exit status, or minus the signal that killed it), None to let torchrun's
+    own exit 1 stand.
+
+    Rank 0 is the rank that reports, so the status it chose (4: trained, reports undelivered; 1: it
+    failed and said why) stands. A rank killed by a signal exits as a shell would report it (128 +
+    the signal): a rank the kernel's OOM killer took is a SIGKILL, and the backends read 137 as such
+    (the local runner then tells the OOM killer from a `kill -9` by its counters). The first rank to
+    fail is the one that counts: torchrun ends the others after it with SIGTERM, and records those
+    too, with timestamps in whole seconds (so within a second, a SIGTERM comes after the rest)."""
+    rank0 = failures.get(0)
+    if rank0 is not None and rank0.exitcode > 0:
+        return int(rank0.exitcode)
+    first = min(failures.values(), key=lambda failure: (failure.timestamp, failure.exitcode == -signal.SIGTERM))
+    if first.exitcode < 0:
+        return 128 - int(first.exitcode)
+    return None
+
+
 def main(argv: list[str]) -> int:
-    """torchrun, exiting as rank 0 (the rank that reports) did when it failed. torchrun exits 1
-    whenever a rank does not exit 0, so an engine that trained to its end and spooled its last
-    reports (exit 4, __main__'s UNDELIVERED_EXIT) read as a failed run, on every backend."""
+    """torchrun, exiting as exit_status() says. torchrun exits 1 whenever a rank does not exit 0, so
+    an engine that trained to its end and spooled its last reports (exit 4, __main__'s
+    UNDELIVERED_EXIT) read as a failed run, and a rank the OOM killer took as a plain failure."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
     try:
         torchrun(argv)
     except ChildFailedError as exc:
-        rank0 = exc.failures.get(0)
-        if rank0 is None or rank0.exitcode <= 0:  # only another rank failed, or rank 0 died of a signal
+        status = exit_status(exc.failures)
+        if status is None:
             raise
-        print(f"launch: rank 0 exited with {rank0.exitcode}; so does the launch", file=sys.stderr, flush=True)
-        return rank0.exitcode
+        print(f"launch: a rank failed ({exc.get_first_failure()[1].message}); the launch exits with {status}", file=sys.stderr, flush=True)
+        return status
     return 0
 
 
