@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -188,6 +189,26 @@ def fill_disk(mount: Path) -> Path:
         except OSError as exc:
             assert exc.errno == errno.ENOSPC, exc
     return filler
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now, for a server the test starts."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def listening(port: int, server: subprocess.Popen | None = None, log: Path | None = None) -> bool:
+    """Whether something accepts connections on 127.0.0.1:`port`. `server`: the process the test started
+    to listen there; one that exited fails the wait at once (with the end of `log`), not at its timeout."""
+    if server is not None and server.poll() is not None:
+        said = f":\n{log.read_text(errors='replace')[-3000:]}" if log is not None else ""
+        raise AssertionError(f"the server exited with {server.returncode} before it listened on {port}{said}")
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+    except OSError:
+        return False
+    return True
 
 
 def wait_for(predicate, timeout: float = 60.0, interval: float = 0.2, message: str = "condition"):

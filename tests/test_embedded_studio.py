@@ -19,7 +19,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from tests.conftest import REPO_ROOT, wait_for
+from tests.conftest import REPO_ROOT, free_port, listening, wait_for
 
 
 def branch_folders(db: Path, branch: str) -> set[str]:
@@ -29,20 +29,6 @@ def branch_folders(db: Path, branch: str) -> set[str]:
             "SELECT t.path FROM datahub_treeentry t JOIN datahub_branch b ON t.commit_id = b.head_id WHERE b.name = ?", (branch,)
         ).fetchall()
     return {str(PurePosixPath(p).parent) for (p,) in paths} | {p.split("/")[0] for (p,) in paths if "/" in p}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def answers(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-        return True
-    except OSError:
-        return False
 
 
 def http(method: str, url: str, token: str | None = None, body: dict | None = None) -> tuple[int, dict | str]:
@@ -179,7 +165,7 @@ def test_runstudio_stops_every_part_and_starts_none_again(embedded_env, tmp_path
         # The parts are up, not still importing (a SIGINT there is a KeyboardInterrupt traceback): the
         # worker said ready (celery installs its own signal handlers then) and the web server answers.
         wait_for(lambda: "ready." in log_path.read_text(), 120, message="the worker to be ready")
-        wait_for(lambda: answers(port), 120, message="the web server to listen")
+        wait_for(lambda: listening(port), 120, message="the web server to listen")
         time.sleep(2)  # beat, which says nothing when it is up
         if stop == "SIGTERM to runstudio":
             os.kill(studio.pid, signal.SIGTERM)

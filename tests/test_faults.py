@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -26,7 +25,7 @@ import pytest
 from django.db import connection
 
 from studio import crypto
-from tests.conftest import REPO_ROOT, Api, celery_worker, wait_for
+from tests.conftest import REPO_ROOT, Api, celery_worker, free_port, listening, wait_for
 from training import reconciler
 from training.backends.local import group_alive, output_dir, parse_job_id, run_dir
 from training.engine.reporter import Reporter
@@ -94,12 +93,6 @@ def test_connection_drops_during_ingest_lose_and_duplicate_nothing(transactional
 
 # ---- the web process restarted mid-run -----------------------------------------------------------
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class WebProcess:
     """gunicorn on a fixed port, on the test database, that the test can kill and start again."""
 
@@ -116,15 +109,7 @@ class WebProcess:
                                      cwd=REPO_ROOT, env=env, stdout=(self.tmp_path / f"web-{time.time_ns()}.log").open("wb"), stderr=subprocess.STDOUT,
                                      start_new_session=True)
 
-        def up() -> bool:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
-                return True
-            except OSError:
-                assert self.proc.poll() is None, "gunicorn exited"
-                return False
-
-        wait_for(up, 60, message="gunicorn to listen")
+        wait_for(lambda: listening(self.port, self.proc), 60, message="gunicorn to listen")
 
     def kill(self) -> None:
         # The whole group: a worker whose master was killed alone keeps answering until it notices.

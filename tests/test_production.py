@@ -19,7 +19,7 @@ from django.test import Client
 
 from studio import crypto
 from studio.models import AuditEvent
-from tests.conftest import REPO_ROOT, assert_error, sft_body, wait_for
+from tests.conftest import REPO_ROOT, assert_error, free_port, listening, sft_body, wait_for
 from training.models import LogLine, Status, TrainingRun
 
 
@@ -50,12 +50,6 @@ def test_debug_off_without_a_secret_refuses_to_start(tmp_path):
     env.pop("SECRET_KEY")
     done = manage(env, "check")
     assert done.returncode != 0 and "SECRET_KEY is not set" in done.stderr
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -167,14 +161,6 @@ def test_runstudio_with_debug_off_says_whether_its_plain_http_address_serves_pag
     finally:
         studio.terminate()
         studio.wait(timeout=30)
-
-
-def listening(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-    except OSError:
-        return False
-    return True
 
 
 # ---- CSRF on every form and HTMX request ---------------------------------------------------------

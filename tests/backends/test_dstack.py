@@ -217,9 +217,9 @@ def test_start_without_the_token_secret_is_422(api, project, dstack_connection):
 
 
 def test_start_with_an_unreachable_server_is_422(api, dstack_connection):
-    from tests.backends.conftest import spare_port
+    from tests.conftest import free_port
 
-    dstack_connection.server_url = f"http://127.0.0.1:{spare_port()}"
+    dstack_connection.server_url = f"http://127.0.0.1:{free_port()}"
     dstack_connection.save()
     assert "cannot be reached" in json.dumps(start_422(api, "compute.backend"))
 

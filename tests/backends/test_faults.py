@@ -7,9 +7,9 @@ import time
 import pytest
 
 from studio.celery import app
-from tests.backends.conftest import DstackServer, make_dstack_connection, spare_port
+from tests.backends.conftest import DstackServer, make_dstack_connection
 from tests.backends.test_dstack import dstack_body, server_run, studio_runs_on_server
-from tests.conftest import wait_for
+from tests.conftest import free_port, wait_for
 from training import reconciler, services
 from training.backends.connections import job_name
 from training.models import Status, TrainingRun
@@ -137,7 +137,7 @@ def second_dstack_server(tmp_path):
 
     if not (DSTACK_VENV / "bin" / "dstack").exists():
         pytest.skip(f"the dstack server's virtualenv is missing ({DSTACK_VENV}): create it with `bash .ci/dstack.sh`")
-    port = spare_port()
+    port = free_port()
     server = DstackServer(url=f"http://127.0.0.1:{port}", token="studio-tests-admin-token", project="main", port=port,
                           home=tmp_path, log_path=tmp_path / "server.log")
     server.start()

@@ -8,9 +8,8 @@ from decimal import Decimal
 import pytest
 from django.utils import timezone
 
-from tests.backends.conftest import spare_port
 from tests.backends.test_dstack import server_run, start
-from tests.conftest import sft_body, wait_for
+from tests.conftest import free_port, sft_body, wait_for
 from training import reconciler, services
 from training.backends import BACKENDS
 from training.backends.base import Backend, PollResult
@@ -79,7 +78,7 @@ def test_an_unreachable_backend_is_backed_off_and_the_run_keeps_its_state(api, d
     dstack_connection.retry_window_seconds = 600
     dstack_connection.save()
     run = start(api)
-    dstack_connection.server_url = f"http://127.0.0.1:{spare_port()}"
+    dstack_connection.server_url = f"http://127.0.0.1:{free_port()}"
     dstack_connection.save()
     reconciler.reconcile_run(run.pk)
     run.refresh_from_db()
