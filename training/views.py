@@ -757,8 +757,10 @@ def mark_deleted_refs(run: TrainingRun, items: list[dict[str, Any]]) -> None:
     there = set(Repo.objects.filter(project_id=run.project_id, name__in=names).values_list("name", flat=True)) if names else set()
     named: set[tuple[str, str]] = set()
     if there:
-        branches = Branch.objects.filter(repo__project_id=run.project_id, repo__name__in=there).values_list("repo__name", "name")
-        named = set(branches.union(Tag.objects.filter(repo__project_id=run.project_id, repo__name__in=there).values_list("repo__name", "name")))
+        # Unordered: SQLite takes no ORDER BY (Branch's and Tag's Meta.ordering) inside a UNION.
+        branches = Branch.objects.filter(repo__project_id=run.project_id, repo__name__in=there).order_by().values_list("repo__name", "name")
+        tags = Tag.objects.filter(repo__project_id=run.project_id, repo__name__in=there).order_by().values_list("repo__name", "name")
+        named = set(branches.union(tags))
     for item, match in refs:
         if match["project"] not in (None, slug):
             item["gone"] = f"not a repo of project {slug}"
