@@ -115,3 +115,34 @@ def test_a_concurrent_burst_gets_no_more_password_checks_than_the_budget(transac
     r = requests.post(f"{live_server.url}/login/", data={"username": "burst", "password": "right password", "csrfmiddlewaretoken": csrf},
                       cookies={"csrftoken": csrf}, allow_redirects=False, timeout=60)
     assert r.status_code == 429 and int(r.headers["Retry-After"]) > 0
+
+
+def test_a_session_logged_in_before_the_rate_limited_backend_stays_logged_in_after_the_upgrade(users, settings):
+    """Sessions made before studio.auth name Django's ModelBackend; Django logs out a session whose backend
+    is not in AUTHENTICATION_BACKENDS. studio's migration 0005 renames it (a QA upgrade found every user
+    logged out)."""
+    import importlib
+
+    from django.apps import apps
+    from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY
+    from django.contrib.sessions.backends.db import SessionStore
+
+    migration = importlib.import_module("studio.migrations.0005_sessions_rate_limited_backend")
+    owner = users["owner"]
+    old = SessionStore()
+    old.update({SESSION_KEY: str(owner.pk), BACKEND_SESSION_KEY: "django.contrib.auth.backends.ModelBackend", HASH_SESSION_KEY: owner.get_session_auth_hash(),
+                "project": "kept"})
+    old.create()
+    Session = SessionStore.get_model_class()
+    anonymous = SessionStore()
+    anonymous.create()
+    anonymous_data = Session.objects.get(pk=anonymous.session_key).session_data
+    browser = Client()
+    browser.cookies[settings.SESSION_COOKIE_NAME] = old.session_key
+    assert browser.get("/training/").status_code == 302  # the old backend: logged out
+
+    migration.sessions_name_the_rate_limited_backend(apps, None)
+
+    assert browser.get("/training/").status_code == 200
+    assert SessionStore(old.session_key).load()["project"] == "kept"
+    assert Session.objects.get(pk=anonymous.session_key).session_data == anonymous_data  # no backend named: untouched
