@@ -62,9 +62,12 @@ def test_checkpointing_and_adapters_shrink_the_estimate_where_the_model_says():
     assert qlora.parts["weights"] < lora.parts["weights"] / 2
     # Gradient accumulation runs micro-batches one after another: no change to the peak.
     assert fit.estimate(shape, batch=2, grad_accum=8).total == fit.estimate(shape, batch=2).total
-    # DPO scores chosen and rejected together; a full DPO keeps a reference copy.
+    # DPO's batch counts rows (2 a pair, chosen and rejected in one forward), so it holds `batch` sequences,
+    # as SFT's does; a full DPO keeps a reference copy.
     dpo = fit.estimate(shape, method="dpo", adapter="full", batch=2)
-    assert dpo.parts["reference"] == shape.params * 2 and dpo.parts["logits"] == 2 * fit.estimate(shape, batch=2).parts["logits"]
+    sft = fit.estimate(shape, adapter="full", batch=2)
+    assert dpo.parts["reference"] == shape.params * 2
+    assert dpo.parts["logits"] == sft.parts["logits"] and dpo.parts["activations"] == sft.parts["activations"]
 
 
 def test_grpo_peak_is_the_larger_of_generation_and_training():

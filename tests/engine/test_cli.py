@@ -33,6 +33,8 @@ REPO = Path(__file__).resolve().parents[2]
         ({"method": "dpo", "config": {"lora_rank": 8}}, "config.loss.type"),
         ({"method": "dpo", "config": {"lora_rank": 8, "loss": {"type": "dpo", "target_margin": 1.0}}}, "config.loss.target_margin"),
         ({"method": "dpo", "config": {"loss": {"type": "dpo"}}}, "config.lora_rank"),
+        # The batch counts rows, two a pair: TRL would get a half pair.
+        ({"method": "dpo", "config": {"lora_rank": 8, "loss": {"type": "dpo"}, "per_device_train_batch_size": 3}}, "config.per_device_train_batch_size"),
         ({"method": "distill", "config": {"distillation": {}}}, "config.distillation.teacher_model"),
         ({"method": "distill", "config": {"distillation": {"teacher_model": "t", "top_k": 4096}}}, "config.distillation.top_k"),
         ({"ingest": {"token": "x"}}, "ingest.url"),

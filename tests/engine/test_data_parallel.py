@@ -69,6 +69,8 @@ def test_dpo_on_two_processes_trains_and_reports_once(tiny, ingest: IngestStub, 
     assert FIND_UNUSED_WARNING not in proc.stderr
     assert sum(line.startswith("data parallel: world size 2") for line in ingest.collect("logs")) == 1
     assert [step for step, _ in sorted(ingest.metrics()["loss"])] == [1, 2]
+    # The batch counts rows (2 a pair): 2 ranks x 1 pair a step is 2 of the 64 pairs.
+    assert dict(ingest.metrics()["epoch"])[1] == pytest.approx(2 / 64)
     assert [c["kind"] for c in ingest.collect("checkpoints")] == ["adapter", "merged"]
     assert ingest.scalars("status") == ["running", "completed"]
 

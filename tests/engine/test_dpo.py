@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from training.engine.data import with_system_prompt_in_pairs
@@ -9,7 +10,8 @@ from training.engine.dpo import sequence_scores, span_masks
 
 from .conftest import IngestStub, make_spec, mean, run_inprocess
 
-DPO_CONFIG = {"max_steps": 12, "learning_rate": 1e-2, "per_device_train_batch_size": 8, "max_length": 64, "lora_rank": 8}
+# The batch counts rows, two a pair (seed 001): 16 rows is 8 pairs a step.
+DPO_CONFIG = {"max_steps": 12, "learning_rate": 1e-2, "per_device_train_batch_size": 16, "max_length": 64, "lora_rank": 8}
 
 
 def test_span_mask_drops_common_prefix_and_suffix() -> None:
@@ -90,3 +92,18 @@ def test_dpo_trains_text_prompts_beside_message_answers_with_a_system_prompt(tin
     assert run_inprocess(make_spec("dpo", tiny["student"], [str(data)], tmp_path, cfg, ingest)) == 0, ingest.collect("logs")[-20:]
     assert len(ingest.series("loss")) == 2
     assert ingest.series("loss")[-1] < ingest.series("loss")[0]
+
+
+def test_the_batch_counts_rows_so_a_step_trains_half_as_many_pairs(tiny, ingest: IngestStub, tmp_path: Path) -> None:
+    # Seed 001: per_device_train_batch_size counts rows, 2 a pair. TRL's DPOConfig counts pairs and stacks
+    # chosen and rejected into one forward: given the Studio's number, a step trained twice the batch.
+    import json
+
+    pairs = 8
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"Colour {i}?", "chosen": " blue", "rejected": " red"}) + "\n" for i in range(pairs)))
+    cfg = {"num_epochs": 1, "learning_rate": 1e-2, "per_device_train_batch_size": 4, "max_length": 64, "lora_rank": 8, "loss": {"type": "dpo"}}
+    assert run_inprocess(make_spec("dpo", tiny["student"], [str(data)], tmp_path, cfg, ingest)) == 0, ingest.collect("logs")[-20:]
+    epochs = dict(ingest.metrics()["epoch"])
+    assert sorted(epochs) == [1, 2, 3, 4]  # 8 pairs at 2 a step
+    assert epochs[1] == pytest.approx(2 / pairs) and epochs[4] == pytest.approx(1.0)

@@ -159,6 +159,13 @@ def test_new_run_form_creates_a_queued_run(project, users):
     assert run.config["loss"] == {"type": "dpo", "dpo_beta": 0.2} and run.config["lora_rank"] == 8
 
 
+def test_new_run_says_a_dpo_batch_counts_rows_two_a_pair(project, users):
+    client = client_for(users["owner"])
+    dpo = client.get("/training/new/", {"method": "dpo"}).content.decode()
+    assert "Rows (2 per pair)" in dpo.split('id="train-params"')[1].split("</div>\n      </div>")[0]
+    assert "Rows (2 per pair)" not in client.get("/training/new/", {"method": "sft"}).content.decode()
+
+
 def test_new_run_lists_the_default_experiment_once_and_first(project, users):
     from experiments.services import create_experiment, default_experiment
 

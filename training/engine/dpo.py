@@ -49,6 +49,12 @@ def span_masks(input_ids: torch.Tensor, completion_mask: torch.Tensor) -> torch.
     return out
 
 
+def pairs_per_device(rows: int) -> int:
+    """TRL's DPO batch counts pairs and its collator stacks each pair's chosen and rejected rows into one
+    forward, so `rows` sequences (the Studio's batch, seed 001: even, 2 per pair) is rows // 2 pairs."""
+    return int(rows) // 2
+
+
 def sequence_scores(per_token_logps: torch.Tensor, mask: torch.Tensor, length_norm: bool) -> torch.Tensor:
     total = (per_token_logps * mask).sum(dim=1)
     return total / mask.sum(dim=1).clamp(min=1) if length_norm else total
@@ -129,7 +135,7 @@ def run(ctx: Context) -> None:
         ctx,
         beta=float(loss_options.get("dpo_beta") or 0.1),
         max_length=int(spec.cfg("max_length", 1024)),
-        per_device_train_batch_size=int(spec.cfg("per_device_train_batch_size", 2)),  # even: a pair is two rows
+        per_device_train_batch_size=pairs_per_device(spec.cfg("per_device_train_batch_size", 2)),
     )
     model = load_policy(spec, ctx.device, log=ctx.reporter.log)
     ref: list[Any] = []

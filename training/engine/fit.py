@@ -27,8 +27,8 @@ The model of memory, per GPU, in bytes (each term is a field of `Estimate.parts`
   activation checkpointing a layer keeps only its input (h elements, Korthikanti's "full
   recomputation"), plus one layer's full set while it is recomputed. Gradient accumulation runs its
   micro-batches one after another, so it adds nothing to the peak.
-- logits: batch × sequence × vocabulary, as the model's bf16 output (2 B), its fp32 upcast for the
-  loss (4 B) and that upcast's gradient (4 B); GRPO keeps only the completion's logits and takes
+- logits: batch × sequence × vocabulary (batch in rows: a DPO pair is two), as the model's bf16
+  output (2 B), its fp32 upcast for the loss (4 B) and that upcast's gradient (4 B); GRPO keeps only the completion's logits and takes
   log-probs row by row, so it holds the bf16 logits and their gradient (4 B). Liger's fused linear cross-entropy (use_liger, GPU
   only) never materialises them, so it drops the term for the methods whose TRL trainer uses it.
 - reference: a frozen copy of the weights where the method scores against one and no adapter can be
@@ -309,10 +309,10 @@ def estimate(
     liger: bool = False,
     checkpointing: bool = True,
 ) -> Estimate:
-    """Peak GPU memory of one training process. `batch` is per_device_train_batch_size (GRPO trains on
-    one group of `rollouts` at a time and ignores it); `seq_len` is max_length (GRPO: prompt_length +
-    max_response_length). `grad_accum` is accepted for completeness: micro-batches run one after the
-    other and do not raise the peak."""
+    """Peak GPU memory of one training process. `batch` is per_device_train_batch_size, in rows (a DPO
+    pair is two; GRPO trains on one group of `rollouts` at a time and ignores it); `seq_len` is
+    max_length (GRPO: prompt_length + max_response_length). `grad_accum` is accepted for completeness:
+    micro-batches run one after the other and do not raise the peak."""
     del grad_accum  # see the docstring
     precision = precision if precision in WEIGHT_BYTES else "bf16"
     act_bytes = 4 if precision == "fp32" else 2
@@ -337,8 +337,9 @@ def estimate(
         train_tokens = group * seq
         logit_tokens = group * max_response_length  # TRL keeps only the completion's logits
     else:
-        rows = batch * (2 if method == "dpo" else 1)  # DPO: chosen and rejected in one batch
-        train_tokens = logit_tokens = rows * seq_len
+        # DPO's batch already counts rows (seed 001: 2 per pair; the engine hands TRL batch // 2 pairs,
+        # whose chosen and rejected rows share one forward), so every method holds `batch` sequences.
+        train_tokens = logit_tokens = batch * seq_len
     logits = 0 if liger and method in LIGER_METHODS else _logits(shape, logit_tokens, precision, method)
     train = Estimate(
         {**resident, "activations": _activations(shape, train_tokens, act_bytes, checkpointing), "logits": logits},
@@ -477,8 +478,9 @@ def levers(shape: ModelShape, method: str, config: Mapping[str, Any], *, card_by
             lengths.append(Lever("config.max_length", f"shrink max_length (now {length}" + (f"; {best} fits)" if best else ")"), best is not None))
             batch = int(_num(config, "per_device_train_batch_size", 1))
             if batch > 1:
-                floor = 2 if method == "dpo" else 1
-                best = _halve_until(lambda v: fits({"per_device_train_batch_size": v}), batch, floor)
+                # DPO halves pairs, so every batch it tries is even (START refuses an odd one).
+                unit = 2 if method == "dpo" else 1
+                best = _halve_until(lambda v: fits({"per_device_train_batch_size": v * unit}), batch // unit, 1)
                 lengths.append(Lever("config.per_device_train_batch_size",
                                      f"lower per_device_train_batch_size (now {batch}; raise gradient_accumulation_steps to keep the effective batch)", best is not None))
         parts = current.parts

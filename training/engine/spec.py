@@ -217,6 +217,9 @@ def _validate_config(method: str, config: dict[str, Any]) -> None:
             raise SpecError(f"{w}loss.target_margin: needs reference_free: true (the margin is on the reference-free score)")
         if not (config.get("lora") or config.get("lora_rank")) and not loss.get("reference_free"):
             raise SpecError(f"{w}lora_rank: DPO scores against the frozen base, so it needs a LoRA adapter")
+        batch = config.get("per_device_train_batch_size")
+        if batch is not None and batch % 2:  # a number > 0: checked above
+            raise SpecError(f"{w}per_device_train_batch_size: counts rows and a chosen/rejected pair is two, so DPO's batch must be even, got {batch}")
     if method == "distill":
         dist = config.get("distillation")
         if not isinstance(dist, dict) or not dist.get("teacher_model"):
