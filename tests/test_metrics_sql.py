@@ -92,3 +92,52 @@ def test_a_long_dense_series_at_the_largest_max_points_matches_the_reference(api
     expected = metrics.downsample(points, 100_000)
     assert [s for s, _ in got] == [s for s, _ in expected]
     assert all(math.isclose(a, b, rel_tol=1e-12) for (_, a), (_, b) in zip(got, expected, strict=True))
+
+
+RESUMED = {
+    # attempt 1 logged steps 0-2999, attempt 2 resumed from its step 2000 and logged 2000-4999 again
+    "resumed": list(range(3000)) + list(range(2000, 5000)),
+    # several points at each step (a metric logged per micro-batch): bucket ends fall inside a step
+    "per_micro_batch": [s // 7 for s in range(3500)],
+    "sparse": [s * s for s in range(1500)],
+}
+
+
+@pytest.mark.parametrize("max_points", [2, 3, 100, 1000, 4999, 6000])
+def test_a_resumed_runs_repeated_steps_downsample_as_the_python_reference(api, max_points):
+    run_id = api.post("/api/training-runs", sft_body()).json()["id"]
+    rng = random.Random(7)
+    MetricPoint.objects.bulk_create([MetricPoint(run_id=run_id, key=key, step=step, value=rng.uniform(-3, 3)) for key, steps in RESUMED.items() for step in steps])
+    got = metrics.series_in_sql(run_id, None, max_points)
+    for key in RESUMED:
+        points = list(MetricPoint.objects.filter(run_id=run_id, key=key).order_by("step", "id").values_list("step", "value"))
+        expected = metrics.downsample(points, max_points)
+        assert [s for s, _ in got[key]] == [s for s, _ in expected], key
+        assert all(math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-15) for (_, a), (_, b) in zip(got[key], expected, strict=True)), key
+
+
+def test_a_series_with_repeated_steps_is_read_from_the_index_alone_with_no_sort(api):
+    # A resumed run's series took a window function over every point and a GROUP BY that sorted them,
+    # reading each point's value from its table row: 2× slower than reading every point into Python on
+    # SQLite (768k points: 5.2 → 9.9 s). Now a walk along the (run, key, step, id, value) index.
+    run_id = api.post("/api/training-runs", sft_body()).json()["id"]
+    MetricPoint.objects.bulk_create([MetricPoint(run_id=run_id, key="reward", step=s - s // 10, value=s % 7) for s in range(5000)])
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as queries:
+        metrics.series_in_sql(run_id, ["reward"], 100)
+    walk = [q["sql"] for q in queries.captured_queries if "RECURSIVE" in q["sql"]]
+    assert len(walk) == 1, [q["sql"] for q in queries.captured_queries]
+    with connection.cursor() as cursor:
+        if connection.vendor == "sqlite":
+            plan = [row[-1] for row in cursor.execute("EXPLAIN QUERY PLAN " + walk[0]).fetchall()]
+            searches = [step for step in plan if MetricPoint._meta.db_table in step and "PRIMARY KEY" not in step]
+            assert searches and all("COVERING INDEX metric_series_idx" in step for step in searches), plan
+            assert not any("GROUP BY" in step for step in plan), plan
+        else:
+            cursor.execute("SET enable_seqscan = off")  # a test table this small would be read whole
+            cursor.execute("EXPLAIN " + walk[0])
+            plan = "\n".join(row[0] for row in cursor.fetchall())
+            cursor.execute("RESET enable_seqscan")
+            assert "WindowAgg" not in plan and "HashAggregate" not in plan and "GroupAggregate" not in plan, plan
+            assert "Index Only Scan using metric_series_idx" in plan, plan

@@ -44,42 +44,53 @@ MEAN_SCALE = 2.0**32
 MEAN_SQL = f"sum(value / {MEAN_SCALE:.0f}) / count(*) * {MEAN_SCALE:.0f}"
 
 # The same buckets as downsample(), computed by the database: a 100k-point series leaves the database
-# as max_points rows instead of 100k. With rn the 1-based position in (step, id) order and n the
-# series length, inner point i = rn - 2 of m = n - 2 falls in bucket floor(((i + 1) * B - 1) / m),
-# the b with b*m//B <= i < (b+1)*m//B; the first and last points are buckets of their own, and a
-# series of at most max_points rows keeps every point (bucket = rn). One key a query, its n known from
-# STATS_SQL: a count(*) OVER the series was a second window pass (3× slower on SQLite).
-DOWNSAMPLE_SQL = """
-WITH ranked AS (
-    SELECT step, value, row_number() OVER (ORDER BY step, id) AS rn
-    FROM {table}
-    WHERE run_id = %(run_id)s AND key = %(key)s
-), bucketed AS (
-    SELECT step, value,
-           CASE WHEN %(n)s <= %(max_points)s THEN rn
-                WHEN rn = 1 THEN 0
-                WHEN rn = %(n)s THEN %(max_points)s + 1
-                WHEN %(max_points)s <= 2 THEN NULL
-                ELSE 1 + ((rn - 1) * (%(max_points)s - 2) - 1) / (%(n)s - 2)
-           END AS bucket
-    FROM ranked
+# as max_points rows instead of 100k. In (step, id) order, with n the series length (from STATS_SQL),
+# m = n - 2 inner points and B = max_points - 2 inner buckets, the first and last points are buckets of
+# their own and inner bucket j holds inner points j*m//B .. (j+1)*m//B - 1, so it ends at position
+# end(k) = 1 + k*m//B for k = j + 1; a series of at most max_points points keeps each one (B = m).
+#
+# A series that is not dense (gaps, or steps repeated by a resumed run) walks its buckets along the
+# (run, key, step, id, value) index: from the last point of the previous bucket, the last point of the
+# next one is OFFSET len - 1 further, and a bucket's mean is one index range scan between the two. Every
+# inner bucket holds q = m//B or q + 1 points, so the offsets are three constants (SQLite's LIMIT cannot
+# read the outer row). The step bounds of a bucket's mean follow from its (step, id) bounds; they are
+# there for PostgreSQL's planner, which guesses a third of the series for a row comparison, so a guessed
+# cost past jit_above_cost JIT-compiled the query (~20 ms of a 120k-point series' 75 ms). The walk
+# replaced row_number() OVER the series and a GROUP BY bucket, whose window pass and sort took 3-4× as
+# long on SQLite (bench/RESULTS.md).
+NEXT_SQL = """(SELECT id FROM {table}
+              WHERE run_id = %(run_id)s AND key = %(key)s AND (step, id) > (walk.step, walk.id)
+              ORDER BY step, id LIMIT 1 OFFSET {offset})"""
+WALK_SQL = """
+WITH RECURSIVE walk(i, before_step, before_id, step, id) AS (
+    SELECT 0, step, id - 1, step, id FROM (
+        SELECT step, id FROM {table} WHERE run_id = %(run_id)s AND key = %(key)s ORDER BY step, id LIMIT 1
+    ) AS first
+    UNION ALL
+    -- the last point alone (with max_points <= 2 the inner points between are left out)
+    SELECT i + 1, CASE WHEN i + 1 = %(buckets)s - 1 THEN point.step ELSE walk.step END,
+           CASE WHEN i + 1 = %(buckets)s - 1 THEN point.id - 1 ELSE walk.id END, point.step, point.id
+    FROM walk JOIN {table} AS point ON point.id = CASE
+        WHEN i + 1 = %(buckets)s - 1 THEN {last}
+        WHEN CAST(i + 1 AS BIGINT) * %(m)s / %(inner)s - CAST(i AS BIGINT) * %(m)s / %(inner)s = %(q)s THEN {short}
+        ELSE {long} END
+    WHERE i + 1 < %(buckets)s
 )
-SELECT max(step), {mean}
-FROM bucketed
-WHERE bucket IS NOT NULL
-GROUP BY bucket
-ORDER BY bucket
+SELECT step, (SELECT {mean} FROM {table}
+              WHERE run_id = %(run_id)s AND key = %(key)s AND step BETWEEN walk.before_step AND walk.step
+                AND (step, id) > (walk.before_step, walk.before_id) AND (step, id) <= (walk.step, walk.id))
+FROM walk
+ORDER BY i
 """
 
 
-# The window functions cost ~200 ms on a 100k-point series (a sort and two window passes), and SQLite's
-# take seconds. Nearly every series is dense — one point a step from the first to the last, so
-# count = max - min + 1 — and then rn - 1 = step - min: each bucket is a range of steps, its last step
-# is known, and its mean is one index range scan. Bucket i of `buckets`: the first and last points
+# Nearly every series is dense — one point a step from the first to the last, so count = max - min + 1 —
+# and then a point's position - 1 = step - min: each bucket is a range of steps, its last step is known
+# without walking to it, and its mean is one index range scan. Bucket i of `buckets`: the first and last points
 # alone, inner bucket j = i - 1 the steps lo + 1 + j*m//B .. lo + (j+1)*m//B; with every point kept,
 # step lo + i. No sort and no GROUP BY: on a busy 2-core machine, 100k points took half the time of the
 # GROUP BY by bucket it replaced on PostgreSQL and a quarter on SQLite (bench/metrics_sqlite.py has the
-# SQLite figures). Series that are not dense (gaps, repeated steps) take the window query.
+# SQLite figures). Series that are not dense (gaps, repeated steps) take the walk above.
 STATS_SQL = """
 SELECT key, count(*), min(step), max(step)
 FROM {table}
@@ -150,6 +161,25 @@ def series_in_sql(run_id: int, keys: list[str] | None, max_points: int) -> dict[
                 cursor.execute(DENSE_SQL.format(table=table, mean=MEAN_SQL), {"run_id": run_id, "key": key, "lo": lo, "hi": hi, "m": n - 2,
                                                                              "inner": inner, "buckets": buckets, "every": int(every)})
             else:
-                cursor.execute(DOWNSAMPLE_SQL.format(table=table, mean=MEAN_SQL), {"run_id": run_id, "key": key, "n": n, "max_points": max_points})
+                cursor.execute(walk_sql(table), walk_params(run_id, key, n, max_points))
             grouped[key] = [(int(step), value) for step, value in cursor.fetchall()]
     return {key: grouped[key] for key in sorted(grouped)}
+
+
+def walk_sql(table: str) -> str:
+    def after(offset: str) -> str:
+        return NEXT_SQL.format(table=table, offset=offset)
+
+    return WALK_SQL.format(table=table, mean=MEAN_SQL, last=after("%(last)s"), short=after("%(short)s"), long=after("%(long)s"))
+
+
+def walk_params(run_id: int, key: str, n: int, max_points: int) -> dict[str, int | str]:
+    """WALK_SQL's numbers for a series of n points: n buckets of one point when it has at most
+    max_points, else max_points buckets; with max_points <= 2, the first and last points (the last is
+    then m points past the first, not next to an inner bucket's end)."""
+    m = n - 2
+    inner = max(m if n <= max_points else max_points - 2, 1)
+    buckets = n if n <= max_points else max(max_points, 2)
+    last = m if n > max_points and max_points <= 2 else 0
+    return {"run_id": run_id, "key": key, "buckets": buckets, "m": m, "inner": inner, "q": m // inner,
+            "short": max(m // inner - 1, 0), "long": m // inner, "last": last}

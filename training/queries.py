@@ -54,12 +54,12 @@ LOGS_MAX_LINES = 5000
 LOGS_MAX_CHARS = 2_000_000
 
 
-def within_budget(rows: list[tuple[int, str]]) -> list[tuple[int, str]]:
-    """The leading rows whose lines fit in LOGS_MAX_CHARS; always the first, so a page is never empty."""
+def within_budget(rows: list[tuple[int, str]], chars: int = LOGS_MAX_CHARS) -> list[tuple[int, str]]:
+    """The leading rows whose lines fit in `chars` characters; always the first, so a page is never empty."""
     size = 0
     for i, (_, line) in enumerate(rows):
         size += len(line)
-        if i and size > LOGS_MAX_CHARS:
+        if i and size > chars:
             return rows[:i]
     return rows
 
@@ -67,12 +67,27 @@ def within_budget(rows: list[tuple[int, str]]) -> list[tuple[int, str]]:
 def log_page(lines: QuerySet[LogLine], after: int, limit: int) -> tuple[list[str], int | None]:
     """Up to `limit` lines after line id `after`, oldest first, and the cursor for the next page (the
     id of this page's last line), None when this page reaches the end of the log as it is now."""
+    page, more = log_rows_after(lines, after, limit)
+    return [line for _, line in page], (page[-1][0] if more else None)
+
+
+def log_rows_after(lines: QuerySet[LogLine], after: int, limit: int, chars: int = LOGS_MAX_CHARS) -> tuple[list[tuple[int, str]], bool]:
+    """Up to `limit` (id, line) rows after line id `after`, oldest first, and whether later lines remain."""
     rows = list(lines.filter(id__gt=after).order_by("id").values_list("id", "line")[: limit + 1])
-    page = within_budget(rows[:limit])
-    return [line for _, line in page], (page[-1][0] if len(page) < len(rows) else None)
+    page = within_budget(rows[:limit], chars)
+    return page, len(page) < len(rows)
+
+
+def log_rows_before(lines: QuerySet[LogLine], before: int | None, limit: int, chars: int = LOGS_MAX_CHARS) -> tuple[list[tuple[int, str]], bool]:
+    """Up to `limit` (id, line) rows before line id `before` (the last ones without it), oldest first,
+    fewer when they run past `chars` characters; and whether earlier lines remain."""
+    if before is not None:
+        lines = lines.filter(id__lt=before)
+    rows = list(lines.order_by("-id").values_list("id", "line")[: limit + 1])
+    page = within_budget(rows[:limit], chars)
+    return page[::-1], len(page) < len(rows)
 
 
 def log_tail(lines: QuerySet[LogLine], tail: int) -> list[str]:
     """The last `tail` lines, oldest first (fewer when they run past LOGS_MAX_CHARS)."""
-    page = within_budget(list(lines.order_by("-id").values_list("id", "line")[:tail]))
-    return [line for _, line in reversed(page)]
+    return [line for _, line in log_rows_before(lines, None, tail)[0]]

@@ -42,7 +42,7 @@ from training.ingest import LATE_REPORTS
 from training.methods import distill as distill_method
 from training.methods.base import lora_enabled
 from training.models import ACTIVE_STATUSES, TERMINAL_STATUSES, Checkpoint, Method, Rollout, RunAttempt, Status, TrainingRun
-from training.queries import filter_rollouts, get_run_for, log_lines, runs_for, search_runs
+from training.queries import filter_rollouts, get_run_for, log_lines, log_rows_after, log_rows_before, runs_for, search_runs
 from training.refs import HUB_REF, dataset_entries, ref_kind
 from training.suggestions import RefSuggestions
 from training.validation import start_notices
@@ -906,7 +906,11 @@ def run_live(request: HttpRequest, run_id: int) -> HttpResponse:
     return render(request, "training/run_detail.html#live", live_context(run))
 
 
-LOG_PAGE_LINES = 20_000
+# The log page opens on the newest lines of a log and loads earlier ones a page at a time, by the API's
+# cursor (line ids): it showed the last 20,000 lines, one 3.6 MB page for a training log's ~110-character
+# lines and 20 MB for 1,000-character ones (bench/log_page.py), up to 200 MB at the 10,000-character cut.
+LOG_PAGE_LINES = 1000
+LOG_PAGE_CHARS = 500_000
 
 
 def log_request(request: HttpRequest, run: TrainingRun) -> tuple[int | None, str]:
@@ -919,21 +923,61 @@ def log_request(request: HttpRequest, run: TrainingRun) -> tuple[int | None, str
     return (attempt, "") if attempt is not None and 1 <= attempt <= run.attempt else (None, raw[:20])
 
 
+def log_cursor(request: HttpRequest) -> tuple[str, int | None, str]:
+    """The log page's ?before= or ?after= (a line id): (which, id, ""), ("", None, "") for the newest
+    lines, or ("", None, a sentence) for a value that is not a line id."""
+    given = [name for name in ("before", "after") if name in request.GET]
+    if len(given) > 1:
+        return "", None, "before and after both say where the page is: give one of them (each page's links carry the right one)."
+    if not given:
+        return "", None, ""
+    raw = request.GET[given[0]]
+    cursor = ascii_int(raw)
+    if cursor is None or cursor > 2**63 - 1:
+        return "", None, f"{given[0]}={raw[:20]!r} is not a line id: use the page's own links, or open the log afresh for its newest lines."
+    return given[0], cursor, ""
+
+
 @studio_page
 @require_GET
 def run_log(request: HttpRequest, run_id: int) -> HttpResponse:
-    """A run's whole log (the Overview shows its last lines): its current log, since it was last
-    started, or with ?attempt= an attempt's, earlier ones included: a restart keeps them."""
+    """A run's log (the Overview shows its last lines): its current log, since it was last started,
+    or with ?attempt= an attempt's, earlier ones included: a restart keeps them. The page opens on the
+    newest lines; "Load earlier lines" (?before=, htmx prepends them) pages back, and while the run can
+    still report, the page follows it (?after=, polled: htmx appends the new lines)."""
     run = get_run_for(web_actor(request), run_id)
     attempt, missing = log_request(request, run)
     context: dict[str, Any] = {"section": "training", "project": run.project, "run": run, "attempt": attempt, "missing": missing,
                                "attempts": list(range(1, run.attempt + 1)), "current": list(range(max(run.start_attempt, 1), run.attempt + 1))}
     if missing:
         return render(request, "training/run_log.html", context, status=404)
+    which, cursor, bad = log_cursor(request)
+    if bad:
+        return render(request, "400.html", {"exception": bad}, status=400)
     lines = log_lines(run, attempt)
-    context["total"] = lines.count()
-    context["lines"] = list(lines.order_by("-id").values_list("line", flat=True)[:LOG_PAGE_LINES])[::-1]
+    if which == "after":
+        rows, later = log_rows_after(lines, cursor or 0, LOG_PAGE_LINES, LOG_PAGE_CHARS)
+        earlier = False if request.htmx else lines.filter(id__lte=cursor).exists()
+    else:
+        rows, earlier = log_rows_before(lines, cursor, LOG_PAGE_LINES, LOG_PAGE_CHARS)
+        later = which == "before" and not request.htmx and lines.filter(id__gte=cursor).exists()
+    context.update({"lines": [line for _, line in rows], "first_id": rows[0][0] if rows else cursor, "last_id": rows[-1][0] if rows else cursor or 0,
+                    "after": cursor, "earlier": earlier, "later": later, "page_lines": LOG_PAGE_LINES})
+    if request.htmx and which == "before":  # "Load earlier lines": they go before the shown ones, with the next such link
+        return render(request, "training/run_log.html#earlier_page", context)
+    if request.htmx and which == "after":  # the follow poll: the new lines go at the end, with the next poll
+        context.update({"later": False, "follow": log_follow(run, attempt, behind=later), "total": lines.count() if rows else None})
+        return render(request, "training/run_log.html#later_page", context)
+    context.update({"follow": "" if later else log_follow(run, attempt, behind=False), "total": lines.count()})
     return render(request, "training/run_log.html", context)
+
+
+def log_follow(run: TrainingRun, attempt: int | None, behind: bool) -> str:
+    """The hx-trigger of the log page's poll for new lines ("" for none): at once while a page of them
+    is still waiting, every 5 s while the run can still report to the log shown (the Overview's pace)."""
+    if behind:
+        return "load delay:200ms"
+    return "every 5s" if (attempt is None or attempt == run.attempt) and (is_live(run) or reports_open(run)) else ""
 
 
 @studio_page

@@ -203,24 +203,32 @@
 
   // ---- log boxes follow their newest line ----------------------------------------------------------
   // A log box (pre.log) shows its end, where the newest lines are, when the page opens and each time
-  // polling replaces it; unless the reader has scrolled up to read, whose place is then kept.
+  // polling replaces it or adds to it; unless the reader has scrolled up to read, whose place is then
+  // kept. Earlier lines put before the shown ones ("Load earlier lines", data-log-earlier) leave the
+  // line the reader was at where it was.
   var logPlaces = {};
 
   function rememberLogs() {
     logPlaces = {};
     document.querySelectorAll("pre.log[id]").forEach(function (el) {
       var atEnd = el.scrollHeight - el.scrollTop - el.clientHeight < 24;
-      logPlaces[el.id] = atEnd ? null : el.scrollTop;
+      logPlaces[el.id] = { atEnd: atEnd, top: el.scrollTop, height: el.scrollHeight };
     });
   }
 
-  function placeLogs(root) {
+  function placeLogs(root, prepended) {
     var logs = Array.prototype.slice.call(root.querySelectorAll("pre.log"));
     if (root.matches && root.matches("pre.log")) logs.push(root);
     logs.forEach(function (el) {
       var kept = el.id ? logPlaces[el.id] : null;
-      el.scrollTop = kept == null ? el.scrollHeight : kept;
+      if (kept && prepended) el.scrollTop = kept.top + el.scrollHeight - kept.height;
+      else el.scrollTop = !kept || kept.atEnd ? el.scrollHeight : kept.top;
     });
+  }
+
+  function prepends(detail) {
+    var elt = detail.requestConfig && detail.requestConfig.elt;
+    return Boolean(elt && elt.hasAttribute && elt.hasAttribute("data-log-earlier"));
   }
 
   // ---- focus survives a swap -------------------------------------------------------------------------
@@ -283,7 +291,7 @@
   });
   document.addEventListener("htmx:afterSwap", function (evt) {
     notePolled(evt);
-    placeLogs(evt.target);
+    placeLogs(evt.target, prepends(evt.detail));
     restoreFocus(evt.target);
   });
 
