@@ -17,9 +17,9 @@ from datahub import repos
 from datahub import services as hub
 from datahub.models import Commit
 from tests.conftest import assert_error
-from training import services
+from training import checkpoints, services
 from training.backends.local import run_dir
-from training.models import Checkpoint, Status, TrainingRun
+from training.models import Checkpoint, RunAttempt, Status, TrainingRun
 
 WEIGHTS = "adapter_model.safetensors"
 
@@ -193,6 +193,18 @@ def test_merge_takes_the_attempt_that_saved_the_step(api, two_attempts):
     assert api.post(f"/api/training-runs/{run.pk}/checkpoints/5/merge?attempt=2").json()["attempt"] == 2
     assert_error(api.post(f"/api/training-runs/{run.pk}/checkpoints/5/merge?attempt=3"), 400, "attempt")
     assert_error(api.post(f"/api/training-runs/{run.pk}/checkpoints/6/merge?attempt=1"), 400, "step")
+
+
+def test_a_merge_loads_the_base_in_the_precision_its_attempt_trained_in(two_attempts):
+    run, first, second = two_attempts
+    # Attempt 1 trained fp32 on a GPU; the run was then edited to train attempt 2 in bf16 (the default).
+    RunAttempt.objects.create(run=run, attempt=1, config={**run.config, "precision": "fp32"}, compute={"backend": "local", "accelerators": "L4:1"})
+    RunAttempt.objects.create(run=run, attempt=2, config=run.config, compute={"backend": "local", "accelerators": "L4:1"})
+    assert checkpoints.merge_precision(first) == "fp32"
+    assert checkpoints.merge_precision(second) == "bf16"
+    # A CPU attempt trained in fp32 whatever its config asked for (bf16 applies on a GPU only).
+    RunAttempt.objects.filter(run=run, attempt=2).update(config={**run.config, "precision": "bf16"}, compute={"backend": "local", "accelerators": "CPU"})
+    assert checkpoints.merge_precision(second) == "fp32"
 
 
 def test_a_merged_step_of_one_attempt_leaves_the_other_attempts_step_mergeable(api, two_attempts):
