@@ -128,6 +128,15 @@ def test_merges_of_the_same_step_of_two_attempts_are_each_committed(dpo_run):
     assert file_at(dpo_run, older.commit, MERGED) == sha(b"attempt 1 merged") == file_at(dpo_run, f"run-{dpo_run.pk}", MERGED)
 
 
+def test_a_merge_is_committed_with_a_message_of_its_own(two_attempts):
+    run, first, second = two_attempts
+    merged = save_merge(run, 2, 5, b"attempt 2 merged")
+    older = save_merge(run, 1, 5, b"attempt 1 merged")  # on attempt 1's own step commit
+    assert Commit.objects.get(pk=second.commit).message == "Checkpoint step 5, attempt 2"
+    assert Commit.objects.get(pk=merged.commit).message == "Merged checkpoint step 5, attempt 2"
+    assert Commit.objects.get(pk=older.commit).message.startswith("Merged checkpoint step 5, attempt 1, on attempt 1's own step 5")
+
+
 def test_a_merge_of_an_earlier_attempts_step_is_committed_with_that_attempts_step_not_the_heads(api, two_attempts):
     run, first, second = two_attempts
     older = save_merge(run, 1, 5, b"attempt 1 merged")
