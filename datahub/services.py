@@ -486,7 +486,7 @@ def _commit_checkpoint(checkpoint) -> Commit | None:
     if repo is None:
         not_committed(run, checkpoint, label)
         return None
-    message = f"Checkpoint {label}, attempt {checkpoint.attempt}"
+    message = checkpoint_message(checkpoint, label, earlier_merge)
     # A Merge a person asks for is committed whichever attempt's step it merges, each beside its own
     # step's files: at the head while that step's files are the ones there (the last merge asked for
     # is the one at the head), else on the step's own commit (merged_step_commit). What the engine
@@ -560,8 +560,19 @@ def _publish(run, checkpoint) -> None:
 
 
 def checkpoint_label(checkpoint, prefix: str) -> str:
-    """How commit messages and the run's log name a checkpoint: "step 4", "final (step 4)"."""
-    return f"step {checkpoint.step}" if prefix.startswith("checkpoints/") else f"{checkpoint.kind} (step {checkpoint.step})"
+    """How commit messages and the run's log name a checkpoint: "step 4", "final (step 4)", and a Merge a
+    person asked for, beside step 4's files, "merge of step 4" (it was named as the step itself)."""
+    if prefix.startswith("checkpoints/"):
+        return f"merge of step {checkpoint.step}" if prefix.endswith("/merged") else f"step {checkpoint.step}"
+    return f"{checkpoint.kind} (step {checkpoint.step})"
+
+
+def checkpoint_message(checkpoint, label: str, earlier_merge: bool) -> str:
+    """The commit message of a checkpoint: "Checkpoint step 4, attempt 1"; a Merge a person asked for
+    says so, "Merged checkpoint step 4, attempt 1", not the message of the step's own commit."""
+    if earlier_merge:
+        return f"Merged checkpoint step {checkpoint.step}, attempt {checkpoint.attempt}"
+    return f"Checkpoint {label}, attempt {checkpoint.attempt}"
 
 
 def committed_after(checkpoint):

@@ -17,9 +17,9 @@ from datahub import repos
 from datahub import services as hub
 from datahub.models import Commit
 from tests.conftest import assert_error
-from training import services
+from training import checkpoints, services
 from training.backends.local import run_dir
-from training.models import Checkpoint, Status, TrainingRun
+from training.models import Checkpoint, RunAttempt, Status, TrainingRun
 
 WEIGHTS = "adapter_model.safetensors"
 
@@ -128,6 +128,15 @@ def test_merges_of_the_same_step_of_two_attempts_are_each_committed(dpo_run):
     assert file_at(dpo_run, older.commit, MERGED) == sha(b"attempt 1 merged") == file_at(dpo_run, f"run-{dpo_run.pk}", MERGED)
 
 
+def test_a_merge_is_committed_with_a_message_of_its_own(two_attempts):
+    run, first, second = two_attempts
+    merged = save_merge(run, 2, 5, b"attempt 2 merged")
+    older = save_merge(run, 1, 5, b"attempt 1 merged")  # on attempt 1's own step commit
+    assert Commit.objects.get(pk=second.commit).message == "Checkpoint step 5, attempt 2"
+    assert Commit.objects.get(pk=merged.commit).message == "Merged checkpoint step 5, attempt 2"
+    assert Commit.objects.get(pk=older.commit).message.startswith("Merged checkpoint step 5, attempt 1, on attempt 1's own step 5")
+
+
 def test_a_merge_of_an_earlier_attempts_step_is_committed_with_that_attempts_step_not_the_heads(api, two_attempts):
     run, first, second = two_attempts
     older = save_merge(run, 1, 5, b"attempt 1 merged")
@@ -193,6 +202,18 @@ def test_merge_takes_the_attempt_that_saved_the_step(api, two_attempts):
     assert api.post(f"/api/training-runs/{run.pk}/checkpoints/5/merge?attempt=2").json()["attempt"] == 2
     assert_error(api.post(f"/api/training-runs/{run.pk}/checkpoints/5/merge?attempt=3"), 400, "attempt")
     assert_error(api.post(f"/api/training-runs/{run.pk}/checkpoints/6/merge?attempt=1"), 400, "step")
+
+
+def test_a_merge_loads_the_base_in_the_precision_its_attempt_trained_in(two_attempts):
+    run, first, second = two_attempts
+    # Attempt 1 trained fp32 on a GPU; the run was then edited to train attempt 2 in bf16 (the default).
+    RunAttempt.objects.create(run=run, attempt=1, config={**run.config, "precision": "fp32"}, compute={"backend": "local", "accelerators": "L4:1"})
+    RunAttempt.objects.create(run=run, attempt=2, config=run.config, compute={"backend": "local", "accelerators": "L4:1"})
+    assert checkpoints.merge_precision(first) == "fp32"
+    assert checkpoints.merge_precision(second) == "bf16"
+    # A CPU attempt trained in fp32 whatever its config asked for (bf16 applies on a GPU only).
+    RunAttempt.objects.filter(run=run, attempt=2).update(config={**run.config, "precision": "bf16"}, compute={"backend": "local", "accelerators": "CPU"})
+    assert checkpoints.merge_precision(second) == "fp32"
 
 
 def test_a_merged_step_of_one_attempt_leaves_the_other_attempts_step_mergeable(api, two_attempts):

@@ -19,6 +19,7 @@ from datahub.services import create_run_branch, kept_run_repo, record_checkpoint
 from studio import crypto
 from studio.errors import BadRequest, Conflict, Finding, counted
 from training.backends.local import REPO_ROOT, checkpoint_dir, engine_env
+from training.compute import trained_precision
 from training.methods.base import lora_enabled
 from training.models import Checkpoint, TrainingRun
 from training.services import (
@@ -161,6 +162,13 @@ def merge_base(checkpoint: Checkpoint) -> tuple[list[str], dict[str, str]] | Non
     return ["--base", pin["repo"], "--revision", pin["commit"]], hub_env(token)
 
 
+def merge_precision(checkpoint: Checkpoint) -> str:
+    """The precision the step's attempt trained in. The merge loads the base in it, so the merged weights
+    are the base + adapter that attempt trained: its worker's GPU alone made an fp32 run's merge bf16."""
+    settings = attempt_settings(checkpoint.run, checkpoint.attempt)
+    return trained_precision(settings["config"] or {}, settings["compute"] or {})
+
+
 def _merge(checkpoint: Checkpoint) -> Checkpoint | None:
     run = checkpoint.run
     adapter = checkpoint_dir(checkpoint)
@@ -174,7 +182,8 @@ def _merge(checkpoint: Checkpoint) -> Checkpoint | None:
     if base is None:
         return None
     base_args, hub = base
-    command = [sys.executable, "-m", "training.engine.merge", *base_args, "--adapter", str(adapter), "--out", str(out)]
+    command = [sys.executable, "-m", "training.engine.merge", *base_args, "--adapter", str(adapter), "--out", str(out),
+               "--precision", merge_precision(checkpoint)]
     done = subprocess.run(command, cwd=REPO_ROOT, env=engine_env(hub), capture_output=True, text=True, timeout=MERGE_TIMEOUT_SECONDS,
                           preexec_fn=partial(die_with_parent, os.getpid()))
     if done.returncode != 0:

@@ -106,3 +106,11 @@ def precision_findings(precision: str | None, accel: Accelerators) -> list[Findi
         arch = accel.architecture.capitalize() if accel.architecture else "an unknown architecture"
         return [Finding("config.precision", f"{label} needs {article} {wanted} GPU; {accel.gpu_type} is {arch}: use bf16 or pick e.g. {example}")]
     return []
+
+
+def trained_precision(config: dict, compute: dict) -> str:
+    """What a run's weights train in, by the engine's rule (modeling.pick_device): fp32 on the CPU; on a
+    GPU the configured precision, bf16 by default."""
+    if accelerators_of(compute).is_cpu:
+        return "fp32"
+    return config.get("precision") or "bf16"

@@ -18,6 +18,7 @@ from training.engine.common import Context
 from training.engine.distill import MODEL_INPUTS, collate, collate_packed, kd_losses
 from training.engine.modeling import Device, load_model, pick_device
 from training.engine.reporter import Reporter
+from training.engine.sft import ROW_TOKENS
 from training.engine.spec import parse_spec
 
 from .conftest import IngestStub, make_spec, mean, run_inprocess
@@ -112,7 +113,7 @@ def _dataset_nll(trainer: Any, *, drop: tuple[str, ...] = ()) -> tuple[float, in
     with torch.no_grad():
         for batch in trainer.get_train_dataloader():
             labels = batch["labels"]
-            inputs = {key: value for key, value in batch.items() if key != "labels" and key not in drop}
+            inputs = {key: value for key, value in batch.items() if key not in ("labels", ROW_TOKENS) and key not in drop}
             logits = model(**inputs, use_cache=False).logits[:, :-1].float()
             targets = labels[:, 1:]
             nll = F.cross_entropy(logits.transpose(1, 2), targets, ignore_index=-100, reduction="sum")

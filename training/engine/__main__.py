@@ -113,10 +113,11 @@ def log_parallelism(spec: Spec, reporter: Reporter, device_kind: str, rank: Rank
 def run_spec(spec: Spec, reporter: Reporter, rank: Rank | None = None) -> None:
     """Dispatch to the method; raises on failure. Imported lazily so `--help` and spec errors are fast."""
     from .common import Context
-    from .modeling import pick_device
+    from .modeling import pick_device, seed_run
 
     rank = rank or Rank()
     device = pick_device(spec, rank)
+    seed_run(spec)  # before anything draws a random number: data shuffles, an environment's prompts, the adapter
     spec.output_dir.mkdir(parents=True, exist_ok=True)
     reporter.log(f"run {spec.run_id} attempt {spec.attempt}: {spec.method} on {device.kind} ({device.precision}), base {spec.base_model}")
     log_parallelism(spec, reporter, device.kind, rank)

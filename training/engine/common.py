@@ -36,7 +36,7 @@ def build_config(config_cls: type, ctx: Context, **method_kwargs: Any) -> Any:
         "max_steps": int(c["max_steps"]) if c.get("max_steps") else -1,
         "per_device_train_batch_size": int(c.get("per_device_train_batch_size") or 1),
         "gradient_accumulation_steps": int(c.get("gradient_accumulation_steps") or 1),
-        "seed": int(spec.cfg("seed", 42)),
+        "seed": spec.seed,
         "logging_steps": int(c.get("logging_steps") or 1),
         "save_strategy": "steps" if save_steps else "no",
         "save_steps": int(save_steps) if save_steps else 500,

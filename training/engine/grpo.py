@@ -112,7 +112,7 @@ def _prompt_rows(ctx: Context, env: Environment) -> Any:
         _check_row_keys(ds, env)
     else:
         n = max(int(spec.cfg("max_steps", 100)), 64)
-        ds = datasets.Dataset.from_list(env.guarded("prompts()", env.prompts, n, int(spec.cfg("seed", 42))))
+        ds = datasets.Dataset.from_list(env.guarded("prompts()", env.prompts, n, spec.seed))
     system_prompt = spec.cfg("system_prompt") or getattr(env, "system_prompt", None)
     ctx.reporter.system_prompt(system_prompt)  # the environment's own is in no config the Studio holds
     if system_prompt:
@@ -253,7 +253,7 @@ def run(ctx: Context) -> None:
         "beta": kl_coef,
         "learning_rate": float(spec.cfg("learning_rate", 1e-6)),
         "max_steps": int(spec.cfg("max_steps", 100)),
-        "seed": int(spec.cfg("seed", 42)),
+        "seed": spec.seed,
     }
     args = build_config(GRPOConfig, ctx, **method_kwargs)
     model = load_unsloth_policy(spec, ctx.device, ctx.reporter.log) if unsloth else load_policy(spec, ctx.device, log=ctx.reporter.log)

@@ -154,8 +154,22 @@ def wrap_lora(model: Any, spec: Spec, device: Device, *, four_bit: bool) -> Any:
     return get_peft_model(model, config)
 
 
+def seed_run(spec: Spec) -> None:
+    """Seed Python, NumPy and torch (every device) with the run's seed.
+
+    The Trainer seeds only when it is built, after the policy exists: a LoRA adapter's A matrices (and any
+    weight the checkpoint lacks) were drawn from an unseeded generator, so two runs with the same seed
+    trained different adapters. Called at the start of the run and again just before the policy loads,
+    so its initialisation does not depend on what ran in between (a capture, an environment's code).
+    """
+    from transformers import set_seed
+
+    set_seed(spec.seed)
+
+
 def load_policy(spec: Spec, device: Device, log: Callable[[str], None] | None = None) -> Any:
     """The model to train: full weights, LoRA over a full-precision base, or LoRA over a 4-bit base."""
+    seed_run(spec)
     four_bit = bool(spec.cfg("load_in_4bit", False))
     model = load_model(spec.base_model, spec.base_model_revision, device, four_bit=four_bit, log=log)
     if device.precision == "fp8":

@@ -12,8 +12,10 @@ up to `max_length` tokens, so an epoch has fewer, fuller steps.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sized
 from functools import partial
+from pathlib import Path
 from typing import Any, cast
 
 import torch
@@ -24,9 +26,50 @@ from .data import load_rows, row_format, with_system_prompt
 from .modeling import load_policy, load_tokenizer
 from .spec import SpecError
 
+# A packed batch's count of real tokens (each row's, before its padding tail): for num_tokens, never the model.
+ROW_TOKENS = "row_tokens"
+# TRL keeps num_tokens' running total on the trainer, which a checkpoint does not save: a resumed run
+# counted from zero again. It is written into each checkpoint and read back from the one resumed.
+TOKEN_TOTAL_FILE = "num_tokens.json"
+
+
+def token_total_at(checkpoint: Path) -> int | None:
+    """num_tokens' running total at a checkpoint: the one saved in it, or for a checkpoint an older
+    engine saved without it, the last one its trainer state logged (None if neither)."""
+    saved = checkpoint / TOKEN_TOTAL_FILE
+    if saved.is_file():
+        return int(json.loads(saved.read_text())["num_tokens"])
+    state = checkpoint / "trainer_state.json"
+    history = json.loads(state.read_text()).get("log_history", []) if state.is_file() else []
+    logged = [entry["num_tokens"] for entry in history if "num_tokens" in entry]
+    return int(logged[-1]) if logged else None
+
 
 class StudioSFTTrainer(TokenCountingMixin, SFTTrainer):
-    pass
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(resume_from_checkpoint, str):
+            total = token_total_at(Path(resume_from_checkpoint))
+            if total is not None:
+                self._total_train_tokens = total
+        return super().train(resume_from_checkpoint, *args, **kwargs)
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        super()._save_checkpoint(model, trial)
+        folder = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}"
+        if self.args.should_save and folder.is_dir():  # every rank holds the same (global) total; one writes it
+            (folder / TOKEN_TOTAL_FILE).write_text(json.dumps({"num_tokens": int(self._total_train_tokens)}))
+
+    def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch: Any = None) -> Any:
+        # TRL counts a batch without an attention mask as one padding-free row (position_ids.size(1) tokens):
+        # of collate_packed_rows' [batch, longest row] it counted one row. Its count of such a batch is
+        # replaced by the rows' real tokens.
+        rows = inputs.pop(ROW_TOKENS, None)
+        counted = self._total_train_tokens
+        result = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        if rows is not None and model.training:
+            self._total_train_tokens = counted + int(self.accelerator.gather_for_metrics(rows.sum()).sum().item())
+            self._metrics["train"]["num_tokens"] = [self._total_train_tokens]
+        return result
 
 
 def collate_packed_rows(examples: list[dict[str, Any]], pad_id: int) -> dict[str, torch.Tensor]:
@@ -38,6 +81,7 @@ def collate_packed_rows(examples: list[dict[str, Any]], pad_id: int) -> dict[str
     a row ([batch, longest row]) with its own position_ids and no attention mask: transformers still
     builds the block-diagonal mask per row, and the cost per row is bounded by max_length². A row's
     padding tail is a sequence of its own (positions from 0) with no labels, so nothing attends to it.
+    `row_tokens` holds each row's tokens without that tail, for StudioSFTTrainer's num_tokens.
     """
     longest = max(len(e["input_ids"]) for e in examples)
     ids = torch.full((len(examples), longest), pad_id, dtype=torch.long)
@@ -50,7 +94,8 @@ def collate_packed_rows(examples: list[dict[str, Any]], pad_id: int) -> dict[str
         positions[row] = packed_positions(list(e.get("seq_lengths") or [n]), longest)
     # The first token of each sequence is not a target of the token before it (another sequence).
     labels[positions == 0] = -100
-    return {"input_ids": ids, "labels": labels, "position_ids": positions}
+    lengths = torch.tensor([len(e["input_ids"]) for e in examples], dtype=torch.long)
+    return {"input_ids": ids, "labels": labels, "position_ids": positions, ROW_TOKENS: lengths}
 
 
 def build_trainer(ctx: Context) -> tuple[StudioSFTTrainer, Any]:

@@ -12,6 +12,7 @@ from typing import Any
 
 METHODS = ("sft", "dpo", "grpo", "distill")
 PRECISIONS = ("bf16", "fp8", "nvfp4", "fp32")
+SEED_DEFAULT = 42  # seed 002's default for config.seed
 
 # Product-contract config keys the engine interprets itself; they never pass through to a TRL config.
 ENGINE_KEYS = {
@@ -143,6 +144,10 @@ class Spec:
     def cfg(self, key: str, default: Any = None) -> Any:
         value = self.config.get(key)
         return default if value is None else value
+
+    @property
+    def seed(self) -> int:
+        return int(self.cfg("seed", SEED_DEFAULT))
 
     @property
     def use_lora(self) -> bool:

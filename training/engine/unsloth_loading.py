@@ -12,7 +12,7 @@ import importlib.util
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from .modeling import LORA_TARGETS, Device
+from .modeling import LORA_TARGETS, Device, seed_run
 from .spec import Spec, SpecError
 
 T = TypeVar("T")
@@ -44,6 +44,7 @@ def load_unsloth_policy(spec: Spec, device: Device, log: Callable[[str], None]) 
     """The policy through FastLanguageModel: its context is max_prompt_length + max_response_length, its
     base 4-bit with load_in_4bit, and LoRA (when asked for) through Unsloth's get_peft_model."""
     require_unsloth()
+    seed_run(spec)
     from unsloth import FastLanguageModel
 
     max_seq_length = int(spec.cfg("max_prompt_length", MAX_PROMPT_LENGTH)) + int(spec.cfg("max_response_length", 2048))
@@ -58,5 +59,5 @@ def load_unsloth_policy(spec: Spec, device: Device, log: Callable[[str], None]) 
         return model
     return FastLanguageModel.get_peft_model(
         model, r=spec.lora_rank, lora_alpha=spec.lora_alpha, lora_dropout=0.0, target_modules=LORA_TARGETS,
-        bias="none", random_state=int(spec.cfg("seed", 42)),
+        bias="none", random_state=spec.seed,
     )
