@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from types import SimpleNamespace
@@ -195,6 +196,31 @@ def test_stop_still_cancels_when_the_grace_period_ends_in_sigkill(api, settings,
     reconciler.reconcile_run(run.pk)
     run.refresh_from_db()
     assert run.status == Status.CANCELLED and run.error is None
+
+
+def test_a_job_whose_group_number_another_program_has_now_is_gone_and_never_signalled(settings, tmp_path):
+    """A job id names the runner's process group by number. Once the job has ended, the kernel gives the
+    number to other processes (the pid space wraps within minutes on a busy machine, and starts again at
+    a reboot): a poll reads the job as gone, not that program as its runner, and STOP signals nothing."""
+    settings.STUDIO_RUNS_DIR = tmp_path / "runs"
+    settings.STUDIO_STOP_GRACE_SECONDS = 1
+    directory = run_dir(72, 1)
+    directory.mkdir(parents=True)
+    (directory / "engine.pid").write_text("12345")  # the ended job's engine ran once
+    # Another program, leading a process group of its own, under the number the job id names.
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True, stdin=subprocess.DEVNULL)
+    try:
+        job_id = f"{socket.gethostname()}:{other.pid}"
+        backend = LocalBackend()
+        result = backend.poll(SimpleNamespace(pk=72, attempt=1, backend_job_id=job_id))
+        assert (result.state, result.error_code) == ("gone", "training_error")
+        backend.signal_stop(72, 1, job_id)
+        backend.stop(72, 1, job_id)
+        time.sleep(0.5)
+        assert other.poll() is None, f"STOP of an ended job signalled another program's group (it exited {other.returncode})"
+    finally:
+        other.kill()
+        other.wait()
 
 
 @pytest.mark.parametrize(("backend", "returncode", "says"), [

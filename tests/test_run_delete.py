@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import sys
 
 import pytest
 from django.test import Client
@@ -146,7 +147,8 @@ def test_a_merge_in_flight_is_refused(api, runs_root):
 
 def test_a_local_engine_still_exiting_is_refused_until_it_is_gone(api, runs_root):
     run = ended_run(api, status=Status.CANCELLED)
-    engine = subprocess.Popen(["sleep", "60"], start_new_session=True)  # a real process group, as the runner's
+    # A real process group that names the attempt's folder, as the runner's (a bare number could be another program's).
+    engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(run_dir(run.pk, 1))], start_new_session=True)
     try:
         TrainingRun.objects.filter(pk=run.pk).update(backend_job_id=f"{socket.gethostname()}:{engine.pid}")
         body = assert_error(api.delete(f"/api/training-runs/{run.pk}"), 409, "status")

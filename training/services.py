@@ -363,7 +363,7 @@ def delete_blockers(run: TrainingRun) -> list[Finding]:
         findings.append(Finding("status", f"the run is {run.status}: STOP it first, then delete it"))
     elif run.status == Status.QUEUED and run.start_requested_at:
         findings.append(Finding("status", "its START is waiting for a worker: STOP it (which withdraws the START), then delete it"))
-    elif run.backend_name == "local" and job_lingers(run.backend_job_id):
+    elif run.backend_name == "local" and job_lingers(run.pk, run.attempt, run.backend_job_id):
         findings.append(Finding("status", "its engine is still exiting after the run ended: try again in a few seconds"))
     elif stopping_on_backend(run):
         findings.append(Finding("status", "the run is still stopping on its backend: try again in a few seconds"))

@@ -3,7 +3,9 @@
 The engine gets an environment built from an allow-list (never the Studio's own secrets) and its
 spec in a 0600 file. It imports environment packages that any project member can upload, so it runs
 in a sandbox (training/backends/sandbox.py, STUDIO_LOCAL_SANDBOX) that hides the Studio's private
-files and processes. STOP sends SIGTERM to the group, waits the grace period, then SIGKILLs it.
+files and processes. STOP sends SIGTERM to the group, waits the grace period, then SIGKILLs it; a
+group is signalled only while one of its processes names the attempt's folder (names_attempt: the
+kernel gives an ended job's number to other processes).
 A job first takes its device slots on this machine (local_runner): the GPUs it asked for, or one of
 STUDIO_LOCAL_MAX_CPU_JOBS CPU slots; until it has them it is pending, and says why.
 """
@@ -176,11 +178,11 @@ def parse_job_id(job_id: str) -> tuple[str, int] | None:
     return (host, int(pid)) if pid.isdigit() else None
 
 
-def job_lingers(job_id: str) -> bool:
+def job_lingers(run_id: int, attempt: int, job_id: str) -> bool:
     """Whether a local job's processes still run on this machine (a stopped engine takes up to
     STUDIO_STOP_GRACE_SECONDS to exit, and writes to its run folder until then)."""
     parsed = parse_job_id(job_id or "")
-    return parsed is not None and parsed[0] == socket.gethostname() and group_alive(parsed[1])
+    return parsed is not None and parsed[0] == socket.gethostname() and job_group_alive(parsed[1], run_dir(run_id, attempt))
 
 
 def process_alive(pid: int) -> bool:
@@ -190,6 +192,20 @@ def process_alive(pid: int) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def names_attempt(pid: int, directory: Path) -> bool:
+    """Whether process `pid` is one of this attempt's: its command line names the attempt's folder (the
+    runner's RUN_DIR, the sandbox's plan, the engine's --spec). A job id names its process group by
+    number, and the number is another process's once the job has ended and the kernel reuses it (the pid
+    space wraps within minutes on a busy machine, and starts again at a reboot): without this, a poll read
+    that process as the runner and STOP's SIGKILL took whatever group now has the number."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return False
+    folder = str(directory)
+    return any(arg == folder or arg.startswith(folder + "/") for arg in argv)
 
 
 def reap(pid: int) -> None:
@@ -295,7 +311,7 @@ class LocalBackend(Backend):
             if parsed:
                 reap(parsed[1])
             return self._exit_result(json.loads(exit_file.read_text()), directory)
-        if parsed and parsed[0] == socket.gethostname() and process_alive(parsed[1]):
+        if parsed and parsed[0] == socket.gethostname() and process_alive(parsed[1]) and names_attempt(parsed[1], directory):
             if (directory / "engine.pid").is_file():
                 return PollResult("running")
             # The runner waits for its slots (or is about to start the engine): nothing runs, nothing is leased.
@@ -327,7 +343,7 @@ class LocalBackend(Backend):
         """SIGTERM to the job's group at once: the engine flushes and exits within seconds, whether or
         not a worker is free for stop() to follow it up with the SIGKILL after the grace period."""
         parsed = parse_job_id(job_id)
-        if parsed and parsed[0] == socket.gethostname():
+        if parsed and parsed[0] == socket.gethostname() and job_group_alive(parsed[1], run_dir(run_id, attempt)):
             with suppress(ProcessLookupError, PermissionError):
                 os.killpg(parsed[1], signal.SIGTERM)
 
@@ -335,19 +351,21 @@ class LocalBackend(Backend):
         parsed = parse_job_id(job_id)
         if not parsed or parsed[0] != socket.gethostname():
             return
-        pid = parsed[1]
+        pid, directory = parsed[1], run_dir(run_id, attempt)
+        if not job_group_alive(pid, directory):
+            reap(pid)
+            return  # ended: the group's number may be another process's by now
         try:
             os.killpg(pid, signal.SIGTERM)  # the runner leads its own group (start_new_session)
         except ProcessLookupError:
             return
         deadline = time.monotonic() + settings.STUDIO_STOP_GRACE_SECONDS
-        while time.monotonic() < deadline and group_alive(pid):
+        while time.monotonic() < deadline and job_group_alive(pid, directory):
             reap(pid)
             time.sleep(0.1)
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        if job_group_alive(pid, directory):
+            with suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
         reap(pid)
 
     def logs(self, run, tail: int = LOG_TAIL_LINES) -> list[str]:
@@ -361,8 +379,9 @@ class LocalBackend(Backend):
         return str(output_dir(run.pk, run.attempt))
 
 
-def group_alive(pgid: int) -> bool:
-    """Whether any live (non-zombie) process is still in process group `pgid`."""
+def group_alive(pgid: int, directory: Path | None = None) -> bool:
+    """Whether any live (non-zombie) process is still in process group `pgid` (with `directory`: one
+    whose command line names that attempt folder, names_attempt)."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -370,6 +389,12 @@ def group_alive(pgid: int) -> bool:
             fields = (entry / "stat").read_text().rsplit(")", 1)[-1].split()
         except OSError:
             continue
-        if fields[0] != "Z" and int(fields[2]) == pgid:
+        if fields[0] != "Z" and int(fields[2]) == pgid and (directory is None or names_attempt(int(entry.name), directory)):
             return True
     return False
+
+
+def job_group_alive(pgid: int, directory: Path) -> bool:
+    """Whether the job's process group still runs a process of the attempt in `directory`: a group
+    whose number the kernel gave to another process since is not the job's, and is never signalled."""
+    return group_alive(pgid, directory)
