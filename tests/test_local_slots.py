@@ -3,13 +3,19 @@ for (its GPUs, exclusively, or one of STUDIO_LOCAL_MAX_CPU_JOBS CPU slots); unti
 pending, saying why, with no deadline counting and nothing leased, and STOP ends it at once."""
 from __future__ import annotations
 
+import fcntl
+import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from tests.conftest import wait_for
-from training.backends import local
+from training.backends import local, local_runner
 from training.backends.base import JobSpec
 from training.backends.local import LocalBackend, group_alive, parse_job_id, run_dir
 from training.models import LogLine, MetricPoint, Status, TrainingRun
@@ -85,6 +91,33 @@ def test_stop_of_a_waiting_run_cancels_it_at_once_and_leaves_no_process(api, one
     first_pgid = parse_job_id(TrainingRun.objects.get(pk=first).backend_job_id)[1]
     wait_for(lambda: not group_alive(first_pgid), 30, message="the first run's engine to be stopped")
     assert TrainingRun.objects.get(pk=second).status == Status.CANCELLED
+
+
+def test_jobs_waiting_for_a_slot_take_it_in_the_order_they_came_and_a_dead_waiter_is_passed(tmp_path):
+    # QA: waiters retried a non-blocking flock, so whichever retried first won: a run started first
+    # was passed by ~25 later ones. The runners here are real; their engine only says its turn came.
+    slots, order = tmp_path / ".slots", tmp_path / "order"
+    slots.mkdir()
+    busy = (slots / "cpu-0.lock").open("a+")
+    fcntl.flock(busy, fcntl.LOCK_EX)  # another job holds the one CPU slot
+    runners = {}
+    for n in range(1, 6):
+        directory = tmp_path / str(n) / "attempt-1"
+        directory.mkdir(parents=True)
+        runners[n] = subprocess.Popen([sys.executable, "-m", "training.backends.local_runner", str(directory), "--slots", str(slots), "--cpu-slots", "1",
+                                       "--", "sh", "-c", f"echo {n} >> {order}"], cwd=Path(__file__).resolve().parents[1])
+        wait_for((directory / "waiting.json").is_file, 30, interval=0.05, message=f"runner {n} to wait")
+        # Apart by about 0.6 of a retry: waiters that merely retried in turn would not retry in the order they came.
+        time.sleep(0.45 * local_runner.RETRY_SECONDS)
+    waiting = json.loads((tmp_path / "5" / "attempt-1" / "waiting.json").read_text())["message"]
+    assert waiting == ("waits for a CPU slot (STUDIO_LOCAL_MAX_CPU_JOBS=1), after 4 jobs that came before it "
+                       "(run 1 (attempt 1), run 2 (attempt 1), run 3 (attempt 1), …): it starts in its turn"), waiting
+    runners.pop(2).send_signal(signal.SIGKILL)  # a waiter killed (its worker's machine, say): no clean-up
+    busy.close()
+    for n, runner in runners.items():
+        assert runner.wait(timeout=60) == 0, n
+    assert order.read_text().split() == ["1", "3", "4", "5"]
+    assert list(slots.glob("queue-cpu/*.ticket")) == []
 
 
 # ---- GPUs: this machine has none, so the device count is the one thing faked -------------------

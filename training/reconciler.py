@@ -273,6 +273,11 @@ def check_deadlines(run: TrainingRun, backend, conn: BackendConnection | None, n
     timeout = heartbeat_timeout(run.config)
     heard_from = run.status == Status.RUNNING or run.worker_up_at is not None
     silent_since = max(run.last_heartbeat_at, silence_from) if run.last_heartbeat_at and silence_from else run.last_heartbeat_at
+    if run.status == Status.PROVISIONING and run.worker_up_at and silent_since:
+        # Not reported yet: silence counts from when the engine started, with the whole startup grace a
+        # run has at submit. A local job that waited for its slots longer than the deadline still has
+        # its submit time as last heartbeat, and was failed the moment its engine started.
+        silent_since = max(silent_since, run.worker_up_at)
     if heard_from and silent_since and (now - silent_since).total_seconds() > timeout:
         end_failed(run, backend, ErrorCode.HEARTBEAT_TIMEOUT,
                           f"the engine sent no heartbeat for {timeout} s (heartbeat_timeout_seconds): it may have been frozen, OOM-killed or cut off")

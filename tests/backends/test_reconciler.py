@@ -229,3 +229,23 @@ def test_a_heartbeat_deadline_stored_below_the_floor_is_the_floor(api, monkeypat
     reconciler.reconcile_run(run.pk)
     run.refresh_from_db()
     assert run.status == Status.FAILED and "no heartbeat for 60 s" in run.error["message"]
+
+
+def test_a_job_that_waited_longer_than_the_heartbeat_deadline_gets_the_whole_deadline_once_its_engine_starts(api, monkeypatch):
+    # QA: a local run that waited 8 minutes for a CPU slot was failed with heartbeat_timeout the moment
+    # its engine started (58 ms before its first heartbeat): silence counted from the submit.
+    run, backend = fake_run(api, monkeypatch, accelerators="H100:1")
+    submitted = timezone.now() - timedelta(minutes=8)
+    TrainingRun.objects.filter(pk=run.pk).update(provisioning_since=submitted, last_heartbeat_at=submitted, config={**run.config, "heartbeat_timeout_seconds": 60})
+    backend.answer = PollResult("pending", leased=False, waiting="waits for a CPU slot (STUDIO_LOCAL_MAX_CPU_JOBS=1), held by run 1 (attempt 1)")
+    reconciler.reconcile_run(run.pk)
+    assert TrainingRun.objects.get(pk=run.pk).status == Status.PROVISIONING
+    backend.answer = PollResult("running", leased=False)  # the wait ended: the engine starts
+    reconciler.reconcile_run(run.pk)
+    run.refresh_from_db()
+    assert run.status == Status.PROVISIONING and run.worker_up_at is not None, run.error
+    # A deadline still counts, from the engine's start: 61 s of silence after it is a lost heartbeat.
+    TrainingRun.objects.filter(pk=run.pk).update(worker_up_at=timezone.now() - timedelta(seconds=61))
+    reconciler.reconcile_run(run.pk)
+    run.refresh_from_db()
+    assert run.status == Status.FAILED and run.error["code"] == "heartbeat_timeout", run.error

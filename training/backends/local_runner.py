@@ -10,7 +10,9 @@ Slots: before it starts the engine, the runner takes the machine's devices the j
 until it exits: a killed runner, or the end of the job's group, frees them with no clean-up. The
 engine sees exactly its GPUs (CUDA_VISIBLE_DEVICES; none for a CPU job). Until it has them all it
 waits, saying why in RUN_DIR/waiting.json (the backend's poll reads it) and engine.log; a SIGTERM
-(STOP) then ends it at once. The runner writes the engine's output to RUN_DIR/engine.log
+(STOP) then ends it at once. Waiters take their turns first come, first served: each holds a ticket
+in DIR/queue-<gpu|cpu> (take_ticket), and only the oldest live one tries the free slots; retrying in
+turn let whichever retried first win. The runner writes the engine's output to RUN_DIR/engine.log
 and, when the engine exits, RUN_DIR/exit.json ({"returncode", "signal", "oom_kills"}) so the exit can
 be mapped to an error code even though the runner is not the Studio's child any more. With
 --sandbox, the engine runs inside training.backends.sandbox (which mirrors its exit and writes
@@ -108,15 +110,61 @@ def try_slots(paths: list[Path], want: int) -> tuple[list[IO[str]], list[str]]:
     return held, []
 
 
-def wait_for_slots(run_dir: Path, slots_dir: Path, paths: list[Path], want: int, what: str, log: IO[bytes]) -> list[IO[str]]:
-    """Block until `want` of `paths` are this job's; say why it waits, and when the holders change."""
+def take_ticket(queue: Path, run_dir: Path) -> tuple[Path, IO[str]]:
+    """This job's place in the queue of a pool of slots: a file named by the time it came (and the
+    pid, for ties), marked as this job's and held with a flock until it has its slots. A waiter that
+    died (killed, crashed) no longer holds its ticket's lock, so the others pass it with no clean-up.
+    It is locked before it gets its name, so no waiter ever sees it unlocked while it waits."""
+    queue.mkdir(parents=True, exist_ok=True)
+    stem = f"{time.time_ns():020d}-{os.getpid()}"
+    name, draft = f"{stem}.ticket", queue / f"{stem}.draft"  # not a ticket (the queue reads *.ticket) until it is held
+    f = draft.open("a+")
+    fcntl.flock(f, fcntl.LOCK_EX)
+    f.write(holder_of(run_dir))
+    f.flush()
+    os.rename(draft, queue / name)
+    return queue / name, f
+
+
+def waiting_before(ticket: Path) -> list[str]:
+    """The jobs still waiting in `ticket`'s queue that came before it, oldest first; the tickets of
+    dead waiters are removed on the way."""
+    ahead = []
+    for path in sorted(ticket.parent.glob("*.ticket")):
+        if path.name >= ticket.name:
+            break
+        try:
+            f = path.open("r")
+        except FileNotFoundError:  # it took its slots, or was removed as dead
+            continue
+        with f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:  # its waiter holds it: alive and waiting
+                ahead.append(f.read().strip() or "a job starting")
+                continue
+            path.unlink(missing_ok=True)  # no waiter holds it (dead, or it just took its slots)
+    return ahead
+
+
+def wait_for_slots(run_dir: Path, slots_dir: Path, paths: list[Path], want: int, what: str, pool: str, log: IO[bytes]) -> list[IO[str]]:
+    """Block until `want` of `paths` are this job's, in its turn; say why it waits, and when that changes.
+    Only the oldest waiter tries the slots, so a job is never passed by one that came after it, even
+    one that asks for fewer GPUs (which would otherwise keep a job asking for many waiting for ever)."""
     slots_dir.mkdir(parents=True, exist_ok=True)
+    ticket, hold = take_ticket(slots_dir / f"queue-{pool}", run_dir)
     said = ""
     while True:
-        held, holders = try_slots(paths, want)
-        if held:
-            break
-        message = f"waits for {what}, held by {', '.join(sorted(set(holders)))}: it starts once they are free"
+        ahead = waiting_before(ticket)
+        if not ahead:
+            held, holders = try_slots(paths, want)
+            if held:
+                break
+            message = f"waits for {what}, held by {', '.join(sorted(set(holders)))}: it starts once they are free"
+        else:
+            names = ", ".join(ahead[:3]) + (", …" if len(ahead) > 3 else "")
+            message = (f"waits for {what}, after {len(ahead)} job{'s' if len(ahead) > 1 else ''} that came before it "
+                       f"({names}): it starts in its turn")
         if message != said:
             tmp = run_dir / (WAITING_NAME + ".tmp")
             tmp.write_text(json.dumps({"message": message}))
@@ -124,6 +172,8 @@ def wait_for_slots(run_dir: Path, slots_dir: Path, paths: list[Path], want: int,
             log.write(f"[runner] {message}\n".encode())
             said = message
         time.sleep(RETRY_SECONDS)
+    ticket.unlink(missing_ok=True)  # before the lock goes, so no waiter takes it for a dead one's
+    hold.close()
     for f in held:
         f.seek(0)
         f.truncate()
@@ -172,12 +222,12 @@ def main(argv: list[str]) -> int:
             if args.gpus:
                 paths = [args.slots / f"gpu-{d}.lock" for d in devices]
                 what = f"{args.gpus} GPU{'s' if args.gpus > 1 else ''} of this machine's {len(devices)}"
-                held = wait_for_slots(run_dir, args.slots, paths, args.gpus, what, log)
+                held = wait_for_slots(run_dir, args.slots, paths, args.gpus, what, "gpu", log)
                 taken = [Path(f.name).stem.removeprefix("gpu-") for f in held]
             else:
                 paths = [args.slots / f"cpu-{k}.lock" for k in range(args.cpu_slots)]
                 what = f"a CPU slot (STUDIO_LOCAL_MAX_CPU_JOBS={args.cpu_slots})"
-                held = wait_for_slots(run_dir, args.slots, paths, 1, what, log)
+                held = wait_for_slots(run_dir, args.slots, paths, 1, what, "cpu", log)
                 taken = []
             # Exactly its GPUs, whatever the machine has: torchrun's ranks and a single engine alike count from cuda:0.
             env["CUDA_VISIBLE_DEVICES"] = ",".join(taken)
