@@ -35,7 +35,13 @@ from datahub import storage
 from datahub.models import Commit, TreeEntry
 from studio.errors import BadRequest, Finding
 from studio.templatetags.studio_ui import binary_h
-from training.engine.data import CSV_JSON_COLUMNS, csv_cell, detect_shape, is_data_path  # the trainer's own rules, so validation and training agree
+from training.engine.data import (  # the trainer's own rules, so validation and training agree
+    CSV_JSON_COLUMNS,
+    csv_cell,
+    detect_shape,
+    eval_split_warning,
+    is_data_path,
+)
 from training.engine.ruler import PROMPT_COLUMNS as RULER_COLUMNS
 
 FORMATS = {".jsonl": "jsonl", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
@@ -736,6 +742,9 @@ def check_rows(sources: list[Source], method: str, field: str, needs: RowNeeds |
     max_rows = settings.DATAHUB_VALIDATE_MAX_ROWS
     findings: list[Finding] = []
     notices: list[Finding] = []
+    split = eval_split_warning([entry.path for entry in sources], field) if method != RULER else None
+    if split:  # trained on all the same: said beside the Start button and in the run's log, refused nowhere
+        notices.append(Finding(field, split.removeprefix(f"{field}: ")))
     first_shape: tuple[str, str, list[str]] | None = None  # the dataset's first file with a shape: its path, shape and columns
     first_form: tuple[str, FirstRowForm] | None = None  # the dataset's first file with a good row: its path, and that row's forms
     for entry in sources:

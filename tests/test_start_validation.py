@@ -597,3 +597,13 @@ def test_grpo_on_one_gpu_refuses_more_blocks_than_it_can_share(api, config):
     blocks = [message for field, message in start_findings_of(api, run_id) if message.startswith("the GPU blocks")]
     assert blocks == ["the GPU blocks need 2 GPUs (on one GPU the inference and trainer blocks share it and a colocated judge needs one of its own) "
                       "but the run asks for 1 GPU: ask for at least 2 or use fewer blocks"]
+
+
+@pytest.mark.parametrize("method, config", [("sft", {}), ("distill", {"distillation": {"teacher_model": "org/t"}})])
+def test_a_dataset_entry_of_a_type_sft_does_not_train_on_is_refused(api, method, config):
+    # {"type": "eval"} was trained on: the engine joins every entry into the training rows.
+    run_id = make_run(api, method=method, config=config, dataset=[{"ref": "org/data"}, {"ref": "org/held-out", "type": "eval"}])
+    body = assert_start_refused(api, run_id, 422, "dataset[1].type")
+    said = next(e["message"] for e in body["errors"] if e["field"] == "dataset[1].type")
+    assert 'set type to sft, chat, text, prompt_completion or leave it out (got "eval")' in said, said
+    assert "dataset[0].type" not in [e["field"] for e in body["errors"]]

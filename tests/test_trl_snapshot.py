@@ -71,3 +71,7 @@ def test_a_right_trl_field_is_kept_as_written_and_a_choice_in_lower_case(api):
     assert r.status_code == 201, r.content
     config = r.json()["config"]
     assert (config["lr_scheduler_type"], config["warmup_steps"], config["weight_decay"], config["packing_strategy"]) == ("cosine", 3, 0, "bfd")
+
+
+def test_the_patchable_templates_are_the_installed_trls():
+    assert json.loads(trl_snapshot.TEMPLATES_FILE.read_text()) == trl_snapshot.patchable_templates(), "run: python -m training.methods.trl_snapshot"

@@ -19,6 +19,7 @@ from environments.services import dataset_row_needs, environment_findings
 from studio.errors import BadRequest, Finding
 from studio.parsing import control_character, invisible
 from training.backends import get_backend
+from training.chat_templates import template_findings
 from training.compute import GPU_MEMORY_GIB, accelerators_of, check_compute, normalise_compute, precision_findings
 from training.engine import fit, liger
 from training.forms import hub_model_files, hub_ref_tree
@@ -130,6 +131,7 @@ def start_findings(draft: Draft) -> list[Finding]:
         findings += dataset_findings(draft.project, draft.method, draft.dataset, needs, notices, checks, system_prompt_set(draft))
         findings += ruler_dataset_findings(draft.project, ruler_dataset(draft), notices)
         findings += bare_repo_name_findings(draft)
+    findings += template_findings(draft, checks, model_file_reader(draft.project, draft.base_model))
     fields = [field.removesuffix(".ref") for field, _ in dataset_refs(draft.dataset)]  # the entries' order, local and Data Hub alike
     findings += entries_findings(sorted(checks, key=lambda check: fields.index(check[0])), draft.method)
     draft.memo["notices"] = notices
@@ -235,8 +237,7 @@ def model_config(ref: str | None, project=None) -> dict | None:
     return fit.known_config(ref)
 
 
-# Where a config.json states how many positions the model can attend over (GPT-2 and Falcon name it differently).
-CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+CONTEXT_KEYS = fit.CONTEXT_KEYS  # the engine caps a default max_length by the same keys
 
 
 def context_findings(draft: Draft) -> list[Finding]:

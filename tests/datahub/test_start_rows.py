@@ -185,3 +185,13 @@ def test_the_rule_is_the_engines_reader_s(tmp_path, monkeypatch, name, data):
 
 def source(name: str, data: bytes) -> datasets.Source:
     return datasets.Source(name, len(data), lambda: io.BytesIO(data))
+
+
+def test_files_named_like_an_evaluation_split_are_said_beside_start():
+    # test.jsonl in a dataset repo was trained on silently; the run's log says so too (training/engine/data.py).
+    rows = jsonl([{"text": "a"}])
+    check = datasets.check_rows([source("train.jsonl", rows), source("data/validation-00000-of-00001.jsonl", rows)], "sft", "dataset")
+    assert check.findings == []
+    assert [n.message for n in check.notices] == [
+        "data/validation-00000-of-00001.jsonl is named like an evaluation split, and a run trains on every data file of its dataset: "
+        "move evaluation files to another branch or repo if they are not for training"]

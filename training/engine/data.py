@@ -6,8 +6,9 @@ import csv
 import glob
 import json
 import os
+import re
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -34,6 +35,25 @@ def data_files(paths: Iterable[str]) -> list[str]:
     return sorted((p for p in paths if is_data_path(p)), key=lambda p: PurePosixPath(p).parts)
 
 
+# A file or folder named as the Hub names an evaluation split (test.jsonl, validation-00000-of-00001.parquet,
+# eval/rows.jsonl): a run trains on every data file, so such a file is trained on, which is rarely meant.
+EVAL_SPLIT = re.compile(r"(test|tests|validation|valid|val|eval|evaluation|dev)([-_.]|$)", re.IGNORECASE)
+
+
+def eval_split_files(files: Iterable[str]) -> list[str]:
+    """The data files among `files` that are named like an evaluation split. Studio's dataset checks say
+    so before START, and the engine in the run's log: neither refuses them (a run has no eval split)."""
+    return [f for f in files if any(EVAL_SPLIT.match(part) for part in PurePosixPath(f).parts)]
+
+
+def eval_split_warning(files: Iterable[str], where: str) -> str | None:
+    named = eval_split_files(files)
+    if not named:
+        return None
+    return (f"{where}: {', '.join(named)} {'is' if len(named) == 1 else 'are'} named like an evaluation split, and a run trains on every "
+            "data file of its dataset: move evaluation files to another branch or repo if they are not for training")
+
+
 def csv_cell(column: str, value: Any) -> Any:
     """A CSV cell as START reads it: the JSON list in it for a column of CSV_JSON_COLUMNS, else as it is
     (a cell that starts with "[" but is not JSON stays text, e.g. "[1] the first answer")."""
@@ -45,11 +65,11 @@ def csv_cell(column: str, value: Any) -> Any:
     return value
 
 
-def _load_one(ref: DatasetRef, index: int) -> Any:
+def _load_one(ref: DatasetRef, index: int, log: Callable[[str], None]) -> Any:
     import datasets
 
     if ref.data_hub:
-        return _load_data_hub(ref, index)
+        return _load_data_hub(ref, index, log)
     path = Path(ref.path)
     if path.is_file():
         if path.suffix.lower() not in _EXT_TO_BUILDER:
@@ -58,6 +78,7 @@ def _load_one(ref: DatasetRef, index: int) -> Any:
     if path.is_dir():
         files = data_files(p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file())
         if files:
+            _warn_eval_split(files, index, log)
             return _load_files(path, files, index)
         return datasets.load_from_disk(str(path))
     if path.is_absolute() or ref.path.startswith("."):
@@ -67,7 +88,13 @@ def _load_one(ref: DatasetRef, index: int) -> Any:
     return datasets.load_dataset(ref.path, revision=ref.revision, split="train")
 
 
-def _load_data_hub(ref: DatasetRef, index: int) -> Any:
+def _warn_eval_split(files: list[str], index: int, log: Callable[[str], None]) -> None:
+    warning = eval_split_warning(files, f"dataset[{index}]")
+    if warning:
+        log(f"warning: {warning}")
+
+
+def _load_data_hub(ref: DatasetRef, index: int, log: Callable[[str], None]) -> Any:
     """A Data Hub dataset repo at its pinned commit, through the Studio's HF-compatible /hub
     (HF_ENDPOINT, HF_TOKEN): every data file of the commit, as a local folder of them loads. Not
     `load_dataset(repo)`: the Hub's split-by-file-name rule would train on train.jsonl alone, or
@@ -79,6 +106,7 @@ def _load_data_hub(ref: DatasetRef, index: int) -> Any:
     files = data_files(HfApi(endpoint=endpoint).list_repo_files(ref.path, repo_type="dataset", revision=ref.revision))
     if not files:
         raise SpecError(f"dataset[{index}].path: {ref.path}@{ref.revision} has no .jsonl, .json, .parquet or .csv file to train on")
+    _warn_eval_split(files, index, log)
     # Escaped: allow_patterns are fnmatch patterns, and a Data Hub path may hold *, ? or [.
     folder = snapshot_download(ref.path, repo_type="dataset", revision=ref.revision, endpoint=endpoint,
                                allow_patterns=[glob.escape(f) for f in files])
@@ -185,10 +213,11 @@ def _plain_strings(parts: list[Any]) -> list[Any]:
     return [part if f == part.features else part.cast(f) for part, f in zip(parts, features, strict=True)]
 
 
-def load_rows(refs: list[DatasetRef]) -> Any:
+def load_rows(refs: list[DatasetRef], log: Callable[[str], None] = lambda line: None) -> Any:
+    """Every entry's rows as one table; `log` gets a warning for files named like an evaluation split."""
     import datasets
 
-    parts = [_load_one(ref, i) for i, ref in enumerate(refs)]
+    parts = [_load_one(ref, i, log) for i, ref in enumerate(refs)]
     if len(parts) == 1:
         return parts[0]
     try:

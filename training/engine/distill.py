@@ -23,11 +23,13 @@ import torch
 import torch.nn.functional as F
 from transformers import Trainer
 from trl import SFTConfig
+from trl.chat_template_utils import has_generation_markers
 
 from . import kd_format
 from .capture import capture_shards
 from .common import Context, StudioCallback, TokenCountingMixin, build_config, packed_positions, train_and_finish
 from .data import load_rows, row_format, with_system_prompt
+from .fit import max_length
 from .modeling import load_policy, load_tokenizer
 from .spec import SpecError
 
@@ -265,7 +267,7 @@ def run(ctx: Context) -> None:
     kd_weight = float(0.5 if dist.get("kd_weight") is None else dist["kd_weight"])
     ce_weight = float(1.0 - kd_weight if dist.get("ce_weight") is None else dist["ce_weight"])
     tokenizer = load_tokenizer(spec.base_model, spec.base_model_revision)
-    dataset = load_rows(spec.datasets)
+    dataset = load_rows(spec.datasets, ctx.reporter.log)
     fmt = row_format(dataset)
     if fmt == "preference":
         raise SpecError("dataset: DISTILL needs SFT-shaped rows (messages, text or prompt/completion)")
@@ -278,7 +280,11 @@ def run(ctx: Context) -> None:
 
     ctx.reporter.stage("capture")
     kd_dir = capture_dir(spec, str(dist["teacher_model"]), k, ctx.device.precision)
-    shards = tokenise_shards(dataset, fmt, tokenizer, int(spec.cfg("max_length", 1024)), kd_dir)
+    if fmt == "chat" and tokenizer.chat_template and not has_generation_markers(tokenizer.chat_template):
+        ctx.reporter.log("distill: the chat template has no {% generation %} markers, so it cannot mark the assistant's turns: "
+                         "the student learns whole conversations (system and user turns too)")
+    row_length = max_length(spec, ctx.reporter.log)
+    shards = tokenise_shards(dataset, fmt, tokenizer, row_length, kd_dir)
     n_tokens = sum(int(s.offsets[-1]) for s in shards)
     ctx.reporter.log(f"capture: {len(shards)} shard{'' if len(shards) == 1 else 's'}, {n_tokens} tokens, top_k={k}, sidecars ~{kd_format.expected_size(k, n_tokens) / 1e6:.1f} MB")
     capture_shards(ctx, shards, str(dist["teacher_model"]), k, vocab_size)
@@ -286,26 +292,25 @@ def run(ctx: Context) -> None:
     ctx.reporter.stage("train")
     ctx.reporter.log(f"distill: tau={temperature} kd_weight={kd_weight} ce_weight={ce_weight}")
     packing = bool(spec.cfg("packing", True))
-    max_length = int(spec.cfg("max_length", 1024))
     # The KD loss needs the student's logits, so liger (when on) must not swap in its fused linear cross-entropy.
     args = build_config(
         SFTConfig,
         ctx,
-        max_length=max_length,
+        max_length=row_length,
         remove_unused_columns=False,
         liger_kernel_config={"fused_linear_cross_entropy": False},
     )
     model = load_policy(spec, ctx.device, log=ctx.reporter.log)
     pad_id = tokenizer.pad_token_id
     flash = str(getattr(model.config, "_attn_implementation", "")).startswith("flash")
-    layout = "one padding-free row per batch" if flash else f"padding-free rows of up to {max_length} tokens"
+    layout = "one padding-free row per batch" if flash else f"padding-free rows of up to {row_length} tokens"
     ctx.reporter.log(f"distill: packing={f'on ({layout})' if packing else 'off (padded batches)'}")
     ref: list[Any] = []
     trainer = KDTrainer(
         model=model,
         args=args,
         train_dataset=KDDataset(shards),
-        data_collator=(lambda b: collate_packed(b, flash=flash, row_length=max_length, pad_id=pad_id)) if packing else (lambda b: collate(b, pad_id)),
+        data_collator=(lambda b: collate_packed(b, flash=flash, row_length=row_length, pad_id=pad_id)) if packing else (lambda b: collate(b, pad_id)),
         callbacks=[StudioCallback(ctx, ref)],
         temperature=temperature,
         kd_weight=kd_weight,

@@ -20,6 +20,7 @@ from trl import DPOConfig, DPOTrainer
 
 from .common import Context, StudioCallback, TokenCountingMixin, build_config, train_and_finish
 from .data import load_rows, row_format, with_system_prompt_in_pairs
+from .fit import max_length
 from .modeling import load_policy, load_tokenizer
 from .spec import SpecError
 
@@ -121,7 +122,7 @@ def run(ctx: Context) -> None:
     spec = ctx.spec
     loss_options = dict(spec.cfg("loss", {}))
     tokenizer = load_tokenizer(spec.base_model, spec.base_model_revision)
-    dataset = load_rows(spec.datasets)
+    dataset = load_rows(spec.datasets, ctx.reporter.log)
     if row_format(dataset) != "preference":
         raise SpecError("dataset: DPO needs rows with prompt, chosen and rejected")
     dataset = with_system_prompt_in_pairs(dataset.select_columns(["prompt", "chosen", "rejected"]), spec.cfg("system_prompt"))
@@ -134,7 +135,7 @@ def run(ctx: Context) -> None:
         DPOConfig,
         ctx,
         beta=float(loss_options.get("dpo_beta") or 0.1),
-        max_length=int(spec.cfg("max_length", 1024)),
+        max_length=max_length(spec, ctx.reporter.log),
         per_device_train_batch_size=pairs_per_device(spec.cfg("per_device_train_batch_size", 2)),
     )
     model = load_policy(spec, ctx.device, log=ctx.reporter.log)

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -66,6 +66,9 @@ CHECKPOINT_SHARE = 0.85
 NF4_BYTES = 0.5 + 0.02  # 4-bit weights plus double-quantised absmax scales (one per 64 weights)
 WEIGHT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2, "nvfp4": 2}  # see the docstring for fp8 / nvfp4
 DEFAULT_LORA_RANK = 16
+# Where a config.json states how many positions the model can attend over (GPT-2 and Falcon name it differently).
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+DEFAULT_MAX_LENGTH = 1024  # SFT, DPO and DISTILL's max_length when the run sets none
 DEFAULT_PROMPT_LENGTH = 512  # GRPO prompts: their length is not known before START; max_prompt_length overrides
 LIGER_METHODS = ("sft", "dpo", "grpo")  # TRL trainers that use Liger's fused linear losses
 
@@ -578,6 +581,30 @@ def shape_of_model(ref: str, revision: str | None = None) -> ModelShape | None:
     except Exception as exc:  # noqa: BLE001 - no estimate is better than a failed run
         log.info("fit: could not read %s's config (%s)", ref, exc)
     return ModelShape.from_config(known_config(ref))
+
+
+def max_length(spec: Any, say: Callable[[str], None]) -> int:
+    """The run's config.max_length, else DEFAULT_MAX_LENGTH capped at the positions the model learned:
+    a GPT-2 with n_positions 256 failed its first long batch (IndexError in its position table) on a
+    default the user never set. A max_length the user set is START's to refuse (training/validation.py)."""
+    if spec.cfg("max_length") is not None:
+        return int(spec.cfg("max_length"))
+    try:
+        from transformers import AutoConfig
+
+        from .modeling import _split_ref
+
+        name, rev = _split_ref(spec.base_model, spec.base_model_revision)
+        config = AutoConfig.from_pretrained(name, revision=rev).to_dict()
+    except Exception as exc:  # noqa: BLE001 - the loader that follows says what is wrong with the model
+        log.info("max_length: could not read %s's config (%s)", spec.base_model, exc)
+        return DEFAULT_MAX_LENGTH
+    limit = next((int(config[k]) for k in CONTEXT_KEYS if isinstance(config.get(k), int) and config[k] > 0), None)
+    if limit is None or limit >= DEFAULT_MAX_LENGTH:
+        return DEFAULT_MAX_LENGTH
+    say(f"max_length: {spec.base_model} attends over {limit} positions, fewer than the default max_length {DEFAULT_MAX_LENGTH}: "
+        f"rows are cut at {limit} tokens (set config.max_length to choose another length up to {limit})")
+    return limit
 
 
 def visible_gpu() -> tuple[str, int] | None:

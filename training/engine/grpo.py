@@ -106,7 +106,7 @@ def _prompt_rows(ctx: Context, env: Environment) -> Any:
 
     spec = ctx.spec
     if spec.datasets:
-        ds = load_rows(spec.datasets)
+        ds = load_rows(spec.datasets, ctx.reporter.log)
         if "prompt" not in ds.column_names:
             raise SpecError("dataset: GRPO prompt datasets need a prompt column")
         _check_row_keys(ds, env)

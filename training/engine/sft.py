@@ -23,6 +23,7 @@ from trl import SFTConfig, SFTTrainer
 
 from .common import Context, StudioCallback, TokenCountingMixin, build_config, packed_positions, train_and_finish
 from .data import load_rows, row_format, with_system_prompt
+from .fit import max_length
 from .modeling import load_policy, load_tokenizer
 from .spec import SpecError
 
@@ -102,7 +103,7 @@ def build_trainer(ctx: Context) -> tuple[StudioSFTTrainer, Any]:
     """The configured trainer and its tokenizer, ready to train (tests build it to inspect batches)."""
     spec = ctx.spec
     tokenizer = load_tokenizer(spec.base_model, spec.base_model_revision)
-    dataset = load_rows(spec.datasets)
+    dataset = load_rows(spec.datasets, ctx.reporter.log)
     fmt = row_format(dataset)
     if fmt == "preference":
         raise SpecError("dataset: preference rows (prompt/chosen/rejected) belong to a DPO run, not SFT")
@@ -111,7 +112,7 @@ def build_trainer(ctx: Context) -> tuple[StudioSFTTrainer, Any]:
     adapter = "qlora" if spec.cfg("load_in_4bit") else "lora" if spec.use_lora else "full"
     ctx.reporter.log(f"sft: {len(dataset)} {fmt} rows, adapter={adapter}, packing={'on' if packing else 'off'}")
     method_kwargs: dict[str, Any] = {
-        "max_length": int(spec.cfg("max_length", 1024)),
+        "max_length": max_length(spec, ctx.reporter.log),
         # Loss on the assistant turns only: the prompt is given, not something to imitate.
         "assistant_only_loss": fmt == "chat",
         "dataset_text_field": "text",

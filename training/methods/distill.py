@@ -4,6 +4,7 @@ from typing import Any
 
 from studio.errors import Finding
 from training.methods.base import BOOL, Draft, Key, TrainingMethod, is_number
+from training.methods.sft import entry_type_findings
 
 DISTILL_KEYS = {
     "teacher_model": Key("str"),
@@ -85,4 +86,4 @@ class Distill(TrainingMethod):
     def start_findings(self, draft: Draft) -> list[Finding]:
         # Create and PATCH refuse these (400); a run stored before they did may still hold one.
         block = draft.config.get("distillation")
-        return range_findings(block if isinstance(block, dict) else {})
+        return range_findings(block if isinstance(block, dict) else {}) + entry_type_findings(draft, self.label)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import hashlib
 import json
 import types
 import typing
@@ -17,6 +18,9 @@ from typing import Any
 
 CONFIGS = ("SFTConfig", "DPOConfig", "GRPOConfig")
 FILE = Path(__file__).with_name("trl_fields.json")
+# The sha256 of each chat template TRL's get_training_chat_template patches with {% generation %}
+# markers (assistant-only loss), so START knows without TRL which templates without markers still train.
+TEMPLATES_FILE = Path(__file__).with_name("trl_templates.json")
 
 
 def field_type(annotation: Any, choices: Any = None) -> dict[str, Any]:
@@ -55,6 +59,23 @@ def snapshot() -> dict[str, dict[str, dict[str, Any]]]:
     return out
 
 
+def patchable_templates() -> list[str]:
+    """The hashes of the templates get_training_chat_template compares against (`if chat_template ==
+    X_chat_template:`): read from its source, as TRL keeps no list of them."""
+    import inspect
+    import re
+
+    from trl import chat_template_utils
+
+    names = re.findall(r"if chat_template == (\w+):", inspect.getsource(chat_template_utils.get_training_chat_template))
+    return sorted({template_hash(getattr(chat_template_utils, name)) for name in names})
+
+
+def template_hash(template: str) -> str:
+    return hashlib.sha256(template.encode()).hexdigest()
+
+
 if __name__ == "__main__":
     FILE.write_text(json.dumps(snapshot(), indent=1, sort_keys=True) + "\n")
-    print(f"wrote {FILE}")
+    TEMPLATES_FILE.write_text(json.dumps(patchable_templates(), indent=1) + "\n")
+    print(f"wrote {FILE} and {TEMPLATES_FILE}")
