@@ -687,8 +687,10 @@ def model_card(run, checkpoint) -> str:
 def publish_model(run, checkpoint) -> Commit | None:
     """Commit a run's final (or merged) weights to the project's model repo `<run-name>-run<id>`
     on main with a README.md model card: the Models page entry. Safe to run twice."""
-    root = Path(checkpoint.path)
-    if checkpoint.kind not in MODEL_KINDS or not root.is_dir():
+    from training.backends.local import checkpoint_dir
+
+    root = checkpoint_dir(checkpoint)  # where it lies now: the Studio's var/ may have moved since it was recorded
+    if checkpoint.kind not in MODEL_KINDS or root is None:
         return None
     files: dict[str, FileSource] = {
         path.relative_to(root).as_posix(): path for path in sorted(root.rglob("*")) if path.is_file() and not path.is_symlink()

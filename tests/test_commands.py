@@ -1,7 +1,10 @@
 """The setup commands: createplan, createproject, setplan, createapitoken, bootstrapdemo."""
 from __future__ import annotations
 
+import json
+import shutil
 from io import StringIO
+from pathlib import Path
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -336,3 +339,27 @@ def test_manage_py_with_a_bad_environment_says_what_to_set_without_a_traceback()
     assert done.returncode == 1
     assert "Traceback" not in done.stderr, done.stderr[-2000:]
     assert done.stderr.strip() == "Studio cannot start: SECRET_KEY is not set: set SECRET_KEY (or SECRET_KEY_FILE), or DEBUG=1 for development"
+
+
+@pytest.mark.parametrize("old_place", ["copied", "moved"])
+def test_bootstrapdemo_in_a_moved_var_lists_and_suggests_its_own_demo_files(db, demo_var, settings, old_place):
+    # built.json keeps absolute paths: after `cp -r var` into another checkout it named the old
+    # checkout's files (gone, or read from there) in its output and in NEW RUN's suggestions.
+
+    from training.suggestions import demo_built, demo_marker
+
+    old, new = demo_var / "old-checkout" / "var", demo_var / "new-checkout" / "var"
+    settings.VAR_DIR = old
+    old.mkdir(parents=True)
+    run("bootstrapdemo")
+    shutil.copytree(old, new)
+    if old_place == "moved":
+        shutil.rmtree(old)
+    settings.VAR_DIR = new
+    output = run("bootstrapdemo")
+    built = json.loads(demo_marker().read_text())
+    assert built and all(path.startswith(f"{new}/demo/") and Path(path).exists() for path in built.values()), built
+    listed = [line.strip() for line in output.splitlines() if line.startswith("  ")]
+    assert listed == [f"{name}: {path}" for name, path in built.items()] and f"student: {new}/demo/tiny-student" in listed
+    assert "building the demo models and datasets here again" in output
+    assert demo_built() == {name: Path(path) for name, path in built.items()}

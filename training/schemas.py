@@ -9,6 +9,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from pydantic_core import PydanticCustomError
 
 from studio.parsing import control_character
+from training.backends.local import shown_path
 from training.methods import NOT_YET_SUPPORTED
 from training.models import Method, Status, TrainingRun
 from training.queries import LOGS_MAX_LINES
@@ -180,6 +181,10 @@ class CheckpointOut(Schema):
     @staticmethod
     def resolve_commit(obj) -> str | None:
         return obj.commit or None
+
+    @staticmethod
+    def resolve_path(obj) -> str:
+        return shown_path(obj)  # under the current STUDIO_RUNS_DIR, also after the Studio's var/ moved
 
 
 class AttemptOut(Schema):

@@ -29,7 +29,7 @@ from studio.models import AuditEvent, Project
 from training import status as status_service
 from training.backends import get_backend
 from training.backends.base import BackendError, BackendUnavailable, JobSpec
-from training.backends.local import checkpoint_dir, job_lingers
+from training.backends.local import checkpoint_dir, job_lingers, output_dir, relocated
 from training.compute import accelerators_of
 from training.methods.base import Draft
 from training.models import (
@@ -208,14 +208,16 @@ def start_blockers(run: TrainingRun, draft: Draft | None = None) -> list[Finding
 def resume_findings(run: TrainingRun) -> list[Finding]:
     """A child run resumes from its parent's saved step. On the local backend the engine reads that
     path on this machine, and an engine can report any path: only a folder inside the parent
-    attempt's own run folder is resumed from (training.backends.local.checkpoint_dir)."""
+    attempt's own run folder is resumed from (training.backends.local.checkpoint_dir), looked for
+    under the current STUDIO_RUNS_DIR (the Studio's var/ may have moved since it was recorded)."""
     checkpoint = run.resume_checkpoint if run.resume_checkpoint_id else None
     if checkpoint is None:
         return []
     findings = resumed_shape_findings(run, checkpoint)
     if (run.compute or {}).get("backend", "local") == "local" and checkpoint_dir(checkpoint) is None:
+        where = relocated(checkpoint.run_id, checkpoint.attempt, checkpoint.path) or checkpoint.path
         findings.append(Finding("resume_checkpoint", f"step {checkpoint.step} of run {checkpoint.run_id} is not a checkpoint folder of that run on this machine "
-                                                     f"({checkpoint.path}): resume from another step, or start a new run"))
+                                                     f"({where}): resume from another step, or start a new run"))
     return findings
 
 
@@ -403,7 +405,7 @@ def job_spec(run: TrainingRun, token: str) -> JobSpec:
         run_id=run.pk, attempt=run.attempt, method=run.method, base_model=inputs["base_model"],
         base_model_revision=inputs["base_model_revision"], dataset=inputs["dataset"], config=config, compute=run.compute,
         ingest_url=f"{settings.STUDIO_PUBLIC_URL}/api/ingest/runs/{run.pk}", ingest_token=token,
-        resume_from=run.resume_checkpoint.path if run.resume_checkpoint_id else None,
+        resume_from=resume_path(run.resume_checkpoint, run.backend_name) if run.resume_checkpoint_id else None,
         environment=job_environment(run), env={**inputs["env"], **judge_env(run)},
     )
 
@@ -563,8 +565,21 @@ def last_checkpoint_path(run: TrainingRun) -> str | None:
     saved = Checkpoint.objects.filter(run=run, attempt__gte=run.start_attempt, kind="checkpoint").order_by("-step", "-id")
     for checkpoint in saved:
         if run.backend_name != "local" or checkpoint_dir(checkpoint) is not None:
-            return checkpoint.path
+            return resume_path(checkpoint, run.backend_name)
     return None
+
+
+def resume_path(checkpoint: Checkpoint, backend: str) -> str:
+    """The resume_from an engine on `backend` gets for `checkpoint`. A remote machine's folder as its
+    engine reported it; on the local backend the folder where it lies now (checkpoint_dir), which is
+    not where it was recorded once the Studio's var/ was moved or copied. A local one that is no
+    folder of its run's any more (START checked it was; it went since) becomes where it would be
+    (relocated; for a path of no attempt's output, which START refuses, the step's usual folder
+    there), so the engine fails naming that folder and never reads one outside its run's own."""
+    if backend != "local":
+        return checkpoint.path
+    folder = checkpoint_dir(checkpoint) or relocated(checkpoint.run_id, checkpoint.attempt, checkpoint.path)
+    return str(folder or output_dir(checkpoint.run_id, checkpoint.attempt) / f"checkpoint-{checkpoint.step}")
 
 
 def submit_attempt(run: TrainingRun, token: str) -> None:

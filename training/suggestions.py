@@ -33,17 +33,31 @@ def demo_marker() -> Path:
     return settings.VAR_DIR / "demo" / "built.json"
 
 
-def demo_built() -> dict[str, Path]:
-    """The demo's models and datasets that still exist and that runs may read (inside
-    STUDIO_LOCAL_ROOTS); empty when bootstrapdemo never built them (no engine, or not the embedded default)."""
+def demo_recorded() -> dict[str, str]:
+    """What built.json lists, {name: path} as written; empty when there is none or it is unreadable."""
     try:
         built = json.loads(demo_marker().read_text())
     except (OSError, ValueError):
         return {}
-    if not isinstance(built, dict):
-        return {}
-    paths = {str(name): Path(value) for name, value in built.items() if isinstance(value, str)}
-    return {name: path for name, path in paths.items() if path.is_absolute() and path.exists() and inside_local_roots(path)}
+    return {str(name): value for name, value in built.items() if isinstance(value, str)} if isinstance(built, dict) else {}
+
+
+def demo_elsewhere(recorded: dict[str, str]) -> list[str]:
+    """The paths of `recorded` that are not this Studio's demo files: gone, or outside its var/demo.
+    built.json keeps absolute paths, so a var/ moved or copied from another place lists that place's
+    folders, which are gone or, worse, another Studio's files: bootstrapdemo builds them again here."""
+    own = demo_marker().parent.resolve()
+    return [value for value in recorded.values()
+            if not (Path(value).is_absolute() and Path(value).exists() and Path(value).resolve().is_relative_to(own))]
+
+
+def demo_built() -> dict[str, Path]:
+    """The demo's models and datasets that still exist in this var/demo and that runs may read (inside
+    STUDIO_LOCAL_ROOTS); empty when bootstrapdemo never built them (no engine, or not the embedded
+    default). A path of another var/ this one was copied from is never suggested (demo_elsewhere)."""
+    recorded = demo_recorded()
+    elsewhere = set(demo_elsewhere(recorded))
+    return {name: Path(value) for name, value in recorded.items() if value not in elsewhere and inside_local_roots(Path(value))}
 
 
 def _unique(items: list[Suggestion]) -> list[Suggestion]:

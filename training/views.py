@@ -34,7 +34,7 @@ from studio.errors import ApiError, BadRequest, Conflict, Finding, Forbidden, Pa
 from studio.parsing import ascii_int, isolated
 from studio.views import errors_by_field, studio_page, web_actor
 from training import checkpoints, forms, metrics, services
-from training.backends.local import checkpoint_dir
+from training.backends.local import checkpoint_dir, shown_path
 from training.compute import accelerators_of
 from training.engine.environments import group_std
 from training.fit_report import fit_report, form_fit_report
@@ -542,7 +542,7 @@ def checkpoints_context(run: TrainingRun, writable: bool) -> dict[str, Any]:
     for c in saved:
         prefix = prefixes[c.pk]
         row: dict[str, Any] = {"c": c, "twin": twins[(c.kind, c.step)] > 1, "merged": (c.attempt, c.step) in merged, "merging": c.pk in merging,
-                               "lora": lora_of[c.attempt]}
+                               "lora": lora_of[c.attempt], "path": shown_path(c)}
         if branch_gone:
             row["download_note"] = "deleted with its repo"
         elif c.commit:

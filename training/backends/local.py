@@ -21,7 +21,7 @@ import sys
 import time
 from contextlib import suppress
 from functools import lru_cache
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from django.conf import settings
 
@@ -86,15 +86,44 @@ def output_dir(run_id: int, attempt: int) -> Path:
     return run_dir(run_id, attempt) / "output"
 
 
+def relocated(run_id: int, attempt: int, path: str) -> Path | None:
+    """Where `path`, a folder the engine of attempt `attempt` of run `run_id` reported under its
+    output_dir, lies now: its part below `<run>/attempt-<n>/output/`, under the current
+    STUDIO_RUNS_DIR. The path was recorded absolute, and a Studio's var/ (or its STUDIO_RUNS_DIR) may
+    have been moved or copied since (README: Moving a Studio): the recorded place is then gone or,
+    worse, another copy's files. Not checked against the disk (checkpoint_dir does that). None for a
+    path that is relative, has a `..` part, or lies in no folder of that attempt's output."""
+    parts = PurePosixPath(path).parts
+    if not path.startswith("/") or ".." in parts:
+        return None
+    own = (str(run_id), f"attempt-{attempt}", "output")
+    # The last match: the part below it is the engine's folder name, the part above it any runs dir.
+    starts = [i for i in range(len(parts) - 3) if parts[i:i + 3] == own]
+    return output_dir(run_id, attempt).joinpath(*parts[starts[-1] + 3:]) if starts else None
+
+
+def shown_path(checkpoint) -> str:
+    """A checkpoint's folder as the Checkpoints tab and the API show it: a local one's where it lies
+    now (relocated), not where it was recorded before the Studio's var/ moved; a remote engine's path
+    on its own machine (no `<run>/attempt-<n>/output` in it) as it reported it. Not checked on disk."""
+    where = relocated(checkpoint.run_id, checkpoint.attempt, checkpoint.path)
+    return str(where) if where is not None else checkpoint.path
+
+
 def checkpoint_dir(checkpoint) -> Path | None:
     """The folder of a reported checkpoint when it lies inside its own attempt's output folder on this
-    machine (links and .. resolved first), else None. An engine can report any path (a remote one
-    reports paths on its own machine): Studio reads, merges or resumes only its attempt's own output,
-    never another run's or project's files, the attempt folder's spec (it holds the ingest token) or
-    the rest of this machine. Ingest refuses such paths too; this also guards rows stored before."""
+    machine (links and .. resolved first), else None; found where that folder is now (relocated), not
+    where it was when recorded. An engine can report any path (a remote one reports paths on its own
+    machine): Studio reads, merges or resumes only its attempt's own output, never another run's or
+    project's files, the attempt folder's spec (it holds the ingest token) or the rest of this
+    machine. Ingest refuses such paths too; this also guards rows stored before. Every reader of a
+    local checkpoint's folder goes through here."""
     own = output_dir(checkpoint.run_id, checkpoint.attempt).resolve()
+    where = relocated(checkpoint.run_id, checkpoint.attempt, checkpoint.path)
+    if where is None:
+        return None
     try:
-        folder = Path(checkpoint.path).resolve(strict=True)
+        folder = where.resolve(strict=True)
     except (OSError, RuntimeError, ValueError):
         return None
     return folder if folder.is_relative_to(own) and folder != own and folder.is_dir() else None
@@ -257,9 +286,11 @@ class LocalBackend(Backend):
         if problem:
             return problem
         own = output_dir(run_id, attempt).resolve()
+        # Where it lies now: a spool file delivered after the Studio's var/ moved names the old place.
+        where = relocated(run_id, attempt, path)
         try:
             # Not strict: the folder is checked again, strictly, where it is read (checkpoint_dir).
-            folder = Path(path).resolve()
+            folder = where.resolve() if where is not None else own
         except (OSError, RuntimeError, ValueError):
             folder = own
         if folder == own or not folder.is_relative_to(own):

@@ -13,7 +13,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from studio.models import Plan, Project
 from studio.services import create_api_token, create_plan, create_project
-from training.suggestions import demo_marker
+from training.suggestions import demo_elsewhere, demo_marker, demo_recorded
 
 PRODUCTION_FLAG = "--i-know-this-is-production"
 # The demo's plans, made only where missing: an operator's createplan settings are theirs to keep.
@@ -75,7 +75,12 @@ class Command(BaseCommand):
         except ImportError:
             self.stdout.write("the trainer engine is not installed: skipping the tiny demo models")
             return
-        if not marker.exists():
+        recorded = demo_recorded()
+        elsewhere = demo_elsewhere(recorded)
+        if elsewhere:
+            self.stdout.write(f"{marker} lists {elsewhere[0]}, which is not in this Studio's {models_dir} (a var/ moved or copied "
+                              "from another place): building the demo models and datasets here again")
+        if not recorded or elsewhere:
             built = {**build_tiny_models(models_dir), **build_demo_datasets(models_dir / "datasets")}
             marker.write_text(json.dumps(built, indent=2))
             self.stdout.write("built the tiny demo models and datasets:")
