@@ -46,18 +46,32 @@ class Shard:
     token_hash: str
 
 
+def _bos_prefix(tokenizer: Any) -> list[int]:
+    """[BOS] when the tokenizer puts one in front of plain text (as SFT's tokenisation does), else [].
+
+    Asked of the tokenizer itself rather than read from ``bos_token``: GPT-2 has a BOS token it never adds.
+    """
+    bos = tokenizer.bos_token_id
+    if bos is None:
+        return []
+    with_special = tokenizer("a")["input_ids"]
+    return [bos] if with_special[:1] == [bos] and tokenizer("a", add_special_tokens=False)["input_ids"][:1] != [bos] else []
+
+
 def _tokenise_row(row: dict[str, Any], fmt: str, tokenizer: Any, max_length: int) -> tuple[list[int], list[int]]:
+    """A row's ids and loss mask, as SFT tokenises it: chat rows through the template alone (which writes any
+    BOS itself), text and prompt/completion rows with the tokenizer's BOS in front and EOS at the end."""
     if fmt == "chat":
         enc = tokenizer.apply_chat_template(row["messages"], tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
         ids, mask = list(enc["input_ids"]), list(enc["assistant_masks"])
         if not any(mask):  # a template without generation markers: learn the whole conversation
             mask = [1] * len(ids)
     elif fmt == "prompt_completion":
-        p = tokenizer(row["prompt"], add_special_tokens=False)["input_ids"]
+        p = _bos_prefix(tokenizer) + tokenizer(row["prompt"], add_special_tokens=False)["input_ids"]
         c = tokenizer(row["completion"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         ids, mask = p + c, [0] * len(p) + [1] * len(c)
     else:
-        ids = tokenizer(row["text"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        ids = _bos_prefix(tokenizer) + tokenizer(row["text"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         mask = [1] * len(ids)
     return ids[:max_length], mask[:max_length]
 

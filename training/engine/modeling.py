@@ -120,23 +120,29 @@ def load_model(ref: str, revision: str | None, device: Device, *, four_bit: bool
             bnb_4bit_use_double_quant=True,
         )
         kwargs["device_map"] = {"": device.index} if device.kind == "cuda" else {"": "cpu"}
-    try:
-        model = AutoModelForCausalLM.from_pretrained(name, **kwargs)
-    except (ImportError, ValueError) as exc:
-        if attn == "sdpa":
-            raise
-        # A flash_attn build that does not match this torch/GPU, or an architecture without FA2 support:
-        # SDPA is slower, not wrong, so fall back rather than fail the run.
-        say(f"attention: flash_attention_2 failed to load ({type(exc).__name__}: {exc}); falling back to sdpa")
-        attn, why = "sdpa", "fallback"
-        model = AutoModelForCausalLM.from_pretrained(name, **{**kwargs, "attn_implementation": attn})
+    while True:
+        try:
+            model = AutoModelForCausalLM.from_pretrained(name, **{**kwargs, "attn_implementation": attn})
+            break
+        except (ImportError, ValueError) as exc:
+            # A flash_attn build that does not match this torch/GPU, or an architecture without FA2 support:
+            # SDPA is slower, not wrong. An architecture without SDPA support (Gemma 2) gets eager attention.
+            if attn == "flash_attention_2":
+                fallback = "sdpa"
+            elif attn == "sdpa" and "scaled_dot_product_attention" in str(exc):
+                fallback = "eager"
+            else:
+                raise
+            say(f"attention: {attn} failed to load ({type(exc).__name__}: {exc}); falling back to {fallback}")
+            attn, why = fallback, "the architecture does not support sdpa" if fallback == "eager" else "fallback"
     say(f"attention: {attn} ({why}) for {name}")
     return model
 
 
-def wrap_lora(model: Any, spec: Spec, device: Device, *, four_bit: bool) -> Any:
+def wrap_lora(model: Any, spec: Spec, device: Device, *, four_bit: bool, log: Callable[[str], None] | None = None) -> Any:
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
+    say = log or (lambda line: print(line, flush=True))
     if four_bit:
         # Gradient checkpointing stays a TrainingArguments decision, not a side effect of quantisation.
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
@@ -148,10 +154,25 @@ def wrap_lora(model: Any, spec: Spec, device: Device, *, four_bit: bool) -> Any:
         r=spec.lora_rank,
         lora_alpha=spec.lora_alpha,
         lora_dropout=0.0,
-        target_modules=LORA_TARGETS,
+        target_modules=lora_targets(model),
         task_type="CAUSAL_LM",
     )
-    return get_peft_model(model, config)
+    model = get_peft_model(model, config)
+    adapted = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if hasattr(m, "lora_A")})
+    say(f"lora: adapting {', '.join(adapted)} (rank {spec.lora_rank}, alpha {spec.lora_alpha})")
+    return model
+
+
+def lora_targets(model: Any) -> list[str]:
+    """Every linear layer of the blocks, the LM head left out (what peft's "all-linear" picks), by short name:
+    exactly LORA_TARGETS on Llama/Qwen/Mistral, so their adapter_config.json reads as it always did, and
+    GPT-2's c_attn/c_proj/c_fc (Conv1D), GPT-NeoX's query_key_value/dense..., Phi's fc1/fc2 elsewhere."""
+    import torch
+    from transformers.pytorch_utils import Conv1D
+
+    head = model.get_output_embeddings()
+    return sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules()
+                   if isinstance(module, torch.nn.Linear | Conv1D) and module is not head})
 
 
 def seed_run(spec: Spec) -> None:
@@ -178,7 +199,7 @@ def load_policy(spec: Spec, device: Device, log: Callable[[str], None] | None = 
         if not fp8.enable(model, "cuda", log or (lambda line: print(line, flush=True))):
             device.precision = "bf16"
     if spec.use_lora:
-        model = wrap_lora(model, spec, device, four_bit=four_bit)
+        model = wrap_lora(model, spec, device, four_bit=four_bit, log=log)
     return model
 
 
