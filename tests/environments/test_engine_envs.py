@@ -16,13 +16,15 @@ from tests.environments.conftest import CATALOGUE
 from training.engine import ruler
 from training.engine.environments import PackageCallError, environment_for
 from training.engine.packages import EnvironmentLoadError, TasksetEnvironment, load_package
+from training.engine.spec import SEED_DEFAULT
 
 FAST = {"max_steps": 3, "learning_rate": 1e-2, "rollouts_per_prompt": 4, "max_response_length": 8, "rollout_log_steps": 1}
 
 
 def spec_of(config: dict, environment: dict | None = None, output_dir: str = "/tmp/x") -> Any:
     return SimpleNamespace(cfg=lambda k, d=None: config.get(k, d) if config.get(k) is not None else d,
-                           raw={"environment": environment} if environment else {}, output_dir=output_dir)
+                           raw={"environment": environment} if environment else {}, output_dir=output_dir,
+                           seed=int(config.get("seed", SEED_DEFAULT)))
 
 
 def test_grpo_reports_the_system_prompt_it_used_the_environments_own_unless_the_config_sets_one():
