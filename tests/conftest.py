@@ -191,6 +191,21 @@ def fill_disk(mount: Path) -> Path:
     return filler
 
 
+def shell_project(name: str) -> str:
+    """The first lines of a `manage.py shell -c` script that builds a Studio in another process (on a
+    SQLite file the test made): a plan with training, a user, the project it owns and its API token,
+    as `plan`, `user`, `project` and `token`, all named `name`."""
+    return f"""
+import json
+from django.contrib.auth import get_user_model
+from studio.services import create_api_token, create_plan, create_project
+plan = create_plan({name!r}, includes_training=True, max_concurrent_runs=10, max_gpus_per_run=8)
+user = get_user_model().objects.create_user({name!r}, password=None)
+project = create_project({name!r}, owner=user, plan=plan)
+_, token = create_api_token(user, project)
+"""
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on now, for a server the test starts."""
     with socket.socket() as s:

@@ -16,22 +16,15 @@ import uuid
 import pytest
 import requests
 
-from tests.conftest import REPO_ROOT, free_port, listening, wait_for
+from tests.conftest import REPO_ROOT, free_port, listening, shell_project, wait_for
 
-SETUP = """
-import json
+SETUP = shell_project("busy") + """
 from bench.common import session_cookie
-from django.contrib.auth import get_user_model
 from django.urls import reverse
 from datahub import repos, uploads
 from studio import crypto
-from studio.services import create_api_token, create_plan, create_project
 from training.models import Status, TrainingRun
 from training.services import create_run
-plan = create_plan("busy", includes_training=True, max_concurrent_runs=10, max_gpus_per_run=8)
-user = get_user_model().objects.create_user("busy", password=None)
-project = create_project("busy", owner=user, plan=plan)
-_, token = create_api_token(user, project)
 repo = repos.create_repo(project, "data", "dataset", user)
 session = uploads.create_upload(repo, user, "main", [{"path": "a.bin", "size": 8}])
 run = create_run(project, user, name="busy", method="sft", base_model="org/base", dataset="org/data")

@@ -12,24 +12,17 @@ import os
 import subprocess
 import sys
 
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, shell_project
 
-SCRIPT = """
-import json
-from django.contrib.auth import get_user_model
+SCRIPT = shell_project("pages") + """
 from django.test import Client
 from datahub import commits, repos
 from datahub import services as hub
 from experiments.services import create_experiment
-from studio.services import create_api_token, create_plan, create_project
 from training import services
 from training.backends.local import run_dir
 from training.models import Checkpoint, LogLine, MetricPoint, Rollout, Status, TrainingRun
 
-plan = create_plan("pages", includes_training=True, max_concurrent_runs=10, max_gpus_per_run=8)
-user = get_user_model().objects.create_user("pages", password=None)
-project = create_project("pages", owner=user, plan=plan)
-_, token = create_api_token(user, project)
 base = repos.create_repo(project, "base", "model", user)
 pinned = commits.commit_files(base, "main", {"config.json": b'{"model_type": "llama"}'}, "weights")
 repos.create_tag(base, "v1", pinned.pk)
