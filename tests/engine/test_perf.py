@@ -11,7 +11,11 @@ import torch
 
 from training.engine import perf
 from training.engine.common import Context, StepCounts, StudioCallback, batch_counts, sequence_lengths
-from training.engine.modeling import Device
+from training.engine.distill import collate_packed
+from training.engine.modeling import Device, pick_device
+from training.engine.reporter import Reporter
+from training.engine.sft import build_trainer, collate_packed_rows
+from training.engine.spec import parse_spec
 
 from .conftest import IngestStub, make_spec, run_inprocess
 
@@ -135,6 +139,19 @@ def test_packed_rows_with_a_mask_ignore_padding() -> None:
     assert counts({"input_ids": torch.zeros_like(mask), "attention_mask": mask, "position_ids": positions}) == [9, 4, 4 + 9 + 4 + 4]
 
 
+def test_a_packed_row_s_padding_tail_is_no_token_and_no_sequence() -> None:
+    # SFT's packed rows for SDPA: [batch, longest row], each shorter row ending in a tail (positions from 0).
+    examples = [{"input_ids": [5] * 6, "seq_lengths": [2, 4]}, {"input_ids": [5] * 3, "seq_lengths": [3]}]
+    batch = collate_packed_rows(examples, pad_id=0)
+    assert batch["position_ids"].tolist()[1] == [0, 1, 2, 0, 1, 2]  # the second row's tail: 3 padding tokens
+    assert counts(batch) == [9, 3, 4 + 16 + 9]
+    # DISTILL's packed rows of at most row_length tokens, the same way.
+    item = {"input_ids": torch.zeros(1, dtype=torch.long), "loss_mask": torch.ones(1), "kd_ids": torch.zeros(1, 2), "kd_logprobs": torch.zeros(1, 2)}
+    rows = collate_packed([{k: v.repeat(n, *([1] * (v.dim() - 1))) for k, v in item.items()} for n in (4, 5, 2)], row_length=7)
+    assert rows["position_ids"].tolist() == [[0, 1, 2, 3, 0, 1], [0, 1, 2, 3, 4, 0]]
+    assert counts(rows) == [11, 3, 16 + 4 + 25]
+
+
 def test_grpo_rows_are_prompt_plus_completion() -> None:
     prompt = torch.tensor([[0, 1, 1], [1, 1, 1]])
     completion = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]])
@@ -219,6 +236,33 @@ def test_sft_run_with_a_peak_reports_mfu_every_step(tiny, ingest: IngestStub, tm
     progress = ingest.scalars("progress")[-1]
     assert progress["mfu"] == round(dict(metrics["mfu"])[3], 2)
     assert "gpu_memory_gb" not in progress and "gpu_memory_gb" not in metrics  # the CPU has no GPU memory
+
+
+def test_packed_sft_run_counts_real_tokens_and_documents_not_the_rows_padding(tiny, ingest: IngestStub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    peak_tflops = 0.05
+    monkeypatch.setenv("STUDIO_PEAK_TFLOPS", str(peak_tflops))
+    # Every packed row in each step's batch: each step sees the same documents and the same padding tails.
+    cfg = {**SFT, "max_steps": 2, "per_device_train_batch_size": 64, "packing": True}
+    spec = make_spec("sft", tiny["student"], [tiny["sft_text"]], tmp_path / "run", cfg, ingest)
+    parsed = parse_spec(make_spec("sft", tiny["student"], [tiny["sft_text"]], tmp_path / "rows", cfg))
+    rows = build_trainer(Context(parsed, Reporter(None, None, echo=False), pick_device(parsed)))[0].train_dataset
+    widths = [len(r["input_ids"]) for r in rows]
+    documents = [n for r in rows for n in r["seq_lengths"]]
+    assert len(rows) < 64 and min(widths) < max(widths)  # one batch of rows, the shorter ones ending in a padding tail
+    real, padded = sum(widths), len(rows) * max(widths)
+    assert real == sum(documents) < padded
+
+    assert run_inprocess(spec) == 0
+    metrics = ingest.metrics()
+    tps, step_time = dict(metrics["tokens_per_s"]), dict(metrics["step_time_s"])
+    assert {step: round(tps[step] * step_time[step]) for step in tps} == {1: real, 2: real}
+    assert dict(metrics["num_tokens"])[2] == 2 * real
+    # MFU priced each document's attention (Σ length² over documents), not the rows' tails.
+    shape = perf.shape_of(load_student(tiny["student"]))
+    for step, value in metrics["mfu"]:
+        flops = value / 100 * peak_tflops * 1e12 / tps[step]
+        implied = (flops - 4 * shape.matmul_params - 2 * shape.trainable_matmul_params) / (12 * shape.layers * shape.attn_dim)
+        assert implied == pytest.approx(sum(n * n for n in documents) / real, rel=1e-6)
 
 
 def test_sft_run_without_a_peak_reports_no_mfu_and_no_gpu_memory(tiny, ingest: IngestStub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -82,6 +82,10 @@ def build_config(config_cls: type, ctx: Context, **method_kwargs: Any) -> Any:
     return config_cls(**kwargs)
 
 
+# A packed batch's real tokens per row (each row's, before its padding tail): for counting, never the model.
+ROW_TOKENS = "row_tokens"
+
+
 def packed_positions(lengths: list[int], width: int) -> torch.Tensor:
     """position_ids of one packed row `width` wide: 0..n-1 for each sequence in turn, then the padding
     tail as a sequence of its own (positions from 0), so no real token attends to it."""
@@ -95,6 +99,10 @@ def sequence_lengths(inputs: dict[str, Any]) -> torch.Tensor | None:
     Computed without a host sync (static shapes only), so counting does not stall the GPU queue mid-step.
     Packed, padding-free batches have no attention mask: their sequences are the runs between position
     resets (position_ids back at 0), counted with a scatter into a buffer of the largest possible size.
+    Each packed document is a sequence of its own, as the attention sees it (varlen kernels, or the
+    block-diagonal mask transformers derives from the position_ids), so Σ length² prices the attention a
+    varlen kernel does. A row's padding tail (after `row_tokens`) weighs 0: it is no token and no sequence,
+    though SDPA pays for it over the whole row; MFU counts the model's useful work, not that.
     """
     mask = inputs.get("attention_mask")
     positions = inputs.get("position_ids")
@@ -103,7 +111,15 @@ def sequence_lengths(inputs: dict[str, Any]) -> torch.Tensor | None:
         return inputs["prompt_mask"].sum(-1) + inputs["completion_mask"].sum(-1)
     if isinstance(positions, torch.Tensor) and positions.dim() == 2 and (mask is None or mask.shape == positions.shape):
         # Boolean indexing would sync (its size depends on the data): weight padding 0 instead of dropping it.
-        weights = (mask if mask is not None else torch.ones_like(positions)).long().reshape(-1)
+        real = inputs.get(ROW_TOKENS)
+        if mask is not None:
+            weights = mask.long()
+        elif isinstance(real, torch.Tensor):
+            columns = torch.arange(positions.shape[1], device=positions.device)
+            weights = (columns < real.to(positions.device).reshape(-1, 1)).long()
+        else:
+            weights = torch.ones_like(positions)
+        weights = weights.reshape(-1)
         starts = positions == 0
         starts[:, 0] = True  # every row begins a sequence, whatever position it starts at
         segment = (torch.cumsum(starts.reshape(-1).long(), 0) - 1).clamp(min=0)
@@ -187,6 +203,7 @@ class TokenCountingMixin:
     def compute_loss(self, model: Any, inputs: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
         if model.training:
             self.count_batch(inputs)
+        inputs.pop(ROW_TOKENS, None)  # counted; the model must not see it
         return super().compute_loss(model, inputs, *args, **kwargs)  # type: ignore[misc]
 
 

@@ -27,7 +27,7 @@ from trl.chat_template_utils import has_generation_markers
 
 from . import kd_format
 from .capture import capture_shards
-from .common import Context, StudioCallback, TokenCountingMixin, build_config, packed_positions, train_and_finish
+from .common import ROW_TOKENS, Context, StudioCallback, TokenCountingMixin, build_config, packed_positions, train_and_finish
 from .data import load_rows, row_format, with_system_prompt
 from .fit import max_length
 from .modeling import load_policy, load_tokenizer
@@ -168,7 +168,7 @@ def collate_packed(batch: list[dict[str, torch.Tensor]], *, flash: bool = False,
     - otherwise (SDPA, eager): transformers builds a block-diagonal mask from the position_ids, over the
       whole row; one long row would cost (Σ length)², so sequences are first-fit into rows of at most
       `row_length` tokens (the run's max_length) and a short row's padding tail is a sequence of its own
-      (positions from 0, no loss), nothing attends to it.
+      (positions from 0, no loss), nothing attends to it; `row_tokens` says where each row's tail begins.
     """
     lengths = [x["input_ids"].size(0) for x in batch]
     keys = ("input_ids", "loss_mask", "kd_ids", "kd_logprobs")
@@ -196,6 +196,7 @@ def collate_packed(batch: list[dict[str, torch.Tensor]], *, flash: bool = False,
             parts.append(F.pad(t, (0, 0, 0, extra) if t.dim() == 2 else (0, extra), value=pad_value[key]))
         out[key] = torch.stack(parts)
     out["position_ids"] = torch.stack([packed_positions([lengths[i] for i in row], longest) for row in rows])
+    out[ROW_TOKENS] = torch.tensor([sum(lengths[i] for i in row) for row in rows])  # without the tail, for counting
     if flash:
         # Sequence boundaries for the varlen kernels, computed here on the CPU: derived from position_ids inside
         # the model they would cost a device-to-host sync in every layer.

@@ -21,14 +21,12 @@ from typing import Any, cast
 import torch
 from trl import SFTConfig, SFTTrainer
 
-from .common import Context, StudioCallback, TokenCountingMixin, build_config, packed_positions, train_and_finish
+from .common import ROW_TOKENS, Context, StudioCallback, TokenCountingMixin, build_config, packed_positions, train_and_finish
 from .data import load_rows, row_format, with_system_prompt
 from .fit import max_length
 from .modeling import load_policy, load_tokenizer
 from .spec import SpecError
 
-# A packed batch's count of real tokens (each row's, before its padding tail): for num_tokens, never the model.
-ROW_TOKENS = "row_tokens"
 # TRL keeps num_tokens' running total on the trainer, which a checkpoint does not save: a resumed run
 # counted from zero again. It is written into each checkpoint and read back from the one resumed.
 TOKEN_TOTAL_FILE = "num_tokens.json"
@@ -63,8 +61,8 @@ class StudioSFTTrainer(TokenCountingMixin, SFTTrainer):
     def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch: Any = None) -> Any:
         # TRL counts a batch without an attention mask as one padding-free row (position_ids.size(1) tokens):
         # of collate_packed_rows' [batch, longest row] it counted one row. Its count of such a batch is
-        # replaced by the rows' real tokens.
-        rows = inputs.pop(ROW_TOKENS, None)
+        # replaced by the rows' real tokens. (TokenCountingMixin counts them too, then drops the key.)
+        rows = inputs.get(ROW_TOKENS)
         counted = self._total_train_tokens
         result = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         if rows is not None and model.training:
@@ -82,7 +80,7 @@ def collate_packed_rows(examples: list[dict[str, Any]], pad_id: int) -> dict[str
     a row ([batch, longest row]) with its own position_ids and no attention mask: transformers still
     builds the block-diagonal mask per row, and the cost per row is bounded by max_length². A row's
     padding tail is a sequence of its own (positions from 0) with no labels, so nothing attends to it.
-    `row_tokens` holds each row's tokens without that tail, for StudioSFTTrainer's num_tokens.
+    `row_tokens` holds each row's tokens without that tail, for num_tokens, tokens_per_s and MFU.
     """
     longest = max(len(e["input_ids"]) for e in examples)
     ids = torch.full((len(examples), longest), pad_id, dtype=torch.long)
