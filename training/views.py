@@ -49,6 +49,9 @@ from training.validation import start_notices
 
 MAX_POINTS = 500
 LOG_TAIL = 200
+# The Overview's log box, polled every 5 s while a run reports: 200 lines at ingest's 10,000-character cut
+# were 2 MB an answer. It keeps the newest lines within this many characters; the log page has the rest.
+LOG_TAIL_CHARS = 100_000
 
 # Seed 000's failure table: what to do for each error.code.
 FAILURE_HELP = {
@@ -239,10 +242,11 @@ def failure_log_tail(run: TrainingRun) -> list[str]:
 def live_context(run: TrainingRun) -> dict[str, Any]:
     """The Overview's charts and log box: the last lines of the run's current log (since its last
     START), with links to all of it and to each earlier attempt's."""
-    tail = list(log_lines(run).order_by("-id").values_list("line", flat=True)[:LOG_TAIL])[::-1]
+    rows, earlier = log_rows_before(log_lines(run), None, LOG_TAIL, LOG_TAIL_CHARS)
     first = max(run.start_attempt, 1)
     label = "" if not run.attempt else f"attempt {run.attempt}" if first == run.attempt else f"attempts {first}–{run.attempt}"
-    return {"run": run, "live": is_live(run), "following": is_live(run) or reports_open(run), "charts": run_charts(run), "log_tail": tail, "log_label": label, "earlier_attempts": list(range(1, first))}
+    return {"run": run, "live": is_live(run), "following": is_live(run) or reports_open(run), "charts": run_charts(run),
+            "log_tail": [line for _, line in rows], "log_tail_cut": earlier and len(rows) < LOG_TAIL, "log_label": label, "earlier_attempts": list(range(1, first))}
 
 
 def config_rows(run: TrainingRun) -> list[tuple[str, Any]]:

@@ -88,6 +88,23 @@ def test_a_20000_line_log_opens_on_its_newest_page_and_loads_every_earlier_line_
     assert "The log below starts at its first line." in body
 
 
+def test_the_overview_log_box_keeps_the_newest_long_lines_within_its_character_budget(project, users):
+    import studio.urls  # noqa: F401 - training.views through the URLconf, as page_size() says
+    from training.views import LOG_TAIL_CHARS
+
+    run = run_with_log(project, users["owner"], [f"{i:03d} " + "x" * 9_996 for i in range(200)], status=Status.RUNNING)
+    client = client_for(users["owner"])
+    for url in (f"/training/runs/{run.pk}/", f"/training/runs/{run.pk}/live"):  # the page, and the box's 5 s poll
+        response = client.get(url)
+        html = response.content.decode()
+        box = html.split('id="training-log"')[1].split(">", 1)[1].split("</pre>")[0]
+        lines = [line for line in re.sub(r"<span[^>]*>.*?</span>", "", box).split("\n") if line]
+        assert lines[-1].startswith("199 ") and len(lines) == LOG_TAIL_CHARS // 10_000
+        assert "earlier lines are on the full log page" in box
+        assert f"last {len(lines)} lines)" in html
+        assert len(response.content) < LOG_TAIL_CHARS + 100_000, len(response.content)  # it was 2 MB
+
+
 def test_a_page_of_long_lines_stops_near_the_character_budget(project, users):
     LOG_PAGE_LINES, LOG_PAGE_CHARS = page_size()
     run = run_with_log(project, users["owner"], [f"{i:03d} " + "x" * 9_996 for i in range(200)])
