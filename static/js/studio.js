@@ -264,13 +264,20 @@
   // A poll whose answer is what it last swapped in leaves the page alone: no swap, so no focus to
   // move and no reader's place to lose. Only polls: a user's request swaps even an identical answer,
   // and any other swap in or around what a poll swapped in makes its next answer swap again.
+  // Each answer's forms ({% csrf_token %}) carry a freshly masked copy of the same token, so answers
+  // are compared without those values: else every answer differs, and a live run's status area was
+  // swapped (STOP refocused, screen readers re-announcing it) every 2 s.
+  function pollAnswer(xhr) {
+    return String(xhr.response).replace(/(name="csrfmiddlewaretoken" value=")[^"]*"/g, '$1"');
+  }
+
   function skipUnchangedPoll(evt) {
     var target = evt.detail.target;
-    if (evt.detail.shouldSwap && isPoll(evt.detail) && target && target.studioPolled === evt.detail.xhr.response) evt.detail.shouldSwap = false;
+    if (evt.detail.shouldSwap && isPoll(evt.detail) && target && target.studioPolled === pollAnswer(evt.detail.xhr)) evt.detail.shouldSwap = false;
   }
 
   function notePolled(evt) {
-    if (isPoll(evt.detail)) { evt.target.studioPolled = evt.detail.xhr.response; return; }
+    if (isPoll(evt.detail)) { evt.target.studioPolled = pollAnswer(evt.detail.xhr); return; }
     for (var el = evt.target; el; el = el.parentElement) delete el.studioPolled;
   }
 

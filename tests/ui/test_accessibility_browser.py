@@ -1,0 +1,46 @@
+"""What assistive technology meets on the Studio's pages, in a real browser: live regions that stay
+put and say what changed, focus that stays where the user left it, and controls a keyboard reaches.
+Screenshots land in var/test-artifacts/ui/<test name>/."""
+from __future__ import annotations
+
+import pytest
+from playwright.sync_api import expect
+
+from training import services
+from training import status as status_service
+from training.models import Status, TrainingRun
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+# Counts, from now on, the status area's poll answers (htmx:beforeSwap: after a swap, events on the
+# swapped-out element no longer reach the document), the swaps, and focus moving onto STOP.
+WATCH_STATUS = """() => {
+  window.seen = {polls: 0, swaps: [], focusins: 0};
+  if (window.watching) return;
+  window.watching = true;
+  document.addEventListener("htmx:beforeSwap", e => { if (e.detail.target.id === "run-status") window.seen.polls++; });
+  document.addEventListener("htmx:afterSwap", e => { window.seen.swaps.push(e.detail.target.id); });
+  document.addEventListener("focusin", e => { if (e.target.id === "stop-btn") window.seen.focusins++; });
+}"""
+
+
+def startable_run(project, users, name: str) -> TrainingRun:
+    return services.create_run(project, users["owner"], name=name, method="sft", base_model="org/base", dataset="org/sft-data")
+
+
+def test_live_status_poll_with_nothing_changed_leaves_focus_on_stop_alone(owner_page, project, users):
+    page = owner_page
+    run = startable_run(project, users, "steady")
+    status_service.transition(run.pk, Status.PROVISIONING)  # live, polled every 2 s; no start yet, so no ticking duration
+    page.goto(f"/training/runs/{run.pk}/")
+    page.evaluate(WATCH_STATUS)
+    # The first poll may swap (the page's own copy was never compared); from then on answers repeat.
+    page.wait_for_function("() => window.seen.polls >= 1", timeout=10_000)
+    page.wait_for_timeout(200)
+    page.locator("#stop-btn").focus()
+    page.evaluate(WATCH_STATUS)
+    page.wait_for_function("() => window.seen.polls >= 2", timeout=10_000)
+    page.wait_for_timeout(200)  # the second answer's swap, if any
+    seen = page.evaluate("() => window.seen")
+    assert "run-status" not in seen["swaps"] and seen["focusins"] == 0, f"an unchanged answer was swapped in: {seen}"
+    expect(page.locator("#stop-btn")).to_be_focused()
