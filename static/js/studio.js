@@ -307,6 +307,24 @@
   // once the server says the run changed (HX-Trigger: run-changed), it no longer applies.
   document.addEventListener("run-changed", function () {
     document.querySelectorAll("#main > .messages").forEach(function (el) { el.remove(); });
+    runChanged = true;
+  });
+
+  // ---- run status changes are said ------------------------------------------------------------------
+  // The status area is swapped whole, so nothing in it is announced: once the server says the run
+  // changed, the persistent live region of base.html (#announcer) says the status it now has (once
+  // per new status: an edit or a refused action changes the run but not its status).
+  var runChanged = false;
+  var saidStatus = null;
+
+  document.addEventListener("htmx:afterSettle", function () {
+    var area = document.getElementById("run-status");
+    var announcer = document.getElementById("announcer");
+    if (!runChanged || !area || !announcer) return;
+    runChanged = false;
+    if (area.dataset.status === saidStatus) return;
+    saidStatus = area.dataset.status;
+    announcer.textContent = "Run " + area.dataset.runName + " is now " + saidStatus + ".";
   });
 
   // ---- file inputs that take at most so many files ----------------------------------------------------
@@ -323,6 +341,8 @@
 
   document.addEventListener("DOMContentLoaded", function () {
     placeLogs(document);
+    var area = document.getElementById("run-status");
+    if (area) saidStatus = area.dataset.status;
     // A form sent back with errors: focus its error summary, which says what to fix.
     var summary = document.querySelector("[data-error-summary]");
     if (summary) summary.focus();

@@ -44,3 +44,17 @@ def test_live_status_poll_with_nothing_changed_leaves_focus_on_stop_alone(owner_
     seen = page.evaluate("() => window.seen")
     assert "run-status" not in seen["swaps"] and seen["focusins"] == 0, f"an unchanged answer was swapped in: {seen}"
     expect(page.locator("#stop-btn")).to_be_focused()
+
+
+def test_a_run_status_change_is_said_in_the_pages_live_region(owner_page, project, users):
+    page = owner_page
+    run = startable_run(project, users, "told")
+    status_service.transition(run.pk, Status.PROVISIONING)
+    page.goto(f"/training/runs/{run.pk}/")
+    announcer = page.locator("#announcer")
+    expect(announcer).to_have_attribute("aria-live", "polite")
+    expect(announcer).to_have_text("")  # nothing said on load
+    status_service.transition(run.pk, Status.RUNNING)
+    expect(page.get_by_test_id("run-status")).to_have_text("running", timeout=10_000)
+    expect(announcer).to_have_text("Run told is now running.")
+    assert announcer.evaluate("el => !document.getElementById('main').contains(el)"), "the region is inside swapped content"
