@@ -58,3 +58,18 @@ def test_a_run_status_change_is_said_in_the_pages_live_region(owner_page, projec
     expect(page.get_by_test_id("run-status")).to_have_text("running", timeout=10_000)
     expect(announcer).to_have_text("Run told is now running.")
     assert announcer.evaluate("el => !document.getElementById('main').contains(el)"), "the region is inside swapped content"
+
+
+def test_the_gpu_memory_estimates_live_region_stays_when_the_estimate_is_swapped(owner_page, project):
+    page = owner_page
+    page.goto("/training/new/")
+    # The live region the estimate is in: marked, so the same element can be told apart after the swap.
+    page.evaluate("() => { document.getElementById('fit-estimate').closest('[aria-live]').dataset.kept = 'yes'; }")
+    page.get_by_label("Base model").fill("Qwen/Qwen2.5-7B")
+    page.get_by_label("Backend").select_option("modal")
+    page.get_by_label("Accelerators").fill("H200")
+    page.get_by_label("Accelerators").press("Tab")
+    expect(page.get_by_test_id("fit-estimate")).to_have_attribute("data-fit-status", "fits")
+    region = page.locator("#fit-estimate").locator("xpath=ancestor-or-self::*[@aria-live][1]")
+    expect(region).to_have_attribute("data-kept", "yes")
+    expect(page.locator("#main [aria-live] [aria-live]")).to_have_count(0)  # no region inside another
