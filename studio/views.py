@@ -90,6 +90,23 @@ def studio_page(view: Callable) -> Callable:
     return wrapper
 
 
+def form_action(page: str) -> Callable:
+    """A plain (non-htmx) form's action URL: POST only. A refused POST renders the form's page at this
+    URL, so a GET of it (the address bar, a bookmark, a link shared from there) goes to the form's
+    page, `page`, a URL name taking the same URL arguments, instead of a 405 with an empty body."""
+
+    def decorator(view: Callable) -> Callable:
+        @wraps(view)
+        def wrapper(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+            if request.method in ("GET", "HEAD"):
+                return redirect(page, *args, **kwargs)
+            return require_POST(view)(request, *args, **kwargs)
+
+        return wrapper
+
+    return decorator
+
+
 def errors_by_field(error: ApiError | list[Finding], fields: set[str] | None = None) -> dict[str, list[str]]:
     """Findings keyed by the form field that shows them: the exact dotted path when the form has it,
     else the nearest shown parent (config.loss.x → config.loss → config), else "general"."""

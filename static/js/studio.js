@@ -343,8 +343,9 @@
     placeLogs(document);
     var area = document.getElementById("run-status");
     if (area) saidStatus = area.dataset.status;
-    // A form sent back with errors: focus its error summary, which says what to fix.
-    var summary = document.querySelector("[data-error-summary]");
+    // A form sent back with errors: focus its error summary, which says what to fix, or where there
+    // is none (the findings are all beside their fields), the first field marked invalid.
+    var summary = document.querySelector("[data-error-summary]") || document.querySelector('#main form [aria-invalid="true"]');
     if (summary) summary.focus();
   });
 })();

@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect
 
+from datahub import repos
+
 from training import services
 from training import status as status_service
 from training.models import Status, TrainingRun
@@ -73,3 +75,32 @@ def test_the_gpu_memory_estimates_live_region_stays_when_the_estimate_is_swapped
     region = page.locator("#fit-estimate").locator("xpath=ancestor-or-self::*[@aria-live][1]")
     expect(region).to_have_attribute("data-kept", "yes")
     expect(page.locator("#main [aria-live] [aria-live]")).to_have_count(0)  # no region inside another
+
+
+def test_a_refused_new_repo_focuses_its_finding_and_its_url_leads_back_to_the_form(owner_page, project):
+    page = owner_page
+    page.goto("/hub/")
+    page.get_by_label("Repo name").fill("-bad name")
+    page.get_by_role("button", name="Create repo").click()
+    name = page.get_by_label("Repo name")
+    expect(name).to_have_attribute("aria-invalid", "true")
+    expect(name).to_be_focused()  # its finding is read with it (aria-describedby)
+    assert page.url.endswith("/hub/new")
+    page.goto(page.url)  # the address bar's URL, opened again: the form, not a 405 with an empty body
+    assert page.url.endswith("/hub/")
+    expect(page.get_by_role("button", name="Create repo")).to_be_visible()
+
+
+
+def test_a_refused_repo_delete_focuses_the_confirm_field_and_its_url_leads_back_to_the_repo(owner_page, project):
+    repos.create_repo(project, "keep-me", "dataset")
+    page = owner_page
+    page.goto("/hub/acme/keep-me/")
+    page.get_by_label("Type the repo name to confirm").fill("keep-you")
+    page.get_by_role("button", name="Delete this repo").click()
+    confirm = page.get_by_label("Type the repo name to confirm")
+    expect(confirm).to_have_attribute("aria-invalid", "true")
+    expect(confirm).to_be_focused()
+    page.goto(page.url)
+    assert page.url.endswith("/hub/acme/keep-me")
+    expect(page.get_by_role("heading", name="Delete this repo")).to_be_visible()
