@@ -327,6 +327,14 @@
     announcer.textContent = "Run " + area.dataset.runName + " is now " + saidStatus + ".";
   });
 
+  // ---- buttons that say why they do nothing ---------------------------------------------------------
+  // A blocked START is aria-disabled, not disabled, so Tab still reaches it and a screen reader reads
+  // it with what blocks it (aria-describedby); pressed, it does nothing (the server refuses it anyway).
+  document.addEventListener("click", function (evt) {
+    var button = evt.target.closest && evt.target.closest('button[aria-disabled="true"]');
+    if (button) evt.preventDefault();
+  }, true);
+
   // ---- file inputs that take at most so many files ----------------------------------------------------
   // The server refuses a form of more than DATA_UPLOAD_MAX_NUMBER_FILES files before any view reads
   // it: say so beside the field before the files are sent, not after the whole upload.

@@ -3,6 +3,8 @@ put and say what changed, focus that stays where the user left it, and controls 
 Screenshots land in var/test-artifacts/ui/<test name>/."""
 from __future__ import annotations
 
+import re
+
 import pytest
 from playwright.sync_api import expect
 
@@ -104,3 +106,26 @@ def test_a_refused_repo_delete_focuses_the_confirm_field_and_its_url_leads_back_
     page.goto(page.url)
     assert page.url.endswith("/hub/acme/keep-me")
     expect(page.get_by_role("heading", name="Delete this repo")).to_be_visible()
+
+
+def test_a_blocked_start_is_reached_by_tab_and_pressing_it_does_nothing(owner_page, project, users):
+    run = services.create_run(project, users["owner"], name="no data", method="sft", base_model="org/base", dataset=None)
+    page = owner_page
+    page.goto(f"/training/runs/{run.pk}/")
+    start = page.locator("#start-btn")
+    expect(start).to_have_attribute("aria-disabled", "true")
+    expect(start).to_have_accessible_description(re.compile("This run cannot start yet"))
+    page.locator("h1").click()
+    for _ in range(30):  # on from the heading, by Tab alone
+        page.keyboard.press("Tab")
+        if page.evaluate("() => document.activeElement.id") == "start-btn":
+            break
+    expect(start).to_be_focused()
+    requests: list[str] = []
+    page.on("request", lambda r: requests.append(r.url) if r.method == "POST" else None)
+    page.keyboard.press("Enter")
+    start.click(force=True)  # Playwright waits for an aria-disabled button to be enabled
+    page.wait_for_timeout(500)
+    assert requests == [], "a blocked START sent a request"
+    run.refresh_from_db()
+    assert run.start_requested_at is None and run.status == Status.QUEUED
