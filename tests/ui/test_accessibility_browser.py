@@ -129,3 +129,33 @@ def test_a_blocked_start_is_reached_by_tab_and_pressing_it_does_nothing(owner_pa
     assert requests == [], "a blocked START sent a request"
     run.refresh_from_db()
     assert run.start_requested_at is None and run.status == Status.QUEUED
+
+
+def luminance(rgb: str) -> float:
+    def channel(c: int) -> float:
+        s = c / 255
+        return s / 12.92 if s <= 0.03928 else ((s + 0.055) / 1.055) ** 2.4
+
+    r, g, b = (int(x) for x in re.findall(r"\d+", rgb)[:3])
+    return 0.2126 * channel(r) + 0.7152 * channel(g) + 0.0722 * channel(b)
+
+
+def contrast(a: str, b: str) -> float:
+    high, low = sorted((luminance(a), luminance(b)), reverse=True)
+    return (high + 0.05) / (low + 0.05)
+
+
+def test_the_focus_ring_has_3_to_1_contrast_beside_the_controls_it_marks(owner_page, project):
+    page = owner_page
+    page.goto("/training/new/")
+    ring = "() => getComputedStyle(document.activeElement).outlineColor"
+    page.get_by_role("button", name="Create run").focus()
+    page.keyboard.press("Shift+Tab")
+    page.keyboard.press("Tab")  # by keyboard: :focus-visible
+    assert page.evaluate("() => document.activeElement.matches(':focus-visible.btn-primary')")
+    for background in ("rgb(255, 255, 255)", "rgb(249, 250, 251)"):  # a card, the page
+        assert contrast(page.evaluate(ring), background) >= 3, page.evaluate(ring)
+    page.locator(".topbar a.brand").focus()
+    page.keyboard.press("Tab")
+    assert page.evaluate("() => document.activeElement.closest('.topbar') !== null")
+    assert contrast(page.evaluate(ring), "rgb(17, 24, 39)") >= 3, page.evaluate(ring)
