@@ -159,3 +159,32 @@ def test_the_focus_ring_has_3_to_1_contrast_beside_the_controls_it_marks(owner_p
     page.keyboard.press("Tab")
     assert page.evaluate("() => document.activeElement.closest('.topbar') !== null")
     assert contrast(page.evaluate(ring), "rgb(17, 24, 39)") >= 3, page.evaluate(ring)
+
+
+# Each scrolling table box, with what names it and what its table's caption says.
+TABLE_BOXES = """() => Array.from(document.querySelectorAll('.table-wrap')).map(box => ({
+  role: box.getAttribute('role'), tabindex: box.getAttribute('tabindex'), label: box.getAttribute('aria-label'),
+  caption: (box.querySelector('caption') || {textContent: ''}).textContent.trim(),
+}))"""
+
+
+def test_table_scroll_boxes_are_named_regions_a_keyboard_can_scroll(owner_page, project, users):
+    from studio import services as studio_services
+
+    startable_run(project, users, "listed")
+    repos.create_repo(project, "some-data", "dataset")
+    studio_services.set_secret(project, "HF_TOKEN", "hf_x")
+    page = owner_page
+    for url in ("/training/", "/hub/", "/settings/secrets/"):
+        page.goto(url)
+        boxes = page.evaluate(TABLE_BOXES)
+        assert boxes, url
+        for box in boxes:
+            assert box["role"] == "region" and box["tabindex"] == "0" and box["label"] and box["label"] == box["caption"], (url, box)
+    page.set_viewport_size({"width": 390, "height": 800})
+    page.goto("/hub/")
+    region = page.get_by_role("region", name="Repos")
+    region.focus()
+    page.keyboard.press("End")  # a focused scroll box scrolls by keyboard
+    expect(region).to_be_focused()
+
