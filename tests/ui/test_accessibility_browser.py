@@ -188,3 +188,20 @@ def test_table_scroll_boxes_are_named_regions_a_keyboard_can_scroll(owner_page, 
     page.keyboard.press("End")  # a focused scroll box scrolls by keyboard
     expect(region).to_be_focused()
 
+
+
+def test_page_titles_follow_the_run_tab_and_the_data_hub_tab(owner_page, project, users):
+    run = startable_run(project, users, "kbd run")
+    page = owner_page
+    page.goto(f"/training/runs/{run.pk}/")
+    expect(page).to_have_title("Overview · kbd run · Studio")
+    page.locator("nav.tabs").get_by_role("link", name="Configuration").click()  # an htmx swap of the tab
+    expect(page.locator('nav.tabs a[aria-current="page"]')).to_have_text("Configuration")
+    expect(page).to_have_title("Configuration · kbd run · Studio")
+    page.goto(f"/training/runs/{run.pk}/checkpoints/")
+    expect(page).to_have_title("Checkpoints · kbd run · Studio")
+    repos.create_repo(project, "titled", "dataset")
+    page.goto("/hub/acme/titled/")
+    expect(page).to_have_title("Files · acme/titled · Studio")
+    page.get_by_role("link", name="Commits").click()
+    expect(page).to_have_title("Commits · acme/titled · Studio")
