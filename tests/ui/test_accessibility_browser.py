@@ -9,7 +9,7 @@ import pytest
 from playwright.sync_api import expect
 
 from datahub import repos
-
+from studio import services as studio_services
 from training import services
 from training import status as status_service
 from training.models import Status, TrainingRun
@@ -169,8 +169,6 @@ TABLE_BOXES = """() => Array.from(document.querySelectorAll('.table-wrap')).map(
 
 
 def test_table_scroll_boxes_are_named_regions_a_keyboard_can_scroll(owner_page, project, users):
-    from studio import services as studio_services
-
     startable_run(project, users, "listed")
     repos.create_repo(project, "some-data", "dataset")
     studio_services.set_secret(project, "HF_TOKEN", "hf_x")
