@@ -29,7 +29,7 @@ from datahub.services import MODEL_REPO_RE
 from studio.api import validate_data
 from studio.errors import ApiError, BadRequest, Finding, NotFound, counted
 from studio.parsing import isolated
-from studio.views import errors_by_field, studio_page, web_actor
+from studio.views import errors_by_field, form_action, studio_page, web_actor
 
 
 def repo_for_page(request: HttpRequest, namespace: str, name: str) -> Repo:
@@ -80,7 +80,7 @@ NEW_REPO_FIELDS = {"name", "type"}
 
 
 @studio_page
-@require_POST
+@form_action("datahub:repos")
 def repo_create(request: HttpRequest) -> HttpResponse:
     """New repo: RepoIn and repos.create_repo, as POST /api/hub/repos."""
     actor = web_actor(request)
@@ -218,7 +218,7 @@ def repo_upload(request: HttpRequest, namespace: str, name: str) -> HttpResponse
 
 
 @studio_page
-@require_POST
+@form_action("datahub:repo")
 def repo_delete(request: HttpRequest, namespace: str, name: str) -> HttpResponse:
     """Delete, once the repo's name is typed to confirm: services.delete_repo, as the API's DELETE."""
     repo = repo_for_page(request, namespace, name)

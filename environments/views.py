@@ -13,7 +13,7 @@ from django.views.decorators.http import require_GET, require_POST
 from environments import services
 from studio.api import loads_json, unstorable
 from studio.errors import ApiError, Finding
-from studio.views import errors_by_field, studio_page, web_actor
+from studio.views import errors_by_field, form_action, studio_page, web_actor
 
 FORK_FIELDS = {"catalogue", "name"}
 CONFIG_FIELDS = {"config"}
@@ -48,7 +48,7 @@ def catalogue_page(request: HttpRequest) -> HttpResponse:
 
 
 @studio_page
-@require_POST
+@form_action("environments")
 def fork(request: HttpRequest) -> HttpResponse:
     actor = web_actor(request)
     project = actor.require_writable_project()

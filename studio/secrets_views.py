@@ -10,7 +10,7 @@ from django.views.decorators.http import require_GET, require_POST
 from studio import services
 from studio.errors import ApiError
 from studio.models import ProjectSecret
-from studio.views import errors_by_field, studio_page, web_actor
+from studio.views import errors_by_field, form_action, studio_page, web_actor
 
 FIELDS = {"name", "value"}
 
@@ -35,7 +35,7 @@ def secrets_page(request: HttpRequest) -> HttpResponse:
 
 
 @studio_page
-@require_POST
+@form_action("secrets")
 def set_secret(request: HttpRequest) -> HttpResponse:
     actor = web_actor(request)
     project = actor.require_writable_project()

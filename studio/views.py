@@ -90,6 +90,23 @@ def studio_page(view: Callable) -> Callable:
     return wrapper
 
 
+def form_action(page: str) -> Callable:
+    """A plain (non-htmx) form's action URL: POST only. A refused POST renders the form's page at this
+    URL, so a GET of it (the address bar, a bookmark, a link shared from there) goes to the form's
+    page, `page`, a URL name taking the same URL arguments, instead of a 405 with an empty body."""
+
+    def decorator(view: Callable) -> Callable:
+        @wraps(view)
+        def wrapper(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+            if request.method in ("GET", "HEAD"):
+                return redirect(page, *args, **kwargs)
+            return require_POST(view)(request, *args, **kwargs)
+
+        return wrapper
+
+    return decorator
+
+
 def errors_by_field(error: ApiError | list[Finding], fields: set[str] | None = None) -> dict[str, list[str]]:
     """Findings keyed by the form field that shows them: the exact dotted path when the form has it,
     else the nearest shown parent (config.loss.x → config.loss → config), else "general"."""
@@ -141,13 +158,23 @@ class LoginView(auth_views.LoginView):
 
     def get_context_data(self, **kwargs) -> dict[str, Any]:
         ended = self.request.GET.get(SESSION_ENDED) == "1" or self.request.POST.get(SESSION_ENDED) == "1"
-        return super().get_context_data(session_ended=SESSION_ENDED_NOTE if ended else None, session_ended_flag=SESSION_ENDED, **kwargs)
+        context = super().get_context_data(session_ended=SESSION_ENDED_NOTE if ended else None, session_ended_flag=SESSION_ENDED, **kwargs)
+        form = context["form"]
+        # A refused log-in names neither field (which one was wrong is not said): both are marked, and
+        # read with the sentence above them.
+        if context.get("refusal") or (form.is_bound and form.non_field_errors()):
+            for name in ("username", "password"):
+                form.fields[name].widget.attrs.update({"aria-invalid": "true", "aria-describedby": "login-errors"})
+        return context
 
     def post(self, request: HttpRequest, *args, **kwargs) -> HttpResponse:
         try:
             return super().post(request, *args, **kwargs)
         except TooManyRequests as exc:
-            return self.render_to_response(self.get_context_data(refusal=too_many_log_ins_sentence(exc)), status=429, headers=exc.headers())
+            # An unbound form: rendering a bound one validates it (its fields' aria-invalid), which is
+            # another password check, refused again, and the 429 came as the page without the form.
+            form = self.get_form_class()(request, initial={"username": request.POST.get("username", "")})
+            return self.render_to_response(self.get_context_data(form=form, refusal=too_many_log_ins_sentence(exc)), status=429, headers=exc.headers())
 
 
 def too_many_log_ins_sentence(exc: TooManyRequests) -> str:

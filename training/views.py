@@ -877,9 +877,10 @@ def run_detail(request: HttpRequest, run_id: int, tab: str = "overview") -> Http
         # The status area too, so its role line is the reader's own (not "Viewers cannot ...").
         context = {**status_context(request, run, actor), "tabs": tabs, "tab": None, "missing_tab": tab, "section": "training", "project": run.project}
         return render(request, "training/run_detail.html", context, status=404)
-    context = {**tab_context(request, run, tab), "tabs": tabs, "section": "training", "project": run.project}
+    context = {**tab_context(request, run, tab), "tabs": tabs, "tab_label": dict(tabs)[tab], "section": "training", "project": run.project}
     if request.htmx and request.htmx.target == "tab-panel":
-        return render(request, "training/run_detail.html#tab_panel", context)
+        # With the page's new <title>: htmx sets document.title from a <title> at the top of an answer.
+        return render(request, "training/run_detail.html#tab_panel", {**context, "title_in_answer": True})
     if request.htmx and request.htmx.target == "checkpoint-table" and tab == "checkpoints":  # polled while a merge runs
         return render(request, "training/run_detail.html#checkpoint_table", context)
     context.update(status_context(request, run, actor))

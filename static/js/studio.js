@@ -264,13 +264,20 @@
   // A poll whose answer is what it last swapped in leaves the page alone: no swap, so no focus to
   // move and no reader's place to lose. Only polls: a user's request swaps even an identical answer,
   // and any other swap in or around what a poll swapped in makes its next answer swap again.
+  // Each answer's forms ({% csrf_token %}) carry a freshly masked copy of the same token, so answers
+  // are compared without those values: else every answer differs, and a live run's status area was
+  // swapped (STOP refocused, screen readers re-announcing it) every 2 s.
+  function pollAnswer(xhr) {
+    return String(xhr.response).replace(/(name="csrfmiddlewaretoken" value=")[^"]*"/g, '$1"');
+  }
+
   function skipUnchangedPoll(evt) {
     var target = evt.detail.target;
-    if (evt.detail.shouldSwap && isPoll(evt.detail) && target && target.studioPolled === evt.detail.xhr.response) evt.detail.shouldSwap = false;
+    if (evt.detail.shouldSwap && isPoll(evt.detail) && target && target.studioPolled === pollAnswer(evt.detail.xhr)) evt.detail.shouldSwap = false;
   }
 
   function notePolled(evt) {
-    if (isPoll(evt.detail)) { evt.target.studioPolled = evt.detail.xhr.response; return; }
+    if (isPoll(evt.detail)) { evt.target.studioPolled = pollAnswer(evt.detail.xhr); return; }
     for (var el = evt.target; el; el = el.parentElement) delete el.studioPolled;
   }
 
@@ -300,7 +307,33 @@
   // once the server says the run changed (HX-Trigger: run-changed), it no longer applies.
   document.addEventListener("run-changed", function () {
     document.querySelectorAll("#main > .messages").forEach(function (el) { el.remove(); });
+    runChanged = true;
   });
+
+  // ---- run status changes are said ------------------------------------------------------------------
+  // The status area is swapped whole, so nothing in it is announced: once the server says the run
+  // changed, the persistent live region of base.html (#announcer) says the status it now has (once
+  // per new status: an edit or a refused action changes the run but not its status).
+  var runChanged = false;
+  var saidStatus = null;
+
+  document.addEventListener("htmx:afterSettle", function () {
+    var area = document.getElementById("run-status");
+    var announcer = document.getElementById("announcer");
+    if (!runChanged || !area || !announcer) return;
+    runChanged = false;
+    if (area.dataset.status === saidStatus) return;
+    saidStatus = area.dataset.status;
+    announcer.textContent = "Run " + area.dataset.runName + " is now " + saidStatus + ".";
+  });
+
+  // ---- buttons that say why they do nothing ---------------------------------------------------------
+  // A blocked START is aria-disabled, not disabled, so Tab still reaches it and a screen reader reads
+  // it with what blocks it (aria-describedby); pressed, it does nothing (the server refuses it anyway).
+  document.addEventListener("click", function (evt) {
+    var button = evt.target.closest && evt.target.closest('button[aria-disabled="true"]');
+    if (button) evt.preventDefault();
+  }, true);
 
   // ---- file inputs that take at most so many files ----------------------------------------------------
   // The server refuses a form of more than DATA_UPLOAD_MAX_NUMBER_FILES files before any view reads
@@ -316,8 +349,11 @@
 
   document.addEventListener("DOMContentLoaded", function () {
     placeLogs(document);
-    // A form sent back with errors: focus its error summary, which says what to fix.
-    var summary = document.querySelector("[data-error-summary]");
+    var area = document.getElementById("run-status");
+    if (area) saidStatus = area.dataset.status;
+    // A form sent back with errors: focus its error summary, which says what to fix, or where there
+    // is none (the findings are all beside their fields), the first field marked invalid.
+    var summary = document.querySelector("[data-error-summary]") || document.querySelector('#main form [aria-invalid="true"]');
     if (summary) summary.focus();
   });
 })();

@@ -43,7 +43,7 @@ def page_message(html: str) -> str:
 
 
 def general_errors(html: str) -> str:
-    found = re.search(r'<div class="alert alert-error" role="alert">(.*?)</div>', html, re.S)
+    found = re.search(r'<div class="alert alert-error" role="alert"[^>]*>(.*?)</div>', html, re.S)
     assert found, html[:3000]
     return re.sub(r"<[^>]+>", " ", found.group(1))
 

@@ -55,7 +55,7 @@ def test_delete_a_branch_asks_first_then_deletes_it(owner_page, project, users, 
     said: list[str] = []
     page.once("dialog", lambda dialog: (said.append(dialog.message), dialog.accept()))
     branches.get_by_role("button", name="Delete branch dev").click()
-    expect(page.get_by_role("status")).to_contain_text("Deleted branch \u2068dev\u2069 of \u2068acme/ds\u2069")
+    expect(page.locator("#main > ul.messages")).to_contain_text("Deleted branch \u2068dev\u2069 of \u2068acme/ds\u2069")
     assert said and said[0].startswith("Delete branch \u2068dev\u2069 of \u2068acme/ds\u2069?"), said
     assert not ds.branches.filter(name="dev").exists()
     expect(page.locator("#branches")).not_to_contain_text("dev")
@@ -85,7 +85,7 @@ def test_delete_a_file_asks_first_then_shows_the_new_head(owner_page, ds):
     said: list[str] = []
     page.once("dialog", lambda dialog: (said.append(dialog.message), dialog.accept()))
     files.get_by_role("button", name="Delete prefs.csv").click()
-    expect(page.get_by_role("status")).to_contain_text("Deleted \u2068prefs.csv\u2069 from branch \u2068main\u2069")
+    expect(page.locator("#main > ul.messages")).to_contain_text("Deleted \u2068prefs.csv\u2069 from branch \u2068main\u2069")
     assert said and said[0].startswith("Delete \u2068prefs.csv\u2069 from branch \u2068main\u2069 of \u2068acme/ds\u2069?"), said
     after = repos.resolve(ds, "main")
     assert after.parents == [before.pk] and set(repos.tree(after)) == {"train.jsonl"}
@@ -107,7 +107,7 @@ def test_delete_a_file_asks_first_then_shows_the_new_head(owner_page, ds):
     page.shot("file-refused")
     page.once("dialog", lambda dialog: dialog.accept())
     page.locator("#files").get_by_role("button", name="Delete train.jsonl").click()  # again, at the head it shows
-    expect(page.get_by_role("status")).to_contain_text("Deleted \u2068train.jsonl\u2069 from branch \u2068main\u2069")
+    expect(page.locator("#main > ul.messages")).to_contain_text("Deleted \u2068train.jsonl\u2069 from branch \u2068main\u2069")
     assert set(repos.tree(repos.resolve(ds, "main"))) == {"later.txt"}
     expect(page.locator("#repo-head")).to_contain_text(f"at commit {repos.resolve(ds, 'main').pk[:10]}")
 
@@ -120,6 +120,6 @@ def test_a_file_delete_on_a_branch_deleted_since_lands_on_the_default_branch_say
     repos.delete_branch(ds, "dev")
     page.once("dialog", lambda dialog: dialog.accept())
     page.locator("#files").get_by_role("button", name="Delete train.jsonl").click()
-    expect(page.get_by_role("status")).to_contain_text("\u2068train.jsonl\u2069 was not deleted: \u2068acme/ds\u2069 has no branch \u2068'dev'\u2069")
+    expect(page.locator("#main > ul.messages")).to_contain_text("\u2068train.jsonl\u2069 was not deleted: \u2068acme/ds\u2069 has no branch \u2068'dev'\u2069")
     expect(page.locator("#repo-head")).to_contain_text(f"Ref main at commit {head.pk[:10]}")
     assert page.url.endswith("/hub/acme/ds/tree/main") and repos.resolve(ds, "main") == head

@@ -43,7 +43,7 @@ def test_the_browser_refuses_too_many_files_before_sending(owner_page, repo):
     page.goto("/hub/acme/many")
     sent = []
     page.on("request", lambda request: sent.append(request.url) if request.url.endswith("/upload") else None)
-    files = page.get_by_label("Files", exact=True)
+    files = page.locator("input[type=file]#f-files")  # not by label: the Files table is a region named "Files" too
     files.set_input_files([{"name": f"f{i}.txt", "mimeType": "text/plain", "buffer": b"x"} for i in range(too_many())])
     assert files.evaluate("el => el.validationMessage") == (
         f"Choose at most {settings.DATA_UPLOAD_MAX_NUMBER_FILES} files (these are {too_many()}): commit the rest in another upload.")

@@ -1,0 +1,22 @@
+"""The action URLs of the plain (non-htmx) forms: a refused POST renders the form's page there, so a
+GET of that URL (the address bar, a bookmark, a link copied from it) goes back to the form's page."""
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.mark.parametrize(("action", "form_page"), [
+    ("/hub/new", "/hub/"),
+    ("/hub/acme/my-data/delete", "/hub/acme/my-data"),
+    ("/environments/fork", "/environments/"),
+    ("/settings/secrets/set", "/settings/secrets/"),
+])
+def test_a_get_of_a_plain_forms_action_url_goes_to_the_forms_page(project, users, action, form_page):
+    client = Client()
+    client.force_login(users["owner"])
+    response = client.get(action)
+    assert response.status_code == 302 and response["Location"] == form_page
+    assert client.put(action).status_code == 405  # still nothing but a POST acts
