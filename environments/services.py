@@ -2,7 +2,8 @@
 run starts, and staging a run's environment for the engine.
 
 - An environment is a Python package whose ``__init__.py`` exposes ``load_environment(**kwargs)`` (or a
-  verifiers v1 ``Taskset`` subclass), with its arguments in ``CONFIG`` (``config.py``).
+  verifiers v1 ``Taskset`` subclass), with its arguments in ``CONFIG`` (``config.py``, or wherever
+  ``__init__.py`` defines it: ``config_site``).
 - ``builtin/<name>@<ref>`` names a catalogue package (environments/catalogue/) or the engine's
   ``builtin/arith``; ``[project/]<repo>@<ref>`` names a Data Hub repo of type environment.
 - The web process never imports a package: checks parse it with ``ast`` (``static_findings``).
@@ -25,6 +26,7 @@ from datahub.datasets import RowNeeds
 from environments.declarations import DECLARATIONS, assignment, code, declaration_findings, declared_config_findings, with_declarations
 from studio.errors import BadRequest, Finding, NotFound
 from training.engine.packages import CONFIG_METADATA
+from training.refs import inside_local_roots
 
 log = logging.getLogger(__name__)
 CATALOGUE_DIR = Path(__file__).resolve().parent / "catalogue"
@@ -78,30 +80,98 @@ def catalogue_info(entry: CatalogueEntry) -> dict[str, Any]:
 
 # ---- reading CONFIG without importing ----------------------------------------------------------
 
-def _config_node(tree: ast.Module) -> ast.expr | None:
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "CONFIG" for t in node.targets):
-            return node.value
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == "CONFIG" and node.value is not None:
-            return node.value
+@dataclass(frozen=True)
+class ConfigSite:
+    """Where a package's CONFIG is bound: `path` (in the package's files; None when it comes from a
+    module outside the package) and the value assigned there (None when that file assigns none yet)."""
+    path: str | None
+    value: ast.expr | None
+
+
+def _assigned(node: ast.stmt, name: str) -> ast.expr | None:
+    """The value `node` assigns to `name` (`name = ...` or `name: T = ...`), if it does."""
+    if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+        return node.value
+    if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == name:
+        return node.value
     return None
+
+
+def _last_binding(tree: ast.Module | None, name: str) -> ast.expr | None:
+    """The value of the last module-level assignment to `name` in `tree`: the one Python keeps."""
+    found = None
+    for node in tree.body if tree is not None else []:
+        found = _assigned(node, name) or found
+    return found
+
+
+def config_site(files: dict[str, bytes]) -> ConfigSite:
+    """Where the CONFIG a run loads is defined, by the engine's rule (training.engine.packages.package_config):
+    the package module's own CONFIG once __init__.py ran (its last module-level binding there: an
+    assignment, or an import from one of the package's modules), else config.py's. The Studio reads,
+    checks and edits CONFIG there and nowhere else: a CONFIG saved to config.py while __init__.py
+    defined its own was shown everywhere and never used by the run."""
+    root = package_prefix(files) or ""
+    path: str | None = root + CONFIG_FILE
+    name = "CONFIG"
+    init = parsed_init(files)
+    for node in init.body if init is not None else []:
+        if _assigned(node, "CONFIG") is not None:
+            path, name = root + "__init__.py", "CONFIG"
+        elif isinstance(node, ast.ImportFrom) and node.level <= 1:
+            for alias in node.names:
+                if (alias.asname or alias.name) == "CONFIG":
+                    module = root + (node.module or "").replace(".", "/") + ".py"
+                    # `from .config import CONFIG`, or `from config import CONFIG` of its own module (the engine puts the package on sys.path)
+                    path, name = (module, alias.name) if node.module and (node.level == 1 or module in files) else (None, alias.name)
+    source = files.get(path) if path is not None else None
+    try:
+        tree = ast.parse(source) if source is not None else None
+    except (SyntaxError, ValueError):
+        tree = None
+    return ConfigSite(path, _last_binding(tree, name))
 
 
 def read_config(files: dict[str, bytes]) -> dict[str, Any] | None:
-    """The package's CONFIG dict literal (config.py first, then __init__.py), or None."""
-    root = package_prefix(files) or ""
-    for name in (CONFIG_FILE, "__init__.py"):
-        source = files.get(root + name)
-        if source is None:
-            continue
-        try:
-            node = _config_node(ast.parse(source))
-            if node is not None:
-                value = ast.literal_eval(node)
-                return value if isinstance(value, dict) else None
-        except (SyntaxError, ValueError):
-            return None
-    return None
+    """The package's CONFIG, where the run takes it from (config_site), when it is a literal dict; else None."""
+    site = config_site(files)
+    if site.value is None:
+        return None
+    try:
+        value = ast.literal_eval(site.value)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def config_literal_finding(files: dict[str, bytes], field: str = FIELD) -> list[Finding]:
+    """A CONFIG that is there but not a literal dict: the Studio could neither show, edit nor check it,
+    and a run loading it failed as it loaded (a KeyError), with nothing said before START."""
+    site = config_site(files)
+    if site.value is not None and read_config(files) is None:
+        return [Finding(field, f"{site.path}:{site.value.lineno}: CONFIG must be a literal dict, e.g. CONFIG = {{\"max_examples\": 10}}, not an expression: "
+                               "the Studio reads it without running the package, to show, check and edit it")]
+    return []
+
+
+def edited_config_file(files: dict[str, bytes], config: dict[str, Any]) -> tuple[str, bytes]:
+    """(path, new content) of the file that defines the package's CONFIG (config_site), with `config` in
+    place of the value it assigns: the rest of the file (comments, other names) stays as it was. A
+    package with no CONFIG yet gets config.py, which the engine reads when __init__.py defines none."""
+    site = config_site(files)
+    if site.path is None:
+        raise BadRequest("This package takes its CONFIG from a module outside it.",
+                         [Finding("config", "define CONFIG in the package (config.py or __init__.py) to edit it here")])
+    source = files.get(site.path)
+    text = pprint.pformat(config, indent=4, sort_dicts=False, width=110)
+    if source is None:
+        return site.path, render_config(config).encode()
+    if site.value is None:
+        return site.path, source.rstrip() + (b"\n\n" if source.strip() else b"") + f"CONFIG = {text}\n".encode()
+    lines = source.splitlines(keepends=True)
+    start = sum(len(line) for line in lines[:site.value.lineno - 1]) + site.value.col_offset  # ast offsets count UTF-8 bytes
+    end = sum(len(line) for line in lines[:(site.value.end_lineno or site.value.lineno) - 1]) + (site.value.end_col_offset or 0)
+    return site.path, source[:start] + text.encode() + source[end:]
 
 
 def render_config(config: dict[str, Any]) -> str:
@@ -161,9 +231,15 @@ def config_findings(reference: dict[str, Any] | None, config: dict[str, Any], fi
         if key in config:
             findings += _same_shape(f"{field}.{key}", was, config[key])
             now = config[key]
-            if (isinstance(was, str) and root + was in files and isinstance(now, str) and now != was
-                    and not PurePosixPath(now).is_absolute() and root + now not in files):
-                findings.append(Finding(f"{field}.{key}", f"the package has no file {now!r} (it has {was!r}): name one of its files, or push the file to the repo first"))
+            if not (isinstance(was, str) and root + was in files and isinstance(now, str) and now != was):
+                continue
+            if not PurePosixPath(now).is_absolute():
+                if root + now not in files:
+                    findings.append(Finding(f"{field}.{key}", f"the package has no file {now!r} (it has {was!r}): name one of its files, or push the file to the repo first"))
+            elif not (inside_local_roots(Path(now)) and Path(now).is_file()):
+                # An absolute path is read on the machine that runs the engine: the local backend's is this one.
+                findings.append(Finding(f"{field}.{key}", f"{now} is not a file on the Studio's machine that runs may read: name one of the package's files "
+                                                          f"({was!r}), or push the file to the repo first"))
     said = {f.field for f in findings}  # one finding a field: the reference's, where both see a wrong type
     return findings + [f for f in declared_config_findings(declared(init), config, field) if f.field not in said]
 
@@ -304,6 +380,7 @@ def static_findings(files: dict[str, bytes], image_has: Callable[[str], bool], *
     init = modules.get("__init__.py")
     if init is not None and not _has_entry_point(init, modules):
         findings.append(Finding(field, "the package's __init__.py has no module-level load_environment(**kwargs) (and exports no verifiers Taskset subclass)"))
+    findings += config_literal_finding(files, field)
     findings += missing_config_findings(init, read_config(files), field)
     findings += row_keys_finding(files, field)
     findings += declaration_findings(init, field)
@@ -561,7 +638,8 @@ def fork(project, catalogue_name: str, name: str | None = None, config: dict[str
     wrong = config_findings(entry.config(), merged, files)
     if wrong:
         raise BadRequest(f"This CONFIG does not fit {entry.environment_id}.", wrong)
-    files[CONFIG_FILE] = render_config(merged).encode()
+    path, content = edited_config_file(files, merged)
+    files[path] = content
     repo = create_repo(project, repo_name, RepoType.ENVIRONMENT, user=user, description=f"Forked from {entry.environment_id}")
     commit = commit_files(repo, "main", files, message=f"Fork {entry.environment_id} from the Studio catalogue", author=user)
     return {"repo": repo.name, "environment_id": f"{repo.name}@main", "commit": commit.pk, "forked_from": entry.environment_id, "config": merged}
@@ -631,10 +709,10 @@ def update_config(project, name: str, config: dict[str, Any], user=None) -> dict
     if not isinstance(config, dict):
         raise BadRequest("CONFIG must be an object.", [Finding("config", "send the whole CONFIG as a JSON object")])
     repo = environment_repo(project, name)
-    current = repo_config(project, name)
-    prefix = package_prefix({p: b"" for p in current["files"]}) or ""
-    wrong = config_findings(_type_reference(current["config"], first_config(repo)), config, hub_package_files(resolve(repo, "main")))
+    files = hub_package_files(resolve(repo, "main"))
+    wrong = config_findings(_type_reference(read_config(files), first_config(repo)), config, files)
     if wrong:
         raise BadRequest("This CONFIG does not fit the environment (a PUT replaces the whole CONFIG).", wrong)
-    commit = commit_files(repo, "main", {prefix + CONFIG_FILE: render_config(config).encode()}, message="Edit CONFIG", author=user)
+    path, content = edited_config_file(files, config)
+    commit = commit_files(repo, "main", {path: content}, message="Edit CONFIG", author=user)
     return {"repo": repo.name, "environment_id": f"{repo.name}@main", "commit": commit.pk, "config": config}

@@ -318,6 +318,14 @@ def test_start_beyond_gpus_per_run_returns_402(api, project):
     assert_start_refused(api, run_id, 402, "compute.accelerators")
 
 
+def test_the_runs_422_comes_before_the_plans_capacity_402(api, project):
+    # It answered 402 first: the user stopped another run to free a slot, only to hear then that this one could not start.
+    Plan.objects.filter(pk=project.plan_id).update(max_concurrent_runs=1)
+    first, second = make_run(api), make_run(api, base_model=None)
+    assert start(api, first).status_code == 202
+    assert_start_refused(api, second, 422, "base_model")
+
+
 def test_402_comes_before_422(api, project, free_plan):
     run_id = make_run(api, base_model=None)
     set_plan(project, free_plan)

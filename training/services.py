@@ -61,8 +61,9 @@ def require_training_plan(project: Project) -> None:
         raise PaymentRequired(f"Project {project.slug} is on {name}, which does not include training: ask a Studio administrator for a plan with training (Settings → Billing shows the plan).")
 
 
-def require_plan_capacity(project: Project, run: TrainingRun) -> None:
-    """Call while holding the project's row lock, so two STARTs cannot both take the last slot."""
+def require_plan_gpus(project: Project, run: TrainingRun) -> None:
+    """The plan's GPUs per run: a limit on what this run asks for (compute.accelerators), which the
+    run's other findings for that many GPUs would follow from."""
     plan = project.plan
     accel = accelerators_of(run.compute)
     if accel.count > plan.max_gpus_per_run:
@@ -70,6 +71,12 @@ def require_plan_capacity(project: Project, run: TrainingRun) -> None:
             f"The {plan.name} plan allows {counted(plan.max_gpus_per_run, 'GPU')} per run and this run asks for {accel.count}: ask for fewer, or ask a Studio administrator for a larger plan (Settings → Billing shows the plan).",
             [Finding("compute.accelerators", f"ask for at most {counted(plan.max_gpus_per_run, 'GPU')}, or ask a Studio administrator for a larger plan")],
         )
+
+
+def require_plan_capacity(project: Project, run: TrainingRun) -> None:
+    """The plan's concurrent runs. Call while holding the project's row lock, so two STARTs cannot both
+    take the last slot."""
+    plan = project.plan
     busy = TrainingRun.objects.filter(project=project).exclude(pk=run.pk).filter(
         status__in=ACTIVE_STATUSES
     ).count() + TrainingRun.objects.filter(project=project, status=Status.QUEUED, start_requested_at__isnull=False).exclude(pk=run.pk).count()
@@ -264,10 +271,13 @@ def start_run(run: TrainingRun) -> TrainingRun:
             raise Conflict("This run has completed: create a new run to train again.")
         if run.is_active or (run.status == Status.QUEUED and run.start_requested_at):
             raise Conflict(f"This run is already {'starting' if run.status == Status.QUEUED else run.status}.")
-        require_plan_capacity(project, run)
+        require_plan_gpus(project, run)
+        # The run's own findings (422) before the plan's concurrent runs (402): a user who stops another
+        # run to free a slot should not only then hear that this one cannot start as it is.
         findings = start_blockers(run)
         if findings:
             raise Unprocessable(errors=findings)
+        require_plan_capacity(project, run)
         if run.status in (Status.FAILED, Status.CANCELLED):
             wipe_attempt_data(run)
             if kept_run_repo(run) is None:  # deleted since the run ended: its checkpoints commit there, and nothing else makes it

@@ -14,7 +14,7 @@ from urllib.parse import urlencode
 import yaml
 from django.contrib import messages
 from django.core.paginator import Paginator
-from django.db.models import Q
+from django.db.models import Avg, Count, Max, Min, Q, StdDev
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseNotFound, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -832,14 +832,28 @@ def rollout_groups(run: TrainingRun, request: HttpRequest) -> dict[str, Any]:
     groups: OrderedDict[tuple[int, str], list[Rollout]] = OrderedDict()
     for rollout in shown:
         groups.setdefault((rollout.step, rollout.prompt), []).append(rollout)
+    stats = whole_group_stats(run, groups) if (low is not None or high is not None or "general" in notes) else {}
     out = []
     for (s, prompt), items in groups.items():
         rewards = [r.reward for r in items]
-        out.append({"step": s, "prompt": prompt, "rollouts": items, "mean": statistics.fmean(rewards),
-                    "std": group_std(rewards), "min": min(rewards), "max": max(rewards)})
+        whole = stats.get((s, prompt)) or {"count": len(rewards), "mean": statistics.fmean(rewards), "std": group_std(rewards), "min": min(rewards),
+                                           "max": max(rewards)}
+        out.append({"step": s, "prompt": prompt, "rollouts": items, **whole})
     raw_bounds = {k: request.GET.get(k, "") if k in notes else bounds[k] for k in bounds}
     return {"groups": out, "steps": steps, "chosen_step": "all" if step == "all" else chosen_step, "notes": notes,
             "system_prompt": shown_system_prompt(run), **raw_bounds}
+
+
+def whole_group_stats(run: TrainingRun, groups: dict[tuple[int, str], list[Rollout]]) -> dict[tuple[int, str], dict[str, float]]:
+    """Each shown group's reward mean, std, min and max over all its rollouts, where a reward filter or
+    the cap shows only some: a group of 0.5, 1, 1, 1 filtered to min 0.6 read "mean 1.000, std 0.000",
+    while its advantages and the reward metrics came from 0.875 and 0.25. The std is the sample one,
+    as group_std's (STDDEV_SAMP: SQLite's is Django's statistics.stdev)."""
+    if not groups:
+        return {}
+    rows = (Rollout.objects.filter(run=run, step__in={s for s, _ in groups}, prompt__in={p for _, p in groups})
+            .values("step", "prompt").annotate(count=Count("id"), mean=Avg("reward"), std=StdDev("reward", sample=True), min=Min("reward"), max=Max("reward")))
+    return {(r["step"], r["prompt"]): {"count": r["count"], "mean": r["mean"], "std": r["std"] or 0.0, "min": r["min"], "max": r["max"]} for r in rows}
 
 
 def shown_system_prompt(run: TrainingRun) -> dict[str, str] | None:

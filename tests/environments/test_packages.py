@@ -376,3 +376,57 @@ def test_an_empty_or_malformed_ref_on_an_environment_read_is_the_hubs_answer(api
     assert api.get("/api/environments/gsm3/check?ref=").status_code == 200
     for path in ("config", "check"):
         assert_error(api.get(f"/api/environments/gsm3/{path}?ref=../x"), 400, "ref")
+
+
+def test_config_is_read_where_the_package_defines_it_as_the_engine_takes_it():
+    # The engine takes the module's own CONFIG (training.engine.packages.package_config): one that
+    # __init__.py defines wins over a config.py it never imports, which was what the Studio showed.
+    assert services.read_config({"__init__.py": b"CONFIG = {'n': 8}\n", "config.py": b"CONFIG = {'n': 1}\n"}) == {"n": 8}
+    assert services.read_config({"__init__.py": b"from .settings import CONFIG\n", "settings.py": b"CONFIG = {'n': 3}\n"}) == {"n": 3}
+    assert services.read_config({"__init__.py": b"from .config import CONFIG\nCONFIG = {'n': 4}\n", "config.py": b"CONFIG = {'n': 1}\n"}) == {"n": 4}
+    assert services.read_config({"__init__.py": b"def load_environment(**k): pass\n", "config.py": b"CONFIG = {'n': 5}\n"}) == {"n": 5}
+
+
+def test_a_config_put_edits_config_where_the_package_defines_it(api, project):
+    repo = create_repo(project, "init-env", RepoType.ENVIRONMENT)
+    init = b'"""Counts."""\nCONFIG: dict = {\n    "n": 8,  # how many\n}\nN = 2\n\n\ndef load_environment(**kwargs):\n    return CONFIG["n"] * N\n'
+    commit_files(repo, "main", {"__init__.py": init})
+    assert api.put("/api/environments/init-env/config", {"config": {"n": 1}}).status_code == 200
+    from datahub.repos import resolve
+
+    files = services.hub_package_files(resolve(repo, "main"))
+    assert set(files) == {"__init__.py"}  # no config.py beside it that the run would never read
+    assert files["__init__.py"] == b'"""Counts."""\nCONFIG: dict = {\'n\': 1}\nN = 2\n\n\ndef load_environment(**kwargs):\n    return CONFIG["n"] * N\n'
+    assert api.get("/api/environments/init-env/config").json()["config"] == {"n": 1}
+
+
+def test_a_config_that_is_not_a_literal_dict_is_a_finding_on_the_check_and_start_naming_its_line(api, project):
+    # GET config answered null, the check found nothing, START took it and the run failed as it loaded.
+    repo = create_repo(project, "expr-env", RepoType.ENVIRONMENT)
+    init = b"from .config import CONFIG\n\n\ndef load_environment(**kwargs):\n    return kwargs['n']\n"
+    commit_files(repo, "main", {"__init__.py": init, "config.py": b'"""Arguments."""\nCONFIG = dict(n=8)\n'})
+    says = 'config.py:2: CONFIG must be a literal dict, e.g. CONFIG = {"max_examples": 10}, not an expression'
+    findings = api.get("/api/environments/expr-env/check").json()["findings"]
+    assert [f["field"] for f in findings] == ["config.environment_id"] and says in findings[0]["message"], findings
+    body = assert_error(api.post(f"/api/training-runs/{grpo_run(api, 'expr-env@main')}/start"), 422, "config.environment_id")
+    assert any(says in e["message"] for e in body["errors"]), body
+    # A PUT writes a literal in its place, which clears the finding.
+    assert api.put("/api/environments/expr-env/config", {"config": {"n": 2}}).status_code == 200
+    assert api.get("/api/environments/expr-env/config").json()["config"] == {"n": 2}
+    assert api.get("/api/environments/expr-env/check").json()["findings"] == []
+
+
+def test_a_config_put_naming_an_absolute_data_file_needs_a_file_runs_may_read(api, project, settings, tmp_path):
+    # "/nonexistent/file.jsonl" was saved (only a relative path was checked), and the run failed with FileNotFoundError.
+    api.post("/api/environments/fork", {"catalogue": "gsm-maths", "name": "abs-maths"})
+    before = api.get("/api/environments/abs-maths/config").json()
+    error = assert_error(api.put("/api/environments/abs-maths/config", {"config": {**before["config"], "data_file": "/nonexistent/file.jsonl"}}),
+                         400, "config.data_file")
+    assert "/nonexistent/file.jsonl is not a file on the Studio's machine that runs may read" in error["errors"][0]["message"]
+    own = tmp_path / "maths.jsonl"
+    own.write_text('{"question": "1+1?", "answer": "2"}\n')
+    settings.STUDIO_LOCAL_ROOTS = [tmp_path / "elsewhere"]
+    assert_error(api.put("/api/environments/abs-maths/config", {"config": {**before["config"], "data_file": str(own)}}), 400, "config.data_file")
+    assert api.get("/api/environments/abs-maths/config").json()["commit"] == before["commit"]
+    settings.STUDIO_LOCAL_ROOTS = [tmp_path]
+    assert api.put("/api/environments/abs-maths/config", {"config": {**before["config"], "data_file": str(own)}}).status_code == 200

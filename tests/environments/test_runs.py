@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from django.test import Client
+from django.utils.html import escape
 
 from datahub.commits import commit_files
 from datahub.models import RepoType
@@ -73,6 +74,32 @@ def test_a_package_whose_load_environment_raises_fails_before_the_first_step(api
     # before the first step: never running, no step was reported
     assert not MetricPoint.objects.filter(run=run).exists()
     assert not any(line.startswith("[studio] status → running") for line in logs(run))
+
+
+def test_a_config_saved_for_a_package_whose_init_defines_config_is_the_one_the_run_uses(api, users, project, studio_worker, tiny_models):
+    # The README lets __init__.py define CONFIG. A save went to a new config.py, which GET config, the
+    # check and the run's Environment tab showed, while the run kept __init__.py's CONFIG (n: 8).
+    repo = create_repo(project, "count-env", RepoType.ENVIRONMENT)
+    init = (b'CONFIG = {"n": 8}  # prompts to train on\n\n\n'
+            b"class Counting:\n    def rows(self):\n        return [{'prompt': f'Count to {i}.'} for i in range(CONFIG['n'])]\n\n"
+            b"    def score(self, row, completion):\n        return {'n': CONFIG['n'] / 10}\n\n\n"
+            b"def load_environment(**kwargs):\n    return Counting()\n")
+    commit_files(repo, "main", {"__init__.py": init})
+    saved = api.put("/api/environments/count-env/config", {"config": {"n": 1}})
+    assert saved.status_code == 200, saved.content
+    shown = api.get("/api/environments/count-env/config").json()
+    assert shown["config"] == {"n": 1}
+    assert api.get("/api/environments/count-env/check").json()["findings"] == []
+    run = start_and_wait(api, {"name": "count", "method": "grpo", "base_model": tiny_models["student"],
+                               "config": {**FAST, "environment_id": "count-env@main"}})
+    assert run.status == Status.COMPLETED, (run.error, logs(run)[-40:])
+    assert run.pinned["config.environment_id"]["commit"] == saved.json()["commit"]
+    rollouts = api.get(f"/api/training-runs/{run.pk}/rollouts").json()["items"]
+    assert rollouts and all(r["components"] == {"n": 0.1} and "Count to 0." in r["prompt"] for r in rollouts), rollouts[:2]
+    browser = Client()
+    browser.force_login(users["owner"])
+    assert escape('{"n": 1}') in browser.get(f"/training/runs/{run.pk}/environment/").content.decode()  # the Environment tab's CONFIG
+    assert shown["files"] == ["__init__.py"]  # edited where it is defined, not in a config.py beside it
 
 
 def test_ruler_run_scores_rollouts_with_an_external_judge_and_never_shows_its_key(api, users, project, studio_worker, tiny_models, tmp_path):
@@ -173,8 +200,6 @@ def test_remote_backends_fetch_the_pinned_commit_through_the_hub_api(transaction
 def test_the_system_prompt_a_catalogue_environment_sets_itself_is_reported_and_shown(api, users, studio_worker, tiny_models):
     # gsm-maths puts its own system prompt before each question; the run's config names none, so only
     # the engine knows it: the Rollouts tab and the run's attempts show the one the rollouts were made with.
-    from django.utils.html import escape
-
     from environments.catalogue.gsm_maths.config import CONFIG
 
     run = start_and_wait(api, {"name": "maths prompt", "method": "grpo", "base_model": tiny_models["student"],

@@ -345,6 +345,23 @@ def test_rollouts_tab_shows_components_the_system_prompt_and_the_sample_std_of_r
     assert "<span>digits 0.000</span>" in html and "Answer with digits only." in html
 
 
+def test_rollouts_tab_shows_each_groups_own_stats_whatever_the_reward_filter(project, users):
+    # Filtered to min 0.6, a group of 0.5, 1, 1, 1 read "mean 1.000, std 0.000", while its advantages
+    # and the reward metrics came from its mean 0.875 and std 0.25.
+    run = make_run(project, users["owner"], "grpo")
+    Rollout.objects.bulk_create([Rollout(run=run, step=s, prompt=p, completion=f"c{i}", reward=r, advantage=0.0)
+                                 for s, p, rewards in ((1, "p", (0.5, 1.0, 1.0, 1.0)), (1, "q", (0.0, 0.7)), (2, "p", (0.9, 0.1)))
+                                 for i, r in enumerate(rewards)])
+    client = client_for(users["owner"])
+    html = client.get(f"/training/runs/{run.pk}/rollouts/", {"step": "1", "min_reward": "0.6"}).content.decode()
+    assert "Step 1 · 3 of 4 rollouts · reward mean 0.875, std 0.250, range 0.500 … 1.000" in html
+    assert "Step 1 · 1 of 2 rollouts · reward mean 0.350, std 0.495, range 0.000 … 0.700" in html
+    html = client.get(f"/training/runs/{run.pk}/rollouts/", {"step": "all", "max_reward": "0.5"}).content.decode()
+    assert "Step 2 · 1 of 2 rollouts · reward mean 0.500, std 0.566, range 0.100 … 0.900" in html
+    html = client.get(f"/training/runs/{run.pk}/rollouts/", {"step": "1"}).content.decode()
+    assert "Step 1 · 4 rollouts · reward mean 0.875, std 0.250," in html
+
+
 def test_rollouts_tab_shows_the_system_prompt_the_engine_reported_its_environment_set(project, users):
     from training.models import RunAttempt
 

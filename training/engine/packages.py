@@ -67,6 +67,9 @@ def import_package(directory: Path) -> Any:
 
 
 def package_config(module: Any) -> dict[str, Any]:
+    """The package's CONFIG: the module's own once __init__.py ran (defined there, or imported from one of
+    its modules), else its config.py's. The Studio shows, checks and edits CONFIG where this rule finds
+    it (environments.services.config_site), so a saved CONFIG is the one the package's code reads."""
     config = getattr(module, "CONFIG", None)
     if config is None:
         try:
