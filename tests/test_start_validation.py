@@ -308,6 +308,8 @@ def test_start_beyond_concurrent_runs_returns_402(api, project):
     assert start(api, first).status_code == 202
     body = assert_start_refused(api, second, 402, None)
     assert "1 run at once" in body["detail"]
+    # It names the run holding the slot, so the user knows which one to stop.
+    assert f"1 is active (run {first} \u2068{TrainingRun.objects.get(pk=first).name}\u2069)" in body["detail"]
     # Only a Studio administrator changes plans (the Billing page says so): the message sends the user there, not to "upgrade".
     assert "stop one, or ask a Studio administrator for a larger plan (Settings → Billing shows the plan)" in body["detail"]
 

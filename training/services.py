@@ -15,7 +15,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from datahub.refs import engine_inputs, pin_refs, refs_at_pins
@@ -26,6 +26,7 @@ from experiments.services import default_experiment, find_experiment
 from studio import audit, crypto
 from studio.errors import BadRequest, Conflict, Finding, NotFound, PaymentRequired, Unprocessable, counted
 from studio.models import AuditEvent, Project
+from studio.parsing import isolated
 from training import status as status_service
 from training.backends import get_backend
 from training.backends.base import BackendError, BackendUnavailable, JobSpec
@@ -73,16 +74,23 @@ def require_plan_gpus(project: Project, run: TrainingRun) -> None:
         )
 
 
+BUSY_SHOWN = 5
+
+
 def require_plan_capacity(project: Project, run: TrainingRun) -> None:
     """The plan's concurrent runs. Call while holding the project's row lock, so two STARTs cannot both
     take the last slot."""
     plan = project.plan
-    busy = TrainingRun.objects.filter(project=project).exclude(pk=run.pk).filter(
-        status__in=ACTIVE_STATUSES
-    ).count() + TrainingRun.objects.filter(project=project, status=Status.QUEUED, start_requested_at__isnull=False).exclude(pk=run.pk).count()
+    active = TrainingRun.objects.filter(project=project).exclude(pk=run.pk).filter(
+        Q(status__in=ACTIVE_STATUSES) | Q(status=Status.QUEUED, start_requested_at__isnull=False))
+    busy = active.count()
     if busy >= plan.max_concurrent_runs:
+        # Which runs hold the slots, so the user knows what to stop (a few, oldest START first).
+        shown = [f"{r.pk} {isolated(r.name)}" for r in active.order_by("start_requested_at", "pk")[:BUSY_SHOWN]]
+        more = f" and {busy - len(shown)} more" if busy > len(shown) else ""
         raise PaymentRequired(
-            f"The {plan.name} plan runs {counted(plan.max_concurrent_runs, 'run')} at once and {busy} are active: stop one, or ask a Studio administrator for a larger plan (Settings → Billing shows the plan)."
+            f"The {plan.name} plan runs {counted(plan.max_concurrent_runs, 'run')} at once and {busy} {'is' if busy == 1 else 'are'} active (run{'' if busy == 1 else 's'} {', '.join(shown)}{more}): "
+            "stop one, or ask a Studio administrator for a larger plan (Settings → Billing shows the plan)."
         )
 
 
