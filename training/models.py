@@ -134,7 +134,10 @@ class RunAttempt(models.Model):
     # the run cannot be deleted in between (services.delete_blockers). Per attempt: a task still
     # stopping an earlier attempt's job must hold a DELETE, and its end must not free a later one's.
     stop_requested_at = models.DateTimeField(null=True, blank=True)
-    started_at = models.DateTimeField(auto_now_add=True)
+    claimed_at = models.DateTimeField(auto_now_add=True)
+    # When its engine started the run's work (the run went running; status.transition): the run's own
+    # started_at is its first attempt's. Null while it provisions, and for an attempt that never ran.
+    started_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["attempt"]

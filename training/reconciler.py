@@ -237,7 +237,7 @@ def apply_poll(run: TrainingRun, result: PollResult) -> None:
             fail(run, ErrorCode.TRAINING_ERROR, f"none of the engine's reports reached the Studio, though it trained to its end (exit code 4): "
                                                 f"its output is in {where} (undelivered-reports.jsonl lists what it reported)", result.log_tail)
         else:
-            fail(run, ErrorCode.TRAINING_ERROR, "the engine exited before it reported any training step", result.log_tail)
+            fail(run, ErrorCode.TRAINING_ERROR, "the engine exited before it reported that it started the run", result.log_tail)
         return
     if result.state == "gone":
         # The backend lost track of the job (the local runner killed, say), not necessarily all of it:
@@ -255,8 +255,9 @@ def apply_poll(run: TrainingRun, result: PollResult) -> None:
 
 def check_deadlines(run: TrainingRun, backend, conn: BackendConnection | None, now, silence_from=None) -> None:
     """seed 000: provisioning_timeout (no worker within the provisioning deadline), configuring_timeout
-    (worker up, no training step within the configuring deadline), heartbeat_timeout (a worker that
-    has been up goes silent)."""
+    (worker up, its engine not started within the configuring deadline: the engine reports running as
+    it starts, before it loads the model, so image pulls and installs count here and a long model load
+    or first step counts under the heartbeat), heartbeat_timeout (a worker that has been up goes silent)."""
     if run.status == Status.PROVISIONING and run.provisioning_since:
         if run.worker_up_at is None:
             # With a retry window dstack keeps looking for capacity that long: do not cut it short.
@@ -268,7 +269,7 @@ def check_deadlines(run: TrainingRun, backend, conn: BackendConnection | None, n
         limit = configuring_timeout(conn)
         if (now - run.worker_up_at).total_seconds() > limit:
             end_failed(run, backend, ErrorCode.CONFIGURING_TIMEOUT,
-                              f"the worker came up but made no training step within the configuring deadline ({limit} s): read the log tail below")
+                              f"the worker came up but its engine did not start the run within the configuring deadline ({limit} s): read the log tail below")
             return
     timeout = heartbeat_timeout(run.config)
     heard_from = run.status == Status.RUNNING or run.worker_up_at is not None

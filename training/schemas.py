@@ -67,7 +67,8 @@ class RunOut(Schema):
     attempt: int
     pinned: dict[str, Any]
     created_at: datetime
-    started_at: datetime | None
+    started_at: datetime | None = Field(description="When the engine of its last START's first attempt started the run's work and the run went "
+                                                    "running (that attempt's started_at in .../attempts); null until then")
     finished_at: datetime | None
     last_heartbeat_at: datetime | None
     cost: Decimal
@@ -191,7 +192,9 @@ class AttemptOut(Schema):
     """GET /api/training-runs/{id}/attempts: what each attempt trained with."""
 
     attempt: int
-    started_at: datetime = Field(description="When a worker claimed the attempt")
+    claimed_at: datetime = Field(description="When a worker claimed the attempt (it then provisions: waits for a machine or a slot)")
+    started_at: datetime | None = Field(description="When its engine started the run's work and the run went running: the run's "
+                                                    "started_at is its first attempt's; null while it provisions, and for an attempt that never ran")
     base_model: str
     dataset: Any
     config: dict[str, Any] = Field(description="The config the attempt trained with: a resume from one of its steps "

@@ -4,7 +4,7 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils import timezone
 
-from training.models import LogLine, Status, TrainingRun
+from training.models import TERMINAL_STATUSES, LogLine, RunAttempt, Status, TrainingRun
 
 ALLOWED: dict[str, frozenset[str]] = {
     Status.QUEUED: frozenset({Status.PROVISIONING}),
@@ -41,11 +41,21 @@ def transition(run_id: int, target: str, *, attempt: int | None = None, error: d
         raise IllegalTransition(run.status, target)
     now = timezone.now()
     fields = ["status"]
-    run.status = target
-    if target == Status.RUNNING and run.started_at is None:
-        run.started_at, fields = now, fields + ["started_at"]
-    if target in (Status.COMPLETED, Status.FAILED, Status.CANCELLED):
+    moving_from, run.status = run.status, target
+    if target == Status.RUNNING:
+        # Running is reached when the attempt's engine starts the run's work (it reports so before it
+        # loads the model): the run's start is its first attempt's, and each attempt keeps its own.
+        RunAttempt.objects.filter(run=run, attempt=run.attempt, started_at__isnull=True).update(started_at=now)
+        if run.started_at is None:
+            run.started_at, fields = now, fields + ["started_at"]
+    if target == Status.PROVISIONING and moving_from == Status.RUNNING:
+        # A retry after a spot interruption: the next attempt resumes from a checkpoint and reports its
+        # own stage and progress; the last attempt's speed and ETA would be shown as if they were its.
+        run.stage, run.progress, fields = "", {}, fields + ["stage", "progress"]
+    if target in TERMINAL_STATUSES:
         run.finished_at, fields = now, fields + ["finished_at"]
+        if "eta_s" in (run.progress or {}):  # nothing is left to wait for
+            run.progress, fields = {k: v for k, v in run.progress.items() if k != "eta_s"}, fields + ["progress"]
     if target == Status.FAILED:
         run.error, fields = error or {"code": "training_error", "message": "the run failed", "log_tail": []}, fields + ["error"]
     if target == Status.QUEUED:

@@ -59,7 +59,7 @@ FAILURE_HELP = {
     "CAPACITY_UNAVAILABLE": "No GPU capacity for the requested type: retry later, pick a different GPU type, or launch in another region. Capacity is provider-side and cannot be checked in advance.",
     "provisioning_error": "The instance booted but the worker did not come up: start again; if it keeps happening, try a different GPU type.",
     "provisioning_timeout": "The instance never reached a running worker in time: start again; capacity or boot was too slow.",
-    "configuring_timeout": "The worker booted but made no training progress in time: start again; if it keeps happening, read the full log.",
+    "configuring_timeout": "The worker booted but its engine did not start in time: start again; if it keeps happening, read the full log.",
     "heartbeat_timeout": "The worker stopped reporting for longer than heartbeat_timeout_seconds (likely OOM-killed or cut off): start again; if it keeps happening, ask for more GPUs.",
     "training_error": "The worker crashed, a reward function failed or the dataset did not load: read the message and the log below, fix the config or data, then start again.",
 }

@@ -81,9 +81,10 @@ def duration(value: Any) -> str:
 
 @register.filter
 def run_duration(run) -> str:
-    """How long the run has been (or was) going: started → finished, or → now while active. A run
-    that failed or was cancelled before training began (no started_at) counts from when its
-    worker claimed it (provisioning_since), so a failed run shows the time it took to fail."""
+    """How long the run has been (or was) going: started → finished, or → now while active; started_at
+    is when its engine started the run's work (status running), so model loading and a slow first step
+    count. A run that failed or was cancelled before it ran (no started_at: it waited for a machine or a
+    slot) counts from when its worker claimed it (provisioning_since), so it shows the time it took to end."""
     start: datetime | None = run.started_at
     if start is None and run.finished_at is not None and run.provisioning_since is not None and run.provisioning_since <= run.finished_at:
         start = run.provisioning_since

@@ -36,13 +36,13 @@ def test_no_worker_within_the_provisioning_deadline_is_provisioning_timeout(api,
     wait_for(lambda: server_run(dstack_api, run.backend_job_id).status.is_finished(), 60, message="dstack to stop the task")
 
 
-def test_a_worker_that_makes_no_step_within_the_configuring_deadline_is_configuring_timeout(api, dstack_connection):
+def test_a_worker_whose_engine_does_not_start_within_the_configuring_deadline_is_configuring_timeout(api, dstack_connection):
     dstack_connection.retry_window_seconds = 600
     dstack_connection.configuring_timeout_seconds = 120
     dstack_connection.save()
     run = start(api)
     now = timezone.now()
-    # The engine called home an hour ago (the worker is up), and reported no training step since.
+    # The job called home an hour ago (the worker is up), and its engine never reported that it started the run.
     TrainingRun.objects.filter(pk=run.pk).update(provisioning_since=now - LONG_AGO, last_heartbeat_at=now - timedelta(hours=1))
     reconciler.reconcile_run(run.pk)
     run.refresh_from_db()

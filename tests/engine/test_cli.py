@@ -59,7 +59,7 @@ def test_cli_exits_2_on_a_bad_spec(tmp_path: Path, capsys: pytest.CaptureFixture
 def test_training_error_reports_failed_with_log_tail(tiny, ingest: IngestStub, tmp_path: Path) -> None:
     spec = make_spec("sft", str(tmp_path / "no-such-model"), [tiny["sft"]], tmp_path / "out", {"max_steps": 2}, ingest)
     assert run_inprocess(spec) == 1
-    assert ingest.scalars("status") == ["failed"]
+    assert ingest.scalars("status") == ["running", "failed"]  # the engine started the run, then failed loading its model
     error = ingest.scalars("error")[0]
     assert error["code"] == "training_error"
     assert error["message"]
@@ -80,7 +80,7 @@ def test_a_failure_report_outlasts_a_studio_outage_the_studio_would_ride_out(tin
     ingest.answer = studio_down_for_40s_from_the_failure_report
     spec = make_spec("sft", str(tmp_path / "no-such-model"), [tiny["sft"]], tmp_path / "out", {"max_steps": 2}, ingest)
     assert run_inprocess(spec) == 1
-    assert ingest.scalars("status") == ["failed"], "the engine gave up on its failure report before the Studio came back"
+    assert ingest.scalars("status") == ["running", "failed"], "the engine gave up on its failure report before the Studio came back"
     assert ingest.scalars("error")[0]["code"] == "training_error"
     assert time.monotonic() - down_since[0] >= 40
 

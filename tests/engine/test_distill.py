@@ -18,8 +18,8 @@ def _spec(tiny, out: Path, ingest: IngestStub, k: int = 16, **cfg):  # type: ign
 
 def test_distill_captures_sidecars_then_kd_loss_falls(tiny, ingest: IngestStub, tmp_path: Path) -> None:
     assert run_inprocess(_spec(tiny, tmp_path, ingest)) == 0
-    assert ingest.scalars("stage") == ["capture", "train"]
-    # The capture is the run's work: "running" and the shards' progress are reported before training starts.
+    assert ingest.scalars("stage") == ["setup", "capture", "train"]
+    # The capture is the run's work: "running" (as the engine starts) and the shards' progress are reported before training starts.
     first = {what: next(i for i, b in enumerate(ingest.batches) if b[key] == value) for what, key, value in (("running", "status", "running"), ("train", "stage", "train"))}
     assert first["running"] <= first["train"], first
     assert any({"capture_shards_done": 1, "capture_shards": 1}.items() <= p.items() for p in ingest.scalars("progress")), ingest.scalars("progress")

@@ -43,7 +43,7 @@ def test_sft_chat_full_finetune_through_the_cli_learns_and_reports(tiny, ingest:
     progress = ingest.scalars("progress")
     assert progress[-1]["step"] == 20 and progress[-1]["max_steps"] == 20
     assert set(progress[-1]) == {"step", "max_steps", "tokens_per_s", "step_time_s", "eta_s"}
-    assert ingest.scalars("stage") == ["train"]
+    assert ingest.scalars("stage") == ["setup", "train"]
     assert ingest.scalars("status") == ["running", "completed"]
     kinds = [(c["step"], c["kind"]) for c in ingest.collect("checkpoints")]
     assert kinds == [(10, "checkpoint"), (20, "checkpoint"), (20, "final")]
@@ -105,6 +105,51 @@ def test_resume_from_checkpoint_matches_an_uninterrupted_run(tiny, ingest: Inges
     assert any(not torch.equal(a[k], base[k]) for k in a)
     worst = max((a[k] - b[k]).abs().max().item() for k in a)
     assert worst <= 1e-5, worst
+
+
+def progress_reports(monkeypatch) -> list[dict]:  # type: ignore[no-untyped-def]
+    """Every progress the engine hands its reporter, in order: a batch carries only the newest of
+    those made within its flush interval, and a tiny model's steps take milliseconds."""
+    from training.engine.reporter import Reporter
+
+    made: list[dict] = []
+    send = Reporter.progress
+
+    def record(self: Reporter, progress: dict) -> None:
+        made.append(dict(progress))
+        send(self, progress)
+
+    monkeypatch.setattr(Reporter, "progress", record)
+    return made
+
+
+def test_the_engine_reports_running_as_it_starts_before_its_first_step_ends(tiny, ingest: IngestStub, tmp_path: Path, monkeypatch) -> None:
+    # "running" came with the first step's progress: a GRPO run whose first step took 45 s showed
+    # "provisioning · stage: train" all that time, and a 30 s run "Duration 0s".
+    made = progress_reports(monkeypatch)
+    assert run_inprocess(make_spec("sft", tiny["student"], [tiny["sft"]], tmp_path, {**SFT_CONFIG, "max_steps": 2}, ingest)) == 0
+    batches = ingest.batches
+
+    def first(found) -> int:
+        return next(i for i, b in enumerate(batches) if found(b))
+
+    running = first(lambda b: b["status"] == "running")
+    assert batches[running]["stage"] == "setup"  # before the model and data are loaded
+    assert running < first(lambda b: b["stage"] == "train") < first(lambda b: b["metrics"]), [(b["status"], b["stage"], len(b["metrics"])) for b in batches]
+    # While the first step runs the run shows where it starts, with no speed or ETA yet.
+    assert made[0] == {"step": 0, "max_steps": 2} and all("eta_s" in p for p in made[1:]), made
+
+
+def test_a_resumed_attempt_shows_no_eta_until_one_of_its_own_steps_has_ended(tiny, ingest: IngestStub, tmp_path: Path, monkeypatch) -> None:
+    # A resumed run showed "66% · 0.73 s/step · ETA 0s" for the 20 s its next step took.
+    cfg = {**SFT_CONFIG, "max_steps": 4, "save_steps": 2, "per_device_train_batch_size": 4}
+    assert run_inprocess(make_spec("sft", tiny["student"], [tiny["sft"]], tmp_path / "first", cfg)) == 0
+    made = progress_reports(monkeypatch)
+    spec = make_spec("sft", tiny["student"], [tiny["sft"]], tmp_path / "resumed", cfg, ingest, resume_from=str(tmp_path / "first" / "checkpoint-2"))
+    assert run_inprocess(spec) == 0
+    assert made[0] == {"step": 2, "max_steps": 4}, made  # the step it resumes at, nothing timed yet
+    assert [p["step"] for p in made[1:]] == [3, 4] and all(p["step_time_s"] > 0 and "eta_s" in p for p in made[1:]), made
+    assert ingest.scalars("progress")[-1]["step"] == 4
 
 
 def test_settings_the_studio_owns_are_ignored_by_the_engine_too(tiny, ingest: IngestStub, tmp_path: Path) -> None:

@@ -116,6 +116,11 @@ def run_spec(spec: Spec, reporter: Reporter, rank: Rank | None = None) -> None:
     from .modeling import pick_device, seed_run
 
     rank = rank or Rank()
+    # The engine is up and doing the run's work from here (loading the model and data, a capture, then
+    # training): the run is running, and its duration counts all of it. Provisioning is the wait for a
+    # machine or a slot before; a first step that takes minutes (GRPO's generation) is running too.
+    reporter.stage("setup")
+    reporter.status("running")
     device = pick_device(spec, rank)
     seed_run(spec)  # before anything draws a random number: data shuffles, an environment's prompts, the adapter
     spec.output_dir.mkdir(parents=True, exist_ok=True)

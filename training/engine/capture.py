@@ -356,9 +356,8 @@ def capture_shards(ctx: Context, shards: list[Shard], teacher_ref: str, k: int, 
         rep.log(f"capture: {len(shards) - len(todo)} of {len(shards)} shards already valid; skipped")
     if not todo:
         return CaptureStats(tokens=0, seconds=0.0, tokens_per_s=0.0, mfu=None)
-    # The teacher's pass is the run's own work, often its longest part: the run is running from here
-    # (its duration counts it), and its progress is the shards done.
-    rep.status("running")
+    # The teacher's pass is the run's own work, often its longest part (the run is running since its
+    # engine started, run_spec): its progress is the shards done.
     done = len(shards) - len(todo)
     rep.progress({"capture_shards_done": done, "capture_shards": len(shards)})
     device = torch.device(ctx.device.kind)

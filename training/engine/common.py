@@ -237,7 +237,6 @@ class StudioCallback(TrainerCallback):
         self.step_started = 0.0
         self.avg_step_s: float | None = None
         self.tokens_at_step_start = 0
-        self.announced_running = False
         self.shape: perf.Shape | None = None
         self.peak: perf.Peak | None = None
         self.on_cuda = False
@@ -255,6 +254,9 @@ class StudioCallback(TrainerCallback):
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         rep = self.ctx.reporter
         rep.log(f"training: max_steps={state.max_steps} starting at step {state.global_step}")
+        # Until its first step ends the run shows where this attempt starts, with no speed or ETA: those
+        # come from this attempt's own steps (on_step_end), never from a step before a resume.
+        rep.progress({"step": state.global_step, "max_steps": state.max_steps})
         self.on_cuda = self.ctx.device.kind == "cuda" and torch.cuda.is_available()
         # A CPU run on a machine with a GPU must not borrow the GPU's peak: ask for "cpu", which only
         # the STUDIO_PEAK_TFLOPS override answers.
@@ -321,9 +323,6 @@ class StudioCallback(TrainerCallback):
             # The next reading is the peak of the next step alone.
             torch.cuda.reset_peak_memory_stats()
         rep.progress(progress)
-        if not self.announced_running:
-            self.announced_running = True
-            rep.status("running")
         self._check_superseded()
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
