@@ -3,6 +3,7 @@ rollout, a package that fails to load, and RULER against a local OpenAI-compatib
 from __future__ import annotations
 
 import json
+import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -331,9 +332,9 @@ def test_a_failing_score_names_the_environment_commit_callback_and_package_line(
     spec = make_spec("grpo", tiny["student"], [], tmp_path / "out", {**FAST, "environment_id": "my-gsm@main"}, ingest,
                      environment={"id": "my-gsm@main", "path": str(pkg), "repo": "my-gsm", "commit": commit})
     assert run_inprocess(spec) == 1
-    assert ingest.scalars("error")[-1]["message"] == (
-        f"environment my-gsm@{commit[:12]}: score() raised KeyError: 'missing_column' at __init__.py:{line}; "
-        "fix the package and start the run again")
+    assert re.fullmatch(  # the row is whichever of the environment's prompts step 1 drew
+        re.escape(f"environment my-gsm@{commit[:12]}: score() raised KeyError: 'missing_column' at __init__.py:{line} (step 1, row ")
+        + r"\d+" + re.escape(", rollout 1 of 4); fix the package and start the run again"), ingest.scalars("error")[-1]["message"])
     assert not ingest.series("reward")
 
 

@@ -12,13 +12,20 @@ also resolve from the engine's repo checkout. RULER mode
 
 from __future__ import annotations
 
+import contextlib
+import io
+import math
+import numbers
 import os
 import random
 import re
+import signal
 import statistics
+import sys
+import threading
 import traceback
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +36,119 @@ def group_std(rewards: Sequence[float]) -> float:
     """The spread of one prompt's rollout rewards as TRL's ``reward_std`` metric and its advantages take it:
     the sample standard deviation (n − 1). The engine's reported advantages and the Rollouts tab use this."""
     return statistics.stdev(rewards) if len(rewards) > 1 else 0.0
+
+
+# How long one call into a package's code (load_environment, prompts(), one score(), one call_tool())
+# may take: generous, since a reward may call a judge or run tests, but a hung call must not hold the run
+# and the local backend's CPU slot for ever. Past it the run fails naming the call (seeds 000/002 set no limit).
+CALL_LIMIT_S = 300.0
+# A call that has not returned this long after CALL_LIMIT_S ignored the alarm (C code that retries through
+# the signal, a bare `except:` that swallowed it): the watchdog thread then fails the run and ends the process.
+STUCK_GRACE_S = 30.0
+# What a package prints goes to the run log (engine.log keeps all of it); per step, at most this much is
+# sent to the Studio, so a print in score() cannot flood ingest with tens of thousands of lines.
+OUTPUT_LINES_PER_STEP = 200
+OUTPUT_CHARS_PER_STEP = 20_000
+FLOAT32_MAX = 3.4028234663852886e38  # a reward TRL stores as float32 must fit in one
+
+
+class CallTimeout(BaseException):
+    """A package call ran past CALL_LIMIT_S. A BaseException, so a reward's own `except Exception` does not swallow it."""
+
+
+class BadReward(ValueError):
+    """score() returned something that is not a finite real number; the message says which component."""
+
+
+def reward_value(component: str, value: Any) -> float:
+    """`value` as the float TRL trains on: a real number (int, float, bool, a numpy scalar) that is finite
+    and fits in float32. A string such as "0.5" is refused rather than parsed: it is a bug in the reward."""
+    numpy = sys.modules.get("numpy")
+    if isinstance(value, numbers.Real) or (numpy is not None and isinstance(value, numpy.bool_)):
+        number = float(value)
+        if math.isfinite(number) and abs(number) <= FLOAT32_MAX:
+            return number
+        return _bad(f'component "{component}" is {value!r}: a reward must be a finite number within ±3.4e38')
+    return _bad(f'component "{component}" is {type(value).__name__} {str(value)[:40]!r}: a reward must be a number (int, float or bool)')
+
+
+def _bad(message: str) -> float:
+    raise BadReward(message)
+
+
+def checked_scores(parts: Any) -> dict[str, float]:
+    """A package's score() result, every component checked by `reward_value`; ``total`` is required."""
+    if not isinstance(parts, dict):
+        raise BadReward(f"{type(parts).__name__} {str(parts)[:40]!r}: score() must return a dict of components or a number")
+    if "total" not in parts:
+        raise BadReward(f"no \"total\" among its components {', '.join(map(str, parts))}")
+    return {str(k): reward_value(str(k), v) for k, v in parts.items()}
+
+
+def _raise_timeout(signum: int, frame: Any) -> None:
+    raise CallTimeout
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float, on_stuck: Callable[[], None] | None = None) -> Iterator[None]:
+    """Raise `CallTimeout` in the block after `seconds`: SIGALRM, so only on the main thread, and it takes
+    effect as soon as the interpreter gets control back (Python code, sleeps, I/O and lock waits, which
+    the signal interrupts). If the block is still running `STUCK_GRACE_S` later (C code that retries
+    through the signal, or a call off the main thread), `on_stuck` runs on a watchdog thread. C code
+    that holds the GIL stops every thread, the reporter's heartbeats too: the Studio's heartbeat timeout
+    fails that run."""
+    alarm = threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer")
+    previous: Any = None
+    if alarm:
+        previous = signal.signal(signal.SIGALRM, _raise_timeout)
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+    watchdog = threading.Timer(seconds + STUCK_GRACE_S, on_stuck) if on_stuck is not None else None
+    if watchdog is not None:
+        watchdog.daemon = True
+        watchdog.start()
+    try:
+        yield
+    finally:
+        if alarm:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+        if watchdog is not None:
+            watchdog.cancel()
+
+
+class _RunLogOutput(io.TextIOBase):
+    """sys.stdout / sys.stderr while package code runs: every write goes on to the real stream (the
+    engine.log), and each whole line to the run log, up to the per-step limits (Environment._forward;
+    its _end_output says how many lines were cut)."""
+
+    def __init__(self, stream: Any, env: Environment) -> None:
+        self.stream = stream
+        self.env = env
+
+    def write(self, text: str) -> int:
+        self.stream.write(text)
+        env = self.env
+        env._output_partial += text
+        *lines, env._output_partial = env._output_partial.split("\n")
+        for line in lines:
+            env._forward(line)
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def fileno(self) -> int:
+        return int(self.stream.fileno())
+
+    def isatty(self) -> bool:
+        return bool(self.stream.isatty())
+
+    @property
+    def encoding(self) -> Any:  # type: ignore[override]
+        return self.stream.encoding
+
+    def __getattr__(self, name: str) -> Any:  # buffer, errors, ...: the real stream's
+        return getattr(self.stream, name)
 
 
 class PackageError(RuntimeError):
@@ -64,6 +184,15 @@ class Environment(ABC):
     row_keys: tuple[str, ...] = ()
     # The package's CONFIG merged with the run's overrides: set by packages.load, absent on the built-ins.
     config: dict[str, Any]
+    # Set by environment_for for a run: the run log, where what the package prints goes too, and what
+    # fails the run from the watchdog thread when a call ignores its time limit (see time_limit).
+    run_log: Callable[..., None] | None = None
+    on_stuck: Callable[[str], None] | None = None
+    _output_step = 0
+    _output_lines = 0
+    _output_chars = 0
+    _output_cut = 0
+    _output_partial = ""
 
     @abstractmethod
     def prompts(self, n: int, seed: int) -> list[dict[str, Any]]:
@@ -77,25 +206,86 @@ class Environment(ABC):
         """Scores for one step's rollouts; judges that compare a group override this."""
         return [self.score(row, completion) for row, completion in zip(rows, completions, strict=True)]
 
-    def guarded(self, what: str, fn: Any, *args: Any) -> Any:
-        """Call `fn` (one of the package's callbacks, named `what`, e.g. "score()"); a failure in a
-        package's code becomes a `PackageCallError` naming the environment, the callback and the file:line
-        in the package, so the run's error says where to look without reading the log."""
+    def score_rollouts(self, rows: list[dict[str, Any]], completions: list[str], step: int, row_numbers: Sequence[int]) -> list[dict[str, float]]:
+        """One step's scores. A package's score() is called once per rollout, each call guarded, so a
+        failure, a hang or a reward that is not a finite number names its step, row and rollout; a
+        package's own score_group (a judge comparing the group) and the built-ins score the group at once."""
+        if self.package_dir is None:
+            return self.score_group(rows, completions)
+        self._output_step = step  # what it printed since the last step's scores (a tool call's, say) counts here too
+        try:
+            if type(self).score_group is not Environment.score_group:
+                return self.guarded("score_group()", lambda: [checked_scores(s) for s in self.score_group(rows, completions)], where=f"step {step}")
+            return [
+                self.guarded("score()", lambda row=row, completion=completion: checked_scores(self.score(row, completion)),
+                             where=f"step {step}, row {row_numbers[i]}, rollout {i + 1} of {len(rows)}")
+                for i, (row, completion) in enumerate(zip(rows, completions, strict=True))
+            ]
+        finally:
+            self._end_output()
+
+    def guarded(self, what: str, fn: Any, *args: Any, where: str = "") -> Any:
+        """Call `fn` (one of the package's callbacks, named `what`, e.g. "score()"; `where` is the step,
+        row and rollout it scores) within CALL_LIMIT_S, with what it prints going to the run log too; a
+        failure in a package's code, a hang, a bad reward or a sys.exit becomes a `PackageCallError`
+        naming the environment, the callback, `where` and the file:line in the package, so the run's
+        error says where to look without reading the log."""
         if self.package_dir is None:  # a built-in: its errors are the engine's own
             return fn(*args)
+        name = self.ref or self.id
+        at_where = f" ({where})" if where else ""
+        stuck = None
+        if self.on_stuck is not None:
+            report = self.on_stuck
+            stuck = lambda: report(f"environment {name}: {what}{at_where} did not return within {CALL_LIMIT_S:g} s "  # noqa: E731
+                                   "and ignored the time limit, so the run was stopped; fix the package and start the run again")
         try:
-            return fn(*args)
+            with time_limit(CALL_LIMIT_S, stuck), self._output_to_run_log():
+                return fn(*args)
         except (PackageError, SpecError):
             raise
-        except Exception as exc:
-            where = _package_frame(exc, self.package_dir)
+        except CallTimeout:
+            raise PackageCallError(f"environment {name}: {what}{at_where} did not return within {CALL_LIMIT_S:g} s; "
+                                   "fix the package (a hung call, or one that waits on something that never answers) and start the run again") from None
+        except BadReward as exc:
+            raise PackageCallError(f"environment {name}: {what}{at_where} returned {exc}; fix the package and start the run again") from None
+        except (Exception, SystemExit) as exc:  # sys.exit() in a reward is a failure of the package, not a way out of the engine
+            where_in = _package_frame(exc, self.package_dir)
             at = ""
-            if where is not None:
-                path, line, func = where
+            if where_in is not None:
+                path, line, func = where_in
                 inside = "" if f"{func}()" == what or func == "<module>" else f" in {func}()"
                 at = f"{inside} at {path}:{line}"
-            raise PackageCallError(f"environment {self.ref or self.id}: {what} raised {type(exc).__name__}: {exc}{at}; "
+            raise PackageCallError(f"environment {name}: {what} raised {type(exc).__name__}: {exc}{at}{at_where}; "
                                    "fix the package and start the run again") from exc
+
+    # ---- what the package prints -----------------------------------------------------------------
+    @contextlib.contextmanager
+    def _output_to_run_log(self) -> Iterator[None]:
+        if self.run_log is None or isinstance(sys.stdout, _RunLogOutput):
+            yield
+            return
+        with contextlib.redirect_stdout(_RunLogOutput(sys.stdout, self)), contextlib.redirect_stderr(_RunLogOutput(sys.stderr, self)):
+            yield
+
+    def _forward(self, line: str) -> None:
+        if self.run_log is None:
+            return
+        if self._output_lines < OUTPUT_LINES_PER_STEP and self._output_chars + len(line) <= OUTPUT_CHARS_PER_STEP:
+            self._output_lines += 1
+            self._output_chars += len(line)
+            self.run_log(line, echo=False)  # the real stream already has it
+        else:
+            self._output_cut += 1
+
+    def _end_output(self) -> None:
+        if self._output_partial:
+            line, self._output_partial = self._output_partial, ""
+            self._forward(line)
+        if self._output_cut and self.run_log is not None:
+            self.run_log(f"environment {self.ref or self.id}: {self._output_cut} more lines it printed at step {self._output_step} were not sent "
+                         f"(at most {OUTPUT_LINES_PER_STEP} lines and {OUTPUT_CHARS_PER_STEP:,} characters a step; engine.log has them all)")
+        self._output_lines, self._output_chars, self._output_cut = 0, 0, 0
 
 
 class ArithEnvironment(Environment):
@@ -227,14 +417,43 @@ def environment_for(spec: Any, reporter: Any = None) -> Environment:
     if reporter is not None:
         where = f"{block.get('repo')}@{str(block.get('commit'))[:12]}" if block.get("commit") else str(directory)
         reporter.log(f"environment {environment_id}: loading the package staged from {where}")
+    on_stuck = _stop_run(spec, reporter) if reporter is not None else None
+    stuck = None
+    if on_stuck is not None:
+        stuck = lambda: on_stuck(f"environment {environment_id}: loading the package did not finish within {CALL_LIMIT_S:g} s "  # noqa: E731
+                                 "and ignored the time limit, so the run was stopped; fix the package and start the run again")
     try:
-        env = load_package(directory, environment_id)
+        with time_limit(CALL_LIMIT_S, stuck):
+            env = load_package(directory, environment_id)
         if block.get("commit"):
             env.ref = f"{name}@{str(block['commit'])[:12]}"
+        if reporter is not None:
+            env.run_log, env.on_stuck = reporter.log, on_stuck
         return env
     except EnvironmentLoadError:
         raise
+    except CallTimeout:
+        raise EnvironmentLoadError(f"environment {environment_id}: loading the package did not finish within {CALL_LIMIT_S:g} s; "
+                                   "fix the package and start the run again") from None
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt):
             raise
         raise EnvironmentLoadError(f"environment {environment_id}: loading the package failed: {type(exc).__name__}: {exc}") from exc
+
+
+def _stop_run(spec: Any, reporter: Any) -> Callable[[str], None]:
+    """What the watchdog thread does when a package call ignores its time limit: the main thread is
+    stuck in it and cannot unwind, so this thread reports the failure (as the engine's error contract
+    would) and ends the process."""
+    from .__main__ import close_reporter, final_drain_seconds  # now, not on the watchdog thread
+
+    def stop(message: str) -> None:
+        try:
+            reporter.log(message)
+            reporter.status("failed", {"code": "training_error", "message": message, "log_tail": list(reporter.log_tail)})
+            close_reporter(reporter, spec, final_drain_seconds(spec))
+        finally:
+            sys.stdout.flush()
+            os._exit(1)
+
+    return stop

@@ -28,6 +28,9 @@ from .rollout import StaticDecoder, static_decoder_support
 from .spec import SpecError
 from .unsloth_loading import keep_prompt_end, load_unsloth_policy, prompt_limit, require_unsloth
 
+# A column the engine adds to the prompt rows: the row's number (from 1, as START's dataset checks count),
+# so an environment's failure names the row it scored. It never reaches score().
+ROW_NUMBER = "_studio_row_number"
 ADVANTAGE_EPS = 1e-4  # same ε as TRL, so the advantages we report are the ones it trains on
 ROLLOUT_ENGINES = ("auto", "static", "generate")
 # On the CPU, auto = static as well: on the tiny student, 8 rollouts, 15 interleaved runs each, the paired
@@ -68,12 +71,13 @@ def make_reward_fn(env: Environment, ctx: Context, group: int, trainer_ref: list
         state = columns.get("trainer_state")
         step = (state.global_step if state is not None else 0) + 1  # scored before the step's update
         extra = {k: v for k, v in columns.items() if isinstance(v, list) and len(v) == len(prompts)}
+        numbers = extra.pop(ROW_NUMBER, None) or [0] * len(prompts)
         rows = []
         for i, prompt in enumerate(prompts):
             row = {k: v[i] for k, v in extra.items()}
             row["prompt"] = _prompt_text(prompt)
             rows.append(row)
-        scores = env.guarded("score()", env.score_group, rows, [_completion_text(c) for c in completions])
+        scores = env.score_rollouts(rows, [_completion_text(c) for c in completions], step, numbers)
         totals = torch.tensor([s["total"] for s in scores], dtype=torch.float32)
         rep = ctx.reporter
         for key in scores[0]:
@@ -243,6 +247,7 @@ def run(ctx: Context) -> None:
         ctx.reporter.log("config.max_prompt_length: applies only with use_unsloth; ignored, prompts are not truncated")
     tokenizer = load_tokenizer(spec.base_model, spec.base_model_revision)
     dataset = _prompt_rows(ctx, env)
+    dataset = dataset.add_column(ROW_NUMBER, list(range(1, len(dataset) + 1)))
     kl_coef = float(spec.cfg("kl_coef", 0.0))
     ctx.reporter.log(f"grpo: environment {env.id}, {len(dataset)} prompts, {group} rollouts per prompt, kl_coef={kl_coef}")
     method_kwargs: dict[str, Any] = {

@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from .environments import Environment, PackageError
+from .environments import Environment, PackageError, reward_value
 
 # CONFIG keys that describe the package (the catalogue and the Environments page show them), not arguments.
 CONFIG_METADATA = ("name", "description")
@@ -155,13 +155,13 @@ def wrap(obj: Any, environment_id: str) -> Environment:
 
 
 def _total(parts: Any) -> dict[str, float]:
-    if isinstance(parts, (int, float)):
-        return {"total": float(parts)}
+    """score()'s result as components with a ``total``; each must be a finite number (`reward_value` says
+    which one is not, and Environment.guarded which row and rollout)."""
     if not isinstance(parts, dict):
-        raise TypeError(f"score() must return a dict of components or a number, got {type(parts).__name__}")
-    out = {str(k): float(v) for k, v in parts.items()}
+        return {"total": reward_value("total", parts)}
+    out = {str(k): reward_value(str(k), v) for k, v in parts.items()}
     if "total" not in out:
-        out["total"] = sum(out.values())
+        out["total"] = reward_value("total", sum(out.values()))
     return out
 
 
