@@ -84,14 +84,9 @@ def test_a_refused_new_repo_focuses_its_finding_and_its_url_leads_back_to_the_fo
     page.goto("/hub/")
     page.get_by_label("Repo name").fill("-bad name")
     page.get_by_role("button", name="Create repo").click()
-    name = page.get_by_label("Repo name")
-    expect(name).to_have_attribute("aria-invalid", "true")
-    expect(name).to_be_focused()  # its finding is read with it (aria-describedby)
     assert page.url.endswith("/hub/new")
-    page.goto(page.url)  # the address bar's URL, opened again: the form, not a 405 with an empty body
-    assert page.url.endswith("/hub/")
+    refused_field_is_focused_and_the_url_leads_back(page, "Repo name", "/hub/")
     expect(page.get_by_role("button", name="Create repo")).to_be_visible()
-
 
 
 def test_a_refused_repo_delete_focuses_the_confirm_field_and_its_url_leads_back_to_the_repo(owner_page, project):
@@ -100,11 +95,7 @@ def test_a_refused_repo_delete_focuses_the_confirm_field_and_its_url_leads_back_
     page.goto("/hub/acme/keep-me/")
     page.get_by_label("Type the repo name to confirm").fill("keep-you")
     page.get_by_role("button", name="Delete this repo").click()
-    confirm = page.get_by_label("Type the repo name to confirm")
-    expect(confirm).to_have_attribute("aria-invalid", "true")
-    expect(confirm).to_be_focused()
-    page.goto(page.url)
-    assert page.url.endswith("/hub/acme/keep-me")
+    refused_field_is_focused_and_the_url_leads_back(page, "Type the repo name to confirm", "/hub/acme/keep-me")
     expect(page.get_by_role("heading", name="Delete this repo")).to_be_visible()
 
 
@@ -218,3 +209,14 @@ def test_the_run_lists_progress_is_read_once(owner_page, project, users):
     # the bar's value, not also the text beside it (the cell read "100 100%")
     assert "100 100%" not in snapshot and snapshot.count("100%") == 1, snapshot
     expect(cell.get_by_role("progressbar", name="Progress of done")).to_have_attribute("value", "100")
+
+
+def refused_field_is_focused_and_the_url_leads_back(page, label: str, form_page: str) -> None:
+    """The refused field is marked and focused (its finding is read with it, aria-describedby), and the
+    POST-only URL the refusal was drawn at, opened again from the address bar, leads to the form's page
+    (not a 405 with an empty body)."""
+    field = page.get_by_label(label)
+    expect(field).to_have_attribute("aria-invalid", "true")
+    expect(field).to_be_focused()
+    page.goto(page.url)
+    assert page.url.endswith(form_page)
