@@ -529,13 +529,20 @@ def test_a_resumed_run_trains_the_same_model_and_adapter_past_its_step(api, proj
         folder = output_dir(parent_id, 1) / f"checkpoint-{step}"
         folder.mkdir(parents=True)
         Checkpoint.objects.create(run_id=parent_id, attempt=1, step=step, path=str(folder))
-    last = api.post(f"/api/training-runs/{parent_id}/checkpoints/30/resume").json()["id"]
+    resumed = api.post(f"/api/training-runs/{parent_id}/checkpoints/30/resume").json()
+    # Resumed from the parent's last step, the child trains as many steps again: it kept max_steps 30,
+    # which START refused ("raise max_steps above 30"), so Resume from here on the last step was a dead end.
+    assert resumed["config"] == {**TrainingRun.objects.get(pk=parent_id).config, "max_steps": 60}
+    last = resumed["id"]
+    assert api.patch(f"/api/training-runs/{last}", {"config": {"max_steps": 30}}).status_code == 200
     body = assert_start_refused(api, last, 422, "config.max_steps")
     assert f"step 30 of run #{parent_id} is where this run starts, and max_steps is 30: raise max_steps above 30" in body["errors"][0]["message"]
     assert api.patch(f"/api/training-runs/{last}", {"config": {"max_steps": 60}}).status_code == 200
     assert start(api, last).status_code == 202
 
-    child = api.post(f"/api/training-runs/{parent_id}/checkpoints/10/resume").json()["id"]
+    child = api.post(f"/api/training-runs/{parent_id}/checkpoints/10/resume").json()
+    assert child["config"]["max_steps"] == 30  # a step before the end keeps the parent's max_steps
+    child = child["id"]
     assert api.patch(f"/api/training-runs/{child}", {"base_model": "org/other-model", "config": {"lora_rank": 16}}).status_code == 200
     body = assert_start_refused(api, child, 422, "base_model")
     found = {e["field"]: e["message"] for e in body["errors"]}

@@ -20,7 +20,7 @@ from studio import crypto
 from studio.errors import BadRequest, Conflict, Finding, counted
 from training.backends.local import REPO_ROOT, checkpoint_dir, engine_env
 from training.compute import trained_precision
-from training.methods.base import lora_enabled
+from training.methods.base import MAX_STEPS, lora_enabled
 from training.models import Checkpoint, TrainingRun
 from training.services import (
     MERGE_TOKEN_PREFIX,
@@ -77,17 +77,30 @@ def resume_run(run: TrainingRun, step: int, user, attempt: int | None = None) ->
     trained with (its base model, dataset, config and compute: the run may have been edited before a
     later attempt), each Data Hub ref at the commit that attempt trained on (`student@<commit id>`),
     so it trains on the same model and data after their branches move or are deleted. Lineage
-    records the parent run and the checkpoint. The plan gate comes first:
+    records the parent run and the checkpoint. A max_steps that ends at or before the step (the
+    parent's last step, resumed) becomes step + max_steps, so the child trains as many steps again
+    instead of being refused at START. The plan gate comes first:
     resuming creates a run, and 402 precedes a bad step's 400 as it precedes create's."""
     require_training_plan(run.project)
     run = locked_run(run)  # a DELETE of the parent waits, then sees the child (or this finds it gone)
     checkpoint = checkpoint_of(run, step, attempt)
+    settings = pinned_attempt_settings(run, checkpoint.attempt)
+    settings["config"] = steps_past(settings["config"] or {}, checkpoint.step)
     child = TrainingRun.objects.create(
         project=run.project, experiment=run.experiment, created_by=user, name=f"{run.name} (from step {checkpoint.step})"[:200],
-        method=run.method, parent=run, resume_checkpoint=checkpoint, **pinned_attempt_settings(run, checkpoint.attempt),
+        method=run.method, parent=run, resume_checkpoint=checkpoint, **settings,
     )
     create_run_branch(child)
     return child
+
+
+def steps_past(config: dict, step: int) -> dict:
+    """`config` for a run resumed from `step`: a max_steps at or below it trained nothing (START's
+    check_resumable refuses it), so it becomes step + max_steps, within MAX_STEPS."""
+    max_steps = config.get("max_steps")
+    if not isinstance(max_steps, int) or isinstance(max_steps, bool) or not 0 < max_steps <= step or step >= MAX_STEPS:
+        return config
+    return {**config, "max_steps": min(step + max_steps, MAX_STEPS)}
 
 
 @transaction.atomic

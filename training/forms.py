@@ -66,14 +66,17 @@ DEFAULT_CONFIG_TEXT = {
     "sft": "# Adapter: LoRA rank (delete for a full fine-tune; add load_in_4bit: true for QLoRA)\nlora_rank: 16\n",
     "dpo": "# DPO needs LoRA: the frozen base is the reference\nlora_rank: 16\n",
     # Seed 002: GRPO full-finetunes by default, and its default learning rate (1e-6) is sized for that.
-    "grpo": "# Full fine-tune (seed 002's default). For LoRA adapters add lora_rank: 16 and a LoRA-scale learning rate (e.g. 2e-5)\n",
+    "grpo": "# Full fine-tune (GRPO's default). For LoRA adapters add lora_rank: 16 and a LoRA-scale learning rate (e.g. 2e-5)\n",
     "distill": "lora_rank: 16\n",
 }
+# GRPO's environment as the form first shows it: a value, not a placeholder, so a run made from the
+# untouched form names one (the engine's builtin arithmetic task, which Quick try fills in as well).
+DEMO_ENVIRONMENT = "builtin/arith@main"
 METHOD_DEFAULTS: dict[str, dict[str, Any]] = {
     "dpo": {"config.loss.type": "dpo", "config.loss.dpo_beta": "0.1"},
     "distill": {"config.distillation.top_k": "64", "config.distillation.temperature": "1.0", "config.distillation.kd_weight": "0.5"},
-    "grpo": {"config.rl_mode": "environment", "config.rollouts_per_prompt": "8", "config.kl_coef": "0.0", "config.max_response_length": "2048",
-             "config.judge.mode": "external"},
+    "grpo": {"config.rl_mode": "environment", "config.environment_id": DEMO_ENVIRONMENT, "config.rollouts_per_prompt": "8", "config.kl_coef": "0.0",
+             "config.max_response_length": "2048", "config.judge.mode": "external"},
 }
 
 # What a blank learning rate trains at: TRL's default for the method's config (the engine's for GRPO).
@@ -84,7 +87,25 @@ LEARNING_RATE_DEFAULTS = {"sft": "2e-5", "dpo": "1e-6", "grpo": "1e-6", "distill
 # rises from ≈ 0.15 to ≈ 0.5 (tests/test_local_training.py). With LoRA it stays flat there: the demo
 # model's random output layer gives near-uniform logits that only the (unadapted) head could sharpen.
 GRPO_QUICK_TRY = {"config.rollouts_per_prompt": "8", "config.max_response_length": "8", "config.max_steps": "40", "config.learning_rate": "2e-2"}
-DEMO_ENVIRONMENT = "builtin/arith@main"
+
+
+def fit_response_length(values: dict[str, Any], project=None) -> str:
+    """GRPO's default max_response_length (2048) where the base model attends over no more positions
+    (the demo model's 512): START refuses it, so the field holds half the model's positions instead,
+    the other half left for the prompt. Only the untouched default changes; returns the field's note
+    saying so ("" when nothing changed)."""
+    default = METHOD_DEFAULTS["grpo"]["config.max_response_length"]
+    if values.get("method") != "grpo" or str(values.get("config.max_response_length") or "").strip() != default:
+        return ""
+    from training.validation import context_limit  # validation reads forms' Data Hub helpers
+
+    base_model = (values.get("base_model") or "").strip()
+    known = context_limit(base_model, project) if base_model else None
+    if known is None or known[1] > int(default):
+        return ""
+    values["config.max_response_length"] = str(max(known[1] // 2, 1))
+    return (f"{base_model} attends over {known[1]} positions, too few for the default {default}: "
+            f"this starts at half of them, the rest left for the prompt.")
 
 
 def fields_for(method: str, rl_mode: str | None = None) -> dict[str, str]:
@@ -326,6 +347,25 @@ def values_from_run(run) -> dict[str, Any]:
     return values
 
 
+NUMBERED_NAME = re.compile(r"^(?P<base>.*) \((?P<n>\d{1,6})\)$")
+
+
+def like_name(project, name: str) -> str:
+    """A name for a copy of run `name` that no run of `project` has: "name (2)", "name (3)"...;
+    the copy of "name (2)" is "name (3)"."""
+    from training.models import TrainingRun
+
+    match = NUMBERED_NAME.match(name)
+    base, n = (match["base"], int(match["n"]) + 1) if match else (name, 2)
+    taken = set(TrainingRun.objects.filter(project=project, name__startswith=base[:150]).values_list("name", flat=True))
+    while True:
+        suffix = f" ({n})"
+        candidate = base[:200 - len(suffix)] + suffix
+        if candidate not in taken:
+            return candidate
+        n += 1
+
+
 # ---- DISTILL planning aids ---------------------------------------------------------------------
 
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "float": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2,
@@ -356,7 +396,7 @@ def estimate_tokens(values: dict[str, Any], project=None) -> EstimateTokens:
     if counted is not None:
         return EstimateTokens(counted.tokens, counted.source)
     why = "the Studio cannot read the chosen dataset here" if dataset else "no dataset is chosen yet"
-    return EstimateTokens(SEED_DATASET_TOKENS, f"seed 001's example figure, not this dataset's: {why}; give the dataset's tokens above", fallback=True)
+    return EstimateTokens(SEED_DATASET_TOKENS, f"an example figure (a small chat dataset's), not this dataset's: {why}; give the dataset's tokens above", fallback=True)
 
 
 def distill_storage_estimate(values: dict[str, Any], project=None) -> dict[str, Any] | None:

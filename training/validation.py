@@ -240,14 +240,21 @@ def model_config(ref: str | None, project=None) -> dict | None:
 CONTEXT_KEYS = fit.CONTEXT_KEYS  # the engine caps a default max_length by the same keys
 
 
+def context_limit(base_model: Any, project=None) -> tuple[str, int] | None:
+    """The config key and the number of positions the base model attends over, where the Studio can
+    read its config (as the fit check); None where it cannot."""
+    model = model_config(base_model, project) or {}
+    key = next((key for key in CONTEXT_KEYS if is_number(model.get(key)) and model[key] > 0), None)
+    return (key, int(model[key])) if key is not None else None
+
+
 def context_findings(draft: Draft) -> list[Finding]:
     """Lengths longer than the base model's context: the run got as far as its first long batch. Only
     where the Studio can read the model's config (as the fit check); the engine is not asked."""
-    model = model_config(draft.base_model, draft.project) or {}
-    key = next((key for key in CONTEXT_KEYS if is_number(model.get(key)) and model[key] > 0), None)
-    if key is None:
+    known = context_limit(draft.base_model, draft.project)
+    if known is None:
         return []
-    config, limit = draft.config, int(model[key])
+    (key, limit), config = known, draft.config
     where = f"{draft.base_model} attends over at most {limit} positions (its config's {key})"
     if draft.method != "grpo":
         length = config.get("max_length")

@@ -24,7 +24,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from datahub import repos as hub_repos
 from datahub import services as hub
-from datahub.models import Branch, Commit, Repo, Tag, TreeEntry
+from datahub.models import Branch, Commit, Repo, RepoType, Tag, TreeEntry
 from datahub.refs import RESERVED_NAMESPACES
 from environments import services as env_services
 from environments.services import FIELD as FIELD_ENVIRONMENT
@@ -246,7 +246,15 @@ def live_context(run: TrainingRun) -> dict[str, Any]:
     first = max(run.start_attempt, 1)
     label = "" if not run.attempt else f"attempt {run.attempt}" if first == run.attempt else f"attempts {first}–{run.attempt}"
     return {"run": run, "live": is_live(run), "following": is_live(run) or reports_open(run), "charts": run_charts(run),
-            "log_tail": [line for _, line in rows], "log_tail_cut": earlier and len(rows) < LOG_TAIL, "log_label": label, "earlier_attempts": list(range(1, first))}
+            "log_tail": [line for _, line in rows], "log_tail_cut": earlier and len(rows) < LOG_TAIL, "log_label": label, "earlier_attempts": list(range(1, first)),
+            "published": published_model(run)}
+
+
+def published_model(run: TrainingRun) -> Repo | None:
+    """The model repo the run's final or merged weights were published to (datahub.services.publish_model:
+    `<run name>-run<id>`, as the Models page pairs them); None before that, or once it was deleted."""
+    repos = list(Repo.objects.filter(project_id=run.project_id, type=RepoType.MODEL, name__endswith=f"-run{run.pk}").select_related("project").order_by("-created_at")[:20])
+    return next((repo for repo in repos if repo.name == hub.model_repo_name(run)), repos[0] if repos else None)
 
 
 def config_rows(run: TrainingRun) -> list[tuple[str, Any]]:
@@ -393,6 +401,22 @@ def new_run(request: HttpRequest) -> HttpResponse:
     return redirect("training:run", run_id=run.pk)
 
 
+@studio_page
+@require_GET
+def new_run_like(request: HttpRequest, run_id: int) -> HttpResponse:
+    """"New run like this": NEW RUN filled with the run's settings (as Edit run shows them) under a
+    name no run of the project has; nothing is stored until Create run is pressed."""
+    actor = web_actor(request)
+    run = get_run_for(actor, run_id, write=True)
+    if run.project_id != actor.require_writable_project().pk:  # Create run makes the run in the current project
+        messages.error(request, f"Run #{run.pk} is in project {run.project.slug}, not the one you are working in: switch to {run.project.slug} "
+                                "with the project menu, then press New run like this again.")
+        return redirect("training:run", run_id=run.pk)
+    values = {**forms.values_from_run(run), "name": forms.like_name(run.project, run.name)}
+    messages.info(request, f"The settings of run #{run.pk} ({isolated(run.name)}): nothing is saved until you press Create run.")
+    return render(request, "training/new_run.html", form_context(request, run.project, values))
+
+
 def with_the_rest(parsed: forms.ParsedRun, project) -> list:
     """The form's own findings (a value it could not parse) and what create would say of the fields
     it could, all in one answer: the same validator as create's, one finding per field."""
@@ -474,7 +498,11 @@ def new_run_part(request: HttpRequest, part: str) -> HttpResponse:
             '<p class="alert alert-error" role="alert">NEW RUN has no live part "{}": the parts are {}. Open <a href="{}">NEW RUN</a> instead.</p>',
             part, ", ".join(names), reverse("training:new")))
     values["method"] = method
-    context = {**form_context(request, project, values), "swap_dataset_help": part == "method", "oob": part == "quick", "swap_config": swap_config}
+    # A base model typed or a method picked: GRPO's default rollout length fitted to the model (the fit
+    # estimate's request follows every change of the form, and then swaps the numbers in out of band).
+    response_help = forms.fit_response_length(values, project) if part in ("method", "fit") else ""
+    context = {**form_context(request, project, values), "swap_dataset_help": part == "method", "oob": part == "quick", "swap_config": swap_config,
+               "response_help": response_help, "numbers_oob": part == "fit" and bool(response_help)}
     if part == "method":
         context["carried"] = forms.other_methods_values(values, method)
     response = render(request, f"training/new_run.html#{names[part]}", context)
@@ -1085,6 +1113,10 @@ def resume_checkpoint(request: HttpRequest, run_id: int, step: int) -> HttpRespo
     except ApiError as exc:
         messages.error(request, exc.detail)
         return redirect("training:run_tab", run_id=run.pk, tab="checkpoints")
+    trained = services.attempt_settings(run, child.resume_checkpoint.attempt)["config"] or {}
+    if (child.config or {}).get("max_steps") != trained.get("max_steps"):
+        messages.info(request, f"Step {step} is where run #{run.pk} ends (its max_steps is {trained.get('max_steps')}): this run's max_steps is "
+                               f"{child.config['max_steps']}, so it trains {child.config['max_steps'] - step} steps more. Edit run to change that.")
     return redirect("training:run_tab", run_id=child.pk, tab="configuration")
 
 

@@ -11,6 +11,7 @@ urlpatterns = [
     path("training/new/<slug:part>", views.new_run_part, name="new_part"),
     path("training/runs/<int:run_id>/", views.run_detail, name="run"),
     path("training/runs/<int:run_id>/edit/", views.edit_run, name="edit"),
+    path("training/runs/<int:run_id>/like/", views.new_run_like, name="like"),
     path("training/runs/<int:run_id>/status", views.run_status, name="status"),
     path("training/runs/<int:run_id>/live", views.run_live, name="live"),
     path("training/runs/<int:run_id>/log", views.run_log, name="log"),

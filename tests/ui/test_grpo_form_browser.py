@@ -38,3 +38,20 @@ def test_switching_back_from_grpo_keeps_what_was_typed_for_epochs_and_batch(owne
     expect(page.get_by_label("Epochs", exact=True)).to_have_count(0)
     page.get_by_label("Method", exact=True).select_option("sft")
     expect(page.get_by_label("Epochs", exact=True)).to_have_value("2")
+
+
+def test_the_demo_model_typed_after_picking_grpo_gets_a_rollout_length_it_can_start_with(owner_page, project, tiny_models):
+    # QA: the form's 2048 was refused at START on the demo model ("set max_response_length below 512").
+    page = owner_page
+    page.goto("/training/new/?method=grpo")
+    expect(page.get_by_label("Environment", exact=True)).to_have_value("builtin/arith@main")
+    expect(page.get_by_label("Max response length", exact=True)).to_have_value("2048")
+    page.get_by_label("Name", exact=True).fill("grpo on the demo")
+    page.get_by_label("Base model").fill(tiny_models["student"])
+    page.get_by_label("Base model").press("Tab")  # a change of the form: the fit estimate's request fits the length
+    expect(page.get_by_label("Max response length", exact=True)).to_have_value("256")
+    expect(page.locator("#grpo-numbers")).to_contain_text("attends over 512 positions")
+    page.get_by_role("button", name="Create run").click()
+    expect(page.get_by_test_id("run-status")).to_have_text("queued")
+    expect(page.locator("#start-btn")).to_be_enabled()
+    assert TrainingRun.objects.get(project=project, name="grpo on the demo").config["max_response_length"] == 256

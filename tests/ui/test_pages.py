@@ -258,7 +258,8 @@ def test_distill_estimate_reads_a_data_hub_dataset_and_falls_back_to_the_seed_fi
     assert re.search(r'data-testid="estimate-tokens">1000<', html) and "estimated from the rows&#x27; 4,000 characters" in html
     for dataset in ("org/hf-data", "missing@main", ""):
         fallback = estimate_html(users["owner"], base_model="org/base", dataset=dataset)
-        assert re.search(r'data-testid="estimate-tokens">295000<', fallback) and "seed 001&#x27;s example figure, not this dataset&#x27;s" in fallback
+        assert re.search(r'data-testid="estimate-tokens">295000<', fallback) and "an example figure (a small chat dataset&#x27;s), not this dataset&#x27;s" in fallback
+        assert "seed 00" not in fallback  # the Studio's design documents are not the user's
     form = client_for(users["owner"]).get("/training/new/", {"method": "distill"}).content.decode()
     assert not re.search(r'name="distill_tokens"[^>]*value="295000"', form)  # the field starts blank: the dataset is counted
 
@@ -937,3 +938,12 @@ def test_a_bidi_override_in_a_run_name_stays_inside_the_name_in_the_studios_mess
     assert f'hx-confirm="Delete \u2068{BIDI_NAME}\u2069? Its metrics' in html
     html = client.post(f"/training/runs/{run.pk}/delete", follow=True).content.decode()
     assert f"Run #{run.pk} (\u2068{BIDI_NAME}\u2069) was deleted." in html
+
+
+@pytest.mark.parametrize("method", ["sft", "dpo", "grpo", "distill"])
+def test_new_run_names_no_design_document(project, users, method):
+    # QA: GRPO's config box said "# Full fine-tune (seed 002's default)": users do not know the seed documents.
+    client = client_for(users["owner"])
+    html = client.get("/training/new/", {"method": method}).content.decode()
+    html += client.get("/training/new/estimate", {"method": method, "config.distillation.top_k": "64"}).content.decode()
+    assert "seed 00" not in html.lower()

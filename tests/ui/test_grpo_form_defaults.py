@@ -1,0 +1,46 @@
+"""NEW RUN's GRPO defaults on the demo model: a run made from the untouched form can START. The
+environment is a value, not a placeholder, and the default max_response_length (2048, for real models)
+is fitted to a base model that attends over fewer positions (the tiny demo model's 512)."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.ui.test_new_run_like_this import posted_form
+from tests.ui.test_pages import client_for
+from training import services
+from training.models import TrainingRun
+
+pytestmark = pytest.mark.django_db
+
+
+def response_length(html: str) -> str:
+    return re.search(r'name="config.max_response_length"[^>]*value="([^"]*)"', html).group(1)
+
+
+def test_the_grpo_form_fills_the_environment_and_fits_the_rollout_length_to_the_demo_model(project, users, tiny_models):
+    # QA: Environment showed builtin/arith@main only as a placeholder (so it was blank), and 2048 was refused on the demo.
+    client = client_for(users["owner"])
+    page = client.get("/training/new/", {"method": "grpo"}).content.decode()
+    assert re.search(r'name="config.environment_id"[^>]*value="builtin/arith@main"', page)
+    assert response_length(page) == "2048"  # no base model yet: the default for real models
+    picked = {**posted_form(page), "name": "grpo on the demo", "base_model": tiny_models["student"], "config.max_steps": "2"}
+
+    # The method picked with the demo model already typed: the card comes with a length that fits.
+    card = client.get("/training/new/method", picked, HTTP_HX_REQUEST="true").content.decode()
+    assert response_length(card) == "256" and "attends over 512 positions, too few for the default 2048" in card
+    # The demo model typed after the method: the fit estimate's request swaps the numbers in out of band.
+    fit = client.get("/training/new/fit", picked, HTTP_HX_REQUEST="true").content.decode()
+    assert '<div id="grpo-numbers" class="grid-3" hx-swap-oob="true">' in fit and response_length(fit) == "256"
+    # A length the user chose stays, and a model with more positions (or one the Studio cannot read) keeps 2048.
+    for changed in ({"config.max_response_length": "300"}, {"base_model": "org/unknown-model"}, {"base_model": "Qwen/Qwen2.5-0.5B-Instruct"}):
+        fit = client.get("/training/new/fit", {**picked, **changed}, HTTP_HX_REQUEST="true").content.decode()
+        assert 'id="grpo-numbers"' not in fit, changed
+
+    # Created from what the form shows, the run passes START's checks of the environment and the lengths.
+    response = client.post("/training/new/", {**picked, **posted_form(card)})
+    assert response.status_code == 302, response.content.decode()[:3000]
+    run = TrainingRun.objects.get(project=project, name="grpo on the demo")
+    assert run.config["environment_id"] == "builtin/arith@main" and run.config["max_response_length"] == 256
+    assert services.start_blockers(run) == []
