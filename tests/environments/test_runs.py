@@ -71,9 +71,10 @@ def test_a_package_whose_load_environment_raises_fails_before_the_first_step(api
     assert "the shard data/train-0003.jsonl is missing" in run.error["message"]
     tail = "\n".join(run.error["log_tail"])
     assert "Traceback (most recent call last)" in tail and "raise ValueError('the shard data/train-0003.jsonl is missing')" in tail, tail
-    # before the first step: never running, no step was reported
+    # before the first step: no step was reported (the run went running as its engine started, before the load)
     assert not MetricPoint.objects.filter(run=run).exists()
-    assert not any(line.startswith("[studio] status → running") for line in logs(run))
+    assert not any(line.startswith("step ") for line in logs(run)), logs(run)
+    assert not (run.progress or {}).get("step")
 
 
 def test_a_config_saved_for_a_package_whose_init_defines_config_is_the_one_the_run_uses(api, users, project, studio_worker, tiny_models):
