@@ -641,10 +641,37 @@ CARD_METRICS = ("loss", "eval_loss", "reward", "kd_loss")
 MODEL_REPO_RE = re.compile(r"-run(\d+)$")
 
 
+# publish_model's commit message: what makes a model repo a run's, not its name alone (anyone may make
+# a model repo called `notes-run14`, or one named like a deleted run's).
+PUBLISH_MESSAGE = "Publish {kind} model from run #{run} (step {step})"
+PUBLISH_RE = re.compile(r"Publish \w+ model from run #(\d+) \(step \d+\)")
+
+
 def model_repo_name(run) -> str:
     from django.utils.text import slugify
 
     return f"{(slugify(run.name) or 'model')[:100].strip('-_') or 'model'}-run{run.pk}"
+
+
+def publishing_runs(repos: Iterable[Repo]) -> dict[int, int]:
+    """repo pk → the run that published to it: a model repo named `...-run<id>` (model_repo_name, kept
+    when the run is renamed) holding a publish commit of that run."""
+    named = {r.pk: int(m[1]) for r in repos if r.type == RepoType.MODEL and (m := MODEL_REPO_RE.search(r.name))}
+    published: dict[int, int] = {}
+    if named:
+        for repo_id, message in Commit.objects.filter(repo_id__in=list(named), message__startswith="Publish ").values_list("repo_id", "message"):
+            match = PUBLISH_RE.match(message)
+            if match is not None and int(match[1]) == named[repo_id]:
+                published[repo_id] = named[repo_id]
+    return published
+
+
+def published_repos(run) -> list[Repo]:
+    """The model repos `run` published to, the one named as the run is now first, then newest first."""
+    candidates = list(Repo.objects.filter(project_id=run.project_id, type=RepoType.MODEL, name__endswith=f"-run{run.pk}")
+                      .select_related("project").order_by("-created_at")[:20])
+    published = publishing_runs(candidates)
+    return sorted((r for r in candidates if r.pk in published), key=lambda r: r.name != model_repo_name(run))
 
 
 def final_metrics(run) -> dict[str, float]:
@@ -703,7 +730,7 @@ def publish_model(run, checkpoint) -> Commit | None:
     summary = f"{run.method} of {run.base_model or 'unknown'} (run #{run.pk})"
     if repo.description != summary:
         Repo.objects.filter(pk=repo.pk).update(description=summary)
-    return commit_files(repo, MAIN, files, message=f"Publish {checkpoint.kind} model from run #{run.pk} (step {checkpoint.step})", author=run.created_by)
+    return commit_files(repo, MAIN, files, message=PUBLISH_MESSAGE.format(kind=checkpoint.kind, run=run.pk, step=checkpoint.step), author=run.created_by)
 
 
 def model_repo_deleted(run, checkpoint) -> bool:
@@ -714,8 +741,7 @@ def model_repo_deleted(run, checkpoint) -> bool:
 
     published = [earlier for earlier in Checkpoint.objects.filter(run_id=run.pk, kind__in=MODEL_KINDS).exclude(commit="").exclude(pk=checkpoint.pk)
                  if not is_earlier_merge(earlier)]
-    kept = Repo.objects.filter(project_id=run.project_id, type=RepoType.MODEL, name__endswith=f"-run{run.pk}").exists()
-    return bool(published) and not kept
+    return bool(published) and not published_repos(run)
 
 
 def not_published(run, checkpoint) -> None:

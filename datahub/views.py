@@ -25,7 +25,7 @@ from datahub import commits, datasets, services, uploads
 from datahub.models import Branch, Commit, Repo, RepoType, Tag, TreeEntry
 from datahub.repos import MAIN, branches_of, clean_path, create_repo, entry, history, natural_key, resolve, tree, under
 from datahub.schemas import FilesDeleteIn, RepoIn, UploadIn
-from datahub.services import MODEL_REPO_RE
+from datahub.services import publishing_runs
 from studio.api import validate_data
 from studio.errors import ApiError, BadRequest, Finding, NotFound, counted
 from studio.parsing import isolated
@@ -411,7 +411,7 @@ def models_page(request: HttpRequest) -> HttpResponse:
     project = web_actor(request).project
     repos = list(Repo.objects.filter(project=project, type=RepoType.MODEL).select_related("project")[:500]) if project else []
     heads = {b.repo_id: b for b in Branch.objects.filter(repo__in=repos, name=MAIN)}
-    run_ids = {r.pk: int(m.group(1)) for r in repos if (m := MODEL_REPO_RE.search(r.name))}
+    run_ids = publishing_runs(repos)  # a repo merely named like a run's is not that run's model
     runs = TrainingRun.objects.in_bulk(list(run_ids.values())) if run_ids else {}
     rows = []
     for r in repos:

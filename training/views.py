@@ -253,8 +253,7 @@ def live_context(run: TrainingRun) -> dict[str, Any]:
 def published_model(run: TrainingRun) -> Repo | None:
     """The model repo the run's final or merged weights were published to (datahub.services.publish_model:
     `<run name>-run<id>`, as the Models page pairs them); None before that, or once it was deleted."""
-    repos = list(Repo.objects.filter(project_id=run.project_id, type=RepoType.MODEL, name__endswith=f"-run{run.pk}").select_related("project").order_by("-created_at")[:20])
-    return next((repo for repo in repos if repo.name == hub.model_repo_name(run)), repos[0] if repos else None)
+    return next(iter(hub.published_repos(run)), None)
 
 
 def config_rows(run: TrainingRun) -> list[tuple[str, Any]]:
@@ -678,7 +677,7 @@ def environment_info(project, environment_id: str | None) -> dict[str, Any] | No
 
 def environment_choices(project) -> list[str]:
     """Environment ids to suggest in the NEW RUN form: the engine's builtins, the catalogue, the project's repos."""
-    from datahub.models import Repo, RepoType
+    from datahub.models import Repo
 
     ids = [f"{name}@main" for name in env_services.ENGINE_BUILTINS] + [e.environment_id for e in env_services.catalogue()]
     ids += [f"{name}@main" for name in Repo.objects.filter(project=project, type=RepoType.ENVIRONMENT).order_by("name").values_list("name", flat=True)]

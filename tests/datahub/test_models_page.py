@@ -118,3 +118,15 @@ def test_a_lora_runs_adapter_commit_carries_its_metrics_as_a_full_finetunes_fina
     run = final_checkpoint.run
     files = repos.tree(repos.resolve(repos.find_repo(project, "experiment-default"), f"run-{run.pk}"))
     assert "adapter/model.safetensors" in files and "metrics.jsonl" in files
+
+
+def test_a_model_repo_only_named_like_a_runs_is_not_paired_with_it(project, users, final_checkpoint):
+    # QA: `notes-run<id>`, made by hand, was listed as run <id>'s model (and linked from its Overview).
+    run = final_checkpoint.run
+    repos.create_repo(project, f"notes-run{run.pk}", "model", users["owner"])
+    html = browser(users["owner"]).get("/models/").content.decode()
+    assert f"acme/notes-run{run.pk}" in html and f"/training/runs/{run.pk}/" not in html
+    services.commit_checkpoint(final_checkpoint.pk)  # the run's own publish: paired by its commit
+    html = browser(users["owner"]).get("/models/").content.decode()
+    assert html.count(f'href="/training/runs/{run.pk}/"') == 1
+    assert services.published_repos(run) == [Repo.objects.get(project=project, name=f"my-sft-run-run{run.pk}")]

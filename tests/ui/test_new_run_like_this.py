@@ -7,7 +7,8 @@ from html.parser import HTMLParser
 import pytest
 
 from datahub import repos
-from datahub.services import model_repo_name
+from datahub.commits import commit_files
+from datahub.services import PUBLISH_MESSAGE, model_repo_name
 from experiments.services import create_experiment
 from tests.ui.test_pages import client_for, complete, make_run
 from training.models import Checkpoint, TrainingRun
@@ -119,7 +120,12 @@ def test_the_overview_links_the_model_repo_the_run_published(project, users):
     client = client_for(users["owner"])
     assert 'data-testid="published-model"' not in client.get(f"/training/runs/{run.pk}/").content.decode()
     repos.create_repo(project, f"other-run{run.pk + 10}", "model")  # another run's
-    repos.create_repo(project, model_repo_name(run), "model")  # what publish_model makes: sft-ui-run1-run<id>
+    # QA: a repo merely named like the run's (anyone may make `notes-run14`) was linked as its model.
+    notes = repos.create_repo(project, f"notes-run{run.pk}", "model")
+    commit_files(notes, "main", {"notes.md": b"mine"}, message="Publish my notes")
+    mine = repos.create_repo(project, model_repo_name(run), "model")  # what publish_model makes: sft-ui-run1-run<id>
+    assert 'data-testid="published-model"' not in client.get(f"/training/runs/{run.pk}/").content.decode()  # nothing published yet
+    commit_files(mine, "main", {"README.md": b"card"}, message=PUBLISH_MESSAGE.format(kind="final", run=run.pk, step=3))
     for url in (f"/training/runs/{run.pk}/", f"/training/runs/{run.pk}/live"):
         html = client.get(url).content.decode()
         link = html.split('data-testid="published-model"', 1)[1].split("</p>", 1)[0]
