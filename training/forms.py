@@ -348,13 +348,15 @@ def values_from_run(run) -> dict[str, Any]:
 
 
 NUMBERED_NAME = re.compile(r"^(?P<base>.*) \((?P<n>\d{1,6})\)$")
+RESUMED_NAME = re.compile(r" \(from step \d+\)$")  # checkpoints.resume_run's suffix: a copy trains from step 0
 
 
 def like_name(project, name: str) -> str:
     """A name for a copy of run `name` that no run of `project` has: "name (2)", "name (3)"...;
-    the copy of "name (2)" is "name (3)"."""
+    the copy of "name (2)" is "name (3)", and of a resumed "name (from step 3)", "name (2)": a copy does not resume."""
     from training.models import TrainingRun
 
+    name = RESUMED_NAME.sub("", name) or name
     match = NUMBERED_NAME.match(name)
     base, n = (match["base"], int(match["n"]) + 1) if match else (name, 2)
     taken = set(TrainingRun.objects.filter(project=project, name__startswith=base[:150]).values_list("name", flat=True))

@@ -412,7 +412,8 @@ def new_run_like(request: HttpRequest, run_id: int) -> HttpResponse:
                                 "with the project menu, then press New run like this again.")
         return redirect("training:run", run_id=run.pk)
     values = {**forms.values_from_run(run), "name": forms.like_name(run.project, run.name)}
-    messages.info(request, f"The settings of run #{run.pk} ({isolated(run.name)}): nothing is saved until you press Create run.")
+    resumed = f" It trains from step 0: to continue from a saved step of run #{run.pk}, use Resume from here on its Checkpoints tab." if run.parent_id else ""
+    messages.info(request, f"The settings of run #{run.pk} ({isolated(run.name)}): nothing is saved until you press Create run.{resumed}")
     return render(request, "training/new_run.html", form_context(request, run.project, values))
 
 

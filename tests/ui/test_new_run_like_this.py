@@ -96,6 +96,16 @@ def test_new_run_like_this_fills_new_run_and_create_makes_a_run_with_the_same_se
     assert posted_form(client.get(f"/training/runs/{copy.pk}/like/").content.decode())["name"] == "sft-ui-run1 (4)"
 
 
+def test_a_copy_of_a_resumed_run_is_not_named_or_told_as_resuming(project, users):
+    # QA: the copy of "ckpt sft (from step 3)" was "ckpt sft (from step 3) (2)", yet it trains from step 0.
+    parent = make_run(project, users["owner"], "sft", name="ckpt sft")
+    run = make_run(project, users["owner"], "sft", name="ckpt sft (from step 3)")
+    TrainingRun.objects.filter(pk=run.pk).update(parent=parent)
+    html = client_for(users["owner"]).get(f"/training/runs/{run.pk}/like/").content.decode()
+    assert posted_form(html)["name"] == "ckpt sft (2)"
+    assert "It trains from step 0: to continue from a saved step of run" in html
+
+
 def test_new_run_like_this_is_for_those_who_may_create_runs(project, users, other_project):
     from studio.services import add_member
 
