@@ -24,7 +24,7 @@ FAST = {"max_steps": 3, "learning_rate": 1e-2, "rollouts_per_prompt": 4, "max_re
 
 def spec_of(config: dict, environment: dict | None = None, output_dir: str = "/tmp/x") -> Any:
     return SimpleNamespace(cfg=lambda k, d=None: config.get(k, d) if config.get(k) is not None else d,
-                           raw={"environment": environment} if environment else {}, output_dir=output_dir,
+                           raw={"environment": environment} if environment else {}, output_dir=output_dir, datasets=config.get("datasets") or [],
                            seed=int(config.get("seed", SEED_DEFAULT)))
 
 
@@ -332,8 +332,8 @@ def test_a_failing_score_names_the_environment_commit_callback_and_package_line(
     spec = make_spec("grpo", tiny["student"], [], tmp_path / "out", {**FAST, "environment_id": "my-gsm@main"}, ingest,
                      environment={"id": "my-gsm@main", "path": str(pkg), "repo": "my-gsm", "commit": commit})
     assert run_inprocess(spec) == 1
-    assert re.fullmatch(  # the row is whichever of the environment's prompts step 1 drew
-        re.escape(f"environment my-gsm@{commit[:12]}: score() raised KeyError: 'missing_column' at __init__.py:{line} (step 1, row ")
+    assert re.fullmatch(  # the prompt is whichever of the environment's prompts step 1 drew
+        re.escape(f"environment my-gsm@{commit[:12]}: score() raised KeyError: 'missing_column' at __init__.py:{line} (step 1, prompt ")
         + r"\d+" + re.escape(", rollout 1 of 4); fix the package and start the run again"), ingest.scalars("error")[-1]["message"])
     assert not ingest.series("reward")
 

@@ -57,7 +57,7 @@ def test_a_hung_score_fails_the_run_naming_the_call_step_row_and_rollout(tiny, i
     assert run_inprocess(spec) == 1
     assert time.monotonic() - started < 50
     message = ingest.scalars("error")[-1]["message"]
-    assert message.startswith("environment mine@main: score() (step 1, row ")
+    assert message.startswith("environment mine@main: score() (step 1, prompt ")
     assert ", rollout 1 of 4) did not return within 2 s; fix the package" in message
     assert not ingest.series("reward")
 
@@ -96,7 +96,7 @@ def test_a_call_that_ignores_the_time_limit_is_stopped_by_the_watchdog(tiny, ing
     assert done.returncode == 1, done.stderr[-2000:]
     assert ingest.scalars("status")[-1] == "failed"
     message = ingest.scalars("error")[-1]["message"]
-    assert message.startswith("environment mine@main: score() (step 1, row ")
+    assert message.startswith("environment mine@main: score() (step 1, prompt ")
     assert "did not return within 1 s and ignored the time limit, so the run was stopped" in message
 
 
@@ -120,7 +120,7 @@ def test_a_reward_that_is_not_a_finite_number_fails_naming_the_component_row_and
     state = SimpleNamespace(global_step=4)
     with pytest.raises(PackageCallError) as info:
         fn(["p1", "p1"], ["a", "b"], answer=["4", "4"], _studio_row_number=[7, 7], trainer_state=state)
-    assert str(info.value).startswith(f'environment mine@main: score() (step 5, row 7, rollout 2 of 2) returned component "bonus" is {shown}')
+    assert str(info.value).startswith(f'environment mine@main: score() (step 5, prompt 7, rollout 2 of 2) returned component "bonus" is {shown}')
     # numpy scalars and bools are numbers; a number returned alone is the total
     fn, _ = reward_fn(package("import numpy\nreturn {'a': numpy.float32(0.25), 'b': numpy.bool_(True), 'c': True}"), tmp_path / "np")
     assert fn(["p"], ["a"], trainer_state=state) == [2.25]
@@ -132,7 +132,8 @@ def test_a_nan_reward_fails_the_grpo_run_with_a_sentence_not_an_attribute_error(
     spec = grpo_spec(tiny, tmp_path, ingest, package("return {'correct': 1.0, 'total': float('nan')}"))
     assert run_inprocess(spec) == 1
     message = ingest.scalars("error")[-1]["message"]
-    assert message.startswith("environment mine@main: score() (step 1, row ")
+    # the package's own rows, cycled by prompts(): the number counts the run's prompts, not its rows
+    assert message.startswith("environment mine@main: score() (step 1, prompt ")
     assert ', rollout 1 of 4) returned component "total" is nan: a reward must be a finite number within ±3.4e38' in message
 
 
@@ -169,3 +170,28 @@ def test_sys_exit_in_score_is_a_package_failure_naming_the_environment(tmp_path)
         env.score_rollouts([{"prompt": "p"}], ["a"], 2, [5])
     with pytest.raises(PackageCallError, match=r"^environment quits@main: score\(\) raised SystemExit: 3 at __init__.py:10; "):
         env.guarded("score()", env.score, {"prompt": "p"}, "a")
+
+
+def test_what_a_package_prints_while_it_loads_reaches_the_run_log_cut_as_step_0(tmp_path, monkeypatch):
+    monkeypatch.setattr(environments, "OUTPUT_LINES_PER_STEP", 20)
+    pkg = write_package(tmp_path / "pkg", 'import sys\n\nprint("importing")\n\n\nclass Env:\n    def score(self, row, completion):\n        return 1.0\n\n\n'
+                                          'def load_environment(**kwargs):\n    for i in range(30):\n'
+                                          '        print("loaded", i, file=sys.stderr if i % 2 else sys.stdout)\n    return Env()\n')
+    reporter = Reporter(None, None, echo=False)
+    environment_for(spec_of({"environment_id": "mine@main"}, {"path": str(pkg)}), reporter)
+    logs = list(reporter.log_tail)
+    assert logs[1:21] == ["importing"] + [f"loaded {i}" for i in range(19)]  # at import, in load_environment, stdout and stderr
+    assert logs[21:] == ["environment mine@main: 11 more lines it printed at step 0 were not sent "
+                         "(at most 20 lines and 20,000 characters a step; engine.log has them all)"]
+
+
+def test_a_failing_load_environment_names_the_pinned_commit_and_the_line(tmp_path):
+    pkg = write_package(tmp_path / "pkg", "import sys\n\n\ndef load_environment(**kwargs):\n    sys.exit(2)\n")
+    block = {"path": str(pkg), "repo": "ann/bad-env", "commit": "0123456789abcdef0123"}
+    with pytest.raises(EnvironmentLoadError, match=r"^environment bad-env@0123456789ab: loading the package failed: SystemExit: 2 "
+                                                   r"in load_environment\(\) at __init__.py:5; fix the package and start the run again$"):
+        environment_for(spec_of({"environment_id": "bad-env@main"}, block))
+    pkg = write_package(tmp_path / "imp", "import sys\n\nraise ValueError('no key')\n")
+    with pytest.raises(EnvironmentLoadError, match=r"^environment bad-env@0123456789ab: loading the package failed: ValueError: no key "
+                                                   r"at __init__.py:3; fix the package"):
+        environment_for(spec_of({"environment_id": "bad-env@main"}, {**block, "path": str(pkg)}))

@@ -206,10 +206,13 @@ class Environment(ABC):
         """Scores for one step's rollouts; judges that compare a group override this."""
         return [self.score(row, completion) for row, completion in zip(rows, completions, strict=True)]
 
-    def score_rollouts(self, rows: list[dict[str, Any]], completions: list[str], step: int, row_numbers: Sequence[int]) -> list[dict[str, float]]:
+    def score_rollouts(self, rows: list[dict[str, Any]], completions: list[str], step: int, row_numbers: Sequence[int],
+                       numbered: str = "row") -> list[dict[str, float]]:
         """One step's scores. A package's score() is called once per rollout, each call guarded, so a
         failure, a hang or a reward that is not a finite number names its step, row and rollout; a
-        package's own score_group (a judge comparing the group) and the built-ins score the group at once."""
+        package's own score_group (a judge comparing the group) and the built-ins score the group at once.
+        `numbered` is what `row_numbers` count: "row" for a dataset's rows, "prompt" for the prompts the
+        environment's own prompts() gave (they cycle its data, so the number is no row of it)."""
         if self.package_dir is None:
             return self.score_group(rows, completions)
         self._output_step = step  # what it printed since the last step's scores (a tool call's, say) counts here too
@@ -218,7 +221,7 @@ class Environment(ABC):
                 return self.guarded("score_group()", lambda: [checked_scores(s) for s in self.score_group(rows, completions)], where=f"step {step}")
             return [
                 self.guarded("score()", lambda row=row, completion=completion: checked_scores(self.score(row, completion)),
-                             where=f"step {step}, row {row_numbers[i]}, rollout {i + 1} of {len(rows)}")
+                             where=f"step {step}, {numbered} {row_numbers[i]}, rollout {i + 1} of {len(rows)}")
                 for i, (row, completion) in enumerate(zip(rows, completions, strict=True))
             ]
         finally:
@@ -286,6 +289,20 @@ class Environment(ABC):
             self.run_log(f"environment {self.ref or self.id}: {self._output_cut} more lines it printed at step {self._output_step} were not sent "
                          f"(at most {OUTPUT_LINES_PER_STEP} lines and {OUTPUT_CHARS_PER_STEP:,} characters a step; engine.log has them all)")
         self._output_lines, self._output_chars, self._output_cut = 0, 0, 0
+
+
+class _Loading(Environment):
+    """Stands in for a package while environment_for loads it: what the package prints at import and in
+    load_environment() goes to the run log, within the per-step limits, counted as step 0."""
+
+    def __init__(self, environment_id: str, ref: str, run_log: Callable[..., None]) -> None:
+        self.id, self.ref, self.run_log = environment_id, ref, run_log
+
+    def prompts(self, n: int, seed: int) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    def score(self, row: dict[str, Any], completion: str) -> dict[str, float]:
+        raise NotImplementedError
 
 
 class ArithEnvironment(Environment):
@@ -399,7 +416,7 @@ def _fetch_from_hub(spec: Any, block: dict[str, Any]) -> Path:
 
 def environment_for(spec: Any, reporter: Any = None) -> Environment:
     """The run's environment, loaded BEFORE the model so a bad package fails the run before step one."""
-    from .packages import EnvironmentLoadError, load_package
+    from .packages import EnvironmentLoadError, load_package, package_root
 
     block = spec.raw.get("environment") or {}
     if spec.cfg("rl_mode", "environment") == "ruler":
@@ -417,28 +434,39 @@ def environment_for(spec: Any, reporter: Any = None) -> Environment:
     if reporter is not None:
         where = f"{block.get('repo')}@{str(block.get('commit'))[:12]}" if block.get("commit") else str(directory)
         reporter.log(f"environment {environment_id}: loading the package staged from {where}")
+    ref = f"{name}@{str(block['commit'])[:12]}" if block.get("commit") else ""
+    shown = ref or environment_id  # failures name the pinned commit, as Environment.guarded's do
     on_stuck = _stop_run(spec, reporter) if reporter is not None else None
+    loading = _Loading(environment_id, ref, reporter.log) if reporter is not None else None
     stuck = None
     if on_stuck is not None:
-        stuck = lambda: on_stuck(f"environment {environment_id}: loading the package did not finish within {CALL_LIMIT_S:g} s "  # noqa: E731
+        stuck = lambda: on_stuck(f"environment {shown}: loading the package did not finish within {CALL_LIMIT_S:g} s "  # noqa: E731
                                  "and ignored the time limit, so the run was stopped; fix the package and start the run again")
     try:
-        with time_limit(CALL_LIMIT_S, stuck):
+        with time_limit(CALL_LIMIT_S, stuck), loading._output_to_run_log() if loading is not None else contextlib.nullcontext():
             env = load_package(directory, environment_id)
-        if block.get("commit"):
-            env.ref = f"{name}@{str(block['commit'])[:12]}"
+        env.ref = ref
         if reporter is not None:
             env.run_log, env.on_stuck = reporter.log, on_stuck
         return env
     except EnvironmentLoadError:
         raise
     except CallTimeout:
-        raise EnvironmentLoadError(f"environment {environment_id}: loading the package did not finish within {CALL_LIMIT_S:g} s; "
+        raise EnvironmentLoadError(f"environment {shown}: loading the package did not finish within {CALL_LIMIT_S:g} s; "
                                    "fix the package and start the run again") from None
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt):
             raise
-        raise EnvironmentLoadError(f"environment {environment_id}: loading the package failed: {type(exc).__name__}: {exc}") from exc
+        where_in = _package_frame(exc, package_root(directory))
+        at = ""
+        if where_in is not None:
+            path, line, func = where_in
+            at = f" in {func}() at {path}:{line}" if func != "<module>" else f" at {path}:{line}"
+        raise EnvironmentLoadError(f"environment {shown}: loading the package failed: {type(exc).__name__}: {exc}{at}; "
+                                   "fix the package and start the run again") from exc
+    finally:
+        if loading is not None:
+            loading._end_output()
 
 
 def _stop_run(spec: Any, reporter: Any) -> Callable[[str], None]:

@@ -66,6 +66,7 @@ def _prompt_text(prompt: Any) -> str:
 
 def make_reward_fn(env: Environment, ctx: Context, group: int, trainer_ref: list[Any]) -> Any:
     every = int(ctx.spec.cfg("rollout_log_steps", 1))
+    numbered = "row" if ctx.spec.datasets else "prompt"  # without a dataset, the prompts cycle the environment's own data
 
     def environment_reward(prompts: list[Any], completions: list[Any], **columns: Any) -> list[float]:
         state = columns.get("trainer_state")
@@ -77,7 +78,7 @@ def make_reward_fn(env: Environment, ctx: Context, group: int, trainer_ref: list
             row = {k: v[i] for k, v in extra.items()}
             row["prompt"] = _prompt_text(prompt)
             rows.append(row)
-        scores = env.score_rollouts(rows, [_completion_text(c) for c in completions], step, numbers)
+        scores = env.score_rollouts(rows, [_completion_text(c) for c in completions], step, numbers, numbered)
         totals = torch.tensor([s["total"] for s in scores], dtype=torch.float32)
         rep = ctx.reporter
         for key in scores[0]:
