@@ -72,7 +72,7 @@ def test_out_of_memory_fails_with_code_oom_and_the_lever(tiny, ingest: IngestStu
     monkeypatch.setattr(StudioCallback, "on_step_begin", out_of_memory)
     spec = make_spec("sft", tiny["student"], [tiny["sft"]], tmp_path, {"max_steps": 2, "max_length": 32}, ingest)
     assert run_inprocess(spec) == 1
-    assert ingest.scalars("status") == ["failed"]
+    assert ingest.scalars("status") == ["running", "failed"]  # running as the engine started, failed at the first step
     error = ingest.scalars("error")[0]
     assert error["code"] == "oom"
     message = error["message"]
