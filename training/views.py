@@ -251,8 +251,9 @@ def live_context(run: TrainingRun) -> dict[str, Any]:
 
 
 def published_model(run: TrainingRun) -> Repo | None:
-    """The model repo the run's final or merged weights were published to (datahub.services.publish_model:
-    `<run name>-run<id>`, as the Models page pairs them); None before that, or once it was deleted."""
+    """The model repo the run's final or merged weights were published to (datahub.services.published_repos:
+    a `<run name>-run<id>` repo holding the run's publish commit, as the Models page pairs them); None
+    before that, or once it was deleted."""
     return next(iter(hub.published_repos(run)), None)
 
 
@@ -678,8 +679,6 @@ def environment_info(project, environment_id: str | None) -> dict[str, Any] | No
 
 def environment_choices(project) -> list[str]:
     """Environment ids to suggest in the NEW RUN form: the engine's builtins, the catalogue, the project's repos."""
-    from datahub.models import Repo
-
     ids = [f"{name}@main" for name in env_services.ENGINE_BUILTINS] + [e.environment_id for e in env_services.catalogue()]
     ids += [f"{name}@main" for name in Repo.objects.filter(project=project, type=RepoType.ENVIRONMENT).order_by("name").values_list("name", flat=True)]
     return ids

@@ -159,8 +159,10 @@ class PackageCallError(PackageError):
     """A package callback (score, a reward function, a tool, prompts) raised during the run."""
 
 
-def _package_frame(exc: BaseException, root: Path) -> tuple[str, int, str] | None:
-    """The innermost traceback frame inside the package: (path relative to its root, line, function)."""
+def _package_place(exc: BaseException, root: Path, what: str = "") -> str:
+    """Where in the package `exc` was raised, for a failure's sentence: " in f() at path:line" from the
+    innermost traceback frame inside the package (its path relative to the root), without the function
+    where it is the module or `what`, the callback the sentence already names; "" outside the package."""
     root = root.resolve()
     found = None
     for frame in traceback.extract_tb(exc.__traceback__):
@@ -169,7 +171,11 @@ def _package_frame(exc: BaseException, root: Path) -> tuple[str, int, str] | Non
         except (ValueError, OSError):
             continue
         found = (rel.as_posix(), frame.lineno or 0, frame.name)
-    return found
+    if found is None:
+        return ""
+    path, line, func = found
+    inside = "" if f"{func}()" == what or func == "<module>" else f" in {func}()"
+    return f"{inside} at {path}:{line}"
 
 
 class Environment(ABC):
@@ -253,12 +259,7 @@ class Environment(ABC):
         except BadReward as exc:
             raise PackageCallError(f"environment {name}: {what}{at_where} returned {exc}; fix the package and start the run again") from None
         except (Exception, SystemExit) as exc:  # sys.exit() in a reward is a failure of the package, not a way out of the engine
-            where_in = _package_frame(exc, self.package_dir)
-            at = ""
-            if where_in is not None:
-                path, line, func = where_in
-                inside = "" if f"{func}()" == what or func == "<module>" else f" in {func}()"
-                at = f"{inside} at {path}:{line}"
+            at = _package_place(exc, self.package_dir, what)
             raise PackageCallError(f"environment {name}: {what} raised {type(exc).__name__}: {exc}{at}{at_where}; "
                                    "fix the package and start the run again") from exc
 
@@ -457,11 +458,7 @@ def environment_for(spec: Any, reporter: Any = None) -> Environment:
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt):
             raise
-        where_in = _package_frame(exc, package_root(directory))
-        at = ""
-        if where_in is not None:
-            path, line, func = where_in
-            at = f" in {func}() at {path}:{line}" if func != "<module>" else f" at {path}:{line}"
+        at = _package_place(exc, package_root(directory))
         raise EnvironmentLoadError(f"environment {shown}: loading the package failed: {type(exc).__name__}: {exc}{at}; "
                                    "fix the package and start the run again") from exc
     finally:
