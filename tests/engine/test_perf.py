@@ -8,13 +8,14 @@ from typing import Any
 
 import pytest
 import torch
+from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
 from training.engine import perf
 from training.engine.common import Context, StepCounts, StudioCallback, batch_counts, sequence_lengths
 from training.engine.distill import collate_packed
 from training.engine.modeling import Device, pick_device
 from training.engine.reporter import Reporter
-from training.engine.sft import build_trainer, collate_packed_rows
+from training.engine.sft import build_trainer, collate_packed_rows, counted_one_row
 from training.engine.spec import parse_spec
 
 from .conftest import IngestStub, make_spec, run_inprocess
@@ -150,6 +151,17 @@ def test_a_packed_row_s_padding_tail_is_no_token_and_no_sequence() -> None:
     rows = collate_packed([{k: v.repeat(n, *([1] * (v.dim() - 1))) for k, v in item.items()} for n in (4, 5, 2)], row_length=7)
     assert rows["position_ids"].tolist() == [[0, 1, 2, 3, 0, 1], [0, 1, 2, 3, 4, 0]]
     assert counts(rows) == [11, 3, 16 + 4 + 25]
+
+
+def test_the_flash_row_s_pad_to_multiple_of_tail_is_no_token_and_no_sequence() -> None:
+    # TRL's one padding-free row (the flash layout) pads to pad_to_multiple_of with position 0 at each
+    # padding token: bare, each of those 5 read as a sequence of 1 token.
+    trl_collate = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True, pad_to_multiple_of=8)
+    examples = [{"input_ids": [5] * 6, "seq_lengths": [2, 4]}, {"input_ids": [5] * 5, "seq_lengths": [5]}]
+    assert counts(trl_collate(examples)) == [16, 8, 4 + 16 + 25 + 5]
+    batch = counted_one_row(trl_collate, examples)
+    assert batch["position_ids"].tolist() == [[0, 1, 0, 1, 2, 3, 0, 1, 2, 3, 4, 0, 0, 0, 0, 0]]
+    assert counts(batch) == [11, 3, 4 + 16 + 25]
 
 
 def test_grpo_rows_are_prompt_plus_completion() -> None:

@@ -13,7 +13,7 @@ up to `max_length` tokens, so an epoch has fewer, fuller steps.
 from __future__ import annotations
 
 import json
-from collections.abc import Sized
+from collections.abc import Callable, Sized
 from functools import partial
 from pathlib import Path
 from typing import Any, cast
@@ -97,6 +97,18 @@ def collate_packed_rows(examples: list[dict[str, Any]], pad_id: int) -> dict[str
     return {"input_ids": ids, "labels": labels, "position_ids": positions, ROW_TOKENS: lengths}
 
 
+def counted_one_row(collate: Callable[[list[dict[str, Any]]], dict[str, Any]], examples: list[dict[str, Any]]) -> dict[str, Any]:
+    """TRL's one padding-free row with its real token count as `row_tokens`.
+
+    With `pad_to_multiple_of`, TRL pads the joined row with position 0 at every padding token, so each
+    one read as a 1-token sequence: tokens_per_s, MFU and num_tokens counted the padding. The count
+    here is the examples' own tokens, the rest of the row is the padding tail, which weighs nothing.
+    """
+    batch = collate(examples)
+    batch[ROW_TOKENS] = torch.tensor([sum(len(e["input_ids"]) for e in examples)], dtype=torch.long)
+    return batch
+
+
 def build_trainer(ctx: Context) -> tuple[StudioSFTTrainer, Any]:
     """The configured trainer and its tokenizer, ready to train (tests build it to inspect batches)."""
     spec = ctx.spec
@@ -133,7 +145,9 @@ def build_trainer(ctx: Context) -> tuple[StudioSFTTrainer, Any]:
     if packing:
         rows = len(cast(Sized, trainer.train_dataset))  # SFTTrainer's prepared dataset; TRL types it Optional
         layout = "one padding-free row per batch (varlen flash attention)"
-        if not str(getattr(model.config, "_attn_implementation", "")).startswith("flash"):
+        if str(getattr(model.config, "_attn_implementation", "")).startswith("flash"):
+            trainer.data_collator = partial(counted_one_row, trainer.data_collator)
+        else:
             # Swapped after construction: TRL refuses a custom collator with padding-free, which bfd implies.
             trainer.data_collator = partial(collate_packed_rows, pad_id=tokenizer.pad_token_id)
             layout = "batches of packed rows (block-diagonal attention per row)"
