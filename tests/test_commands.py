@@ -264,6 +264,33 @@ def test_bootstrapdemo_is_idempotent(db, demo_var):
     assert response.status_code == 200, response.content
 
 
+def test_bootstrapdemo_commits_the_demo_models_and_datasets_to_the_data_hub_once(db, demo_var):
+    from datahub.models import Branch
+    from datahub.refs import dataset_findings
+    from training.suggestions import demo_recorded
+
+    output = run("bootstrapdemo")
+    built = demo_recorded()
+    api = Api(Client(), (demo_var / "demo-token").read_text().strip())
+    repos = {r["name"]: r["type"] for r in api.get("/api/hub/repos").json()}
+    assert repos == {"demo-student": "model", "demo-teacher": "model", "demo-sft": "dataset", "demo-sft-text": "dataset",
+                     "demo-sft-prompt-completion": "dataset", "demo-dpo": "dataset", "demo-distill": "dataset", "demo-grpo": "dataset"}
+    assert "Data Hub: demo/demo-dpo@main" in output
+    # The committed bytes are the built files', and a run can name them as refs.
+    download = api.get("/api/hub/repos/demo-dpo/download?path=dpo.jsonl&ref=main")
+    assert download.status_code == 200 and b"".join(download.streaming_content) == Path(built["dpo"]).read_bytes()
+    config = api.get("/api/hub/repos/demo-student/download?path=config.json")
+    assert b"".join(config.streaming_content) == (Path(built["student"]) / "config.json").read_bytes()
+    project = Project.objects.get(slug="demo")
+    assert dataset_findings(project, "dpo", "demo-dpo@main") == []
+    assert dataset_findings(project, "dpo", "demo-sft@main")  # chats are no preference pairs: the rows were read
+    # Again: nothing new; a demo repo the user deleted stays deleted.
+    heads = sorted(Branch.objects.values_list("repo__name", "head_id"))
+    assert api.delete("/api/hub/repos/demo-grpo").status_code == 204
+    assert "Data Hub:" not in run("bootstrapdemo")
+    assert sorted(Branch.objects.values_list("repo__name", "head_id")) == [h for h in heads if h[0] != "demo-grpo"]
+
+
 def test_bootstrapdemo_without_debug_refuses_and_changes_nothing(operators_setup):
     # It used to set team to 2 concurrent runs and free to none, and print a password.
     before = demo_state()

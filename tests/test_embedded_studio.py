@@ -118,13 +118,14 @@ def test_the_embedded_studio_serves_and_trains(embedded_env, tmp_path):
         assert http("GET", hf_tree + "checkpoints/step-2", token)[0] == 200
         assert http("GET", hf_tree + "CHECKPOINTS/STEP-2", token)[0] == 404
 
-        # A worker that dies is started again, and the next run trains on the new one.
+        # A worker that dies is started again, and the next run trains on the new one, from the demo's
+        # Data Hub repos (bootstrapdemo commits the model and datasets there too).
         studio_log = (tmp_path / "studio.log").read_text
         worker_pid = int(re.search(r"worker started \(pid (\d+)\)", studio_log()).group(1))
         os.kill(worker_pid, signal.SIGKILL)
         wait_for(lambda: "worker exited with -9; started it again" in studio_log(), 30, message="runstudio to start the worker again")
         status, again = http("POST", f"{base}/api/training-runs", token, {
-            "name": "after the worker died", "method": "sft", "base_model": built["student"], "dataset": built["sft"],
+            "name": "after the worker died", "method": "sft", "base_model": "demo-student@main", "dataset": "demo-sft@main",
             "config": {"max_steps": 2, "learning_rate": 5e-3, "per_device_train_batch_size": 8, "max_length": 64}})
         assert status == 201 and http("POST", f"{base}/api/training-runs/{again['id']}/start", token)[0] == 202
         final = wait_for(lambda: (lambda r: r if r["status"] in ("completed", "failed", "cancelled") else None)(http("GET", f"{base}/api/training-runs/{again['id']}", token)[1]),

@@ -42,6 +42,16 @@ def demo_recorded() -> dict[str, str]:
     return {str(name): value for name, value in built.items() if isinstance(value, str)} if isinstance(built, dict) else {}
 
 
+def demo_repo_name(name: str) -> str:
+    """The Data Hub repo bootstrapdemo commits the demo's `name` (built.json's key) to: demo-sft-text."""
+    return "demo-" + name.replace("_", "-")
+
+
+def for_method(name: str, method: str) -> bool:
+    """A demo dataset `name` (built.json's key: sft, sft_text, dpo, ...) holds rows `method` trains on."""
+    return name == method or name.startswith(f"{method}_")
+
+
 def demo_elsewhere(recorded: dict[str, str]) -> list[str]:
     """The paths of `recorded` that are not this Studio's demo files: gone, or outside its var/demo.
     built.json keeps absolute paths, so a var/ moved or copied from another place lists that place's
@@ -102,11 +112,14 @@ class RefSuggestions:
     @cached_property
     def demo_datasets(self) -> list[Suggestion]:
         return [Suggestion(str(path), f"demo {name} dataset (bootstrapdemo)") for name, path in self.demo.items()
-                if path.is_file() and (name == self.method or name.startswith(f"{self.method}_"))]
+                if path.is_file() and for_method(name, self.method)]
 
     @cached_property
     def datasets(self) -> list[Suggestion]:
-        return _unique(self.demo_datasets + self.repo_refs(RepoType.DATASET))
+        # The demo's dataset repos as its files: each for its own method (DPO's pairs are no SFT data).
+        other_methods = {demo_repo_name(name) for name in demo_recorded() if not for_method(name, self.method)}
+        repos = [s for s in self.repo_refs(RepoType.DATASET) if s.value.split("@")[0] not in other_methods]
+        return _unique(self.demo_datasets + repos)
 
     @property
     def model_help(self) -> str:

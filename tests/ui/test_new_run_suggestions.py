@@ -54,8 +54,10 @@ def test_after_bootstrapdemo_new_run_suggests_the_demo_model_and_the_methods_dem
     built = json.loads(demo_marker().read_text())
     client = client_for(get_user_model().objects.get(is_superuser=True))
     page = client.get("/training/new/").content.decode()
-    assert options(page, "model-choices") == [built["student"], built["teacher"]]
-    assert options(page, "dataset-choices") == [built["sft"], built["sft_text"], built["sft_prompt_completion"]]
+    # The demo's files, then its Data Hub repos (bootstrapdemo commits them too), each dataset for its method.
+    assert options(page, "model-choices") == [built["student"], built["teacher"], "demo-student@main", "demo-teacher@main"]
+    assert options(page, "dataset-choices") == [built["sft"], built["sft_text"], built["sft_prompt_completion"],
+                                                "demo-sft@main", "demo-sft-prompt-completion@main", "demo-sft-text@main"]
     assert 'list="model-choices"' in page.split('id="f-base-model"')[1].split(">")[0]
     assert 'list="dataset-choices"' in page.split('id="f-dataset"')[1].split(">")[0]
     model_help = help_of(page, "f-base-model")
@@ -68,12 +70,12 @@ def test_after_bootstrapdemo_new_run_suggests_the_demo_model_and_the_methods_dem
     # The picker swaps the method card, and the datalist with it: DPO's demo rows are preference pairs.
     # The dataset's help is outside the card: it comes along out of band.
     dpo = client.get("/training/new/method", {"method": "dpo"}).content.decode()
-    assert options(dpo, "dataset-choices") == [built["dpo"]]
+    assert options(dpo, "dataset-choices") == [built["dpo"], "demo-dpo@main"]
     oob = re.search(r'<p class="help" id="f-dataset-help" hx-swap-oob="true">(.*?)</p>', dpo, re.S)
     assert oob and built["dpo"] in htmllib.unescape(oob.group(1)), dpo[:3000]
     assert 'hx-swap-oob' not in page  # the whole page has the help once, in its place
     distill = client.get("/training/new/method", {"method": "distill"}).content.decode()
-    assert options(distill, "dataset-choices") == [built["distill"]]
+    assert options(distill, "dataset-choices") == [built["distill"], "demo-distill@main"]
     assert 'list="model-choices"' in distill.split('id="f-config-distillation-teacher-model"')[1].split(">")[0]
 
     # What is suggested is what START accepts on the local backend.
@@ -87,8 +89,9 @@ def test_after_bootstrapdemo_new_run_suggests_the_demo_model_and_the_methods_dem
     # Folders runs may not read (outside STUDIO_LOCAL_ROOTS) are not suggested: START would refuse them.
     settings.STUDIO_LOCAL_ROOTS = [(tmp_path / "elsewhere").resolve()]
     page = client.get("/training/new/").content.decode()
-    assert options(page, "model-choices") == [built["student"]] and "(bootstrapdemo)" not in page  # only as the run's base model now
-    assert not options(page, "dataset-choices")
+    assert options(page, "model-choices") == ["demo-student@main", "demo-teacher@main", built["student"]]  # the path as the run's base model now
+    assert "(bootstrapdemo)" not in page
+    assert options(page, "dataset-choices") == ["demo-sft@main", "demo-sft-prompt-completion@main", "demo-sft-text@main"]
     assert "/data/models/my-model" in help_of(page, "f-base-model")
 
 

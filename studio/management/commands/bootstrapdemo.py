@@ -1,5 +1,6 @@
 """Set up the embedded demo: an admin user, plans, a project, a token, and (when the engine is
-present) a tiny student/teacher model pair and demo datasets built offline. Safe to run again."""
+present) a tiny student/teacher model pair and demo datasets built offline, also committed to the
+demo project's Data Hub. Safe to run again."""
 from __future__ import annotations
 
 import json
@@ -11,9 +12,12 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from datahub.commits import commit_files
+from datahub.models import Repo, RepoType
+from datahub.repos import create_repo
 from studio.models import Plan, Project
 from studio.services import create_api_token, create_plan, create_project
-from training.suggestions import demo_elsewhere, demo_marker, demo_recorded
+from training.suggestions import demo_built, demo_elsewhere, demo_marker, demo_recorded, demo_repo_name
 
 PRODUCTION_FLAG = "--i-know-this-is-production"
 # The demo's plans, made only where missing: an operator's createplan settings are theirs to keep.
@@ -42,6 +46,7 @@ class Command(BaseCommand):
         plans = {name: Plan.objects.filter(name=name).first() or create_plan(name, **limits) for name, limits in DEMO_PLANS.items()}
         project = Project.objects.filter(slug="demo").first() or create_project("demo", owner=user, plan=plans["team"])
         self.build_demo_models()
+        self.demo_repos(project, user)
         if not project.api_tokens.filter(user=user, revoked_at__isnull=True).exists():
             _, plaintext = create_api_token(user, project, name="demo")
             (settings.VAR_DIR / "demo-token").write_text(plaintext + "\n")
@@ -86,3 +91,28 @@ class Command(BaseCommand):
             self.stdout.write("built the tiny demo models and datasets:")
         for name, path in json.loads(marker.read_text()).items():
             self.stdout.write(f"  {name}: {path}")
+
+    def demo_repos(self, project: Project, user: AbstractBaseUser) -> None:
+        """The demo models and datasets as Data Hub repos of `project` (demo-student@main, demo-dpo@main,
+        ...): the Data Hub, its previews and refs are there to try from the first page, and a run can
+        name them as it would a team's own. Each is committed once: var/demo/hub.json lists the repos
+        made, so one a user deleted or changed is theirs and stays as they left it."""
+        built = demo_built()
+        if not built:
+            return  # no engine, so no demo files
+        made_file = demo_marker().parent / "hub.json"
+        try:
+            made = set(json.loads(made_file.read_text()))
+        except (OSError, ValueError):
+            made = set()
+        for name, path in built.items():
+            repo_name = demo_repo_name(name)
+            if repo_name in made or Repo.objects.filter(project=project, name__iexact=repo_name).exists():
+                continue  # made before, or the team has a repo of that name (in any case)
+            kind, what = (RepoType.MODEL, "random weights") if path.is_dir() else (RepoType.DATASET, "generated rows")
+            repo = create_repo(project, repo_name, kind, user, description=f"The tiny demo {name} {kind} bootstrapdemo built ({what}, for trying the Studio)")
+            files = {str(f.relative_to(path)): f for f in sorted(path.rglob("*")) if f.is_file()} if path.is_dir() else {path.name: path}
+            commit_files(repo, repo.default_branch, files, f"The demo {name} {kind}", author=user)
+            made.add(repo_name)
+            self.stdout.write(f"  Data Hub: {project.slug}/{repo_name}@{repo.default_branch}")
+        made_file.write_text(json.dumps(sorted(made)))
