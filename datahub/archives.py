@@ -1,11 +1,11 @@
 """A commit's files (or a folder's) as one .tar, streamed: GET /api/hub/repos/{name}/archive and the
 repo page's Download repo / Download folder.
 
-Tar, not zip: a tar is headers and bytes one after another, so it streams front to back without
-seeking and without holding anything of a file but the piece being sent (a zip's central directory
-at the end, and its CRC-32 in each header unless data descriptors follow, mean reading every file
-first or a format many unzip tools read badly). Its size is known before the first byte (the sizes
-are in the tree), so the answer has a Content-Length and a cut-off download shows as one.
+Tar, not zip: a tar is each file's header, then its bytes, one file after another, so it streams
+front to back without seeking and holds nothing of a file but the piece being sent. A zip written
+without seeking must put each file's CRC-32 and size after its bytes (data descriptors) and needs
+ZIP64 past 4 GiB, both of which some unzip tools read badly. A tar's size is known before its first
+byte (the sizes are in the tree), so the answer has a Content-Length and a cut-off download shows as one.
 
 Every file is its blob's bytes from the blob storage (datahub.storage): the Data Hub keeps whole
 files there, a large safetensors included, never a Git LFS pointer (the HF API's `lfs` fields only
