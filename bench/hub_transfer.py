@@ -18,11 +18,15 @@ import hashlib
 import http.client
 import json
 import os
+import resource
+import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -86,14 +90,10 @@ def setup_django(tmp: Path) -> str:
     return create_api_token(user, project)[1]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--size", default="2G")
-    parser.add_argument("--chunk", default="64M")
-    args = parser.parse_args(argv)
-    size, chunk = parse_size(args.size), parse_size(args.chunk)
-    tmp = Path(tempfile.mkdtemp(prefix="hub-bench-"))
-    token = setup_django(tmp)
+@contextmanager
+def serve(tmp: Path) -> Iterator[tuple[subprocess.Popen, int]]:
+    """`manage.py runserver` on a free port with its var folder under `tmp`, one request at a time
+    (so its peak RSS is what one request needed), until the block ends: (the process, its port)."""
     port = free_port()
     env = dict(os.environ, DEBUG="1", STUDIO_VAR_DIR=str(tmp / "var"), PYTHONUNBUFFERED="1")
     (tmp / "var").mkdir()
@@ -106,53 +106,64 @@ def main(argv: list[str] | None = None) -> int:
                 break
             except OSError:
                 time.sleep(0.2)
-        headers = {"Authorization": f"Bearer {token}"}
-
-        def call(method: str, path: str, body=None, extra=None):
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-            conn.request(method, path, body=body, headers={**headers, **(extra or {})})
-            resp = conn.getresponse()
-            return conn, resp
-
-        conn, resp = call("POST", "/api/hub/repos/bench/uploads", json.dumps({"files": [{"path": "big.bin", "size": size}], "message": "bench"}), {"Content-Type": "application/json"})
-        session = json.loads(resp.read())
-        assert resp.status == 201, session
-        source = Pattern(size, os.urandom(1 << 20))
-        started, offset = time.monotonic(), 0
-        while offset < size:
-            n = min(chunk, size - offset)
-            conn, resp = call("PUT", f"/api/hub/uploads/{session['id']}/files/0?offset={offset}", _Chunk(source, n),
-                              {"Content-Type": "application/octet-stream", "Content-Length": str(n)})
-            body = json.loads(resp.read())
-            assert resp.status == 200, body
-            offset = body["received"]
-        conn, resp = call("POST", f"/api/hub/uploads/{session['id']}/commit")
-        commit = json.loads(resp.read())
-        assert resp.status == 200, commit
-        upload_s = time.monotonic() - started
-        started, digest, got = time.monotonic(), hashlib.sha256(), 0
-        conn, resp = call("GET", f"/hub/hub-bench/bench/resolve/{commit['id']}/big.bin")
-        assert resp.status == 200, resp.status
-        while block := resp.read(1 << 20):
-            digest.update(block)
-            got += len(block)
-        download_s = time.monotonic() - started
-        ok = got == size and digest.hexdigest() == source.digest.hexdigest()
-        import resource
-
-        report = {
-            "size_bytes": size, "chunk_bytes": chunk, "sha256_ok": ok,
-            "upload_seconds": round(upload_s, 1), "download_seconds": round(download_s, 1),
-            "server_peak_rss_mb": round(rss_peak_kb(server.pid) / 1024, 1),
-            "client_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-        }
-        print(json.dumps(report, indent=2))
-        return 0 if ok else 1
+        yield server, port
     finally:
         server.terminate()
         server.wait(10)
-        import shutil
 
+
+def print_report(server: subprocess.Popen, figures: dict) -> None:
+    """`figures` and the peak RSS of the server and of this process, as one JSON object."""
+    print(json.dumps({**figures, "server_peak_rss_mb": round(rss_peak_kb(server.pid) / 1024, 1),
+                      "client_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}, indent=2))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", default="2G")
+    parser.add_argument("--chunk", default="64M")
+    args = parser.parse_args(argv)
+    size, chunk = parse_size(args.size), parse_size(args.chunk)
+    tmp = Path(tempfile.mkdtemp(prefix="hub-bench-"))
+    token = setup_django(tmp)
+    try:
+        with serve(tmp) as (server, port):
+            headers = {"Authorization": f"Bearer {token}"}
+
+            def call(method: str, path: str, body=None, extra=None):
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+                conn.request(method, path, body=body, headers={**headers, **(extra or {})})
+                resp = conn.getresponse()
+                return conn, resp
+
+            conn, resp = call("POST", "/api/hub/repos/bench/uploads", json.dumps({"files": [{"path": "big.bin", "size": size}], "message": "bench"}), {"Content-Type": "application/json"})
+            session = json.loads(resp.read())
+            assert resp.status == 201, session
+            source = Pattern(size, os.urandom(1 << 20))
+            started, offset = time.monotonic(), 0
+            while offset < size:
+                n = min(chunk, size - offset)
+                conn, resp = call("PUT", f"/api/hub/uploads/{session['id']}/files/0?offset={offset}", _Chunk(source, n),
+                                  {"Content-Type": "application/octet-stream", "Content-Length": str(n)})
+                body = json.loads(resp.read())
+                assert resp.status == 200, body
+                offset = body["received"]
+            conn, resp = call("POST", f"/api/hub/uploads/{session['id']}/commit")
+            commit = json.loads(resp.read())
+            assert resp.status == 200, commit
+            upload_s = time.monotonic() - started
+            started, digest, got = time.monotonic(), hashlib.sha256(), 0
+            conn, resp = call("GET", f"/hub/hub-bench/bench/resolve/{commit['id']}/big.bin")
+            assert resp.status == 200, resp.status
+            while block := resp.read(1 << 20):
+                digest.update(block)
+                got += len(block)
+            download_s = time.monotonic() - started
+            ok = got == size and digest.hexdigest() == source.digest.hexdigest()
+            print_report(server, {"size_bytes": size, "chunk_bytes": chunk, "sha256_ok": ok,
+                                  "upload_seconds": round(upload_s, 1), "download_seconds": round(download_s, 1)})
+            return 0 if ok else 1
+    finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -1,5 +1,5 @@
-"""/api/hub: repos, branches, tags, commits, files, downloads, dataset preview, upload sessions and
-deleting files (a commit, as an upload session's is).
+"""/api/hub: repos, branches, tags, commits, files, downloads (a file, or a .tar of a ref's files),
+dataset preview, upload sessions and deleting files (a commit, as an upload session's is).
 
 Repos are named within the caller's current project (a token's project). Order of checks, as
 everywhere: 401 → 404 (not this project's repo) → 403 (viewers cannot write) → 409 → 400.
@@ -7,11 +7,12 @@ Bodies are parsed after the permission checks (parse_body), query values by hand
 """
 from __future__ import annotations
 
+from django.db.models import QuerySet
 from django.http import FileResponse, HttpRequest
 from django.utils.http import urlencode
 from ninja import Router
 
-from datahub import datasets, repos, services, storage, uploads
+from datahub import archives, datasets, repos, services, storage, uploads
 from datahub.models import Blob, Commit, Repo, RepoType, Tag, TreeEntry, UploadSession
 from datahub.schemas import (
     MAX_FILE_SIZE,
@@ -200,23 +201,31 @@ def list_files(request: HttpRequest, name: str):
     repo = repo_or_404(request, name)
     ref = query_ref(request) or repo.default_branch
     commit = repos.resolve(repo, ref)
-    qs = TreeEntry.objects.filter(commit=commit).select_related("blob")
-    prefix = request.GET.get("path")
-    if prefix:
-        folder = repos.clean_path(prefix.rstrip("/"))
-        if repos.entry(commit, folder) is not None:
-            # as the tree page says: a file is fetched, not listed (an empty list read as an empty folder)
-            parent = folder.rpartition("/")[0]
-            raise BadRequest(f"{folder} is a file at {ref}, not a folder.", [Finding("path", (
-                f"{folder} is a file: fetch it with GET /api/hub/repos/{repo.name}/download?{urlencode({'path': folder, 'ref': ref})}, "
-                f"or list its folder with {urlencode({'path': parent}) if parent else 'no path (the repo root)'}"))])
-        qs = qs.filter(repos.under(folder + "/"))
-        if not qs.exists():
-            # a folder is there only while it holds a file, so this one is not: an empty list read as an
-            # empty folder, where the tree page and /hub's tree answer 404 (an empty repo's root stays [])
-            raise NotFound(f"{repo.full_name} has no folder {folder!r} at {ref}.", [Finding("path", (
-                f"give a folder that {ref} has: GET /api/hub/repos/{repo.name}/files?{urlencode({'ref': ref})} (no path) lists every file"))])
-    return {"repo": repo.full_name, "ref": ref, "commit": commit.pk, "files": files_of(qs)}
+    _, qs = folder_entries(repo, ref, commit, request.GET.get("path"), "list")
+    return {"repo": repo.full_name, "ref": ref, "commit": commit.pk, "files": files_of(qs.select_related("blob"))}
+
+
+def folder_entries(repo: Repo, ref: str, commit: Commit, prefix: str | None, verb: str) -> tuple[str, QuerySet[TreeEntry]]:
+    """The folder `prefix` (a query's `path`, "" for the repo root) and the tree entries under it at
+    `commit`, for the endpoints that `verb` a folder (list, archive): a 400 for a file, which is
+    fetched instead, and a 404 for a folder that `ref` does not have (both said `[]` once)."""
+    qs = TreeEntry.objects.filter(commit=commit)
+    if not prefix:
+        return "", qs
+    folder = repos.clean_path(prefix.rstrip("/"))
+    if repos.entry(commit, folder) is not None:
+        # as the tree page says: a file is fetched, not listed (an empty list read as an empty folder)
+        parent = folder.rpartition("/")[0]
+        raise BadRequest(f"{folder} is a file at {ref}, not a folder.", [Finding("path", (
+            f"{folder} is a file: fetch it with GET /api/hub/repos/{repo.name}/download?{urlencode({'path': folder, 'ref': ref})}, "
+            f"or {verb} its folder with {urlencode({'path': parent}) if parent else 'no path (the repo root)'}"))])
+    qs = qs.filter(repos.under(folder + "/"))
+    if not qs.exists():
+        # a folder is there only while it holds a file, so this one is not: an empty list read as an
+        # empty folder, where the tree page and /hub's tree answer 404 (an empty repo's root stays [])
+        raise NotFound(f"{repo.full_name} has no folder {folder!r} at {ref}.", [Finding("path", (
+            f"give a folder that {ref} has: GET /api/hub/repos/{repo.name}/files?{urlencode({'ref': ref})} (no path) lists every file"))])
+    return folder, qs
 
 
 @router.delete("/repos/{name}/files", response=CommitOut, openapi_extra=body_schema(FilesDeleteIn))
@@ -255,6 +264,20 @@ def download(request: HttpRequest, name: str):
     resp["ETag"] = f'"{entry.blob.sha256}"'
     resp["X-Repo-Commit"] = commit.pk
     return resp
+
+
+@router.get("/repos/{name}/archive", openapi_extra={**query_doc(
+    ("ref", REF_SCHEMA, "a branch, tag or commit id (default: the default branch)"),
+    ("path", {"type": "string"}, "only the files under this folder (default: the whole repo)")),
+    "responses": {200: {"description": "The .tar, streamed", "content": {"application/x-tar": {"schema": {"type": "string", "format": "binary"}}}}}})
+def archive(request: HttpRequest, name: str):
+    """The files at `ref` (under folder `path`) as one .tar, streamed whatever its size, as
+    `<repo>-<ref>.tar`: each member is named by its path in the repo (datahub.archives says why tar)."""
+    repo = repo_or_404(request, name)
+    ref = query_ref(request) or repo.default_branch
+    commit = repos.resolve(repo, ref)
+    folder, entries = folder_entries(repo, ref, commit, request.GET.get("path"), "archive")
+    return archives.archive_response(repo, ref, commit, folder, entries)
 
 
 @router.get("/repos/{name}/diff", response=DiffOut, openapi_extra=query_doc(

@@ -37,6 +37,8 @@ urlpatterns = [
     re_path(rf"^{REPO}/?$", views.repo_tree, name="repo"),
     re_path(rf"^{REPO}/tree/{REV}/?$", views.repo_tree, name="tree"),
     re_path(rf"^{REPO}/tree/{REV}/(?P<path>.+)$", views.repo_tree, name="tree_path"),
+    re_path(rf"^{REPO}/archive/{REV}/?$", views.repo_archive, name="archive"),
+    re_path(rf"^{REPO}/archive/{REV}/(?P<path>.+)$", views.repo_archive, name="archive_path"),
     re_path(rf"^{REPO}/commits/{REV}/?$", views.repo_commits, name="commits"),
     # refs may hold single dots (v1.0) but never "..", so the first "..." is the separator
     re_path(rf"^{REPO}/compare/(?P<base>[^/]+?)\.\.\.(?P<head>[^/]+)$", views.repo_compare, name="compare"),

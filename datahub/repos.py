@@ -4,7 +4,8 @@
 - create_repo / get_or_create_repo / create_branch / create_tag: new rows; a repo starts with an
   empty initial commit on `main`, and tags never move. delete_branch / delete_tag drop the ref
   and keep its commits; delete_repo drops the repo and all its commits (blobs stay).
-- resolve: a branch, a tag or a commit id (prefix) → its commit; tree / entry / history read it;
+- resolve: a branch, a tag or a commit id (prefix) → its commit, or a 404 naming the repo's refs;
+  tree / entry / history read it;
   is_ancestor says whether one commit is in another's history.
 
 Writing files is datahub.commits; `[project/]repo@ref` refs of a run are datahub.refs.
@@ -319,9 +320,23 @@ def resolve(repo: Repo, ref: str | None, *, field: str = "ref") -> Commit:
     if commit is None:
         raise RefNotFound(
             f"{repo.full_name} has no branch, tag or commit {ref!r}.",
-            [Finding(field, "give a branch name, a tag, or a commit id of the repo")],
+            [Finding(field, f"give a branch name, a tag, or a commit id of the repo ({refs_named(repo)})")],
         )
     return commit
+
+
+# How many of its branches and of its tags a ref that is not found names (an experiment repo has a branch a run).
+NAMED_REFS = 10
+
+
+def refs_named(repo: Repo) -> str:
+    """What the repo has, for a ref it does not: its first branches and tags in natural order."""
+    def first(names: list[str]) -> str:
+        more = len(names) - NAMED_REFS
+        return ", ".join(names[:NAMED_REFS]) + (f" and {more} more" if more > 0 else "")
+
+    tags = sorted(Tag.objects.filter(repo=repo).values_list("name", flat=True), key=natural_key)
+    return f"its branches: {first([b.name for b in branches_of(repo)])}" + (f"; its tags: {first(tags)}" if tags else "; no tags")
 
 
 def _find_ref(repo: Repo, ref: str) -> Commit | None:

@@ -1,5 +1,5 @@
-"""The Data Hub repo browser: the project's repos, a repo's files at a ref, its commits and
-branches, the diff of two commits' file lists, and a dataset file's preview. Served under /hub/
+"""The Data Hub repo browser: the project's repos, a repo's files at a ref (and their .tar), its
+commits and branches, the diff of two commits' file lists, and a dataset file's preview. Served under /hub/
 next to the HF-compatible API, with the Hub's own URL shapes (/hub/<project>/<repo>/tree/<rev>).
 
 Writers also get five forms, each the API's own path: New repo (RepoIn, repos.create_repo),
@@ -21,7 +21,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
-from datahub import commits, datasets, services, uploads
+from datahub import archives, commits, datasets, services, uploads
 from datahub.models import Branch, Commit, Repo, RepoType, Tag, TreeEntry
 from datahub.repos import MAIN, branches_of, clean_path, create_repo, entry, history, natural_key, resolve, tree, under
 from datahub.schemas import FilesDeleteIn, RepoIn, UploadIn
@@ -170,6 +170,21 @@ def tree_context(request: HttpRequest, repo: Repo, revision: str, path: str = ""
         "upload": forms.get("upload") or upload, "delete": forms.get("delete") or {"values": {}, "errors": {}},
         "branch_delete": forms.get("branch_delete") or {"errors": {}}, "file_delete": forms.get("file_delete") or {"errors": {}},
     }
+
+
+@studio_page
+@require_GET
+def repo_archive(request: HttpRequest, namespace: str, name: str, revision: str, path: str = "") -> HttpResponse:
+    """Download repo (.tar) / Download folder: the .tar of the Files tab's ref (under its folder), as
+    GET /api/hub/repos/{name}/archive answers it, for whoever may read the page: a repo of any of
+    the person's projects, not only the session's current one, which the API reads."""
+    repo = repo_for_page(request, namespace, name)
+    commit = resolve(repo, revision)
+    folder = page_path(path.strip("/")) if path.strip("/") else ""
+    entries = TreeEntry.objects.filter(under(f"{folder}/" if folder else ""), commit=commit)
+    if folder and not entries.exists():
+        raise NotFound(f"{folder} is not a folder on {revision} (commit {commit.pk[:10]}): pick another branch or tag, or download the whole repo.")
+    return archives.archive_response(repo, revision, commit, folder, entries)
 
 
 UPLOAD_FIELDS = {"files", "folder", "branch", "message"}

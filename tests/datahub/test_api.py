@@ -178,6 +178,7 @@ HUB_QUERY_VALUES = {
     "/api/hub/repos/{name}/commits": {"ref", "limit"},
     "/api/hub/repos/{name}/files": {"ref", "path"},
     "/api/hub/repos/{name}/download": {"ref", "path"},
+    "/api/hub/repos/{name}/archive": {"ref", "path"},
     "/api/hub/repos/{name}/diff": {"base", "head"},
     "/api/hub/repos/{name}/preview": {"ref", "path", "limit"},
 }

@@ -1,9 +1,11 @@
 """The Data Hub repo page in a real browser: its tabs are a tab strip, and a writer deletes a branch
-from the Branches table, or a file from the Files table, once the confirm dialog is accepted.
+from the Branches table, or a file from the Files table, once the confirm dialog is accepted; Download repo
+(.tar) and Download folder (.tar) save the shown ref's files.
 Screenshots land in var/test-artifacts/ui/."""
 from __future__ import annotations
 
 import re
+import tarfile
 
 import pytest
 from playwright.sync_api import expect
@@ -123,3 +125,22 @@ def test_a_file_delete_on_a_branch_deleted_since_lands_on_the_default_branch_say
     expect(page.locator("#main > ul.messages")).to_contain_text("\u2068train.jsonl\u2069 was not deleted: \u2068acme/ds\u2069 has no branch \u2068'dev'\u2069")
     expect(page.locator("#repo-head")).to_contain_text(f"Ref main at commit {head.pk[:10]}")
     assert page.url.endswith("/hub/acme/ds/tree/main") and repos.resolve(ds, "main") == head
+
+
+def test_download_repo_and_download_folder_save_the_tar_of_the_shown_ref(owner_page, ds, tmp_path):
+    v1 = commits.commit_files(ds, "main", {"data/more/extra.jsonl": b'{"text": "more"}\n'}, "more")
+    commits.commit_files(ds, "main", {"data/more/extra.jsonl": b'{"text": "changed"}\n'}, "changed later")
+    page = owner_page
+    for url, link, name, files in (
+        (f"/hub/acme/ds/tree/{v1.pk}", "Download repo (.tar)", f"ds-{v1.pk[:10]}.tar",
+         {"train.jsonl": b'{"text": "hi"}\n', "data/more/extra.jsonl": b'{"text": "more"}\n'}),
+        ("/hub/acme/ds/tree/main/data", "Download folder (.tar)", "ds-main-data.tar", {"data/more/extra.jsonl": b'{"text": "changed"}\n'}),
+    ):
+        page.goto(url)
+        with page.expect_download() as download:
+            page.get_by_role("link", name=link).click()
+        assert download.value.suggested_filename == name
+        saved = tmp_path / name
+        download.value.save_as(saved)
+        with tarfile.open(saved) as tar:
+            assert {m.name: tar.extractfile(m).read() for m in tar.getmembers()} == files
