@@ -4,8 +4,10 @@ Screenshots land in var/test-artifacts/ui/<test name>/."""
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 from playwright.sync_api import expect
 
 from datahub import repos
@@ -48,6 +50,35 @@ def test_live_status_poll_with_nothing_changed_leaves_focus_on_stop_alone(owner_
     seen = page.evaluate("() => window.seen")
     assert "run-status" not in seen["swaps"] and seen["focusins"] == 0, f"an unchanged answer was swapped in: {seen}"
     expect(page.locator("#stop-btn")).to_be_focused()
+
+
+def shown_seconds(text: str) -> int:
+    """A Duration as studio_ui.duration writes it ("1m 05s", "42s", "1h 02m"), in seconds."""
+    units = {"h": 3600, "m": 60, "s": 1}
+    return sum(int(n) * units[u] for n, u in re.findall(r"(\d+)([hms])", text))
+
+
+def test_a_running_runs_duration_ticks_while_its_unchanged_status_area_keeps_focus_on_stop(owner_page, project, users):
+    page = owner_page
+    run = startable_run(project, users, "ticking")
+    status_service.transition(run.pk, Status.PROVISIONING)
+    status_service.transition(run.pk, Status.RUNNING)
+    TrainingRun.objects.filter(pk=run.pk).update(started_at=timezone.now() - timedelta(seconds=70))
+    page.goto(f"/training/runs/{run.pk}/")
+    duration = page.locator("#run-status .status-line span", has_text="Duration")
+    expect(duration).to_have_text(re.compile(r"^Duration 1m \d\ds$"))  # counted in the browser from the start
+    page.evaluate(WATCH_STATUS)
+    page.wait_for_function("() => window.seen.polls >= 1", timeout=10_000)  # the page's own copy was never compared
+    page.wait_for_timeout(200)
+    page.locator("#stop-btn").focus()
+    before = shown_seconds(duration.inner_text())
+    page.evaluate(WATCH_STATUS)
+    page.wait_for_function("() => window.seen.polls >= 3", timeout=15_000)  # three polls, 2 s apart
+    page.wait_for_timeout(200)
+    seen = page.evaluate("() => window.seen")
+    assert "run-status" not in seen["swaps"] and seen["focusins"] == 0, f"a poll with only time passed was swapped in: {seen}"
+    expect(page.locator("#stop-btn")).to_be_focused()
+    assert shown_seconds(duration.inner_text()) >= before + 3, "the shown duration stood still"
 
 
 def test_a_run_status_change_is_said_in_the_pages_live_region(owner_page, project, users):
