@@ -110,23 +110,22 @@ def test_the_gpu_memory_estimates_live_region_stays_when_the_estimate_is_swapped
     expect(page.locator("#main [aria-live] [aria-live]")).to_have_count(0)  # no region inside another
 
 
-def test_a_refused_new_repo_focuses_its_finding_and_its_url_leads_back_to_the_form(owner_page, project):
+def test_a_refused_new_repo_focuses_its_finding_and_a_reload_sends_nothing(owner_page, project):
     page = owner_page
     page.goto("/hub/")
     page.get_by_label("Repo name").fill("-bad name")
     page.get_by_role("button", name="Create repo").click()
-    assert page.url.endswith("/hub/new")
-    refused_field_is_focused_and_the_url_leads_back(page, "Repo name", "/hub/")
+    refused_field_is_focused_and_a_reload_sends_nothing(page, "Repo name", "/hub/", "-bad name")
     expect(page.get_by_role("button", name="Create repo")).to_be_visible()
 
 
-def test_a_refused_repo_delete_focuses_the_confirm_field_and_its_url_leads_back_to_the_repo(owner_page, project):
+def test_a_refused_repo_delete_focuses_the_confirm_field_and_a_reload_sends_nothing(owner_page, project):
     repos.create_repo(project, "keep-me", "dataset")
     page = owner_page
     page.goto("/hub/acme/keep-me/")
     page.get_by_label("Type the repo name to confirm").fill("keep-you")
     page.get_by_role("button", name="Delete this repo").click()
-    refused_field_is_focused_and_the_url_leads_back(page, "Type the repo name to confirm", "/hub/acme/keep-me")
+    refused_field_is_focused_and_a_reload_sends_nothing(page, "Type the repo name to confirm", "/hub/acme/keep-me", "keep-you")
     expect(page.get_by_role("heading", name="Delete this repo")).to_be_visible()
 
 
@@ -242,12 +241,18 @@ def test_the_run_lists_progress_is_read_once(owner_page, project, users):
     expect(cell.get_by_role("progressbar", name="Progress of done")).to_have_attribute("value", "100")
 
 
-def refused_field_is_focused_and_the_url_leads_back(page, label: str, form_page: str) -> None:
-    """The refused field is marked and focused (its finding is read with it, aria-describedby), and the
-    POST-only URL the refusal was drawn at, opened again from the address bar, leads to the form's page
-    (not a 405 with an empty body)."""
+def refused_field_is_focused_and_a_reload_sends_nothing(page, label: str, form_page: str, typed: str) -> None:
+    """The refusal is shown at the form's page (redirect-after-POST): the refused field is marked,
+    keeps what was typed and is focused (its finding is read with it, aria-describedby). A reload is a
+    GET, which sends nothing again (a page drawn from the POST asked to resubmit it), and shows a
+    clean form."""
+    assert page.url.endswith(form_page)
     field = page.get_by_label(label)
     expect(field).to_have_attribute("aria-invalid", "true")
+    expect(field).to_have_value(typed)
     expect(field).to_be_focused()
-    page.goto(page.url)
-    assert page.url.endswith(form_page)
+    posts: list[str] = []
+    page.on("request", lambda r: posts.append(r.url) if r.method == "POST" else None)
+    page.reload()
+    assert posts == [] and page.url.endswith(form_page)
+    expect(page.get_by_label(label)).not_to_have_attribute("aria-invalid", "true")
