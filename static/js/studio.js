@@ -1,7 +1,7 @@
 /* Studio: draws uPlot charts from <script type="application/json" id="chart-data"> blocks that
    the server renders (and HTMX re-renders while a run is live), and the few page-wide rules for
-   HTMX swaps below (error answers, log boxes, focus, stale banners, durations that tick). No other
-   behaviour lives here. */
+   HTMX swaps below (error answers, log boxes, focus, open disclosures, stale banners, durations that
+   tick). No other behaviour lives here. */
 (function () {
   "use strict";
   var COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#4b5563", "#db2777"];
@@ -291,14 +291,32 @@
     next.focus({ preventScroll: true });
   }
 
+  // ---- open disclosures stay open -------------------------------------------------------------------
+  // A chart's "Show data" (<details id>) is in the Overview's live part, which a live run's page
+  // replaces every 5 s: the reader's open table would close under them. Its twin in the new content opens.
+  var openDetails = [];
+
+  function rememberOpenDetails() {
+    openDetails = Array.prototype.map.call(document.querySelectorAll("details[id][open]"), function (el) { return el.id; });
+  }
+
+  function reopenDetails() {
+    openDetails.forEach(function (id) {
+      var el = document.getElementById(id);
+      if (el && el.tagName === "DETAILS") el.open = true;
+    });
+  }
+
   document.addEventListener("htmx:beforeSwap", function (evt) {
     skipUnchangedPoll(evt);
     if (!evt.detail.shouldSwap) return;
     rememberLogs();
+    rememberOpenDetails();
     focused = document.activeElement !== document.body ? document.activeElement : null;
   });
   document.addEventListener("htmx:afterSwap", function (evt) {
     notePolled(evt);
+    reopenDetails();
     placeLogs(evt.target, prepends(evt.detail));
     restoreFocus(evt.target);
   });

@@ -14,7 +14,7 @@ from datahub import repos
 from studio import services as studio_services
 from training import services
 from training import status as status_service
-from training.models import Status, TrainingRun
+from training.models import MetricPoint, Status, TrainingRun
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -79,6 +79,21 @@ def test_a_running_runs_duration_ticks_while_its_unchanged_status_area_keeps_foc
     assert "run-status" not in seen["swaps"] and seen["focusins"] == 0, f"a poll with only time passed was swapped in: {seen}"
     expect(page.locator("#stop-btn")).to_be_focused()
     assert shown_seconds(duration.inner_text()) >= before + 3, "the shown duration stood still"
+
+
+def test_an_open_show_data_table_stays_open_when_the_live_overview_is_swapped(owner_page, project, users):
+    page = owner_page
+    run = startable_run(project, users, "charted")
+    status_service.transition(run.pk, Status.PROVISIONING)
+    status_service.transition(run.pk, Status.RUNNING)  # the Overview's live part is swapped every 5 s
+    MetricPoint.objects.bulk_create([MetricPoint(run=run, key="loss", step=s, value=2.0 - s / 10) for s in range(1, 4)])
+    page.goto(f"/training/runs/{run.pk}/")
+    page.get_by_text("Show data of Training loss").click()
+    table = page.get_by_role("table", name="Training loss: the data")
+    expect(table.get_by_role("row", name="loss")).to_have_text(re.compile(r"loss\s*3\s*1\.7"))
+    MetricPoint.objects.create(run=run, key="loss", step=4, value=1.5)
+    expect(table.get_by_role("row", name="loss")).to_have_text(re.compile(r"loss\s*4\s*1\.5"), timeout=10_000)  # swapped in, still open
+    expect(page.locator("#chart-0-data")).to_have_attribute("open", "")
 
 
 def test_a_run_status_change_is_said_in_the_pages_live_region(owner_page, project, users):
