@@ -91,7 +91,9 @@ def _repo_context(request: HttpRequest, project, name: str, *, config_text: str 
 @require_GET
 def repo_page(request: HttpRequest, name: str) -> HttpResponse:
     project = web_actor(request).require_project()
-    return render(request, "environments/repo.html", _repo_context(request, project, name))
+    refused = refused_forms(request).get("config", {})
+    context = _repo_context(request, project, name, config_text=refused.get("values", {}).get("config"), errors=refused.get("errors"))
+    return render(request, "environments/repo.html", context)
 
 
 def _parse_config(text: str) -> tuple[dict[str, Any] | None, list[Finding]]:
@@ -116,7 +118,6 @@ def edit_config(request: HttpRequest, name: str) -> HttpResponse:
     project = actor.require_writable_project()
     services.environment_repo(project, name)  # 404 before reading the form
     text = request.POST.get("config", "")
-    template = "environments/repo.html#config_card" if request.htmx else "environments/repo.html"
     config, findings = _parse_config(text)
     status = 400
     if config is not None:
@@ -125,9 +126,12 @@ def edit_config(request: HttpRequest, name: str) -> HttpResponse:
         except ApiError as exc:
             findings, status = list(exc.errors) or [Finding("config", exc.detail)], exc.status
     if findings:
-        context = _repo_context(request, project, name, config_text=text, errors=errors_by_field(findings, CONFIG_FIELDS))
-        return render(request, template, context, status=status)
+        errors = errors_by_field(findings, CONFIG_FIELDS)
+        if not request.htmx:
+            return refuse_form(request, reverse("environment_repo", kwargs={"name": name}), "config", errors, {"config": text})
+        context = _repo_context(request, project, name, config_text=text, errors=errors)
+        return render(request, "environments/repo.html#config_card", context, status=status)
     if request.htmx:
-        return render(request, template, _repo_context(request, project, name, saved=True))
+        return render(request, "environments/repo.html#config_card", _repo_context(request, project, name, saved=True))
     messages.success(request, "CONFIG saved as a new commit on main.")
     return redirect("environment_repo", name=name)

@@ -81,9 +81,11 @@ def test_editing_config_saves_a_commit(project, users):
     assert head["config"]["max_examples"] == 7
     # The Head commit row above the card follows the save (it showed the old commit until a reload).
     assert f'<code id="env-head" hx-swap-oob="true">{head["commit"][:10]}</code>' in partial.content.decode()
-    broken = client.post("/environments/mc/config", {"config": "{not json"})
-    assert broken.status_code == 400 and 'id="f-config-errors"' in broken.content.decode()
-    assert client.post("/environments/mc/config", {"config": "[1, 2]"}).status_code == 400
+    broken = refused_form_page(client, "/environments/mc/config", {"config": "{not json"}, "/environments/mc/")
+    assert 'id="f-config-errors"' in broken and "{not json</textarea>" in broken  # what was typed is kept
+    reloaded = client.get("/environments/mc/").content.decode()  # once: a reload shows the saved CONFIG
+    assert 'id="f-config-errors"' not in reloaded and "{not json" not in reloaded
+    assert "CONFIG is a JSON object" in refused_form_page(client, "/environments/mc/config", {"config": "[1, 2]"}, "/environments/mc/")
     head = env_services.repo_config(project, "mc")
     assert head["config"]["max_examples"] == 7
     # The Head commit row above the card follows the save (it showed the old commit until a reload).
@@ -107,9 +109,8 @@ def test_config_box_refuses_what_the_api_refuses_and_commits_nothing(project, us
     env_services.fork(project, "multiple-choice", "mc", user=users["owner"])
     before = env_services.repo_config(project, "mc")
     text = json.dumps({k: v for k, v in before["config"].items() if k != key})[:-1] + f', "{key}": {raw}}}'
-    response = client_for(users["owner"]).post("/environments/mc/config", {"config": text})
-    html = response.content.decode()
-    assert response.status_code == 400 and 'id="f-config-errors"' in html and says in html
+    html = refused_form_page(client_for(users["owner"]), "/environments/mc/config", {"config": text}, "/environments/mc/")
+    assert 'id="f-config-errors"' in html and says in html
     assert env_services.repo_config(project, "mc") == before
 
 
