@@ -5,8 +5,9 @@ next to the HF-compatible API, with the Hub's own URL shapes (/hub/<project>/<re
 Writers also get five forms, each the API's own path: New repo (RepoIn, repos.create_repo),
 Upload files (UploadIn, uploads.upload_files: the upload-session steps), a file's Delete
 (FilesDeleteIn, services.delete_files), a branch's Delete (services.delete_branch) and Delete of
-the repo (services.delete_repo). A refusal re-renders the page with its status and the findings
-beside their fields; readers see no form and get a 403 for a POST."""
+the repo (services.delete_repo). A refused form answers 303 to its page, which shows the findings
+beside their fields once (studio.views.refuse_form: a reload never sends the form again); an htmx
+Delete gets its table back with the refusal's status. Readers see no form and get a 403 for a POST."""
 from __future__ import annotations
 
 import re
@@ -29,7 +30,7 @@ from datahub.services import publishing_runs
 from studio.api import validate_data
 from studio.errors import ApiError, BadRequest, Finding, NotFound, counted
 from studio.parsing import isolated
-from studio.views import errors_by_field, form_action, studio_page, web_actor
+from studio.views import errors_by_field, form_action, refuse_form, refused_forms, studio_page, web_actor
 
 
 def repo_for_page(request: HttpRequest, namespace: str, name: str) -> Repo:
@@ -73,7 +74,7 @@ def list_context(request: HttpRequest, form: dict | None = None) -> dict:
 @studio_page
 @require_GET
 def repo_list(request: HttpRequest) -> HttpResponse:
-    return render(request, "datahub/repos.html", list_context(request))
+    return render(request, "datahub/repos.html", list_context(request, refused_forms(request).get("new_repo")))
 
 
 NEW_REPO_FIELDS = {"name", "type"}
@@ -90,8 +91,7 @@ def repo_create(request: HttpRequest) -> HttpResponse:
         payload = validate_data(RepoIn, values)
         repo = create_repo(project, payload.name, payload.type, request.user, payload.description)
     except ApiError as exc:
-        form = {"values": values, "errors": form_errors(exc, NEW_REPO_FIELDS)}
-        return render(request, "datahub/repos.html", list_context(request, form), status=exc.status)
+        return refuse_form(request, reverse("datahub:repos"), "new_repo", form_errors(exc, NEW_REPO_FIELDS), values)
     messages.success(request, f"Created {repo.type} repo {isolated(repo.full_name)}: upload its files below.")
     return redirect("datahub:repo", repo.project.slug, repo.name)
 
@@ -100,7 +100,7 @@ def repo_create(request: HttpRequest) -> HttpResponse:
 @require_GET
 def repo_tree(request: HttpRequest, namespace: str, name: str, revision: str | None = None, path: str = "") -> HttpResponse:
     repo = repo_for_page(request, namespace, name)
-    context = tree_context(request, repo, revision or repo.default_branch, path)
+    context = tree_context(request, repo, revision or repo.default_branch, path, **refused_forms(request))
     return render(request, "datahub/repo.html", context, status=404 if context["missing"] else 200)
 
 
@@ -222,14 +222,11 @@ def repo_upload(request: HttpRequest, namespace: str, name: str) -> HttpResponse
             return Finding("files", finding.message) if finding.field == "path" else finding
 
         branch = values["branch"] if values["branch"] in repo.branches.values_list("name", flat=True) else repo.default_branch
-        context = tree_context(request, repo, branch, upload={"values": values, "errors": form_errors(exc, UPLOAD_FIELDS, relabel)})
         # The page comes back scrolled to the top, and the form's findings may be far below it.
         messages.error(request, "Nothing was committed: see Upload files below.")
-        return render(request, "datahub/repo.html", context, status=exc.status)
+        return refuse_form(request, tree_url(repo, branch), "upload", form_errors(exc, UPLOAD_FIELDS, relabel), values)
     messages.success(request, f"Committed {counted(len(chosen), 'file')} to {isolated(payload.branch)} as {commit.pk[:10]}.")
-    if values["folder"]:
-        return redirect("datahub:tree_path", repo.project.slug, repo.name, payload.branch, values["folder"])
-    return redirect("datahub:tree", repo.project.slug, repo.name, payload.branch)
+    return redirect(tree_url(repo, payload.branch, values["folder"]))
 
 
 @studio_page
@@ -246,9 +243,8 @@ def repo_delete(request: HttpRequest, namespace: str, name: str) -> HttpResponse
     except ApiError as exc:
         # a 409's findings name the API's path parameter, `name`: here they are about the repo as a whole
         errors = form_errors(exc, {"confirm"}, lambda f: Finding("general", f.message) if f.field == "name" else f)
-        context = tree_context(request, repo, repo.default_branch, delete={"values": {"confirm": confirm}, "errors": errors})
         messages.error(request, f"{isolated(repo.full_name)} was not deleted: see Delete this repo below.")
-        return render(request, "datahub/repo.html", context, status=exc.status)
+        return refuse_form(request, reverse("datahub:repo", args=[repo.project.slug, repo.name]), "delete", errors, {"confirm": confirm})
     messages.success(request, f"Deleted {isolated(repo.full_name)} with its branches, tags and commits.")
     return redirect("datahub:repos")
 
@@ -268,11 +264,11 @@ def branch_delete(request: HttpRequest, namespace: str, name: str, branch: str) 
             raise
         # the findings name the API's path parameter, `branch`: here the table as a whole shows them
         errors = form_errors(exc, set(), lambda f: Finding("general", f.message))
-        context = tree_context(request, repo, repo.default_branch, branch_delete={"errors": errors})
         if request.htmx:
+            context = tree_context(request, repo, repo.default_branch, branch_delete={"errors": errors})
             return render(request, "datahub/repo.html#branches", context, status=exc.status)
         messages.error(request, f"Branch {isolated(branch)} was not deleted: see Branches below.")
-        return render(request, "datahub/repo.html", context, status=exc.status)
+        return refuse_form(request, reverse("datahub:repo", args=[repo.project.slug, repo.name]), "branch_delete", errors)
     messages.success(request, f"Deleted branch {isolated(branch)} of {isolated(repo.full_name)}: its commits stay readable by commit id.")
     if request.htmx:
         response = HttpResponse(status=204)
@@ -305,15 +301,13 @@ def file_delete(request: HttpRequest, namespace: str, name: str, revision: str, 
         moved = isinstance(exc, commits.BranchMoved)
         again = "the table below now shows the branch as it is: delete the file again if it should still go"
         errors = form_errors(exc, set(), lambda f: Finding("general", again if moved else f.message))
-        context = tree_context(request, repo, revision, folder, file_delete={"errors": errors})
         if request.htmx:
+            context = tree_context(request, repo, revision, folder, file_delete={"errors": errors})
             return render(request, "datahub/repo.html#files", {**context, "oob": True}, status=exc.status)
         messages.error(request, f"{isolated(path)} was not deleted: see Files below.")
-        return render(request, "datahub/repo.html", context, status=exc.status)
+        return refuse_form(request, tree_url(repo, revision, folder), "file_delete", errors)
     messages.success(request, f"Deleted {isolated(path)} from branch {isolated(revision)} as commit {commit.pk[:10]}: earlier commits keep it.")
-    folder = folder_left(commit, folder)
-    url = (reverse("datahub:tree_path", args=[repo.project.slug, repo.name, revision, folder]) if folder
-           else reverse("datahub:tree", args=[repo.project.slug, repo.name, revision]))
+    url = tree_url(repo, revision, folder_left(commit, folder))
     if request.htmx:
         response = HttpResponse(status=204)
         response.headers["HX-Redirect"] = url
@@ -333,15 +327,20 @@ def file_not_found(request: HttpRequest, repo: Repo, revision: str, folder: str,
         shown, folder = repo.default_branch, ""
         said = (f"{isolated(path)} was not deleted: {isolated(repo.full_name)} has no branch {isolated(repr(revision))} (a tag never changes, and a deleted branch is gone). "
                 f"Files below show the default branch, {isolated(repo.default_branch)}: pick a branch above and delete the file there if it should still go.")
-    folder = folder_left(resolve(repo, shown), folder)
+    url = tree_url(repo, shown, folder_left(resolve(repo, shown), folder))
     if request.htmx:
         messages.error(request, said)
         response = HttpResponse(status=404)
-        response.headers["HX-Redirect"] = (reverse("datahub:tree_path", args=[repo.project.slug, repo.name, shown, folder]) if folder
-                                           else reverse("datahub:tree", args=[repo.project.slug, repo.name, shown]))
+        response.headers["HX-Redirect"] = url
         return response
-    context = tree_context(request, repo, shown, folder, file_delete={"errors": {"general": [said]}})
-    return render(request, "datahub/repo.html", context, status=404)
+    return refuse_form(request, url, "file_delete", {"general": [said]})
+
+
+def tree_url(repo: Repo, revision: str, folder: str = "") -> str:
+    """The Files page of `repo` at `revision`, in `folder` ("" for the root)."""
+    if folder:
+        return reverse("datahub:tree_path", args=[repo.project.slug, repo.name, revision, folder])
+    return reverse("datahub:tree", args=[repo.project.slug, repo.name, revision])
 
 
 def folder_left(commit: Commit, folder: str) -> str:

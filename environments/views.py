@@ -8,12 +8,13 @@ from typing import Any
 from django.contrib import messages
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from environments import services
 from studio.api import loads_json, unstorable
 from studio.errors import ApiError, Finding
-from studio.views import errors_by_field, form_action, studio_page, web_actor
+from studio.views import errors_by_field, form_action, refuse_form, refused_forms, studio_page, web_actor
 
 FORK_FIELDS = {"catalogue", "name"}
 CONFIG_FIELDS = {"config"}
@@ -44,7 +45,8 @@ def _catalogue_context(request: HttpRequest, project, fork_errors: dict | None =
 @require_GET
 def catalogue_page(request: HttpRequest) -> HttpResponse:
     project = web_actor(request).require_project()
-    return render(request, "environments/catalogue.html", _catalogue_context(request, project))
+    refused = refused_forms(request).get("fork", {})
+    return render(request, "environments/catalogue.html", _catalogue_context(request, project, refused.get("errors"), refused.get("values")))
 
 
 @studio_page
@@ -60,8 +62,7 @@ def fork(request: HttpRequest) -> HttpResponse:
         errors = errors_by_field(exc, FORK_FIELDS)
         if not set(errors) - {"general"}:  # a finding beside its field already says it: the sentence would repeat it
             errors.setdefault("general", []).insert(0, exc.detail)
-        context = _catalogue_context(request, project, fork_errors={catalogue_name: errors}, fork_values={catalogue_name: name or ""})
-        return render(request, "environments/catalogue.html", context, status=exc.status)
+        return refuse_form(request, reverse("environments"), "fork", {catalogue_name: errors}, {catalogue_name: name or ""})
     messages.success(request, f"Forked {result['forked_from']} into {result['repo']}: it is your project's own now, edit its CONFIG below.")
     return redirect("environment_repo", name=result["repo"])
 
@@ -90,7 +91,9 @@ def _repo_context(request: HttpRequest, project, name: str, *, config_text: str 
 @require_GET
 def repo_page(request: HttpRequest, name: str) -> HttpResponse:
     project = web_actor(request).require_project()
-    return render(request, "environments/repo.html", _repo_context(request, project, name))
+    refused = refused_forms(request).get("config", {})
+    context = _repo_context(request, project, name, config_text=refused.get("values", {}).get("config"), errors=refused.get("errors"))
+    return render(request, "environments/repo.html", context)
 
 
 def _parse_config(text: str) -> tuple[dict[str, Any] | None, list[Finding]]:
@@ -115,7 +118,6 @@ def edit_config(request: HttpRequest, name: str) -> HttpResponse:
     project = actor.require_writable_project()
     services.environment_repo(project, name)  # 404 before reading the form
     text = request.POST.get("config", "")
-    template = "environments/repo.html#config_card" if request.htmx else "environments/repo.html"
     config, findings = _parse_config(text)
     status = 400
     if config is not None:
@@ -124,9 +126,12 @@ def edit_config(request: HttpRequest, name: str) -> HttpResponse:
         except ApiError as exc:
             findings, status = list(exc.errors) or [Finding("config", exc.detail)], exc.status
     if findings:
-        context = _repo_context(request, project, name, config_text=text, errors=errors_by_field(findings, CONFIG_FIELDS))
-        return render(request, template, context, status=status)
+        errors = errors_by_field(findings, CONFIG_FIELDS)
+        if not request.htmx:
+            return refuse_form(request, reverse("environment_repo", kwargs={"name": name}), "config", errors, {"config": text})
+        context = _repo_context(request, project, name, config_text=text, errors=errors)
+        return render(request, "environments/repo.html#config_card", context, status=status)
     if request.htmx:
-        return render(request, template, _repo_context(request, project, name, saved=True))
+        return render(request, "environments/repo.html#config_card", _repo_context(request, project, name, saved=True))
     messages.success(request, "CONFIG saved as a new commit on main.")
     return redirect("environment_repo", name=name)

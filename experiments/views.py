@@ -8,6 +8,7 @@ from django.core.paginator import Paginator
 from django.db.models import Count, Exists, OuterRef
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
+from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from datahub.repos import find_repo
@@ -15,7 +16,7 @@ from datahub.services import experiment_repo_name
 from experiments.models import Experiment
 from experiments.services import create_experiment
 from studio.errors import ApiError, NotFound
-from studio.views import errors_by_field, studio_page, web_actor
+from studio.views import errors_by_field, refuse_form, refused_forms, studio_page, web_actor
 from training.models import MetricPoint
 from training.queries import runs_for
 from training.views import MAX_POINTS, RUNS_PER_PAGE, align, chart_series
@@ -33,7 +34,8 @@ def list_context(actor, values: dict | None = None, errors: dict | None = None, 
 @studio_page
 @require_GET
 def experiment_list(request: HttpRequest) -> HttpResponse:
-    return render(request, "experiments/list.html", list_context(web_actor(request)))
+    refused = refused_forms(request).get("experiment", {})
+    return render(request, "experiments/list.html", list_context(web_actor(request), refused.get("values"), refused.get("errors")))
 
 
 @studio_page
@@ -48,9 +50,9 @@ def experiment_create(request: HttpRequest) -> HttpResponse:
         errors = errors_by_field(exc, {"name"})
         if exc.detail and exc.detail != exc.default_detail:
             errors.setdefault("name", []).insert(0, exc.detail)
-        context = list_context(actor, {"name": name}, errors)
-        template = "experiments/list.html#experiments" if request.htmx else "experiments/list.html"
-        return render(request, template, context, status=exc.status)
+        if not request.htmx:
+            return refuse_form(request, reverse("experiments:list"), "experiment", errors, {"name": name})
+        return render(request, "experiments/list.html#experiments", list_context(actor, {"name": name}, errors), status=exc.status)
     template = "experiments/list.html#experiments" if request.htmx else "experiments/list.html"
     return render(request, template, list_context(actor, created=experiment), status=201 if request.htmx else 200)
 

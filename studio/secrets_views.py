@@ -1,16 +1,18 @@
 """Settings → Secrets: a project's secret names, add or replace a value, delete one.
-A value goes in through studio.services.set_secret and is never shown back (not even after an error)."""
+A value goes in through studio.services.set_secret and is never shown back (not even after an error,
+and never kept in the session for the refused form's page: only its name is)."""
 from __future__ import annotations
 
 from django.contrib import messages
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from studio import services
 from studio.errors import ApiError
 from studio.models import ProjectSecret
-from studio.views import errors_by_field, form_action, studio_page, web_actor
+from studio.views import errors_by_field, form_action, refuse_form, refused_forms, studio_page, web_actor
 
 FIELDS = {"name", "value"}
 
@@ -31,7 +33,8 @@ def _context(request: HttpRequest, project, errors: dict | None = None, name: st
 @require_GET
 def secrets_page(request: HttpRequest) -> HttpResponse:
     project = web_actor(request).require_project()
-    return render(request, "studio/secrets.html", _context(request, project))
+    refused = refused_forms(request).get("secret", {})
+    return render(request, "studio/secrets.html", _context(request, project, refused.get("errors"), refused.get("values", {}).get("name", "")))
 
 
 @studio_page
@@ -43,8 +46,7 @@ def set_secret(request: HttpRequest) -> HttpResponse:
     try:
         services.set_secret(project, name, request.POST.get("value", ""))
     except ApiError as exc:
-        errors = errors_by_field(exc, FIELDS)
-        return render(request, "studio/secrets.html", _context(request, project, errors, name), status=exc.status)
+        return refuse_form(request, reverse("secrets"), "secret", errors_by_field(exc, FIELDS), {"name": name})  # never the value
     messages.success(request, f"Saved secret {name}. Its value is stored encrypted and will not be shown again.")
     return redirect("secrets")
 

@@ -13,7 +13,7 @@ from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
 from django.db.models import Sum
-from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.shortcuts import redirect, render, resolve_url
 from django.templatetags.static import static
 from django.urls import Resolver404, resolve
@@ -91,9 +91,9 @@ def studio_page(view: Callable) -> Callable:
 
 
 def form_action(page: str) -> Callable:
-    """A plain (non-htmx) form's action URL: POST only. A refused POST renders the form's page at this
-    URL, so a GET of it (the address bar, a bookmark, a link shared from there) goes to the form's
-    page, `page`, a URL name taking the same URL arguments, instead of a 405 with an empty body."""
+    """A plain (non-htmx) form's action URL: POST only. A GET of it (the address bar, a bookmark, a
+    link shared from a page once drawn at this URL) goes to the form's page, `page`, a URL name taking
+    the same URL arguments, instead of a 405 with an empty body."""
 
     def decorator(view: Callable) -> Callable:
         @wraps(view)
@@ -122,6 +122,34 @@ def errors_by_field(error: ApiError | list[Finding], fields: set[str] | None = N
         message = finding.message if key == finding.field else f"{finding.field}: {finding.message}"
         out.setdefault(key, []).append(message)
     return out
+
+
+# The plain form refused on the way to the page its POST was redirected to (refuse_form, refused_forms).
+REFUSED_FORM_KEY = "refused_form"
+
+
+class HttpResponseSeeOther(HttpResponseRedirect):
+    status_code = 303  # a POST's answer: the browser GETs the page, and a reload GETs it again
+
+
+def refuse_form(request: HttpRequest, url: str, form: str, errors: dict[str, Any], values: dict[str, Any] | None = None) -> HttpResponse:
+    """A plain (non-htmx) form's refusal as redirect-after-POST: 303 to the form's page `url`, which
+    shows `errors` beside its fields, with the `values` entered, once (refused_forms). A page drawn
+    straight from the POST made its reload send the form again, after the browser asked to resubmit.
+    The session is stored server-side, but `values` still hold nothing secret: a secret's value is
+    never kept, so a refused secret form asks for it again."""
+    request.session[REFUSED_FORM_KEY] = {"path": urlsplit(url).path, "form": form, "errors": errors, "values": values or {}}
+    return HttpResponseSeeOther(url)
+
+
+def refused_forms(request: HttpRequest) -> dict[str, dict[str, Any]]:
+    """{form: {"values": ..., "errors": ...}} for the form refused on the way to this page, or {}.
+    Taken from the session as it is shown, so the next GET of the page shows a clean form."""
+    kept = request.session.get(REFUSED_FORM_KEY)
+    if not kept or kept["path"] != request.path:
+        return {}
+    del request.session[REFUSED_FORM_KEY]
+    return {kept["form"]: {"values": kept["values"], "errors": kept["errors"]}}
 
 
 def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:

@@ -139,6 +139,16 @@ def assert_error(response, status: int, field: str | None = None) -> dict:
     return body
 
 
+def refused_form_page(client, url: str, data: dict, form_page: str) -> str:
+    """A plain form's refused POST: a 303 to the form's page (a reload of it is a GET, which sends
+    nothing again), and the HTML of that page, which shows the refusal."""
+    response = client.post(url, data)
+    assert response.status_code == 303 and response["Location"] == form_page, (response.status_code, response.get("Location"), response.content[:2000])
+    page = client.get(form_page)
+    assert page.status_code == 200, page.content[:2000]
+    return page.content.decode()
+
+
 # ---- a real Celery worker against the test database --------------------------------------------
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -97,8 +97,17 @@ def align(named: OrderedDict[str, list[tuple[int, float]]]) -> dict[str, Any]:
         values: list[float | None] = [None] * len(steps)
         for step, value in points:
             values[index[step]] = value
-        series.append({"label": label, "values": values})
+        series.append({"label": label, "values": values, "summary": series_summary(points)})
     return {"x": steps, "series": series}
+
+
+def series_summary(points: list[tuple[int, float]]) -> dict[str, Any] | None:
+    """A series' row in its chart's "Show data" table, the text a screen reader gets for the curve:
+    its last step and value, its lowest and highest value (of the points drawn); None with no points."""
+    if not points:
+        return None
+    values = [value for _, value in points]
+    return {"last_step": points[-1][0], "last": points[-1][1], "min": min(values), "max": max(values)}
 
 
 def chart_series(run_id: int, keys: list[str], max_points: int = MAX_POINTS) -> dict[str, list[tuple[int, float]]]:

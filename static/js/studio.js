@@ -1,6 +1,7 @@
 /* Studio: draws uPlot charts from <script type="application/json" id="chart-data"> blocks that
    the server renders (and HTMX re-renders while a run is live), and the few page-wide rules for
-   HTMX swaps below (error answers, log boxes, focus, stale banners). No other behaviour lives here. */
+   HTMX swaps below (error answers, log boxes, focus, open disclosures, stale banners, durations that
+   tick). No other behaviour lives here. */
 (function () {
   "use strict";
   var COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#4b5563", "#db2777"];
@@ -290,14 +291,32 @@
     next.focus({ preventScroll: true });
   }
 
+  // ---- open disclosures stay open -------------------------------------------------------------------
+  // A chart's "Show data" (<details id>) is in the Overview's live part, which a live run's page
+  // replaces every 5 s: the reader's open table would close under them. Its twin in the new content opens.
+  var openDetails = [];
+
+  function rememberOpenDetails() {
+    openDetails = Array.prototype.map.call(document.querySelectorAll("details[id][open]"), function (el) { return el.id; });
+  }
+
+  function reopenDetails() {
+    openDetails.forEach(function (id) {
+      var el = document.getElementById(id);
+      if (el && el.tagName === "DETAILS") el.open = true;
+    });
+  }
+
   document.addEventListener("htmx:beforeSwap", function (evt) {
     skipUnchangedPoll(evt);
     if (!evt.detail.shouldSwap) return;
     rememberLogs();
+    rememberOpenDetails();
     focused = document.activeElement !== document.body ? document.activeElement : null;
   });
   document.addEventListener("htmx:afterSwap", function (evt) {
     notePolled(evt);
+    reopenDetails();
     placeLogs(evt.target, prepends(evt.detail));
     restoreFocus(evt.target);
   });
@@ -327,6 +346,30 @@
     announcer.textContent = "Run " + area.dataset.runName + " is now " + saidStatus + ".";
   });
 
+  // ---- durations that tick ----------------------------------------------------------------------------
+  // A live run's Duration comes as its start (<time data-ticks-from datetime>), not as the time so far:
+  // a poll's answer then stays the same while only time passes, and is not swapped in (see
+  // skipUnchangedPoll). The browser counts it up each second, written as studio_ui.duration writes it,
+  // on the server's clock: the page says when it was rendered (meta studio-rendered-at, in seconds).
+  var clockSkew = 0;
+
+  function durationText(seconds) {
+    var s = Math.max(0, Math.floor(seconds));
+    var hours = Math.floor(s / 3600), minutes = Math.floor(s % 3600 / 60), secs = s % 60;
+    var pad = function (n) { return (n < 10 ? "0" : "") + n; };
+    if (hours) return hours + "h " + pad(minutes) + "m";
+    return minutes ? minutes + "m " + pad(secs) + "s" : secs + "s";
+  }
+
+  function tickDurations() {
+    document.querySelectorAll("time[data-ticks-from]").forEach(function (el) {
+      var since = Date.parse(el.getAttribute("datetime"));
+      if (!isNaN(since)) el.textContent = durationText((Date.now() + clockSkew - since) / 1000);
+    });
+  }
+
+  document.addEventListener("htmx:afterSwap", tickDurations);
+
   // ---- buttons that say why they do nothing ---------------------------------------------------------
   // A blocked START is aria-disabled, not disabled, so Tab still reaches it and a screen reader reads
   // it with what blocks it (aria-describedby); pressed, it does nothing (the server refuses it anyway).
@@ -348,6 +391,10 @@
   });
 
   document.addEventListener("DOMContentLoaded", function () {
+    var rendered = document.querySelector('meta[name="studio-rendered-at"]');
+    if (rendered) clockSkew = parseInt(rendered.content, 10) * 1000 - Date.now();
+    tickDurations();
+    setInterval(tickDurations, 1000);
     placeLogs(document);
     var area = document.getElementById("run-status");
     if (area) saidStatus = area.dataset.status;

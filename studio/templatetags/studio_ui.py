@@ -79,19 +79,34 @@ def duration(value: Any) -> str:
     return f"{secs}s"
 
 
-@register.filter
-def run_duration(run) -> str:
-    """How long the run has been (or was) going: started → finished, or → now while active; started_at
+def run_span(run) -> tuple[datetime | None, datetime | None]:
+    """When the run's Duration counts from and to (None: not started; to None: still going). started_at
     is when its engine started the run's work (status running), so model loading and a slow first step
     count. A run that failed or was cancelled before it ran (no started_at: it waited for a machine or a
     slot) counts from when its worker claimed it (provisioning_since), so it shows the time it took to end."""
     start: datetime | None = run.started_at
     if start is None and run.finished_at is not None and run.provisioning_since is not None and run.provisioning_since <= run.finished_at:
         start = run.provisioning_since
+    return start, run.finished_at
+
+
+@register.filter
+def run_duration(run) -> str:
+    """How long the run has been (or was) going: run_span's start → its end, or → now while active."""
+    start, end = run_span(run)
     if start is None:
         return "—"
-    end = run.finished_at or timezone.now()
-    return duration(end - start)
+    return duration((end or timezone.now()) - start)
+
+
+@register.filter
+def ticking_since(run) -> datetime | None:
+    """The start (to the second) of a run whose Duration still grows, which the browser counts up from
+    (static/js/studio.js); None once it is fixed. The polled status area shows this rather than the
+    duration itself: an answer that differs every second is swapped in on every poll, moving focus
+    and making screen readers read the area again although nothing happened."""
+    start, end = run_span(run)
+    return start.replace(microsecond=0) if start is not None and end is None else None
 
 
 @register.filter

@@ -1,6 +1,6 @@
 """The Data Hub pages' forms: New repo (the list), Upload files and Delete (the repo page). Each is
-the API's own path; a refusal re-renders the page with its 4xx and the finding beside its field,
-storing nothing; viewers see no form and get 403, outsiders 404."""
+the API's own path; a refusal answers 303 to the form's page, which shows the finding beside its
+field once, and stores nothing; viewers see no form and get 403, outsiders 404."""
 from __future__ import annotations
 
 import re
@@ -12,7 +12,7 @@ from django.test import Client
 
 from datahub import commits, repos, uploads
 from datahub.models import Blob, Commit, Repo, UploadSession
-from tests.conftest import sft_body
+from tests.conftest import refused_form_page, sft_body
 from tests.datahub.conftest import jsonl
 from training import services as training
 from training.models import Status, TrainingRun
@@ -65,21 +65,23 @@ def test_new_repo_form_creates_the_repo_and_opens_its_page(browser, project, use
     assert "Created dataset repo \u2068acme/support-chats\u2069" in page and "Upload files" in page
 
 
-@pytest.mark.parametrize(("values", "status", "field", "said"), [
-    ({"name": "", "type": "model"}, 400, "name", "at least 1 character"),
-    ({"name": "has space", "type": "model"}, 400, "name", "letters, digits"),
-    ({"name": "a..b", "type": "model"}, 400, "name", "cannot contain &#x27;..&#x27;"),
-    ({"name": "x" * 129, "type": "model"}, 400, "name", "at most 128 characters"),
-    ({"name": "fine", "type": "spreadsheet"}, 400, "type", "model"),
-    ({"name": "ds", "type": "dataset"}, 409, "name", "acme already has a repo ds: choose another name"),  # says why, beside the field
+@pytest.mark.parametrize(("values", "field", "said"), [
+    ({"name": "", "type": "model"}, "name", "at least 1 character"),
+    ({"name": "has space", "type": "model"}, "name", "letters, digits"),
+    ({"name": "a..b", "type": "model"}, "name", "cannot contain &#x27;..&#x27;"),
+    ({"name": "x" * 129, "type": "model"}, "name", "at most 128 characters"),
+    ({"name": "fine", "type": "spreadsheet"}, "type", "model"),
+    ({"name": "ds", "type": "dataset"}, "name", "acme already has a repo ds: choose another name"),  # says why, beside the field
 ])
-def test_new_repo_form_refusals_name_the_field_and_store_nothing(browser, project, ds, values, status, field, said):
+def test_new_repo_form_refusals_name_the_field_and_store_nothing(browser, project, ds, values, field, said):
     before = set(Repo.objects.values_list("pk", flat=True))
-    r = browser("owner").post("/hub/new", values)
-    assert r.status_code == status
-    html = r.content.decode()
+    c = browser("owner")
+    html = refused_form_page(c, "/hub/new", values, "/hub/")
     assert said in field_errors(html, field)
     assert f'value="{values["name"]}"' in html  # what was typed is kept
+    assert set(Repo.objects.values_list("pk", flat=True)) == before
+    again = c.get("/hub/").content.decode()  # a reload: a clean form, and nothing sent again
+    assert 'class="field-errors"' not in again and (values["name"] == "" or f'value="{values["name"]}"' not in again)
     assert set(Repo.objects.values_list("pk", flat=True)) == before
 
 
@@ -117,24 +119,23 @@ def test_upload_without_a_message_gets_the_default_one(browser, ds):
     assert repos.resolve(ds, "main").message == "Upload 1 file"
 
 
-@pytest.mark.parametrize(("form", "status", "field", "said"), [
-    ({"branch": "main"}, 400, "files", "choose one or more files"),
-    ({"files": [("a.txt", b"a")], "folder": "../up", "branch": "main"}, 400, "folder", "cannot contain &#x27;..&#x27;"),
-    ({"files": [("a.txt", b"a")], "folder": "/abs", "branch": "main"}, 400, "folder", "relative to the repo root"),
-    ({"files": [("a.txt", b"a")], "branch": "nope"}, 400, "branch", "upload to an existing branch"),
-    ({"files": [("a.txt", b"a")], "folder": "config", "branch": "main"}, 400, "files", "config/a.txt: config is a file on branch main"),
-    ({"files": [("notes", b"a")], "branch": "main"}, 400, "files", "notes: notes is a folder on branch main"),
-    ({"files": [("a.txt", b"a"), ("a.txt", b"b")], "branch": "main"}, 400, "files", "a.txt: list each path once"),
-    ({"files": [("a.txt", b"a")], "branch": "main", "message": "m" * 5001}, 400, "message", "at most 5000 characters"),
-    ({"files": [("a.txt", b"a")], "branch": "main", "message": "nul \x00 here"}, 400, "message", "NUL"),
+@pytest.mark.parametrize(("form", "field", "said"), [
+    ({"branch": "main"}, "files", "choose one or more files"),
+    ({"files": [("a.txt", b"a")], "folder": "../up", "branch": "main"}, "folder", "cannot contain &#x27;..&#x27;"),
+    ({"files": [("a.txt", b"a")], "folder": "/abs", "branch": "main"}, "folder", "relative to the repo root"),
+    ({"files": [("a.txt", b"a")], "branch": "nope"}, "branch", "upload to an existing branch"),
+    ({"files": [("a.txt", b"a")], "folder": "config", "branch": "main"}, "files", "config/a.txt: config is a file on branch main"),
+    ({"files": [("notes", b"a")], "branch": "main"}, "files", "notes: notes is a folder on branch main"),
+    ({"files": [("a.txt", b"a"), ("a.txt", b"b")], "branch": "main"}, "files", "a.txt: list each path once"),
+    ({"files": [("a.txt", b"a")], "branch": "main", "message": "m" * 5001}, "message", "at most 5000 characters"),
+    ({"files": [("a.txt", b"a")], "branch": "main", "message": "nul \x00 here"}, "message", "NUL"),
 ])
-def test_upload_refusals_name_the_field_and_commit_nothing(browser, ds, hub_root, form, status, field, said):
+def test_upload_refusals_name_the_field_and_commit_nothing(browser, ds, hub_root, form, field, said):
     head, blobs = repos.resolve(ds, "main").pk, Blob.objects.count()
     body = {**form, "files": files(*form.get("files", []))}
-    r = browser("owner").post("/hub/acme/ds/upload", body)
-    assert r.status_code == status, r.content[:2000]
-    assert said in field_errors(r.content.decode(), field)
-    assert "Nothing was committed: see Upload files below" in page_message(r.content.decode())
+    html = refused_form_page(browser("owner"), "/hub/acme/ds/upload", body, "/hub/acme/ds/tree/main")
+    assert said in field_errors(html, field)
+    assert "Nothing was committed: see Upload files below" in page_message(html)
     assert repos.resolve(ds, "main").pk == head and Commit.objects.filter(repo=ds).count() == 2
     assert Blob.objects.count() == blobs
     assert not UploadSession.objects.filter(repo=ds).exclude(state=UploadSession.State.ABORTED).exists()
@@ -167,23 +168,24 @@ def test_delete_form_deletes_once_the_name_is_typed(browser, project, ds):
 
 
 @pytest.mark.parametrize("typed", ["", "DS", "acme/ds", "d"])
-def test_delete_form_with_the_wrong_name_typed_is_400_and_keeps_the_repo(browser, ds, typed):
-    r = browser("owner").post("/hub/acme/ds/delete", {"confirm": typed})
-    assert r.status_code == 400
-    assert "type ds to confirm" in field_errors(r.content.decode(), "confirm")
-    assert "\u2068acme/ds\u2069 was not deleted: see Delete this repo below" in page_message(r.content.decode())
+def test_delete_form_with_the_wrong_name_typed_is_refused_and_keeps_the_repo(browser, ds, typed):
+    c = browser("owner")
+    html = refused_form_page(c, "/hub/acme/ds/delete", {"confirm": typed}, "/hub/acme/ds")
+    assert "type ds to confirm" in field_errors(html, "confirm")
+    assert f'name="confirm" value="{typed}"' in html or not typed  # what was typed is kept
+    assert "\u2068acme/ds\u2069 was not deleted: see Delete this repo below" in page_message(html)
     assert Repo.objects.filter(pk=ds.pk).exists()
+    assert 'id="f-confirm-errors"' not in c.get("/hub/acme/ds").content.decode()  # a reload: a clean form
 
 
 def test_delete_form_while_a_live_run_uses_the_repo_is_409_saying_what_to_do(browser, project, users, ds):
     body = sft_body(dataset="ds@main")
     run = training.create_run(project, users["owner"], name=body["name"], method="sft", base_model=body["base_model"], dataset=body["dataset"])
     TrainingRun.objects.filter(pk=run.pk).update(status=Status.RUNNING)
-    r = browser("owner").post("/hub/acme/ds/delete", {"confirm": "ds"})
-    assert r.status_code == 409
-    said = general_errors(r.content.decode())
+    html = refused_form_page(browser("owner"), "/hub/acme/ds/delete", {"confirm": "ds"}, "/hub/acme/ds")
+    said = general_errors(html)
     assert "acme/ds is used by 1 live run" in said and f"run #{run.pk}" in said and "stop the run" in said
-    assert "\u2068acme/ds\u2069 was not deleted" in page_message(r.content.decode())
+    assert "\u2068acme/ds\u2069 was not deleted" in page_message(html)
     assert Repo.objects.filter(pk=ds.pk).exists()
 
 
@@ -248,12 +250,13 @@ def test_delete_branch_form_refusals_say_why_and_keep_the_branch(browser, projec
     for url, said in (("/hub/acme/ds/branches/from-sha/delete", f"run #{run.pk}"),
                       ("/hub/acme/ds/branches/main/delete", "default branch"),
                       (f"/hub/acme/{experiment_repo}/branches/run-{run.pk}/delete", f"delete run #{run.pk} first")):
-        r = c.post(url, **headers)
-        assert r.status_code == 409, (url, r.status_code)
-        html = r.content.decode()
         if htmx:  # the Branches table alone, swapped in place
+            r = c.post(url, **headers)
+            assert r.status_code == 409, (url, r.status_code)
+            html = r.content.decode()
             assert html.lstrip().startswith('<section class="card" id="branches"'), html[:300]
         else:
+            html = refused_form_page(c, url, {}, url.partition("/branches/")[0])
             assert "was not deleted: see Branches below" in page_message(html)
         assert said in general_errors(branches_table(html)), (url, html[:3000])
     assert set(ds.branches.values_list("name", flat=True)) == {"main", "from-sha"}
@@ -326,14 +329,16 @@ def test_delete_file_form_refusals_say_why_and_keep_the_file(browser, project, u
     run_head = repos.resolve(experiment_repo, f"run-{run.pk}")
     headers = {"HTTP_HX_REQUEST": "true"} if htmx else {}
     c = browser("owner")
-    for url, parent, said in (("/hub/acme/ds/delete/main/config", seen.pk, f"moved since {seen.pk[:10]}"),
-                              (f"/hub/acme/{experiment_repo.name}/delete/run-{run.pk}/final/w.bin", run_head.pk, f"delete run #{run.pk} first")):
-        r = c.post(url, {"parent": parent}, **headers)
-        assert r.status_code == 409, (url, r.status_code)
-        html = r.content.decode()
+    for url, parent, said, page in (("/hub/acme/ds/delete/main/config", seen.pk, f"moved since {seen.pk[:10]}", "/hub/acme/ds/tree/main"),
+                                    (f"/hub/acme/{experiment_repo.name}/delete/run-{run.pk}/final/w.bin", run_head.pk, f"delete run #{run.pk} first",
+                                     f"/hub/acme/{experiment_repo.name}/tree/run-{run.pk}/final")):
         if htmx:  # the Files table alone, swapped in place
+            r = c.post(url, {"parent": parent}, **headers)
+            assert r.status_code == 409, (url, r.status_code)
+            html = r.content.decode()
             assert html.lstrip().startswith('<div id="files">'), html[:300]
-        else:
+        else:  # the Files page of the file's folder
+            html = refused_form_page(c, url, {"parent": parent}, page)
             assert "was not deleted: see Files below" in page_message(html)
         assert said in general_errors(files_table(html)), (url, html[:3000])
     assert repos.resolve(ds, "main") == moved and "config" in repos.tree(moved)
@@ -364,20 +369,19 @@ def test_a_refused_htmx_delete_moves_the_pages_head_and_branches_to_the_branchs_
 @pytest.mark.parametrize("htmx", [False, True])
 def test_a_delete_on_a_branch_deleted_since_shows_the_default_branch_at_its_head(browser, ds, htmx):
     """A 404 (the branch went since the page was read): htmx swaps no 404, so it is sent to the
-    page, which names the branch that is gone and shows main at its real head."""
+    page, which names the branch that is gone and shows main at its real head; so is a plain form (303)."""
     repos.create_branch(ds, "dev", "main")
     seen = repos.resolve(ds, "dev")
     head = commits.commit_files(ds, "main", {"later.txt": b"later"}, "someone else")
     repos.delete_branch(ds, "dev")
     c = browser("owner")
-    r = c.post("/hub/acme/ds/delete/dev/config", {"parent": seen.pk}, **({"HTTP_HX_REQUEST": "true"} if htmx else {}))
-    assert r.status_code == 404
     if htmx:
-        assert r["HX-Redirect"] == "/hub/acme/ds/tree/main"
+        r = c.post("/hub/acme/ds/delete/dev/config", {"parent": seen.pk}, HTTP_HX_REQUEST="true")
+        assert r.status_code == 404 and r["HX-Redirect"] == "/hub/acme/ds/tree/main"
         page = c.get(r["HX-Redirect"]).content.decode()
         said = unescape(page_message(page))
     else:
-        page = r.content.decode()
+        page = refused_form_page(c, "/hub/acme/ds/delete/dev/config", {"parent": seen.pk}, "/hub/acme/ds/tree/main")
         said = unescape(general_errors(files_table(page)))
     assert "\u2068config\u2069 was not deleted: \u2068acme/ds\u2069 has no branch \u2068'dev'\u2069" in said and "pick a branch above" in said
     assert f"Ref <code>main</code> at commit <code>{head.pk[:10]}</code>" in head_line(page)
@@ -385,12 +389,10 @@ def test_a_delete_on_a_branch_deleted_since_shows_the_default_branch_at_its_head
 
 
 def test_a_delete_of_a_file_gone_since_shows_the_branch_at_its_head(browser, ds):
-    """Without `parent` (a form from before it was sent), a file another commit removed is a 404
-    whose page shows the branch at the head that removed it."""
+    """Without `parent` (a form from before it was sent), a file another commit removed is refused
+    on the page of the branch at the head that removed it."""
     gone = commits.commit_files(ds, "main", {}, "someone else", delete=["config"])
-    r = browser("owner").post("/hub/acme/ds/delete/main/config")
-    assert r.status_code == 404
-    html = r.content.decode()
+    html = refused_form_page(browser("owner"), "/hub/acme/ds/delete/main/config", {}, "/hub/acme/ds/tree/main")
     assert "has no file or folder 'config'" in unescape(general_errors(files_table(html)))
     assert f"at commit <code>{gone.pk[:10]}</code>" in head_line(html)
     assert repos.resolve(ds, "main") == gone
@@ -401,7 +403,7 @@ def test_viewers_and_outsiders_cannot_delete_a_file(browser, ds):
     repos.create_tag(ds, "v1", "main")
     assert browser("viewer").post("/hub/acme/ds/delete/main/config", {"parent": head.pk}).status_code == 403
     assert browser("outsider").post("/hub/acme/ds/delete/main/config", {"parent": head.pk}).status_code == 404
-    assert browser("owner").post("/hub/acme/ds/delete/main/nope.txt", {"parent": head.pk}).status_code == 404
-    assert browser("owner").post("/hub/acme/ds/delete/v1/config").status_code == 404  # a tag never changes
+    assert "no file or folder" in refused_form_page(browser("owner"), "/hub/acme/ds/delete/main/nope.txt", {"parent": head.pk}, "/hub/acme/ds/tree/main")
+    assert "has no branch" in refused_form_page(browser("owner"), "/hub/acme/ds/delete/v1/config", {}, "/hub/acme/ds/tree/main")  # a tag never changes
     assert browser("owner").post("/hub/acme/ds/delete/main/a/../config").status_code == 404
     assert repos.resolve(ds, "main") == head

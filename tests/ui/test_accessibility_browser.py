@@ -4,15 +4,17 @@ Screenshots land in var/test-artifacts/ui/<test name>/."""
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 from playwright.sync_api import expect
 
 from datahub import repos
 from studio import services as studio_services
 from training import services
 from training import status as status_service
-from training.models import Status, TrainingRun
+from training.models import MetricPoint, Status, TrainingRun
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -50,6 +52,50 @@ def test_live_status_poll_with_nothing_changed_leaves_focus_on_stop_alone(owner_
     expect(page.locator("#stop-btn")).to_be_focused()
 
 
+def shown_seconds(text: str) -> int:
+    """A Duration as studio_ui.duration writes it ("1m 05s", "42s", "1h 02m"), in seconds."""
+    units = {"h": 3600, "m": 60, "s": 1}
+    return sum(int(n) * units[u] for n, u in re.findall(r"(\d+)([hms])", text))
+
+
+def test_a_running_runs_duration_ticks_while_its_unchanged_status_area_keeps_focus_on_stop(owner_page, project, users):
+    page = owner_page
+    run = startable_run(project, users, "ticking")
+    status_service.transition(run.pk, Status.PROVISIONING)
+    status_service.transition(run.pk, Status.RUNNING)
+    TrainingRun.objects.filter(pk=run.pk).update(started_at=timezone.now() - timedelta(seconds=70))
+    page.goto(f"/training/runs/{run.pk}/")
+    duration = page.locator("#run-status .status-line span", has_text="Duration")
+    expect(duration).to_have_text(re.compile(r"^Duration 1m \d\ds$"))  # counted in the browser from the start
+    page.evaluate(WATCH_STATUS)
+    page.wait_for_function("() => window.seen.polls >= 1", timeout=10_000)  # the page's own copy was never compared
+    page.wait_for_timeout(200)
+    page.locator("#stop-btn").focus()
+    before = shown_seconds(duration.inner_text())
+    page.evaluate(WATCH_STATUS)
+    page.wait_for_function("() => window.seen.polls >= 3", timeout=15_000)  # three polls, 2 s apart
+    page.wait_for_timeout(200)
+    seen = page.evaluate("() => window.seen")
+    assert "run-status" not in seen["swaps"] and seen["focusins"] == 0, f"a poll with only time passed was swapped in: {seen}"
+    expect(page.locator("#stop-btn")).to_be_focused()
+    assert shown_seconds(duration.inner_text()) >= before + 3, "the shown duration stood still"
+
+
+def test_an_open_show_data_table_stays_open_when_the_live_overview_is_swapped(owner_page, project, users):
+    page = owner_page
+    run = startable_run(project, users, "charted")
+    status_service.transition(run.pk, Status.PROVISIONING)
+    status_service.transition(run.pk, Status.RUNNING)  # the Overview's live part is swapped every 5 s
+    MetricPoint.objects.bulk_create([MetricPoint(run=run, key="loss", step=s, value=2.0 - s / 10) for s in range(1, 4)])
+    page.goto(f"/training/runs/{run.pk}/")
+    page.get_by_text("Show data of Training loss").click()
+    table = page.get_by_role("table", name="Training loss: the data")
+    expect(table.get_by_role("row", name="loss")).to_have_text(re.compile(r"loss\s*3\s*1\.7"))
+    MetricPoint.objects.create(run=run, key="loss", step=4, value=1.5)
+    expect(table.get_by_role("row", name="loss")).to_have_text(re.compile(r"loss\s*4\s*1\.5"), timeout=10_000)  # swapped in, still open
+    expect(page.locator("#chart-0-data")).to_have_attribute("open", "")
+
+
 def test_a_run_status_change_is_said_in_the_pages_live_region(owner_page, project, users):
     page = owner_page
     run = startable_run(project, users, "told")
@@ -79,23 +125,22 @@ def test_the_gpu_memory_estimates_live_region_stays_when_the_estimate_is_swapped
     expect(page.locator("#main [aria-live] [aria-live]")).to_have_count(0)  # no region inside another
 
 
-def test_a_refused_new_repo_focuses_its_finding_and_its_url_leads_back_to_the_form(owner_page, project):
+def test_a_refused_new_repo_focuses_its_finding_and_a_reload_sends_nothing(owner_page, project):
     page = owner_page
     page.goto("/hub/")
     page.get_by_label("Repo name").fill("-bad name")
     page.get_by_role("button", name="Create repo").click()
-    assert page.url.endswith("/hub/new")
-    refused_field_is_focused_and_the_url_leads_back(page, "Repo name", "/hub/")
+    refused_field_is_focused_and_a_reload_sends_nothing(page, "Repo name", "/hub/", "-bad name")
     expect(page.get_by_role("button", name="Create repo")).to_be_visible()
 
 
-def test_a_refused_repo_delete_focuses_the_confirm_field_and_its_url_leads_back_to_the_repo(owner_page, project):
+def test_a_refused_repo_delete_focuses_the_confirm_field_and_a_reload_sends_nothing(owner_page, project):
     repos.create_repo(project, "keep-me", "dataset")
     page = owner_page
     page.goto("/hub/acme/keep-me/")
     page.get_by_label("Type the repo name to confirm").fill("keep-you")
     page.get_by_role("button", name="Delete this repo").click()
-    refused_field_is_focused_and_the_url_leads_back(page, "Type the repo name to confirm", "/hub/acme/keep-me")
+    refused_field_is_focused_and_a_reload_sends_nothing(page, "Type the repo name to confirm", "/hub/acme/keep-me", "keep-you")
     expect(page.get_by_role("heading", name="Delete this repo")).to_be_visible()
 
 
@@ -211,12 +256,18 @@ def test_the_run_lists_progress_is_read_once(owner_page, project, users):
     expect(cell.get_by_role("progressbar", name="Progress of done")).to_have_attribute("value", "100")
 
 
-def refused_field_is_focused_and_the_url_leads_back(page, label: str, form_page: str) -> None:
-    """The refused field is marked and focused (its finding is read with it, aria-describedby), and the
-    POST-only URL the refusal was drawn at, opened again from the address bar, leads to the form's page
-    (not a 405 with an empty body)."""
+def refused_field_is_focused_and_a_reload_sends_nothing(page, label: str, form_page: str, typed: str) -> None:
+    """The refusal is shown at the form's page (redirect-after-POST): the refused field is marked,
+    keeps what was typed and is focused (its finding is read with it, aria-describedby). A reload is a
+    GET, which sends nothing again (a page drawn from the POST asked to resubmit it), and shows a
+    clean form."""
+    assert page.url.endswith(form_page)
     field = page.get_by_label(label)
     expect(field).to_have_attribute("aria-invalid", "true")
+    expect(field).to_have_value(typed)
     expect(field).to_be_focused()
-    page.goto(page.url)
-    assert page.url.endswith(form_page)
+    posts: list[str] = []
+    page.on("request", lambda r: posts.append(r.url) if r.method == "POST" else None)
+    page.reload()
+    assert posts == [] and page.url.endswith(form_page)
+    expect(page.get_by_label(label)).not_to_have_attribute("aria-invalid", "true")

@@ -6,10 +6,12 @@ import json
 import re
 
 import pytest
+from django.contrib.sessions.models import Session
 from django.test import Client
 
 from environments import services as env_services
 from studio.models import ProjectSecret
+from tests.conftest import refused_form_page
 
 pytestmark = pytest.mark.django_db
 
@@ -54,11 +56,14 @@ def test_fork_creates_the_repo_and_its_page_shows_config(project, users):
     labelled(html)
     listing = client.get("/environments/").content.decode()
     assert 'href="/environments/my-maths/"' in listing
-    again = client.post("/environments/fork", {"catalogue": "gsm-maths", "name": "my-maths"})  # the name is taken
-    assert again.status_code == 409 and 'role="alert"' in again.content.decode()
-    assert again.content.decode().count("already has a repo") == 1  # beside the name, not again in a general alert
-    bad = client.post("/environments/fork", {"catalogue": "gsm-maths", "name": "no spaces"})
-    assert bad.status_code == 400 and 'id="fork-gsm-maths-errors"' in bad.content.decode()
+    again = refused_form_page(client, "/environments/fork", {"catalogue": "gsm-maths", "name": "my-maths"}, "/environments/")  # the name is taken
+    assert 'role="alert"' in again
+    assert again.count("already has a repo") == 1  # beside the name, not again in a general alert
+    bad = refused_form_page(client, "/environments/fork", {"catalogue": "gsm-maths", "name": "no spaces"}, "/environments/")
+    assert 'id="fork-gsm-maths-errors"' in bad and 'value="no spaces"' in bad  # what was typed is kept
+    reloaded = client.get("/environments/").content.decode()  # once: a reload shows a clean form
+    assert 'id="fork-gsm-maths-errors"' not in reloaded and 'value="no spaces"' not in reloaded
+    assert env_services.repo_config(project, "my-maths")["config"]["answer_marker"] == "####"  # the refusals changed nothing
 
 
 def test_editing_config_saves_a_commit(project, users):
@@ -76,9 +81,11 @@ def test_editing_config_saves_a_commit(project, users):
     assert head["config"]["max_examples"] == 7
     # The Head commit row above the card follows the save (it showed the old commit until a reload).
     assert f'<code id="env-head" hx-swap-oob="true">{head["commit"][:10]}</code>' in partial.content.decode()
-    broken = client.post("/environments/mc/config", {"config": "{not json"})
-    assert broken.status_code == 400 and 'id="f-config-errors"' in broken.content.decode()
-    assert client.post("/environments/mc/config", {"config": "[1, 2]"}).status_code == 400
+    broken = refused_form_page(client, "/environments/mc/config", {"config": "{not json"}, "/environments/mc/")
+    assert 'id="f-config-errors"' in broken and "{not json</textarea>" in broken  # what was typed is kept
+    reloaded = client.get("/environments/mc/").content.decode()  # once: a reload shows the saved CONFIG
+    assert 'id="f-config-errors"' not in reloaded and "{not json" not in reloaded
+    assert "CONFIG is a JSON object" in refused_form_page(client, "/environments/mc/config", {"config": "[1, 2]"}, "/environments/mc/")
     head = env_services.repo_config(project, "mc")
     assert head["config"]["max_examples"] == 7
     # The Head commit row above the card follows the save (it showed the old commit until a reload).
@@ -102,9 +109,8 @@ def test_config_box_refuses_what_the_api_refuses_and_commits_nothing(project, us
     env_services.fork(project, "multiple-choice", "mc", user=users["owner"])
     before = env_services.repo_config(project, "mc")
     text = json.dumps({k: v for k, v in before["config"].items() if k != key})[:-1] + f', "{key}": {raw}}}'
-    response = client_for(users["owner"]).post("/environments/mc/config", {"config": text})
-    html = response.content.decode()
-    assert response.status_code == 400 and 'id="f-config-errors"' in html and says in html
+    html = refused_form_page(client_for(users["owner"]), "/environments/mc/config", {"config": text}, "/environments/mc/")
+    assert 'id="f-config-errors"' in html and says in html
     assert env_services.repo_config(project, "mc") == before
 
 
@@ -153,18 +159,32 @@ def test_secrets_page_lists_names_and_never_echoes_values(project, users):
     assert responses[0].status_code == 200 and "JUDGE_KEY" in responses[0].content.decode()
     assert ProjectSecret.objects.filter(project=project, name="JUDGE_KEY").exists()
     responses.append(client.post("/settings/secrets/set", {"name": "JUDGE_KEY", "value": value + "-2"}, follow=True))  # replace
-    bad = client.post("/settings/secrets/set", {"name": "9 bad name", "value": value})
-    assert bad.status_code == 400 and 'id="f-name-errors"' in bad.content.decode()
-    empty = client.post("/settings/secrets/set", {"name": "OTHER", "value": ""})
-    assert empty.status_code == 400 and 'id="f-value-errors"' in empty.content.decode()
-    responses += [bad, empty, client.get("/settings/secrets/"), client_for(users["viewer"]).get("/settings/secrets/")]
+    bad = refused_form_page(client, "/settings/secrets/set", {"name": "9 bad name", "value": value}, "/settings/secrets/")
+    assert 'id="f-name-errors"' in bad and 'value="9 bad name"' in bad  # the name is kept, never the value
+    empty = refused_form_page(client, "/settings/secrets/set", {"name": "OTHER", "value": ""}, "/settings/secrets/")
+    assert 'id="f-value-errors"' in empty and 'value="OTHER"' in empty
+    pages = [r.content.decode() for r in responses] + [bad, empty]
+    pages += [client.get("/settings/secrets/").content.decode(), client_for(users["viewer"]).get("/settings/secrets/").content.decode()]
+    assert 'id="f-value-errors"' not in pages[-2]  # once: a reload shows a clean form
     from studio.services import reveal_secret
 
     assert reveal_secret(project, "JUDGE_KEY") == value + "-2"
-    for response in responses:
-        html = response.content.decode()
+    for html in pages:
         assert value not in html and "VERY-secret" not in html
-    assert "JUDGE_KEY" in responses[-1].content.decode()  # viewers see names
+    assert "JUDGE_KEY" in pages[-1]  # viewers see names
     deleted = client.post("/settings/secrets/delete", {"name": "JUDGE_KEY"}, follow=True)
     assert deleted.status_code == 200 and not ProjectSecret.objects.filter(project=project).exists()
     assert client.post("/settings/secrets/delete", {"name": "JUDGE_KEY"}).status_code == 404
+
+
+def test_a_refused_secret_keeps_its_name_for_the_form_page_never_its_value(project, users):
+    """The refused form's page is drawn from the session (redirect-after-POST): the name goes there, the value never."""
+    value = "sk-never-in-the-session-42"
+    client = client_for(users["owner"])
+    response = client.post("/settings/secrets/set", {"name": "9 bad", "value": value})
+    assert response.status_code == 303
+    stored = json.dumps([session.get_decoded() for session in Session.objects.all()])
+    assert "9 bad" in stored and value not in stored
+    html = client.get("/settings/secrets/").content.decode()
+    assert 'value="9 bad"' in html and 'name="value" value=""' in html and value not in html
+    assert not ProjectSecret.objects.filter(project=project).exists()

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from django.test import Client
 
+from tests.conftest import refused_form_page
 from training import services
 from training.models import Checkpoint, MetricPoint, Rollout, Status, TrainingRun
 
@@ -444,6 +445,16 @@ def test_experiment_form_refuses_a_name_of_only_digits_beside_the_field(project,
     response = client_for(users["owner"]).post("/experiments/create", {"name": "12"}, HTTP_HX_REQUEST="true")
     html = response.content.decode()
     assert response.status_code == 400 and "f-name-errors" in html and "only digits, which reads as an experiment id" in html
+    assert not project.experiments.exists()
+
+
+def test_experiment_form_without_htmx_refuses_by_redirect_and_shows_the_finding_once(project, users):
+    # Its refusal was drawn straight from the POST: a reload asked to resubmit the form, and sent it again.
+    client = client_for(users["owner"])
+    html = refused_form_page(client, "/experiments/create", {"name": "12"}, "/experiments/")
+    assert "f-name-errors" in html and "only digits, which reads as an experiment id" in html and 'value="12"' in html
+    reloaded = client.get("/experiments/").content.decode()
+    assert "f-name-errors" not in reloaded and 'value="12"' not in reloaded
     assert not project.experiments.exists()
 
 

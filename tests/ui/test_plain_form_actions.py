@@ -1,5 +1,5 @@
-"""The action URLs of the plain (non-htmx) forms: a refused POST renders the form's page there, so a
-GET of that URL (the address bar, a bookmark, a link copied from it) goes back to the form's page."""
+"""The action URLs of the plain (non-htmx) forms: a GET of one (the address bar, a bookmark, a link
+copied from a page once drawn there) goes back to the form's page."""
 from __future__ import annotations
 
 import pytest

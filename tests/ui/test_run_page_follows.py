@@ -4,6 +4,7 @@ the minute after a STOP. Client tests for the polls' answers; one browser test f
 from __future__ import annotations
 
 import re
+import time
 from datetime import timedelta
 
 import pytest
@@ -168,3 +169,27 @@ def test_a_teammates_edit_of_a_queued_run_shows_on_its_page_within_one_poll(owne
     expect(page.locator("h1")).to_contain_text("renamed by a teammate", timeout=20_000)  # the slow poll is every 15 s
     expect(page.locator("#tab-panel")).to_contain_text("37")
     expect(page.get_by_test_id("run-status")).to_have_text("queued")
+
+
+def without_csrf_tokens(html: str) -> str:
+    """An answer as static/js/studio.js compares poll answers: each carries a freshly masked token."""
+    return re.sub(r'(name="csrfmiddlewaretoken" value=")[^"]*"', r'\1"', html)
+
+
+def test_a_running_runs_status_answer_is_the_same_while_only_time_passes(project, users):
+    # Its Duration ticked inside the answer, so every 2 s poll was swapped in: STOP refocused, the area re-read.
+    run = services.create_run(project, users["owner"], name="steady", method="sft", base_model="org/base", dataset="org/sft-data")
+    status_service.transition(run.pk, Status.PROVISIONING)
+    status_service.transition(run.pk, Status.RUNNING)
+    TrainingRun.objects.filter(pk=run.pk).update(started_at=timezone.now() - timedelta(seconds=70))
+    client = client_for(users["owner"])
+    poll = status_poll(client.get(f"/training/runs/{run.pk}/").content.decode(), run)
+    assert poll is not None and poll[0] == "every 2s"
+    url = f"/training/runs/{run.pk}/status?seen={poll[1]}"
+    first = client.get(url, **HTMX)
+    time.sleep(1.1)  # the shown duration is to the second
+    second = client.get(url, **HTMX)
+    assert first.status_code == second.status_code == 200
+    assert without_csrf_tokens(first.content.decode()) == without_csrf_tokens(second.content.decode())
+    started = TrainingRun.objects.get(pk=run.pk).started_at.replace(microsecond=0)
+    assert f'<time datetime="{started.isoformat()}" data-ticks-from' in first.content.decode()  # what the browser counts from
