@@ -49,9 +49,10 @@ class Comparison:
 
     @property
     def state(self) -> str:
-        """What the comparison was drawn from (its poll's ?seen=): a run's status, a new attempt or a
-        batch of points (ingest moves last_heartbeat_at) each changes it."""
-        seen = [self.metric] + [[run.pk, run.status, run.attempt, str(run.last_heartbeat_at)] for run in self.runs]
+        """What the comparison was drawn from (its poll's ?seen=): a run's status, a new attempt, a
+        batch of points (ingest moves last_heartbeat_at) or the end of the last late-reports window
+        (the answer that stops the poll) each changes it."""
+        seen = [self.metric, self.following] + [[run.pk, run.status, run.attempt, str(run.last_heartbeat_at)] for run in self.runs]
         return hashlib.sha1(json.dumps(seen).encode()).hexdigest()[:12]
 
     def differences_of(self, index: int) -> dict[str, str]:
