@@ -5,6 +5,9 @@ from datetime import datetime
 from ninja import Schema
 from pydantic import ConfigDict, Field
 
+from experiments.compare import COMPARE_LIMIT
+from training.views import MAX_POINTS
+
 
 class ExperimentIn(Schema):
     model_config = ConfigDict(extra="forbid")
@@ -17,3 +20,26 @@ class ExperimentOut(Schema):
     slug: str
     hub_repo: str
     created_at: datetime
+
+
+class CompareQuery(Schema):
+    metric: str | None = Field(None, description="A metric key the compared runs report (GET /api/training-runs/{id}/metrics lists them); loss when absent")
+    runs: str | None = Field(None, description=f"Comma-separated run ids of this experiment, at most {COMPARE_LIMIT}; "
+                                               "the newest runs with points of the metric when absent")
+
+
+class ComparedRunOut(Schema):
+    id: int
+    name: str
+    status: str
+    last: float | None = Field(description="The run's last value of the metric")
+    best: float | None = Field(description="Its lowest value for a loss-like metric, its highest for a reward-like one; null for other metrics")
+    points: list[tuple[int, float]] = Field(description=f"(step, value), downsampled to at most {MAX_POINTS} points as the run page's charts are")
+    settings: dict[str, str] = Field(description="Its value of each setting that differs between the compared runs (— where it has none)")
+
+
+class ComparisonOut(Schema):
+    metric: str
+    metrics: list[str] = Field(description="The metric keys the compared runs report")
+    chosen: bool = Field(description="Whether the runs were chosen with ?runs= (else the newest with points of the metric)")
+    runs: list[ComparedRunOut]

@@ -1,11 +1,12 @@
-"""Experiments pages: the list with an HTMX create form, and one experiment's runs with their
-loss curves compared on one chart."""
+"""Experiments pages: the list with an HTMX create form, and one experiment's runs with a metric of
+the runs chosen compared on one chart, beside the settings that differ between them."""
 from __future__ import annotations
 
 from collections import OrderedDict
+from urllib.parse import urlencode
 
 from django.core.paginator import Paginator
-from django.db.models import Count, Exists, OuterRef
+from django.db.models import Count, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.urls import reverse
@@ -13,15 +14,14 @@ from django.views.decorators.http import require_GET, require_POST
 
 from datahub.repos import find_repo
 from datahub.services import experiment_repo_name
+from experiments.compare import COMPARE_LIMIT, Comparison, compare_runs
 from experiments.models import Experiment
 from experiments.services import create_experiment
 from studio.errors import ApiError, NotFound
 from studio.views import errors_by_field, refuse_form, refused_forms, studio_page, web_actor
-from training.models import MetricPoint
+from training.models import TrainingRun
 from training.queries import runs_for
-from training.views import MAX_POINTS, RUNS_PER_PAGE, align, chart_series
-
-COMPARE_LIMIT = 12
+from training.views import RUNS_PER_PAGE, align
 
 
 def list_context(actor, values: dict | None = None, errors: dict | None = None, created: Experiment | None = None) -> dict:
@@ -60,27 +60,49 @@ def experiment_create(request: HttpRequest) -> HttpResponse:
 @studio_page
 @require_GET
 def experiment_detail(request: HttpRequest, experiment_id: int) -> HttpResponse:
+    """The page; for its metric and run choice (#comparison, the whole form) the form alone, and for
+    its poll while a compared run trains (#compare-live) the chart and table alone, answered 204 while
+    nothing they show has changed."""
     actor = web_actor(request)
     experiment = Experiment.objects.filter(pk=experiment_id, project_id__in=actor.scoped_project_ids()).select_related("project").first()
     if experiment is None:
         raise NotFound(f"No experiment {experiment_id} in your projects.")
-    # The chart compares the most recent runs that have loss points: queued runs with none would
-    # take its slots and push out the curves there are (an index probe per run, not a count).
-    # The table shows a page of the runs, as the runs list does: 650 runs made a 184 KB page.
     runs = runs_for(actor).filter(experiment=experiment).order_by("-created_at", "-id")
-    with_loss = runs.filter(Exists(MetricPoint.objects.filter(run=OuterRef("pk"), key="loss")))
-    compared = list(with_loss[:COMPARE_LIMIT])
-    with_points = with_loss.count() if len(compared) == COMPARE_LIMIT else len(compared)
-    page = Paginator(runs, RUNS_PER_PAGE).get_page(request.GET.get("page"))
-    named = OrderedDict()
-    for run in compared:
-        named[f"#{run.pk} {run.name}"] = chart_series(run.pk, ["loss"], MAX_POINTS).get("loss", [])
-    chart = align(named)
-    chart.update(id="compare-loss", title="Loss by step", empty=not chart["x"])
+    comparison = compare_runs(runs, request.GET.get("metric") or None, request.GET.getlist("runs"))
+    status = 400 if comparison.findings else 200
+    context = {"experiment": experiment, **comparison_context(experiment, runs, comparison)}
+    if request.htmx and request.htmx.target == "compare-live":
+        if request.GET.get("seen") == comparison.state:
+            return HttpResponse(status=204)
+        return render(request, "experiments/detail.html#compare_live", context, status=status)
+    context.update(runs_context(request, runs, comparison))
+    if request.htmx and request.htmx.target == "comparison":
+        return render(request, "experiments/detail.html#comparison", context, status=status)
     repo_name = experiment_repo_name(experiment)
-    repo = find_repo(experiment.project, repo_name)
-    context = {"section": "experiments", "project": experiment.project, "experiment": experiment, "runs": list(page.object_list), "page": page,
-               "repo": repo, "repo_name": repo_name,
-               "charts": [chart], "compared": len(compared), "with_points": with_points, "without_points": page.paginator.count - with_points,
-               "writable": actor.can_write(experiment.project)}
-    return render(request, "experiments/detail.html", context)
+    context.update({"section": "experiments", "project": experiment.project, "repo": find_repo(experiment.project, repo_name), "repo_name": repo_name,
+                    "writable": actor.can_write(experiment.project)})
+    return render(request, "experiments/detail.html", context, status=status)
+
+
+def comparison_context(experiment: Experiment, runs: QuerySet[TrainingRun], comparison: Comparison) -> dict:
+    """The chart (the run page's uPlot layout, a curve a run), the table of the compared runs, how
+    many runs the newest-runs chart leaves out for want of points, and the query that shows this
+    comparison again (its poll's, the pager's)."""
+    chart = align(OrderedDict((f"#{run.pk} {run.name}", comparison.series[run.pk]) for run in comparison.runs))
+    chart.update(id="compare-chart", title=f"{comparison.metric} by step", empty=not chart["x"])
+    query = {"metric": comparison.metric, **({"runs": ",".join(str(run.pk) for run in comparison.runs)} if comparison.chosen else {})}
+    rows = [{"run": run, "last": comparison.last(run), "best": comparison.best.get(run.pk), "settings": comparison.differences_of(i).values()}
+            for i, run in enumerate(comparison.runs)]
+    return {"comparison": comparison, "charts": [chart], "rows": rows, "query": urlencode(query),
+            "without_points": 0 if comparison.chosen else runs.count() - comparison.with_points,
+            "poll_url": reverse("experiments:detail", args=[experiment.pk]) + "?" + urlencode({**query, "seen": comparison.state})}
+
+
+def runs_context(request: HttpRequest, runs: QuerySet[TrainingRun], comparison: Comparison) -> dict:
+    """The runs table: a page of the runs, as the runs list shows them (650 runs made a 184 KB page),
+    each with its Compare box; the chosen runs on other pages go with the form unseen."""
+    page = Paginator(runs, RUNS_PER_PAGE).get_page(request.GET.get("page"))
+    shown = list(page.object_list)
+    compared = {run.pk for run in comparison.runs}
+    return {"runs": shown, "page": page, "compared_ids": compared, "compare_limit": COMPARE_LIMIT,
+            "chosen_elsewhere": sorted(compared - {run.pk for run in shown}) if comparison.chosen else []}

@@ -173,3 +173,55 @@ def test_a_digit_string_names_the_experiment_of_that_id_and_digits_with_a_letter
     assert moved.status_code == 201 and moved.json()["experiment"]["id"] == v1["id"]
     listed = api.get("/api/training-runs", experiment="v1").json()["items"]
     assert [r["name"] for r in listed] == ["by slug"]
+
+
+@pytest.fixture
+def compared(project, users):
+    """An experiment of two SFT runs with loss points, learning rates apart, and one in another project."""
+    from training.models import MetricPoint
+    from training.services import create_run
+
+    experiment = create_experiment(project, "lr sweep")
+    runs = []
+    for name, lr, losses in (("slow", 1e-5, [2.0, 1.9, 1.95]), ("fast", 1e-3, [2.0, 1.0, 1.2])):
+        run = create_run(project, users["owner"], name=name, method="sft", base_model="org/base", dataset="org/data", experiment=experiment.pk,
+                         config={"learning_rate": lr, "per_device_train_batch_size": 8})
+        MetricPoint.objects.bulk_create([MetricPoint(run=run, key="loss", step=s, value=v) for s, v in enumerate(losses, start=1)])
+        runs.append(run)
+    return experiment, runs
+
+
+def test_compare_answers_each_runs_series_last_best_and_differing_settings(api_as, compared):
+    experiment, (slow, fast) = compared
+    response = api_as("viewer").get(f"/api/experiments/{experiment.pk}/compare", runs=f"{slow.pk},{fast.pk}", metric="loss")
+    assert response.status_code == 200, response.content
+    assert response.json() == {"metric": "loss", "metrics": ["loss"], "chosen": True, "runs": [
+        {"id": fast.pk, "name": "fast", "status": "queued", "last": 1.2, "best": 1.0, "points": [[1, 2.0], [2, 1.0], [3, 1.2]], "settings": {"learning_rate": "0.001"}},
+        {"id": slow.pk, "name": "slow", "status": "queued", "last": 1.95, "best": 1.9, "points": [[1, 2.0], [2, 1.9], [3, 1.95]], "settings": {"learning_rate": "1e-05"}},
+    ]}
+    newest = api_as("viewer").get(f"/api/experiments/{experiment.pk}/compare").json()
+    assert (newest["chosen"], [run["id"] for run in newest["runs"]]) == (False, [fast.pk, slow.pk])
+
+
+@pytest.mark.parametrize("query, field, message", [
+    ({"metric": "rewrd"}, "metric", 'no run of this experiment reports "rewrd": choose one of loss'),
+    ({"metric": "a\x00b"}, "metric", 'no run of this experiment reports "a\\u0000b": choose one of loss'),
+    ({"metric": "x" * 5000}, "metric", "no run of this experiment reports"),
+    ({"runs": "1,two"}, "runs", '"two" is not a run id: give run ids separated by commas, e.g. runs=12,15'),
+    ({"runs": "99999999"}, "runs", "no run #99999999 in this experiment"),
+    ({"runs": ",".join(str(i) for i in range(10**9, 10**9 + 1000))}, "runs", "#1000000019 and 980 more in this experiment"),
+])
+def test_compare_with_a_bad_metric_or_run_is_400_naming_the_field(api, compared, query, field, message):
+    experiment, _ = compared
+    body = assert_error(api.get(f"/api/experiments/{experiment.pk}/compare", **query), 400, field)
+    assert message in body["errors"][0]["message"]
+
+
+def test_compare_never_shows_another_projects_runs_or_experiment(api, api_as, compared, other_project, users):
+    from training.services import create_run
+
+    experiment, _ = compared
+    theirs = create_run(other_project, users["outsider"], name="globex plugh", method="sft", base_model="org/base", dataset="org/data")
+    body = assert_error(api.get(f"/api/experiments/{experiment.pk}/compare", runs=str(theirs.pk)), 400, "runs")
+    assert body["errors"][0]["message"].startswith(f"no run #{theirs.pk} in this experiment") and "plugh" not in str(body)
+    assert_error(api_as("outsider").get(f"/api/experiments/{experiment.pk}/compare"), 404)

@@ -52,7 +52,8 @@ def fuzz_world(db, project, users, tokens, api, monkeypatch, settings, tmp_path)
         run_ids.append(run_id)
     repo = api.post("/api/hub/repos", {"name": "fuzz-model", "type": "model"})
     set_secret(project, "JUDGE_KEY", "s3cret")
-    return {"run_id": run_ids, "name": [repo.json().get("name", "fuzz-model") if repo.status_code < 300 else "fuzz-model", "JUDGE_KEY"]}
+    return {"run_id": run_ids, "name": [repo.json().get("name", "fuzz-model") if repo.status_code < 300 else "fuzz-model", "JUDGE_KEY"],
+            "experiment_id": [TrainingRun.objects.get(pk=run_ids[0]).experiment_id]}  # the runs' (default) experiment: its comparison
 
 
 def load_schema():
@@ -107,6 +108,7 @@ def test_no_5xx_and_every_4xx_has_detail_and_errors(case, fuzz_world, tokens):
 def test_the_fuzzer_sees_every_endpoint():
     """A router that drops out of the schema would drop out of the fuzzing silently."""
     paths = {op.ok().path for op in schema.get_all_operations()}
-    for expected in ("/api/training-runs", "/api/training-runs/{run_id}/start", "/api/ingest/runs/{run_id}", "/api/secrets/{name}", "/api/experiments"):
+    for expected in ("/api/training-runs", "/api/training-runs/{run_id}/start", "/api/ingest/runs/{run_id}", "/api/secrets/{name}", "/api/experiments",
+                     "/api/experiments/{experiment_id}/compare"):
         assert expected in paths, sorted(paths)
 

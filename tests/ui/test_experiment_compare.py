@@ -1,11 +1,17 @@
-"""The experiment page's loss comparison: it compares the most recent runs that have loss points (not
-queued runs with none), says how many have none yet, and its value labels are drawn whole."""
+"""The experiment page's comparison: by default the loss of the most recent runs that have loss points
+(not queued runs with none), saying how many have none yet; any metric the compared runs report
+(?metric=), the runs ticked (?runs=), a table of their last and best values and of the settings that
+differ, refreshed while a compared run trains; and its value labels are drawn whole."""
 from __future__ import annotations
 
+import json
 import re
+from datetime import timedelta
+from html import unescape
 
 import pytest
 from django.test import Client
+from django.utils import timezone
 from playwright.sync_api import expect
 
 from experiments.services import create_experiment
@@ -21,10 +27,11 @@ def client_for(user) -> Client:
     return client
 
 
-def run_in(project, users, experiment, name: str, losses: list[float] | None = None):
-    run = services.create_run(project, users["owner"], name=name, method="sft", base_model="org/base", dataset="my-data@main", experiment=experiment.pk)
-    if losses:
-        MetricPoint.objects.bulk_create([MetricPoint(run=run, key="loss", step=s, value=v) for s, v in enumerate(losses, start=1)])
+def run_in(project, users, experiment, name: str, losses: list[float] | None = None, config: dict | None = None, **series: list[float]):
+    run = services.create_run(project, users["owner"], name=name, method="sft", base_model="org/base", dataset="my-data@main", experiment=experiment.pk,
+                              config=config)
+    for key, values in {"loss": losses or [], **series}.items():
+        MetricPoint.objects.bulk_create([MetricPoint(run=run, key=key, step=s, value=v) for s, v in enumerate(values, start=1)])
     return run
 
 
@@ -69,12 +76,12 @@ def test_the_runs_table_shows_a_page_of_fifty_and_the_chart_counts_every_run(pro
     order = list(TrainingRun.objects.filter(experiment=experiment).order_by("-created_at", "-id").values_list("pk", flat=True))
     client = client_for(users["owner"])
     html = client.get(f"/experiments/{experiment.pk}/").content.decode()
-    shown = [int(pk) for pk in re.findall(r'<span class="muted">#(\d+)</span>', html)]
-    assert shown == order[:50] and "Runs 1–50 of 121" in html and '?page=2" rel="next"' in html
+    shown = [int(pk) for pk in re.findall(r'id="compare-run-(\d+)"', html)]  # the runs table's Compare boxes
+    assert shown == order[:50] and "Runs 1–50 of 121" in html and '?metric=loss&amp;page=2" rel="next"' in html
     assert compared_labels(html) == [f"#{trained.pk} trained"]
     assert "120 runs have no loss points yet" in html  # counted over every run, not the page
     last = client.get(f"/experiments/{experiment.pk}/", {"page": "3"}).content.decode()
-    assert [int(pk) for pk in re.findall(r'<span class="muted">#(\d+)</span>', last)] == order[100:] and "Runs 101–121 of 121" in last
+    assert [int(pk) for pk in re.findall(r'id="compare-run-(\d+)"', last)] == order[100:] and "Runs 101–121 of 121" in last
 
 
 # uPlot draws its tick labels on the canvas: record the value axis' ones (right-aligned against the
@@ -100,9 +107,208 @@ def test_value_labels_are_drawn_whole_inside_the_chart(owner_page, project, user
     experiment = create_experiment(project, "clipped")
     run_in(project, users, experiment, "falling", [6.25 - 0.75 * (s / 38) for s in range(39)])
     page.goto(f"/experiments/{experiment.pk}/")
-    expect(page.locator("#compare-loss")).to_have_attribute("data-drawn", "true")
+    expect(page.locator("#compare-chart")).to_have_attribute("data-drawn", "true")
     labels = page.evaluate("window.valueLabels")
     assert {label["text"] for label in labels} >= {"6.25", "6.00"}, labels
     for label in labels:
         assert 0 <= label["left"] < label["canvas"], label  # starts inside the canvas: every digit shows
     page.shot("compare-labels")
+
+
+def chart_of(html: str) -> dict:
+    """The chart the page draws (its json_script block, as studio.js reads it)."""
+    block = re.search(r'<script id="chart-data" type="application/json">(.*?)</script>', html, re.S)
+    assert block, html[:2000]
+    return json.loads(block.group(1))[0]
+
+
+def findings_of(html: str) -> list[str]:
+    box = re.search(r'data-testid="compare-findings">(.*?)</div>', html, re.S)
+    return [unescape(re.sub(r"<[^>]+>", "", item)).strip() for item in re.findall(r"<li>(.*?)</li>", box.group(1), re.S)] if box else []
+
+
+def refused_page(users, experiment, query: dict) -> str:
+    """The experiment page for a query it refuses part of: a 400 that still compares what it can."""
+    response = client_for(users["owner"]).get(f"/experiments/{experiment.pk}/", query)
+    assert response.status_code == 400, response.status_code
+    return response.content.decode()
+
+
+def compare_table(html: str) -> list[list[str]]:
+    """The compared runs' table, a list of rows of cell texts, its header first."""
+    table = re.search(r'<table data-testid="compare-table">(.*?)</table>', html, re.S)
+    assert table, html[:3000]
+    rows = re.findall(r"<tr[^>]*>(.*?)</tr>", table.group(1), re.S)
+    return [[re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", cell)).strip() for cell in re.findall(r"<t[hd][^>]*>(.*?)</t[hd]>", row, re.S)] for row in rows]
+
+
+@pytest.fixture
+def sweep(project, users):
+    """An experiment of three SFT runs: two that report a reward too (a custom metric here), one
+    with loss alone; they differ in learning rate, the newest in LoRA rank too."""
+    experiment = create_experiment(project, "sweep")
+    plain = run_in(project, users, experiment, "plain", [2.0, 1.0, 1.5], config={"learning_rate": 1e-4, "per_device_train_batch_size": 8})
+    low = run_in(project, users, experiment, "low lr", [2.0, 1.8, 1.7], config={"learning_rate": 1e-5, "per_device_train_batch_size": 8},
+                 reward=[0.1, 0.4, 0.3], grad_norm=[3.0, 2.0, 1.0])
+    high = run_in(project, users, experiment, "high lr", [2.0, 0.9, 0.8], config={"learning_rate": 1e-3, "per_device_train_batch_size": 8, "lora_rank": 8},
+                  reward=[0.2, 0.6, 0.5])
+    return experiment, {"plain": plain, "low": low, "high": high}
+
+
+@pytest.mark.django_db
+def test_a_chosen_metric_is_charted_for_the_newest_runs_that_report_it(project, users, sweep):
+    experiment, runs = sweep
+    client = client_for(users["owner"])
+    default = client.get(f"/experiments/{experiment.pk}/").content.decode()
+    metric_choice = re.search(r'<select id="compare-metric" name="metric">(.*?)</select>', default, re.S).group(1)
+    assert re.findall(r'<option value="([^"]+)"', metric_choice) == ["grad_norm", "loss", "reward"]  # every key of the compared runs
+    assert 'value="loss" selected' in default and chart_of(default)["title"] == "loss by step"
+    response = client.get(f"/experiments/{experiment.pk}/", {"metric": "reward"})
+    assert response.status_code == 200
+    html = response.content.decode()
+    chart = chart_of(html)
+    assert [s["label"] for s in chart["series"]] == [f"#{runs['high'].pk} high lr", f"#{runs['low'].pk} low lr"]  # plain has no reward
+    assert chart["x"] == [1, 2, 3] and [s["values"] for s in chart["series"]] == [[0.2, 0.6, 0.5], [0.1, 0.4, 0.3]]
+    assert "Reward by step — 2 runs with reward points compared" in html and 'value="reward" selected' in html
+    assert "1 run has no reward points yet" in html
+    # Last and best (highest, for a reward) of each run, from every point.
+    assert compare_table(html)[0][:4] == ["Run", "Status", "Last reward", "Best reward (highest)"]
+    assert [row[2:4] for row in compare_table(html)[1:]] == [["0.5", "0.6"], ["0.3", "0.4"]]
+    # A metric with no better end has no Best column.
+    assert compare_table(client.get(f"/experiments/{experiment.pk}/", {"metric": "grad_norm"}).content.decode())[0][:3] == ["Run", "Status", "Last grad_norm"]
+
+
+@pytest.mark.django_db
+def test_an_unknown_metric_is_a_400_naming_the_field_and_its_choices_and_loss_is_shown(project, users, sweep):
+    experiment, runs = sweep
+    html = refused_page(users, experiment, {"metric": "rewrd"})
+    assert findings_of(html) == ['metric: no run of this experiment reports "rewrd": choose one of grad_norm, loss, reward']
+    assert [s["label"] for s in chart_of(html)["series"]] == [f"#{run.pk} {run.name}" for run in (runs["high"], runs["low"], runs["plain"])]
+    assert 'value="loss" selected' in html
+
+
+@pytest.mark.django_db
+def test_ticked_runs_are_compared_with_only_the_settings_that_differ(project, users, sweep):
+    experiment, runs = sweep
+    client = client_for(users["owner"])
+    # ?runs=1,2 (a shared link) and ?runs=1&runs=2 (the form's boxes) choose the same runs.
+    for query in (f"runs={runs['plain'].pk},{runs['high'].pk}", f"runs={runs['plain'].pk}&runs={runs['high'].pk}"):
+        response = client.get(f"/experiments/{experiment.pk}/?{query}")
+        assert response.status_code == 200
+        html = response.content.decode()
+        assert [s["label"] for s in chart_of(html)["series"]] == [f"#{runs['high'].pk} high lr", f"#{runs['plain'].pk} plain"]
+        assert "Loss by step — 2 chosen runs compared" in html and "no loss points yet" not in html
+        table = compare_table(html)
+        # The batch size both use is left out; LoRA's alpha, stored beside the rank, is in.
+        alpha = str(runs["high"].config["lora_alpha"])
+        assert table == [["Run", "Status", "Last loss", "Best loss (lowest)", "learning_rate", "lora_alpha", "lora_rank"],
+                         [f"high lr #{runs['high'].pk}", "queued", "0.8", "0.8", "0.001", alpha, "8"],
+                         [f"plain #{runs['plain'].pk}", "queued", "1.5", "1.0", "0.0001", "—", "—"]]
+        ticked = re.findall(r'<input type="checkbox" id="compare-run-(\d+)" name="runs" value="\d+" checked', html)
+        assert sorted(map(int, ticked)) == sorted([runs["plain"].pk, runs["high"].pk])
+    # The metric choice offers what the chosen runs report.
+    html = client.get(f"/experiments/{experiment.pk}/", {"runs": f"{runs['plain'].pk},{runs['high'].pk}", "metric": "grad_norm"}).content.decode()
+    assert findings_of(html) == ['metric: no chosen run reports "grad_norm": choose one of loss, reward']
+
+
+@pytest.mark.django_db
+def test_runs_sharing_every_setting_say_so(project, users):
+    experiment = create_experiment(project, "repeat")
+    same = [run_in(project, users, experiment, f"seed {i}", [1.0, 0.5], config={"learning_rate": 1e-4}) for i in range(2)]
+    html = client_for(users["owner"]).get(f"/experiments/{experiment.pk}/", {"runs": ",".join(str(run.pk) for run in same)}).content.decode()
+    assert "All compared runs share every setting." in html
+    assert compare_table(html)[0] == ["Run", "Status", "Last loss", "Best loss (lowest)"]
+
+
+@pytest.mark.django_db
+def test_chosen_ids_of_other_experiments_and_projects_are_reported_by_id_and_never_shown(project, other_project, users, sweep):
+    experiment, runs = sweep
+    elsewhere = run_in(project, users, create_experiment(project, "other"), "elsewhere xyzzy", [1.0])
+    theirs = services.create_run(other_project, users["outsider"], name="globex plugh", method="sft", base_model="org/base", dataset="d@main")
+    query = f"{runs['low'].pk},{elsewhere.pk},{theirs.pk},99999999999999999999"
+    html = refused_page(users, experiment, {"runs": query})
+    assert findings_of(html) == [f"runs: no run #{elsewhere.pk}, #{theirs.pk}, #99999999999999999999 in this experiment: "
+                                 "left out (it may have been deleted, or be another experiment's)"]
+    assert "xyzzy" not in html and "plugh" not in html
+    assert [s["label"] for s in chart_of(html)["series"]] == [f"#{runs['low'].pk} low lr"]
+
+
+@pytest.mark.django_db
+def test_a_malformed_run_id_is_a_400_and_the_newest_runs_are_compared(project, users, sweep):
+    experiment, runs = sweep
+    html = refused_page(users, experiment, {"runs": "abc, ,²"})
+    assert findings_of(html) == ['runs: "abc" is not a run id: give run ids separated by commas, e.g. runs=12,15',
+                                 'runs: "²" is not a run id: give run ids separated by commas, e.g. runs=12,15']
+    assert len(chart_of(html)["series"]) == 3
+
+
+@pytest.mark.django_db
+def test_more_runs_chosen_than_the_limit_compares_the_newest_and_names_the_limit(project, users):
+    experiment = create_experiment(project, "wide")
+    runs = [run_in(project, users, experiment, f"r{i}", [1.0]) for i in range(COMPARE_LIMIT + 2)]
+    html = client_for(users["owner"]).get(f"/experiments/{experiment.pk}/", {"runs": ",".join(str(run.pk) for run in runs)}).content.decode()
+    assert findings_of(html) == [f"runs: at most {COMPARE_LIMIT} runs are compared at once: the oldest chosen (#{runs[1].pk}, #{runs[0].pk}) are left out; choose fewer"]
+    assert [s["label"] for s in chart_of(html)["series"]] == [f"#{run.pk} {run.name}" for run in reversed(runs[2:])]
+
+
+@pytest.mark.django_db
+def test_the_comparison_polls_while_a_compared_run_trains_and_stops_once_all_ended(project, users, sweep):
+    experiment, runs = sweep
+    client = client_for(users["owner"])
+    url = f"/experiments/{experiment.pk}/"
+    query = {"runs": f"{runs['low'].pk},{runs['high'].pk}", "metric": "reward"}
+    assert 'id="compare-live" hx-get' not in client.get(url, query).content.decode()  # nothing trains: no poll
+    TrainingRun.objects.filter(pk=runs["low"].pk).update(status="running", attempt=1, last_heartbeat_at=timezone.now())
+    html = client.get(url, query).content.decode()
+    poll = re.search(r'id="compare-live" hx-get="([^"]+)" hx-trigger="every 5s"', html)
+    assert poll, html
+    poll_url = poll.group(1).replace("&amp;", "&")
+    assert f"runs={runs['high'].pk}%2C{runs['low'].pk}" in poll_url and "metric=reward" in poll_url
+    live = {"HTTP_HX_REQUEST": "true", "HTTP_HX_TARGET": "compare-live"}
+    assert client.get(poll_url, **live).status_code == 204  # nothing changed: nothing to swap
+    # A batch of points lands (ingest moves last_heartbeat_at): the chart and table come back.
+    MetricPoint.objects.create(run=runs["low"], key="reward", step=4, value=0.9)
+    TrainingRun.objects.filter(pk=runs["low"].pk).update(last_heartbeat_at=timezone.now() + timedelta(seconds=1))
+    answer = client.get(poll_url, **live)
+    assert answer.status_code == 200 and "<html" not in answer.content.decode()
+    assert [row[2:4] for row in compare_table(answer.content.decode())[1:]] == [["0.5", "0.6"], ["0.9", "0.9"]]
+    assert 'hx-trigger="every 5s"' in answer.content.decode()
+    # Just ended, its engine may still report for a minute: the poll goes on.
+    TrainingRun.objects.filter(pk=runs["low"].pk).update(status="completed", finished_at=timezone.now())
+    settling = client.get(poll_url, **live).content.decode()
+    assert "completed" in settling and 'hx-trigger="every 5s"' in settling
+    poll_url = re.search(r'hx-get="([^"]+)"', settling).group(1).replace("&amp;", "&")
+    # Once that window has closed too, with nothing else changed, the answer stops the poll.
+    TrainingRun.objects.filter(pk=runs["low"].pk).update(finished_at=timezone.now() - timedelta(minutes=10))
+    ended = client.get(poll_url, **live)
+    assert ended.status_code == 200 and "hx-trigger" not in ended.content.decode()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_unticking_a_run_and_picking_a_metric_redraws_the_chart_and_table(owner_page, project, users, sweep):
+    page = owner_page
+    experiment, runs = sweep
+    page.goto(f"/experiments/{experiment.pk}/")
+    chart, caption, table = page.locator("#compare-chart"), page.locator("#compare-live figcaption"), page.get_by_test_id("compare-table")
+    expect(chart).to_have_attribute("data-drawn", "true")
+    expect(caption).to_have_text("Loss by step — 3 runs with loss points compared")
+    page.get_by_label(f"Compare low lr #{runs['low'].pk}").uncheck()
+    expect(caption).to_have_text("Loss by step — 2 chosen runs compared")
+    expect(page).to_have_url(re.compile(rf"runs={runs['high'].pk}&runs={runs['plain'].pk}"))
+    expect(table.locator("tbody tr")).to_have_count(2)
+    expect(table.locator("thead th")).to_have_text(["Run", "Status", "Last loss", "Best loss (lowest)", "learning_rate", "lora_alpha", "lora_rank"])
+    page.get_by_label("Metric").select_option("reward")
+    expect(caption).to_have_text("Reward by step — 2 chosen runs compared")
+    expect(page).to_have_url(re.compile(r"metric=reward"))
+    expect(table.locator("tbody tr").first).to_contain_text("0.5")  # high lr's last reward
+    expect(chart).to_have_attribute("data-drawn", "true")  # the swapped-in chart is drawn
+    drawn = json.loads(page.locator("#chart-data").text_content())[0]
+    assert [s["label"] for s in drawn["series"]] == [f"#{runs['high'].pk} high lr", f"#{runs['plain'].pk} plain"]
+    assert drawn["series"][0]["values"] == [0.2, 0.6, 0.5] and drawn["series"][1]["values"] == [None, None, None]
+    expect(page.locator(".u-legend")).to_contain_text(f"#{runs['high'].pk} high lr")
+    expect(page.get_by_test_id("chosen-without-points")).to_have_text(f"No reward points yet from #{runs['plain'].pk} plain.")
+    page.shot("compare-two-runs-reward")
+    # The address shows the same comparison to whoever opens it.
+    page.reload()
+    expect(caption).to_have_text("Reward by step — 2 chosen runs compared")
+    expect(page.get_by_label(f"Compare low lr #{runs['low'].pk}")).not_to_be_checked()

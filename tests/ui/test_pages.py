@@ -437,7 +437,7 @@ def test_experiment_create_via_htmx_and_compare_page(project, users):
     run = make_run(project, users["owner"], "sft", experiment=experiment.pk)
     MetricPoint.objects.bulk_create([MetricPoint(run=run, key="loss", step=s, value=2.0 - s / 100) for s in range(50)])
     html = client.get(f"/experiments/{experiment.pk}/").content.decode()
-    assert "compare-loss" in html and run.name in html
+    assert "compare-chart" in html and run.name in html
 
 
 def test_experiment_form_refuses_a_name_of_only_digits_beside_the_field(project, users):
