@@ -56,5 +56,5 @@ def test_the_experiment_compare_chart_has_a_row_per_run(project, users):
                                      for run, points in ((first, [(1, 2.5), (2, 1.25)]), (second, [(1, 3.0), (5, 0.000125), (9, 0.5)]))
                                      for s, value in points])
     html = client_for(users["owner"]).get(f"/experiments/{first.experiment_id}/").content.decode()
-    assert data_rows(html, "compare-loss") == {f"#{second.pk} second": ["9", "0.5", "0.000125", "3"],
+    assert data_rows(html, "compare-chart") == {f"#{second.pk} second": ["9", "0.5", "0.000125", "3"],
                                                f"#{first.pk} first": ["2", "1.25", "1.25", "2.5"]}
