@@ -15,7 +15,7 @@ from studio.errors import ApiError, Finding
 from training.compute import GPU_MEMORY_GIB, parse_accelerators
 from training.dataset_tokens import dataset_tokens
 from training.methods.base import Draft
-from training.refs import DATASET_TYPES, dataset_entries, local_model_dir
+from training.refs import DATASET_TYPES, check_dataset, dataset_entries, local_model_dir
 
 METHOD_CHOICES = [("sft", "SFT"), ("dpo", "DPO"), ("grpo", "GRPO"), ("distill", "DISTILL")]
 PRECISION_CHOICES = [("", "Default (bf16 on a GPU, fp32 on the CPU)"), ("bf16", "BF16"), ("fp8", "FP8"), ("nvfp4", "NVFP4")]
@@ -261,7 +261,7 @@ def parse_run_form(data: QueryDict) -> ParsedRun:
             value = raw
         root, _, rest = name.partition(".")
         set_path(compute if root == "compute" else form_config, rest, value)
-    dataset = dataset_from_fields(values.get("dataset") or "", values.get("dataset_type") or "")
+    dataset = posted_dataset(values)
     parsed.kwargs = {
         "name": (values.get("name") or "").strip(),
         "method": method,
@@ -285,11 +285,46 @@ def dataset_from_fields(refs: str, kind: str) -> Any:
 
 
 def dataset_fields(dataset: Any) -> dict[str, str]:
-    """A run's dataset as the Dataset fields show it; entries of different types show no type (the
-    edit view keeps such a dataset unless its fields are changed)."""
+    """A run's dataset as the Dataset fields show it, and, where they cannot show it exactly (entries
+    of different types, an entry without a type written as {"ref": …}, a list of one entry), the
+    dataset itself as JSON in `dataset_kept`: a copy or an edit submitted with those fields untouched
+    keeps it (posted_dataset), instead of dropping the entries' types."""
     entries = dataset_entries(dataset)
     kinds = {entry.type or "" for entry in entries}
-    return {"dataset": ", ".join(entry.ref for entry in entries), "dataset_type": kinds.pop() if len(kinds) == 1 else ""}
+    fields = {"dataset": ", ".join(entry.ref for entry in entries), "dataset_type": kinds.pop() if len(kinds) == 1 else ""}
+    if dataset_from_fields(fields["dataset"], fields["dataset_type"]) != dataset:
+        fields["dataset_kept"] = json.dumps(dataset)
+    return fields
+
+
+def kept_dataset(values: dict[str, Any]) -> Any:
+    """The dataset the form was filled with (`dataset_kept`) while the Dataset fields still show it as
+    they did, else None. A value that is not a dataset as dataset_fields wrote it counts as changed:
+    the fields, which the user sees, win."""
+    try:
+        kept = json.loads(values.get("dataset_kept") or "null")
+    except ValueError:
+        return None
+    if kept is None or check_dataset(kept):
+        return None
+    shown = dataset_fields(kept)
+    return kept if all((values.get(k) or "").strip() == shown[k] for k in ("dataset", "dataset_type")) else None
+
+
+def posted_dataset(values: dict[str, Any]) -> Any:
+    """The run's dataset from the form: the one it was filled with while its fields are untouched,
+    else what the Dataset fields say."""
+    kept = kept_dataset(values)
+    return kept if kept is not None else dataset_from_fields(values.get("dataset") or "", values.get("dataset_type") or "")
+
+
+def kept_dataset_note(values: dict[str, Any]) -> str:
+    """What the Dataset fields cannot show of the dataset they were filled with: each entry and its type."""
+    kept = kept_dataset(values)
+    if kept is None:
+        return ""
+    entries = ", ".join(f"{entry.ref} ({entry.type or 'type not set'})" for entry in dataset_entries(kept))
+    return f"Kept as stored while these fields stay as they are: {entries}. Change them to replace it."
 
 
 def draft_of_values(values: dict[str, Any], project=None) -> tuple[Draft, list[Finding]]:
@@ -308,7 +343,7 @@ def draft_of_values(values: dict[str, Any], project=None) -> tuple[Draft, list[F
 def shown_value(name: str, kind: str, value: Any) -> Any:
     """A stored value as its form field shows it, or None when the field has no way to show it."""
     if kind == "bool":
-        return value
+        return True if value is True else None  # an unticked box posts nothing: a stored false stays in the YAML box
     if kind == "tristate":
         return ("true" if value else "false") if isinstance(value, bool) else None
     text = "" if value is None else str(value)
@@ -393,7 +428,7 @@ def estimate_tokens(values: dict[str, Any], project=None) -> EstimateTokens:
     typed = str(values.get("distill_tokens") or "").strip()
     if typed:
         return EstimateTokens(typed, "as given in the form")
-    dataset = dataset_from_fields(values.get("dataset") or "", values.get("dataset_type") or "")
+    dataset = posted_dataset(values)
     counted = dataset_tokens(project, dataset, (values.get("base_model") or "").strip() or None)
     if counted is not None:
         return EstimateTokens(counted.tokens, counted.source)

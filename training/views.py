@@ -350,6 +350,7 @@ def form_context(request: HttpRequest, project, values: dict[str, Any], errors: 
                     "liger": forms.LIGER_CHOICES, "checkpointing": forms.CHECKPOINTING_CHOICES, "packing": forms.PACKING_CHOICES,
                     "rollout_engine": forms.ROLLOUT_ENGINE_CHOICES},
         "performance_open": forms.performance_open(values, errors),
+        "dataset_kept_note": forms.kept_dataset_note(values),
         "estimate": forms.distill_storage_estimate(values, project) if distill else None,
         "estimate_finding": top_k_finding_of(values) if distill else None,
         "environment_choices": environment_choices(project) if method == "grpo" else [],
@@ -449,9 +450,6 @@ def edit_run(request: HttpRequest, run_id: int) -> HttpResponse:
     kwargs = parsed.kwargs
     patch = {"name": kwargs["name"], "base_model": kwargs["base_model"], "dataset": kwargs["dataset"],
              "config": replacement_patch(run.config, kwargs["config"]), "compute": replacement_patch(run.compute, kwargs["compute"])}
-    shown = forms.dataset_fields(run.dataset)
-    if all((parsed.values.get(k) or "").strip() == shown[k] for k in shown):
-        del patch["dataset"]  # untouched: keep it exactly (the fields cannot show entries of different types)
     try:
         services.update_run(run, patch)
     except ApiError as exc:
