@@ -92,18 +92,23 @@ GRPO_QUICK_TRY = {"config.rollouts_per_prompt": "8", "config.max_response_length
 def fit_response_length(values: dict[str, Any], project=None) -> str:
     """GRPO's default max_response_length (2048) where the base model attends over no more positions
     (the demo model's 512): START refuses it, so the field holds half the model's positions instead,
-    the other half left for the prompt. Only the untouched default changes; returns the field's note
-    saying so ("" when nothing changed)."""
+    the other half left for the prompt, and `fitted_response_length` (a hidden input) remembers that
+    length. Only the untouched default changes, or a length fitted so and left as it was: another base
+    model fits it again, and one with more positions brings the default back. A length the user typed
+    stays. Returns the field's note saying so ("" when nothing is fitted)."""
     default = METHOD_DEFAULTS["grpo"]["config.max_response_length"]
-    if values.get("method") != "grpo" or str(values.get("config.max_response_length") or "").strip() != default:
+    length = str(values.get("config.max_response_length") or "").strip()
+    fitted = str(values.pop("fitted_response_length", "") or "").strip()
+    if values.get("method") != "grpo" or length not in {default, fitted or default}:
         return ""
     from training.validation import context_limit  # validation reads forms' Data Hub helpers
 
+    values["config.max_response_length"] = default
     base_model = (values.get("base_model") or "").strip()
     known = context_limit(base_model, project) if base_model else None
     if known is None or known[1] > int(default):
         return ""
-    values["config.max_response_length"] = str(max(known[1] // 2, 1))
+    values["config.max_response_length"] = values["fitted_response_length"] = str(max(known[1] // 2, 1))
     return (f"{base_model} attends over {known[1]} positions, too few for the default {default}: "
             f"this starts at half of them, the rest left for the prompt.")
 
