@@ -132,7 +132,7 @@ def is_type(value: Any, name: str) -> bool:
     return not isinstance(value, bool) and isinstance(value, PYTHON_TYPES[name])  # True is an int to Python, not a number in JSON
 
 
-def _finding(field: str, key: str, message: str) -> Finding:
+def config_key_finding(field: str, key: str, message: str) -> Finding:
     """On `config.<key>` where `field` is the CONFIG itself; on `field` (a run's config.environment_id), naming the key, elsewhere."""
     return Finding(f"{field}.{key}", message) if field == "config" else Finding(field, f"CONFIG.{key}: {message}")
 
@@ -179,4 +179,4 @@ def declared_config_findings(init: ast.Module | None, config: dict[str, Any] | N
         bad = _out_of_range(key, config[key], low, high) if key in config else {}
         for path, value in list(bad.items())[:MAX_UNKNOWN]:
             found.setdefault(path, f"must be {_range(low, high)}, as the environment declares (CONFIG_RANGES in __init__.py); got {value!r}")
-    return [_finding(field, key, message) for key, message in found.items()]
+    return [config_key_finding(field, key, message) for key, message in found.items()]

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import ast
 import logging
+import os
 import pprint
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -23,7 +24,7 @@ from typing import Any
 from django.conf import settings
 
 from datahub.datasets import RowNeeds
-from environments.declarations import DECLARATIONS, assignment, code, declaration_findings, declared_config_findings, with_declarations
+from environments.declarations import DECLARATIONS, assignment, code, config_key_finding, declaration_findings, declared_config_findings, with_declarations
 from studio.errors import BadRequest, Finding, NotFound
 from training.engine.packages import CONFIG_METADATA
 from training.refs import inside_local_roots
@@ -105,6 +106,44 @@ def _last_binding(tree: ast.Module | None, name: str) -> ast.expr | None:
     return found
 
 
+def _binds(node: ast.stmt, name: str) -> bool:
+    """Whether `node` binds `name`: an assignment, or an import."""
+    if _assigned(node, name) is not None:
+        return True
+    return isinstance(node, (ast.Import, ast.ImportFrom)) and any((alias.asname or alias.name) == name for alias in node.names)
+
+
+def _inner_statements(node: ast.stmt) -> Iterator[ast.stmt]:
+    """The statements inside a compound statement (if, try, with, for, while, match), at any depth, but
+    not inside a def or a class: those run, or not, as the module runs."""
+    for child in [*getattr(node, "body", []), *getattr(node, "orelse", []), *getattr(node, "finalbody", []),
+                  *getattr(node, "handlers", []), *getattr(node, "cases", [])]:
+        for stmt in child.body if isinstance(child, (ast.ExceptHandler, ast.match_case)) else [child]:
+            yield stmt
+            if not isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                yield from _inner_statements(stmt)
+
+
+def conditional_config(files: dict[str, bytes]) -> tuple[str, int] | None:
+    """(path, line) of a CONFIG bound inside an if/try/with/for/while/match block of __init__.py or of the
+    file config_site reads. Which binding the run loads then depends on what the module does as it
+    runs, while the Studio reads, shows and edits only a top-level one: it would show and save
+    another CONFIG than the run's."""
+    root = package_prefix(files) or ""
+    for path in dict.fromkeys([root + "__init__.py", config_site(files).path or ""]):
+        try:
+            tree = ast.parse(files[path]) if path in files else None
+        except (SyntaxError, ValueError):
+            continue  # static_findings reports the syntax error
+        for top in tree.body if tree is not None else []:
+            if isinstance(top, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                continue
+            found = next((stmt for stmt in _inner_statements(top) if _binds(stmt, "CONFIG")), None)
+            if found is not None:
+                return path, found.lineno
+    return None
+
+
 def config_site(files: dict[str, bytes]) -> ConfigSite:
     """Where the CONFIG a run loads is defined, by the engine's rule (training.engine.packages.package_config):
     the package module's own CONFIG once __init__.py ran (its last module-level binding there: an
@@ -154,10 +193,25 @@ def config_literal_finding(files: dict[str, bytes], field: str = FIELD) -> list[
     return []
 
 
+def config_place_finding(files: dict[str, bytes], field: str = FIELD) -> list[Finding]:
+    """A CONFIG bound in a block (conditional_config): GET …/check lists it, START refuses it and the
+    Studio saves no CONFIG into such a package, since it would save one the run does not load."""
+    found = conditional_config(files)
+    if found is None:
+        return []
+    path, line = found
+    return [Finding(field, f"{path}:{line}: CONFIG is bound inside an if/try/with/for block, so which CONFIG the run loads depends on how the "
+                           "module runs, while the Studio reads, shows and edits only a top-level one: move CONFIG to a top-level assignment, "
+                           "e.g. CONFIG = {\"max_examples\": 10}")]
+
+
 def edited_config_file(files: dict[str, bytes], config: dict[str, Any]) -> tuple[str, bytes]:
     """(path, new content) of the file that defines the package's CONFIG (config_site), with `config` in
     place of the value it assigns: the rest of the file (comments, other names) stays as it was. A
     package with no CONFIG yet gets config.py, which the engine reads when __init__.py defines none."""
+    misplaced = config_place_finding(files, "config")
+    if misplaced:
+        raise BadRequest("The Studio cannot tell which CONFIG this package loads.", misplaced)
     site = config_site(files)
     if site.path is None:
         raise BadRequest("This package takes its CONFIG from a module outside it.",
@@ -236,12 +290,29 @@ def config_findings(reference: dict[str, Any] | None, config: dict[str, Any], fi
             if not PurePosixPath(now).is_absolute():
                 if root + now not in files:
                     findings.append(Finding(f"{field}.{key}", f"the package has no file {now!r} (it has {was!r}): name one of its files, or push the file to the repo first"))
-            elif not (inside_local_roots(Path(now)) and Path(now).is_file()):
-                # An absolute path is read on the machine that runs the engine: the local backend's is this one.
+            elif not readable_local_file(now):
                 findings.append(Finding(f"{field}.{key}", f"{now} is not a file on the Studio's machine that runs may read: name one of the package's files "
                                                           f"({was!r}), or push the file to the repo first"))
     said = {f.field for f in findings}  # one finding a field: the reference's, where both see a wrong type
     return findings + [f for f in declared_config_findings(declared(init), config, field) if f.field not in said]
+
+
+def readable_local_file(path: str) -> bool:
+    """Whether a run may read the absolute `path` a CONFIG names: a file inside STUDIO_LOCAL_ROOTS that
+    the Studio's user can read. It is read on the machine that runs the engine: the local backend's is
+    this one."""
+    file = Path(path)
+    return inside_local_roots(file) and file.is_file() and os.access(file, os.R_OK)
+
+
+def local_file_findings(config: dict[str, Any] | None, field: str = FIELD) -> list[Finding]:
+    """START's look at each absolute path in the package's CONFIG: a PUT checked it when it was saved,
+    but a file deleted, made unreadable or moved out of STUDIO_LOCAL_ROOTS since then started the run,
+    which failed in the engine as the package loaded."""
+    return [config_key_finding(field, key, f"{value} is not a file on the Studio's machine that runs may read (deleted, unreadable or outside "
+                                           f"STUDIO_LOCAL_ROOTS since CONFIG was saved): put the file back, or set {key} to one of the package's files")
+            for key, value in (config or {}).items()
+            if isinstance(value, str) and PurePosixPath(value).is_absolute() and not readable_local_file(value)]
 
 
 def declared(init: ast.Module | None) -> ast.Module | None:
@@ -381,10 +452,12 @@ def static_findings(files: dict[str, bytes], image_has: Callable[[str], bool], *
     if init is not None and not _has_entry_point(init, modules):
         findings.append(Finding(field, "the package's __init__.py has no module-level load_environment(**kwargs) (and exports no verifiers Taskset subclass)"))
     findings += config_literal_finding(files, field)
+    findings += config_place_finding(files, field)
     findings += missing_config_findings(init, read_config(files), field)
     findings += row_keys_finding(files, field)
     findings += declaration_findings(init, field)
     findings += declared_config_findings(declared(init), read_config(files), config_field or field)
+    findings += local_file_findings(read_config(files), config_field or field)
     return findings
 
 

@@ -15,7 +15,7 @@ from studio.errors import ApiError, Finding
 from training.compute import GPU_MEMORY_GIB, parse_accelerators
 from training.dataset_tokens import dataset_tokens
 from training.methods.base import Draft
-from training.refs import DATASET_TYPES, dataset_entries, local_model_dir
+from training.refs import DATASET_TYPES, check_dataset, dataset_entries, local_model_dir
 
 METHOD_CHOICES = [("sft", "SFT"), ("dpo", "DPO"), ("grpo", "GRPO"), ("distill", "DISTILL")]
 PRECISION_CHOICES = [("", "Default (bf16 on a GPU, fp32 on the CPU)"), ("bf16", "BF16"), ("fp8", "FP8"), ("nvfp4", "NVFP4")]
@@ -92,18 +92,23 @@ GRPO_QUICK_TRY = {"config.rollouts_per_prompt": "8", "config.max_response_length
 def fit_response_length(values: dict[str, Any], project=None) -> str:
     """GRPO's default max_response_length (2048) where the base model attends over no more positions
     (the demo model's 512): START refuses it, so the field holds half the model's positions instead,
-    the other half left for the prompt. Only the untouched default changes; returns the field's note
-    saying so ("" when nothing changed)."""
+    the other half left for the prompt, and `fitted_response_length` (a hidden input) remembers that
+    length. Only the untouched default changes, or a length fitted so and left as it was: another base
+    model fits it again, and one with more positions brings the default back. A length the user typed
+    stays. Returns the field's note saying so ("" when nothing is fitted)."""
     default = METHOD_DEFAULTS["grpo"]["config.max_response_length"]
-    if values.get("method") != "grpo" or str(values.get("config.max_response_length") or "").strip() != default:
+    length = str(values.get("config.max_response_length") or "").strip()
+    fitted = str(values.pop("fitted_response_length", "") or "").strip()
+    if values.get("method") != "grpo" or length not in {default, fitted or default}:
         return ""
     from training.validation import context_limit  # validation reads forms' Data Hub helpers
 
+    values["config.max_response_length"] = default
     base_model = (values.get("base_model") or "").strip()
     known = context_limit(base_model, project) if base_model else None
     if known is None or known[1] > int(default):
         return ""
-    values["config.max_response_length"] = str(max(known[1] // 2, 1))
+    values["config.max_response_length"] = values["fitted_response_length"] = str(max(known[1] // 2, 1))
     return (f"{base_model} attends over {known[1]} positions, too few for the default {default}: "
             f"this starts at half of them, the rest left for the prompt.")
 
@@ -261,7 +266,7 @@ def parse_run_form(data: QueryDict) -> ParsedRun:
             value = raw
         root, _, rest = name.partition(".")
         set_path(compute if root == "compute" else form_config, rest, value)
-    dataset = dataset_from_fields(values.get("dataset") or "", values.get("dataset_type") or "")
+    dataset = posted_dataset(values)
     parsed.kwargs = {
         "name": (values.get("name") or "").strip(),
         "method": method,
@@ -285,11 +290,46 @@ def dataset_from_fields(refs: str, kind: str) -> Any:
 
 
 def dataset_fields(dataset: Any) -> dict[str, str]:
-    """A run's dataset as the Dataset fields show it; entries of different types show no type (the
-    edit view keeps such a dataset unless its fields are changed)."""
+    """A run's dataset as the Dataset fields show it, and, where they cannot show it exactly (entries
+    of different types, an entry without a type written as {"ref": …}, a list of one entry), the
+    dataset itself as JSON in `dataset_kept`: a copy or an edit submitted with those fields untouched
+    keeps it (posted_dataset), instead of dropping the entries' types."""
     entries = dataset_entries(dataset)
     kinds = {entry.type or "" for entry in entries}
-    return {"dataset": ", ".join(entry.ref for entry in entries), "dataset_type": kinds.pop() if len(kinds) == 1 else ""}
+    fields = {"dataset": ", ".join(entry.ref for entry in entries), "dataset_type": kinds.pop() if len(kinds) == 1 else ""}
+    if dataset_from_fields(fields["dataset"], fields["dataset_type"]) != dataset:
+        fields["dataset_kept"] = json.dumps(dataset)
+    return fields
+
+
+def kept_dataset(values: dict[str, Any]) -> Any:
+    """The dataset the form was filled with (`dataset_kept`) while the Dataset fields still show it as
+    they did, else None. A value that is not a dataset as dataset_fields wrote it counts as changed:
+    the fields, which the user sees, win."""
+    try:
+        kept = json.loads(values.get("dataset_kept") or "null")
+    except ValueError:
+        return None
+    if kept is None or check_dataset(kept):
+        return None
+    shown = dataset_fields(kept)
+    return kept if all((values.get(k) or "").strip() == shown[k] for k in ("dataset", "dataset_type")) else None
+
+
+def posted_dataset(values: dict[str, Any]) -> Any:
+    """The run's dataset from the form: the one it was filled with while its fields are untouched,
+    else what the Dataset fields say."""
+    kept = kept_dataset(values)
+    return kept if kept is not None else dataset_from_fields(values.get("dataset") or "", values.get("dataset_type") or "")
+
+
+def kept_dataset_note(values: dict[str, Any]) -> str:
+    """What the Dataset fields cannot show of the dataset they were filled with: each entry and its type."""
+    kept = kept_dataset(values)
+    if kept is None:
+        return ""
+    entries = ", ".join(f"{entry.ref} ({entry.type or 'type not set'})" for entry in dataset_entries(kept))
+    return f"Kept as stored while these fields stay as they are: {entries}. Change them to replace it."
 
 
 def draft_of_values(values: dict[str, Any], project=None) -> tuple[Draft, list[Finding]]:
@@ -308,7 +348,7 @@ def draft_of_values(values: dict[str, Any], project=None) -> tuple[Draft, list[F
 def shown_value(name: str, kind: str, value: Any) -> Any:
     """A stored value as its form field shows it, or None when the field has no way to show it."""
     if kind == "bool":
-        return value
+        return True if value is True else None  # an unticked box posts nothing: a stored false stays in the YAML box
     if kind == "tristate":
         return ("true" if value else "false") if isinstance(value, bool) else None
     text = "" if value is None else str(value)
@@ -393,7 +433,7 @@ def estimate_tokens(values: dict[str, Any], project=None) -> EstimateTokens:
     typed = str(values.get("distill_tokens") or "").strip()
     if typed:
         return EstimateTokens(typed, "as given in the form")
-    dataset = dataset_from_fields(values.get("dataset") or "", values.get("dataset_type") or "")
+    dataset = posted_dataset(values)
     counted = dataset_tokens(project, dataset, (values.get("base_model") or "").strip() or None)
     if counted is not None:
         return EstimateTokens(counted.tokens, counted.source)

@@ -359,6 +359,7 @@ def form_context(request: HttpRequest, project, values: dict[str, Any], errors: 
                     "liger": forms.LIGER_CHOICES, "checkpointing": forms.CHECKPOINTING_CHOICES, "packing": forms.PACKING_CHOICES,
                     "rollout_engine": forms.ROLLOUT_ENGINE_CHOICES},
         "performance_open": forms.performance_open(values, errors),
+        "dataset_kept_note": forms.kept_dataset_note(values),
         "estimate": forms.distill_storage_estimate(values, project) if distill else None,
         "estimate_finding": top_k_finding_of(values) if distill else None,
         "environment_choices": environment_choices(project) if method == "grpo" else [],
@@ -458,9 +459,6 @@ def edit_run(request: HttpRequest, run_id: int) -> HttpResponse:
     kwargs = parsed.kwargs
     patch = {"name": kwargs["name"], "base_model": kwargs["base_model"], "dataset": kwargs["dataset"],
              "config": replacement_patch(run.config, kwargs["config"]), "compute": replacement_patch(run.compute, kwargs["compute"])}
-    shown = forms.dataset_fields(run.dataset)
-    if all((parsed.values.get(k) or "").strip() == shown[k] for k in shown):
-        del patch["dataset"]  # untouched: keep it exactly (the fields cannot show entries of different types)
     try:
         services.update_run(run, patch)
     except ApiError as exc:
@@ -509,10 +507,12 @@ def new_run_part(request: HttpRequest, part: str) -> HttpResponse:
             part, ", ".join(names), reverse("training:new")))
     values["method"] = method
     # A base model typed or a method picked: GRPO's default rollout length fitted to the model (the fit
-    # estimate's request follows every change of the form, and then swaps the numbers in out of band).
+    # estimate's request follows every change of the form, and then swaps the numbers in out of band,
+    # only when the length moved: a swap takes the focus from a field of the numbers the user is in).
+    length = values.get("config.max_response_length")
     response_help = forms.fit_response_length(values, project) if part in ("method", "fit") else ""
     context = {**form_context(request, project, values), "swap_dataset_help": part == "method", "oob": part == "quick", "swap_config": swap_config,
-               "response_help": response_help, "numbers_oob": part == "fit" and bool(response_help)}
+               "response_help": response_help, "numbers_oob": part == "fit" and values.get("config.max_response_length") != length}
     if part == "method":
         context["carried"] = forms.other_methods_values(values, method)
     response = render(request, f"training/new_run.html#{names[part]}", context)

@@ -430,3 +430,50 @@ def test_a_config_put_naming_an_absolute_data_file_needs_a_file_runs_may_read(ap
     assert api.get("/api/environments/abs-maths/config").json()["commit"] == before["commit"]
     settings.STUDIO_LOCAL_ROOTS = [tmp_path]
     assert api.put("/api/environments/abs-maths/config", {"config": {**before["config"], "data_file": str(own)}}).status_code == 200
+
+
+@pytest.mark.parametrize("init", [
+    b"try:\n    from .local import CONFIG\nexcept ImportError:\n    CONFIG = {'n': 8}\n\n\ndef load_environment(**kwargs):\n    return kwargs['n']\n",
+    b"import os\n\nif os.environ.get('FAST'):\n    CONFIG = {'n': 8}\n\n\ndef load_environment(**kwargs):\n    return kwargs['n']\n",
+])
+def test_a_config_bound_in_a_block_is_a_finding_on_the_check_and_start_and_a_put_saves_nothing(api, project, init):
+    # The Studio read, showed and saved config.py's CONFIG, while the run loaded the one __init__.py bound in its if/try.
+    repo = create_repo(project, "block-env", RepoType.ENVIRONMENT)
+    commit_files(repo, "main", {"__init__.py": init, "config.py": b"CONFIG = {'n': 1}\n"})
+    line = 2 if init.startswith(b"try") else 4
+    says = f"__init__.py:{line}: CONFIG is bound inside an if/try/with/for block"
+    findings = api.get("/api/environments/block-env/check").json()["findings"]
+    assert [f["field"] for f in findings] == ["config.environment_id"] and says in findings[0]["message"], findings
+    assert "move CONFIG to a top-level assignment" in findings[0]["message"]
+    body = assert_error(api.post(f"/api/training-runs/{grpo_run(api, 'block-env@main')}/start"), 422, "config.environment_id")
+    assert any(says in e["message"] for e in body["errors"]), body
+    before = api.get("/api/environments/block-env/config").json()["commit"]
+    error = assert_error(api.put("/api/environments/block-env/config", {"config": {"n": 2}}), 400, "config")
+    assert says in error["errors"][0]["message"]
+    assert api.get("/api/environments/block-env/config").json()["commit"] == before
+    # Moved to the top level, CONFIG is the one the Studio edits; one bound in a function is no module binding.
+    commit_files(repo, "main", {"__init__.py": b"CONFIG = {'n': 8}\n\n\ndef load_environment(**kwargs):\n    if kwargs:\n        CONFIG = {}\n    return kwargs['n']\n"})
+    assert api.get("/api/environments/block-env/check").json()["findings"] == []
+    assert api.put("/api/environments/block-env/config", {"config": {"n": 2}}).status_code == 200
+
+
+def test_start_checks_an_absolute_data_file_again_as_it_may_be_gone_since_it_was_saved(api, project, settings, tmp_path):
+    # A data file saved in CONFIG, then deleted or made unreadable, started the run, which failed in the engine as the package loaded.
+    own = tmp_path / "maths.jsonl"
+    own.write_text('{"question": "1+1?", "answer": "2"}\n')
+    settings.STUDIO_LOCAL_ROOTS = [tmp_path]
+    api.post("/api/environments/fork", {"catalogue": "gsm-maths", "name": "abs-maths"})
+    config = api.get("/api/environments/abs-maths/config").json()["config"]
+    assert api.put("/api/environments/abs-maths/config", {"config": {**config, "data_file": str(own)}}).status_code == 200
+    started = api.post(f"/api/training-runs/{grpo_run(api, 'abs-maths@main')}/start")
+    assert started.status_code < 300, started.content  # the file is there
+    says = f"CONFIG.data_file: {own} is not a file on the Studio's machine that runs may read"
+    for gone in (lambda: setattr(settings, "STUDIO_LOCAL_ROOTS", [tmp_path / "elsewhere"]), own.unlink):  # moved out of the roots, deleted
+        gone()
+        run_id = grpo_run(api, "abs-maths@main")
+        body = assert_error(api.post(f"/api/training-runs/{run_id}/start"), 422, "config.environment_id")
+        assert any(e["message"].startswith(says) for e in body["errors"]), body
+        assert api.get(f"/api/training-runs/{run_id}").json()["status"] == "queued"
+        check = api.get("/api/environments/abs-maths/check").json()["findings"]
+        assert [f["field"] for f in check] == ["config.data_file"], check
+        settings.STUDIO_LOCAL_ROOTS = [tmp_path]

@@ -195,3 +195,19 @@ def test_a_failing_load_environment_names_the_pinned_commit_and_the_line(tmp_pat
     with pytest.raises(EnvironmentLoadError, match=r"^environment bad-env@0123456789ab: loading the package failed: ValueError: no key "
                                                    r"at __init__.py:3; fix the package"):
         environment_for(spec_of({"environment_id": "bad-env@main"}, {**block, "path": str(pkg)}))
+
+
+def test_what_prompts_prints_counts_as_load_time_output_not_toward_step_1s(tiny, ingest: IngestStub, tmp_path, monkeypatch):  # noqa: F811
+    # QA: 150 lines printed by prompts() used up most of step 1's 200, and score()'s lines at step 1 were cut.
+    monkeypatch.setattr(environments, "OUTPUT_LINES_PER_STEP", 50)
+    source = package('print("scored line")\nreturn 1.0').replace(
+        "    def rows(self):\n", "    def prompts(self, n, seed):\n        for i in range(60):\n            print('preparing', i)\n"
+                                "        return [{'prompt': 'What is 2+2?', 'answer': '4'}] * n\n\n    def rows(self):\n")
+    spec = grpo_spec(tiny, tmp_path, ingest, source)
+    assert run_inprocess(spec) == 0
+    logs = ingest.collect("logs")
+    assert sum(line.startswith("preparing ") for line in logs) == 50
+    assert ("environment mine@main: 10 more lines it printed at step 0 were not sent "
+            "(at most 50 lines and 20,000 characters a step; engine.log has them all)") in logs
+    assert sum(line == "scored line" for line in logs) == 3 * 4  # each step's 4 rollouts, step 1's too
+    assert not any("printed at step 1" in line for line in logs), [line for line in logs if "printed at step" in line]

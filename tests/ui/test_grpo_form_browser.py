@@ -55,3 +55,26 @@ def test_the_demo_model_typed_after_picking_grpo_gets_a_rollout_length_it_can_st
     expect(page.get_by_test_id("run-status")).to_have_text("queued")
     expect(page.locator("#start-btn")).to_be_enabled()
     assert TrainingRun.objects.get(project=project, name="grpo on the demo").config["max_response_length"] == 256
+
+
+def test_a_bigger_model_chosen_after_the_demo_one_brings_the_default_rollout_length_back(owner_page, tiny_models, tmp_path):
+    # QA: the 256 fitted to the demo model stayed when a model with 4096 positions was chosen after it.
+    from tests.ui.test_grpo_form_defaults import long_context_model
+
+    page = owner_page
+    page.goto("/training/new/?method=grpo")
+    length = page.get_by_label("Max response length", exact=True)
+    page.get_by_label("Base model").fill(tiny_models["student"])
+    page.get_by_label("Base model").press("Tab")
+    expect(length).to_have_value("256")
+    page.get_by_label("Base model").fill(long_context_model(tiny_models["student"], tmp_path))
+    page.get_by_label("Base model").press("Tab")
+    expect(length).to_have_value("2048")
+    expect(page.locator("#grpo-numbers")).not_to_contain_text("attends over")
+    # A length the user typed is theirs: the demo model chosen again leaves it.
+    length.fill("100")
+    length.press("Tab")
+    page.get_by_label("Base model").fill(tiny_models["student"])
+    page.get_by_label("Base model").press("Tab")
+    page.wait_for_load_state("networkidle")
+    expect(length).to_have_value("100")

@@ -3,7 +3,10 @@ environment is a value, not a placeholder, and the default max_response_length (
 is fitted to a base model that attends over fewer positions (the tiny demo model's 512)."""
 from __future__ import annotations
 
+import json
 import re
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -44,3 +47,36 @@ def test_the_grpo_form_fills_the_environment_and_fits_the_rollout_length_to_the_
     run = TrainingRun.objects.get(project=project, name="grpo on the demo")
     assert run.config["environment_id"] == "builtin/arith@main" and run.config["max_response_length"] == 256
     assert services.start_blockers(run) == []
+
+
+def long_context_model(student: str, tmp_path: Path) -> str:
+    """The demo student with 4096 positions: a base model the default 2048 fits."""
+    model = Path(shutil.copytree(student, tmp_path / "long-student"))
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 4096}))
+    return str(model)
+
+
+def fitted_length(html: str) -> str | None:
+    found = re.search(r'name="fitted_response_length" value="([^"]*)"', html)
+    return found.group(1) if found else None
+
+
+def test_a_rollout_length_fitted_to_a_small_model_goes_back_to_the_default_for_a_bigger_one(project, users, tiny_models, tmp_path):
+    # QA: the demo model's 256 stayed after a model with 4096 positions was chosen instead.
+    client = client_for(users["owner"])
+    form = {**posted_form(client.get("/training/new/", {"method": "grpo"}).content.decode()), "base_model": tiny_models["student"]}
+    fit = client.get("/training/new/fit", form, HTTP_HX_REQUEST="true").content.decode()
+    assert response_length(fit) == "256" and fitted_length(fit) == "256"
+    fitted = {**form, **posted_form(fit)}  # the numbers as the out-of-band swap left them
+    bigger = client.get("/training/new/fit", {**fitted, "base_model": long_context_model(tiny_models["student"], tmp_path)}, HTTP_HX_REQUEST="true").content.decode()
+    assert '<div id="grpo-numbers" class="grid-3" hx-swap-oob="true">' in bigger
+    assert response_length(bigger) == "2048" and fitted_length(bigger) is None and "attends over" not in bigger
+    # Back to the demo model, it is fitted again; a length the user typed over the fitted one stays.
+    again = client.get("/training/new/fit", {**fitted, **posted_form(bigger), "base_model": tiny_models["student"]}, HTTP_HX_REQUEST="true").content.decode()
+    assert response_length(again) == "256"
+    typed = {**fitted, "config.max_response_length": "200", "base_model": long_context_model(tiny_models["student"], tmp_path / "typed")}
+    assert 'id="grpo-numbers"' not in client.get("/training/new/fit", typed, HTTP_HX_REQUEST="true").content.decode()
+    # The method picked again with a bigger model: the card starts at the default, not the fitted length.
+    card = client.get("/training/new/method", {**fitted, "base_model": typed["base_model"]}, HTTP_HX_REQUEST="true").content.decode()
+    assert response_length(card) == "2048" and fitted_length(card) is None

@@ -233,6 +233,16 @@ class Environment(ABC):
         finally:
             self._end_output()
 
+    def own_prompts(self, n: int, seed: int) -> list[dict[str, Any]]:
+        """The environment's own prompts, taken once before step 1 as the last part of loading it: what
+        prompts() prints counts as load-time output (step 0), as what the package printed at import
+        did, and leaves step 1 its own limits for what score() prints."""
+        self._output_step = 0
+        try:
+            return self.guarded("prompts()", self.prompts, n, seed)
+        finally:
+            self._end_output()
+
     def guarded(self, what: str, fn: Any, *args: Any, where: str = "") -> Any:
         """Call `fn` (one of the package's callbacks, named `what`, e.g. "score()"; `where` is the step,
         row and rollout it scores) within CALL_LIMIT_S, with what it prints going to the run log too; a

@@ -117,7 +117,7 @@ def _prompt_rows(ctx: Context, env: Environment) -> Any:
         _check_row_keys(ds, env)
     else:
         n = max(int(spec.cfg("max_steps", 100)), 64)
-        ds = datasets.Dataset.from_list(env.guarded("prompts()", env.prompts, n, spec.seed))
+        ds = datasets.Dataset.from_list(env.own_prompts(n, spec.seed))
     system_prompt = spec.cfg("system_prompt") or getattr(env, "system_prompt", None)
     ctx.reporter.system_prompt(system_prompt)  # the environment's own is in no config the Studio holds
     if system_prompt:
