@@ -13,7 +13,7 @@ from tests.conftest import assert_error
 from training import services
 from training.backends.local_runner import take_ticket
 from training.models import Checkpoint, Generation, Status, TrainingRun
-from training.playground import KEPT_GENERATIONS, generation_gpu
+from training.playground import KEPT_GENERATIONS, generate, generation_gpu
 
 ASK = {"prompt": "What colour is the cat?", "max_new_tokens": 8, "temperature": 0}
 
@@ -166,3 +166,16 @@ def test_an_answer_takes_a_free_gpu_slot_and_runs_on_the_cpu_while_training_hold
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     with generation_gpu(generation) as (visible, note):
         assert (visible, note) == ("", "on the CPU: the Studio machine has no GPU")
+
+
+def test_an_answer_the_worker_fails_on_is_failed_not_left_generating(project, users, runs_dir, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    run = trained_run(project, users["owner"], runs_dir)
+    runs_dir.joinpath(".slots").write_text("not a folder")  # the slot locks cannot be made: the task fails
+    generation = Generation.objects.create(run=run, checkpoint=run.checkpoints.get(), prompt="Hi", max_new_tokens=8, temperature=0)
+    with pytest.raises(FileExistsError):
+        generate(generation.pk)
+    generation.refresh_from_db()
+    assert generation.status == "failed" and generation.error.startswith("the worker failed while answering (FileExistsError")
+    assert generation.finished_at is not None
+    generate(generation.pk)  # run again (a retried task): it is no longer queued, so nothing happens

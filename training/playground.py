@@ -154,11 +154,15 @@ def generate(generation_id: int) -> None:
         return
     request = {"prompt": generation.prompt, "messages": generation.messages, "max_new_tokens": generation.max_new_tokens,
                "temperature": generation.temperature}
-    outputs = []
-    with generation_gpu(generation) as (visible, note):
-        for which, args in sources:
-            answer = run_generator(args, request, visible)
-            outputs.append({"model": which, **answer, **({"device_note": note} if note and "device" in answer else {})})
+    outputs: list[dict[str, Any]] = []
+    try:
+        with generation_gpu(generation) as (visible, note):
+            for which, args in sources:
+                answer = run_generator(args, request, visible)
+                outputs.append({"model": which, **answer, **({"device_note": note} if note and "device" in answer else {})})
+    except Exception as exc:  # the task's time limit, a slot file it cannot write: the tab must not poll "Generating…" for ever
+        finish(generation, outputs, f"the worker failed while answering ({type(exc).__name__}: {exc}): ask again")
+        raise
     failed = [f"{o['model']}: {o['error']}" for o in outputs if "error" in o]
     finish(generation, outputs, "; ".join(failed))
 
