@@ -287,3 +287,37 @@ class GpuPrice(models.Model):
 
     def __str__(self) -> str:
         return f"{self.gpu_type}{' spot' if self.spot else ''} on {self.backend or 'any backend'}: {self.price_per_hour}/h"
+
+
+class Generation(models.Model):
+    """One answer asked for on a run's Try it tab (or POST .../generate): the weights it was asked of,
+    the request, and what came back, kept so answers survive a reload. A run keeps its newest
+    KEPT_GENERATIONS (training.playground.request_generation drops the older ones)."""
+
+    class State(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        COMPLETED = "completed"
+        FAILED = "failed"
+
+    run = models.ForeignKey(TrainingRun, on_delete=models.CASCADE, related_name="generations")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    # The saved weights asked of: null once the run's checkpoint rows are gone (the answer stays).
+    checkpoint = models.ForeignKey(Checkpoint, null=True, on_delete=models.SET_NULL, related_name="+")
+    step = models.IntegerField(null=True, blank=True)  # the step asked for; null: the final weights
+    prompt = models.TextField(blank=True)
+    messages = models.JSONField(null=True, blank=True)  # a chat instead of a plain-text prompt
+    max_new_tokens = models.PositiveIntegerField()
+    temperature = models.FloatField()
+    compare_base = models.BooleanField(default=False)
+    status = models.CharField(max_length=16, choices=State.choices, default=State.QUEUED)
+    # One per model answered, the run's weights first: {"model": "trained"|"base", "text", "tokens",
+    # "seconds", "device"}, or {"model", "error"} for one that could not answer.
+    outputs = models.JSONField(default=list, blank=True)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["run", "-created_at"])]

@@ -5,7 +5,7 @@ from django.db.models import Q, QuerySet
 
 from studio.auth import Actor
 from studio.errors import NotFound
-from training.models import LogLine, TrainingRun
+from training.models import Generation, LogLine, TrainingRun
 
 
 def runs_for(actor: Actor) -> QuerySet[TrainingRun]:
@@ -20,6 +20,14 @@ def get_run_for(actor: Actor, run_id: int, *, write: bool = False) -> TrainingRu
     if write:
         actor.require_write(run.project)
     return run
+
+
+def get_generation_for(actor: Actor, generation_id: int) -> Generation:
+    """A Try it answer of a run in the caller's projects, or 404."""
+    generation = Generation.objects.select_related("checkpoint").filter(pk=generation_id, run__project_id__in=actor.scoped_project_ids()).first()
+    if generation is None:
+        raise NotFound(f"No generation {generation_id} in your projects.")
+    return generation
 
 
 def search_runs(rows: QuerySet[TrainingRun], text: str | None) -> QuerySet[TrainingRun]:

@@ -5,7 +5,7 @@ from decimal import Decimal
 from typing import Annotated, Any, Literal
 
 from ninja import Schema
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, StrictStr, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator
 from pydantic_core import PydanticCustomError
 
 from studio.parsing import control_character
@@ -186,6 +186,50 @@ class CheckpointOut(Schema):
     @staticmethod
     def resolve_path(obj) -> str:
         return shown_path(obj)  # under the current STUDIO_RUNS_DIR, also after the Studio's var/ moved
+
+
+class ChatMessageIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "user", "assistant"]
+    content: StrictStr
+
+
+class GenerateIn(Schema):
+    """POST /api/training-runs/{id}/generate: one prompt for the run's weights (training.playground checks the ranges)."""
+
+    model_config = ConfigDict(extra="forbid")
+    prompt: StrictStr | None = Field(None, description="Plain text, given to the model as it is; or send messages")
+    messages: list[ChatMessageIn] | None = Field(None, description="A chat, put through the model's chat template for the assistant's turn")
+    max_new_tokens: StrictInt = Field(128, description="1 to 512")
+    temperature: StrictFloat | StrictInt = Field(0.7, description="0 to 2; 0 always picks the likeliest token")
+    step: StrictInt | None = Field(None, description="A saved step (its merged copy when there is one); without it, the run's final weights")
+    compare_base: StrictBool = Field(False, description="Answer with the run's base model too")
+
+
+class GenerationOut(Schema):
+    id: int
+    run: int
+    status: str = Field(description="queued | running | completed | failed")
+    step: int | None = Field(description="The step asked for; null: the run's final weights")
+    weights: str | None = Field(description="The kind of the saved weights that answer (final, merged, adapter, checkpoint); null once deleted")
+    prompt: str
+    messages: list[dict[str, Any]] | None
+    max_new_tokens: int
+    temperature: float
+    compare_base: bool
+    outputs: list[dict[str, Any]] = Field(description='One per model, the run\'s first: {"model": "trained" | "base", "text", "tokens", '
+                                                      '"seconds", "device", "device_note"?}, or {"model", "error"}')
+    error: str = Field(description="Why a failed answer failed")
+    created_at: datetime
+    finished_at: datetime | None
+
+    @staticmethod
+    def resolve_run(obj) -> int:
+        return obj.run_id
+
+    @staticmethod
+    def resolve_weights(obj) -> str | None:
+        return obj.checkpoint.kind if obj.checkpoint else None
 
 
 class AttemptOut(Schema):

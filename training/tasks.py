@@ -67,3 +67,11 @@ def merge_checkpoint(checkpoint_id: int) -> None:
     from training.checkpoints import merge
 
     merge(checkpoint_id)
+
+
+# Two generator processes at most (the run's weights, then its base), each stopped at its timeout.
+@shared_task(name="training.tasks.generate_answer", soft_time_limit=300, time_limit=330)
+def generate_answer(generation_id: int) -> None:
+    from training.playground import generate
+
+    generate(generation_id)

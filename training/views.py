@@ -42,6 +42,7 @@ from training.ingest import LATE_REPORTS
 from training.methods import distill as distill_method
 from training.methods.base import lora_enabled
 from training.models import ACTIVE_STATUSES, TERMINAL_STATUSES, Checkpoint, Method, Rollout, RunAttempt, Status, TrainingRun
+from training.playground_views import try_context
 from training.queries import filter_rollouts, get_run_for, log_lines, log_rows_after, log_rows_before, runs_for, search_runs
 from training.refs import HUB_REF, dataset_entries, ref_kind
 from training.suggestions import RefSuggestions
@@ -142,7 +143,10 @@ def tabs_for(run: TrainingRun) -> list[tuple[str, str]]:
         if (run.config or {}).get("rl_mode", "environment") == "environment":
             tabs.append(("environment", "Environment"))
         tabs.append(("rollouts", "Rollouts"))
-    tabs += [("checkpoints", "Checkpoints"), ("lineage", "Lineage"), ("repository", "Repository")]
+    tabs.append(("checkpoints", "Checkpoints"))
+    if run.checkpoints.exists():  # saved weights to answer with (playground_views)
+        tabs.append(("try", "Try it"))
+    tabs += [("lineage", "Lineage"), ("repository", "Repository")]
     return tabs
 
 
@@ -542,6 +546,8 @@ def tab_context(request: HttpRequest, run: TrainingRun, tab: str) -> dict[str, A
         context["entries"] = [{**row, "pin": pin_state(run, row["field"], row["kind"])} for row in dataset_rows(run)]
     elif tab == "checkpoints":
         context.update(checkpoints_context(run, writable=web_actor(request).can_write(run.project)))
+    elif tab == "try":
+        context.update(try_context(run, web_actor(request)))
     elif tab == "lineage":
         context["lineage"] = lineage_of(run)
     elif tab == "environment":

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from training import views
+from training import playground_views, views
 
 app_name = "training"
 urlpatterns = [
@@ -21,5 +21,7 @@ urlpatterns = [
     path("training/runs/<int:run_id>/delete", views.delete, name="delete"),
     path("training/runs/<int:run_id>/checkpoints/<int:step>/resume", views.resume_checkpoint, name="resume"),
     path("training/runs/<int:run_id>/checkpoints/<int:step>/merge", views.merge_checkpoint, name="merge"),
+    path("training/runs/<int:run_id>/generate", playground_views.generate, name="generate"),
+    path("training/runs/<int:run_id>/generations/<int:generation_id>", playground_views.generation, name="generation"),
     path("training/runs/<int:run_id>/<slug:tab>/", views.run_detail, name="run_tab"),
 ]

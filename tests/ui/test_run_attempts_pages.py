@@ -139,7 +139,7 @@ def test_a_grpo_runs_checkpoints_can_be_resumed_and_merged_from_its_page(project
         Checkpoint.objects.create(run=run, attempt=1, step=step, path=f"/out/checkpoint-{step}")
     client = client_for(users["owner"])
     assert tabs(client.get(f"/training/runs/{run.pk}/").content.decode()) == [
-        "overview", "configuration", "environment", "rollouts", "checkpoints", "lineage", "repository"]
+        "overview", "configuration", "environment", "rollouts", "checkpoints", "try", "lineage", "repository"]
     html = client.get(f"/training/runs/{run.pk}/checkpoints/").content.decode()
     assert f'action="/training/runs/{run.pk}/checkpoints/20/resume"' in html and f'action="/training/runs/{run.pk}/checkpoints/20/merge"' in html
     assert client.post(f"/training/runs/{run.pk}/checkpoints/20/merge", {"attempt": "1"}).status_code == 302

@@ -1,0 +1,86 @@
+"""The run page's Try it tab (Django's test client): there once the run saved weights; its form takes a
+chat message when the weights' tokenizer has a chat template; a viewer reads why they cannot ask; a
+remote run's tab says where its weights are; a bad value comes back beside its field (422) and a good
+one becomes an answer that polls until a worker has made it."""
+from __future__ import annotations
+
+import re
+
+from django.test import Client
+
+from tests.test_playground import runs_dir, trained_run  # noqa: F401 - the fixture is used by name
+from training.models import Checkpoint, Generation, TrainingRun
+
+HTMX = {"HTTP_HX_REQUEST": "true", "HTTP_HX_TARGET": "playground"}
+FORM = {"format": "chat", "prompt": "What colour is the cat?", "max_new_tokens": "8", "temperature": "0.7", "step": ""}
+
+
+def client_for(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def tabs(html: str) -> list[str]:
+    return re.findall(r'data-tab="([a-z]+)"', html)
+
+
+def test_the_try_it_tab_is_there_once_the_run_saved_weights(project, users, runs_dir):  # noqa: F811
+    run = trained_run(project, users["owner"], runs_dir, saved=())
+    client = client_for(users["owner"])
+    assert "try" not in tabs(client.get(f"/training/runs/{run.pk}/").content.decode())
+    assert client.get(f"/training/runs/{run.pk}/try/").status_code == 404
+    trained = trained_run(project, users["owner"], runs_dir, saved=(("checkpoint", 5), ("final", 10)))
+    assert tabs(client.get(f"/training/runs/{trained.pk}/").content.decode()) == [
+        "overview", "configuration", "datasets", "checkpoints", "try", "lineage", "repository"]
+    html = client.get(f"/training/runs/{trained.pk}/try/").content.decode()
+    assert 'data-testid="try-form"' in html and '<label for="f-prompt">Message</label>' in html
+    assert '<option value="" selected>Final weights</option>' in html and '<option value="5">Step 5</option>' in html
+    assert 'id="f-compare-base"' in html and "No answers yet." in html
+
+
+def test_weights_without_a_chat_template_take_a_plain_prompt(project, users, runs_dir):  # noqa: F811
+    run = trained_run(project, users["owner"], runs_dir, chat=False)
+    html = client_for(users["owner"]).get(f"/training/runs/{run.pk}/try/").content.decode()
+    assert '<label for="f-prompt">Prompt</label>' in html and 'name="format" value="text"' in html
+
+
+def test_a_viewer_reads_why_they_cannot_ask(project, users, runs_dir):  # noqa: F811
+    run = trained_run(project, users["owner"], runs_dir)
+    html = client_for(users["viewer"]).get(f"/training/runs/{run.pk}/try/").content.decode()
+    assert 'data-testid="try-viewer"' in html and 'data-testid="try-form"' not in html
+    assert client_for(users["viewer"]).post(f"/training/runs/{run.pk}/generate", FORM, **HTMX).status_code == 403
+
+
+def test_a_remote_runs_tab_says_where_its_weights_are(project, users, runs_dir):  # noqa: F811
+    run = trained_run(project, users["owner"], runs_dir, saved=())
+    TrainingRun.objects.filter(pk=run.pk).update(compute={"backend": "modal", "accelerators": "L4:1"})
+    Checkpoint.objects.create(run=run, attempt=1, step=10, kind="final", path="/root/output/final")
+    html = client_for(users["owner"]).get(f"/training/runs/{run.pk}/try/").content.decode()
+    assert 'data-testid="try-unavailable"' in html and f"branch run-{run.pk} of Data Hub repo" in html
+    assert 'data-testid="try-form"' not in html
+
+
+def test_a_bad_value_comes_back_beside_its_field_and_a_good_ask_polls_for_its_answer(project, users, runs_dir):  # noqa: F811
+    run = trained_run(project, users["owner"], runs_dir)
+    client = client_for(users["owner"])
+    refused = client.post(f"/training/runs/{run.pk}/generate", {**FORM, "max_new_tokens": "600"}, **HTMX)
+    html = refused.content.decode()
+    assert refused.status_code == 422 and html.lstrip().startswith('<div id="playground">')
+    assert 'id="f-max-new-tokens-errors"' in html and "at least 1 and at most 512 (600 given)" in html
+    assert "What colour is the cat?" in html  # what was typed stays
+    assert not Generation.objects.exists()
+
+    asked = client.post(f"/training/runs/{run.pk}/generate", FORM, **HTMX)
+    assert asked.status_code == 200
+    generation = Generation.objects.get()
+    assert generation.messages == [{"role": "user", "content": "What colour is the cat?"}] and generation.max_new_tokens == 8
+    html = asked.content.decode()
+    assert f'hx-get="/training/runs/{run.pk}/generations/{generation.pk}" hx-trigger="every 2s"' in html and "Waiting for a worker" in html
+
+    Generation.objects.filter(pk=generation.pk).update(status="completed", outputs=[
+        {"model": "trained", "text": "The cat is red.", "tokens": 5, "seconds": 0.25, "device": "cpu", "device_note": "on the CPU: the Studio machine has no GPU"}])
+    polled = client.get(f"/training/runs/{run.pk}/generations/{generation.pk}", HTTP_HX_REQUEST="true").content.decode()
+    assert "The cat is red." in polled and "5 tokens · 0.25 s · cpu (on the CPU: the Studio machine has no GPU)" in polled
+    assert "hx-trigger" not in polled  # answered: the poll stops
+    assert "The cat is red." in client.get(f"/training/runs/{run.pk}/try/").content.decode()  # kept across reloads

@@ -1,0 +1,121 @@
+"""The run page's Try it tab: ask the run's weights a prompt, and see the answers as a worker makes them
+(training.playground). Each view: parse → authorise → one service → render (HTMX gets the partial)."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from django.contrib import messages
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_GET, require_POST
+
+from studio.api import validate_data
+from studio.auth import Actor
+from studio.errors import ApiError, Conflict, NotFound, Unprocessable
+from studio.parsing import ascii_int
+from studio.views import errors_by_field, studio_page, web_actor
+from training import playground
+from training.backends.local import checkpoint_dir
+from training.models import Checkpoint, Generation, TrainingRun
+from training.queries import get_run_for
+from training.schemas import GenerateIn
+
+FORM_DEFAULTS = {"max_new_tokens": 128, "temperature": 0.7, "step": "", "compare_base": False}
+
+
+def speaks_chat(checkpoint: Checkpoint) -> bool:
+    """Whether the weights' tokenizer has a chat template (the form then takes a chat message): read
+    from its saved files, without loading anything."""
+    folder = checkpoint_dir(checkpoint)
+    if folder is None:
+        return False
+    config = folder / "tokenizer_config.json"
+    return (folder / "chat_template.jinja").is_file() or (config.is_file() and '"chat_template"' in config.read_text(errors="replace"))
+
+
+def try_context(run: TrainingRun, actor: Actor, values: dict[str, Any] | None = None, error: ApiError | None = None) -> dict[str, Any]:
+    """The Try it tab: the form (with what was typed and its findings), why the run's weights cannot
+    answer here when they cannot, and the run's kept answers, newest first."""
+    steps = sorted(set(Checkpoint.objects.filter(run=run, kind__in=playground.STEP_KINDS).values_list("step", flat=True)))
+    final = has_final(run)
+    chat, unavailable = False, ""
+    try:  # the weights the form starts on: the final ones, else the newest step
+        weights = playground.weights_of(run, None if final or not steps else steps[-1])
+        playground.model_args(run, weights)
+        chat = speaks_chat(weights)
+    except ApiError as exc:
+        unavailable = exc.detail
+    choices = ([("", "Final weights")] if final else []) + [(str(s), f"Step {s}") for s in steps]
+    return {
+        "writable": actor.can_write(run.project), "unavailable": unavailable, "chat": chat,
+        "form": {"values": {**FORM_DEFAULTS, **(values or {})}, "errors": errors_by_field(error) if isinstance(error, Unprocessable) else {}},
+        "step_choices": choices, "refusal": error.detail if isinstance(error, Conflict) else "",
+        "generations": run.generations.select_related("checkpoint")[:playground.KEPT_GENERATIONS],
+        "timeout": playground.GENERATION_TIMEOUT_SECONDS,
+    }
+
+
+def has_final(run: TrainingRun) -> bool:
+    return Checkpoint.objects.filter(run=run, kind__in=playground.END_KINDS, requested=False).exists()
+
+
+def number(text: str) -> Any:
+    """A form's number as the API would get it: an int, a float, or the text itself (GenerateIn then
+    says it is not a number)."""
+    whole = ascii_int(text)
+    if whole is not None:
+        return whole
+    try:
+        value = float(text)
+    except ValueError:
+        return text
+    return value if math.isfinite(value) else text
+
+
+def ask_of(request: HttpRequest, chat: bool) -> dict[str, Any]:
+    """The form's fields as GenerateIn's: the text box is one user message for a chat model (a blank one
+    is a missing prompt), plain text otherwise."""
+    text = request.POST.get("prompt", "")
+    ask: dict[str, Any] = {"max_new_tokens": number(request.POST.get("max_new_tokens", "")), "temperature": number(request.POST.get("temperature", "")),
+                           "step": number(request.POST["step"]) if request.POST.get("step") else None, "compare_base": "compare_base" in request.POST}
+    if chat and text.strip():
+        ask["messages"] = [{"role": "user", "content": text}]
+    else:
+        ask["prompt"] = text
+    return ask
+
+
+@studio_page
+@require_POST
+def generate(request: HttpRequest, run_id: int) -> HttpResponse:
+    """Try it's Generate: the ask recorded and queued (the tab then polls its answer), or the form again
+    with each finding by its field (422) or why the run cannot answer (409)."""
+    actor = web_actor(request)
+    run = get_run_for(actor, run_id, write=True)
+    chat = request.POST.get("format") == "chat"
+    values = {key: request.POST.get(key, "") for key in ("prompt", "max_new_tokens", "temperature", "step")} | {"compare_base": "compare_base" in request.POST}
+    error: ApiError | None = None
+    try:
+        ask = validate_data(GenerateIn, ask_of(request, chat)).model_dump()
+        playground.request_generation(run, actor.user, ask)
+        values = {**values, "prompt": ""}
+    except ApiError as exc:
+        error = exc if isinstance(exc, Conflict) else Unprocessable(exc.detail, exc.errors)
+    if not request.htmx:
+        if error is not None:
+            messages.error(request, error.detail + "".join(f" {f.field}: {f.message}" for f in error.errors))
+        return redirect("training:run_tab", run_id=run.pk, tab="try")
+    context = {"run": run, **try_context(run, actor, values, error)}
+    return render(request, "training/run_detail.html#playground", context, status=error.status if error else 200)
+
+
+@studio_page
+@require_GET
+def generation(request: HttpRequest, run_id: int, generation_id: int) -> HttpResponse:
+    """One answer, polled by the tab until a worker has made it."""
+    run = get_run_for(web_actor(request), run_id)
+    found = Generation.objects.select_related("checkpoint").filter(pk=generation_id, run=run).first()
+    if found is None:
+        raise NotFound(f"Run {run.pk} keeps no answer {generation_id}: it keeps its newest {playground.KEPT_GENERATIONS}.")
+    return render(request, "training/run_detail.html#generation", {"run": run, "g": found, "timeout": playground.GENERATION_TIMEOUT_SECONDS})
