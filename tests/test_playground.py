@@ -1,5 +1,5 @@
 """POST /api/training-runs/{id}/generate and GET .../generations/{id} without a worker: what an ask is
-refused with (422 naming the field, 409 saying what to do) and that a refusal stores nothing; who may
+refused with (400 naming the field, 409 saying what to do) and that a refusal stores nothing; who may
 ask and see; the 20 answers a run keeps; and which device an answer gets (real slot locks)."""
 from __future__ import annotations
 
@@ -54,9 +54,9 @@ def runs_dir(settings, tmp_path) -> Path:
     ({**ASK, "step": "last"}, "step", "valid integer"),
     ({**ASK, "seed": 1}, "seed", "unknown field"),
 ])
-def test_a_bad_ask_is_a_422_naming_the_field_and_stores_nothing(api, project, users, runs_dir, body, field, says):
+def test_a_bad_ask_is_a_400_naming_the_field_and_stores_nothing(api, project, users, runs_dir, body, field, says):
     run = trained_run(project, users["owner"], runs_dir)
-    answer = assert_error(api.post(f"/api/training-runs/{run.pk}/generate", body), 422, field)
+    answer = assert_error(api.post(f"/api/training-runs/{run.pk}/generate", body), 400, field)
     assert any(says in e["message"] for e in answer["errors"] if e["field"] == field), answer
     assert not Generation.objects.exists()
 
@@ -75,9 +75,9 @@ def test_a_run_with_only_saved_steps_is_a_409_naming_them_until_it_ends(api, pro
     assert api.post(f"/api/training-runs/{run.pk}/generate", {**ASK, "step": 10}).status_code == 202
 
 
-def test_a_step_the_run_did_not_save_is_a_422_listing_the_steps_it_did(api, project, users, runs_dir):
+def test_a_step_the_run_did_not_save_is_a_400_listing_the_steps_it_did(api, project, users, runs_dir):
     run = trained_run(project, users["owner"], runs_dir, saved=(("checkpoint", 5), ("final", 10)))
-    answer = assert_error(api.post(f"/api/training-runs/{run.pk}/generate", {**ASK, "step": 7}), 422, "step")
+    answer = assert_error(api.post(f"/api/training-runs/{run.pk}/generate", {**ASK, "step": 7}), 400, "step")
     assert answer["errors"][0]["message"] == f"run {run.pk} saved steps 5: give one of those, or leave step out for its final weights"
     assert not Generation.objects.exists()
 

@@ -10,7 +10,7 @@ from ninja import Field, Query, Router, Schema
 from ninja.pagination import LimitOffsetPagination, paginate
 
 from studio.api import MAX_LIMIT, MAX_OFFSET, ErrorOut, actor, body_schema, parse_body
-from studio.errors import BadRequest, Finding, Unprocessable
+from studio.errors import BadRequest, Finding
 from training import checkpoints, metrics, playground, services
 from training.fit_report import fit_report
 from training.models import Checkpoint, Rollout, RunAttempt
@@ -206,17 +206,14 @@ def merge_checkpoint(request: HttpRequest, run_id: int, step: int, query: Query[
     return 202, {"run": run.pk, "step": step, "attempt": checkpoint.attempt, "queued": True}
 
 
-@router.post("/{int:run_id}/generate", response={202: GenerationOut, 409: ErrorOut, 422: ErrorOut}, openapi_extra=body_schema(GenerateIn))
+@router.post("/{int:run_id}/generate", response={202: GenerationOut, 409: ErrorOut}, openapi_extra=body_schema(GenerateIn))
 def generate(request: HttpRequest, run_id: int):
     """Answer a prompt with the run's final weights, or a saved `step`'s, and with its base model too
-    when `compare_base`: a worker answers it (GET .../generations/{id} for the outputs). 422 naming
-    each bad field; 409 when the run has no weights that can answer on the Studio machine, saying why."""
+    when `compare_base`: a worker answers it (GET .../generations/{id} for the outputs). 400 naming
+    each bad field, as every body's; 409 when the run has no weights that can answer on the Studio machine, saying why."""
     who = actor(request)
     run = get_run_for(who, run_id, write=True)
-    try:
-        ask = parse_body(request, GenerateIn)
-    except BadRequest as exc:  # a bad ask is a 422, as playground's own range checks answer it
-        raise Unprocessable(exc.detail, exc.errors) from exc
+    ask = parse_body(request, GenerateIn)
     return 202, playground.request_generation(run, who.user, ask.model_dump())
 
 

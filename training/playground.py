@@ -24,7 +24,7 @@ from django.utils import timezone
 
 from datahub.refs import is_hub_ref
 from datahub.services import experiment_repo_name, run_branch_name
-from studio.errors import ApiError, Conflict, Finding, Unprocessable
+from studio.errors import ApiError, BadRequest, Conflict, Finding
 from training.backends.local import REPO_ROOT, checkpoint_dir, engine_env, local_gpu_devices, slots_dir
 from training.backends.local_runner import try_slots, waiting_before
 from training.checkpoints import die_with_parent
@@ -43,7 +43,7 @@ STEP_KINDS = ("merged", "checkpoint")
 
 
 def ask_findings(ask: dict[str, Any]) -> list[Finding]:
-    """What is wrong with a Try it ask (GenerateIn's fields): the API's 422 and the tab's form alike."""
+    """What is wrong with a Try it ask (GenerateIn's fields): the API's 400 and the tab's form alike."""
     findings = []
     prompt, chat = ask.get("prompt"), ask.get("messages")
     if prompt is not None and chat is not None:
@@ -66,7 +66,7 @@ def ask_findings(ask: dict[str, Any]) -> list[Finding]:
 
 def weights_of(run: TrainingRun, step: int | None) -> Checkpoint:
     """The saved weights an ask names: the run's end weights (step None), or saved step `step`; the
-    newest attempt's, full weights before an adapter. 409 when the run has none yet, 422 for a step it
+    newest attempt's, full weights before an adapter. 409 when the run has none yet, 400 for a step it
     did not save."""
     saved = list(Checkpoint.objects.filter(run=run))
     kinds = END_KINDS if step is None else STEP_KINDS
@@ -76,7 +76,7 @@ def weights_of(run: TrainingRun, step: int | None) -> Checkpoint:
     steps = sorted({c.step for c in saved if c.kind in STEP_KINDS})
     if step is not None:
         listed = f"run {run.pk} saved steps {', '.join(map(str, steps))}: give one of those" if steps else f"run {run.pk} saved no step along the way"
-        raise Unprocessable(f"Run {run.pk} has no saved step {step}.", [Finding("step", f"{listed}, or leave step out for its final weights")])
+        raise BadRequest(f"Run {run.pk} has no saved step {step}.", [Finding("step", f"{listed}, or leave step out for its final weights")])
     if steps:
         raise Conflict(f"Run {run.pk} has no final weights yet (it saves them when its training ends): try one of its saved steps "
                        f"({', '.join(map(str, steps))}) with step, or wait for the run to finish.")
@@ -122,12 +122,12 @@ def sources_of(generation: Generation) -> list[tuple[str, list[str]]]:
 
 @transaction.atomic
 def request_generation(run: TrainingRun, user, ask: dict[str, Any]) -> Generation:
-    """Record an ask (GenerateIn's fields) and queue its answer after commit; 422 naming each bad
+    """Record an ask (GenerateIn's fields) and queue its answer after commit; 400 naming each bad
     field, 409 when the run has no weights that can answer here. A run keeps its KEPT_GENERATIONS
     newest; the older ones go."""
     findings = ask_findings(ask)
     if findings:
-        raise Unprocessable("The request to try the model has invalid fields.", findings)
+        raise BadRequest("The request to try the model has invalid fields.", findings)
     checkpoint = weights_of(run, ask["step"])
     generation = Generation(run=run, created_by=user, checkpoint=checkpoint, step=ask["step"], prompt=ask.get("prompt") or "",
                             messages=ask.get("messages"), max_new_tokens=ask["max_new_tokens"], temperature=ask["temperature"],

@@ -12,7 +12,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from studio.api import validate_data
 from studio.auth import Actor
-from studio.errors import ApiError, Conflict, NotFound, Unprocessable
+from studio.errors import ApiError, BadRequest, Conflict, NotFound
 from studio.parsing import ascii_int
 from studio.views import errors_by_field, studio_page, web_actor
 from training import playground
@@ -49,7 +49,7 @@ def try_context(run: TrainingRun, actor: Actor, values: dict[str, Any] | None = 
     choices = ([("", "Final weights")] if final else []) + [(str(s), f"Step {s}") for s in steps]
     return {
         "writable": actor.can_write(run.project), "unavailable": unavailable, "chat": chat,
-        "form": {"values": {**FORM_DEFAULTS, **(values or {})}, "errors": errors_by_field(error) if isinstance(error, Unprocessable) else {}},
+        "form": {"values": {**FORM_DEFAULTS, **(values or {})}, "errors": errors_by_field(error) if isinstance(error, BadRequest) else {}},
         "step_choices": choices, "refusal": error.detail if isinstance(error, Conflict) else "",
         "generations": run.generations.select_related("checkpoint")[:playground.KEPT_GENERATIONS],
         "timeout": playground.GENERATION_TIMEOUT_SECONDS,
@@ -90,7 +90,7 @@ def ask_of(request: HttpRequest, chat: bool) -> dict[str, Any]:
 @require_POST
 def generate(request: HttpRequest, run_id: int) -> HttpResponse:
     """Try it's Generate: the ask recorded and queued (the tab then polls its answer), or the form again
-    with each finding by its field (422) or why the run cannot answer (409)."""
+    with each finding by its field (400) or why the run cannot answer (409)."""
     actor = web_actor(request)
     run = get_run_for(actor, run_id, write=True)
     chat = request.POST.get("format") == "chat"
@@ -101,7 +101,7 @@ def generate(request: HttpRequest, run_id: int) -> HttpResponse:
         playground.request_generation(run, actor.user, ask)
         values = {**values, "prompt": ""}
     except ApiError as exc:
-        error = exc if isinstance(exc, Conflict) else Unprocessable(exc.detail, exc.errors)
+        error = exc
     if not request.htmx:
         if error is not None:
             messages.error(request, error.detail + "".join(f" {f.field}: {f.message}" for f in error.errors))

@@ -78,3 +78,20 @@ def test_a_bigger_model_chosen_after_the_demo_one_brings_the_default_rollout_len
     page.get_by_label("Base model").press("Tab")
     page.wait_for_load_state("networkidle")
     expect(length).to_have_value("100")
+
+
+def test_quick_try_clicked_straight_after_typing_a_base_model_keeps_its_8_token_rollouts(owner_page, project, tiny_models):
+    # QA: the click ended the Base model edit, so the fit estimate's request (which fits the rollout
+    # length to the model: 256 on the demo one) went out too, and when it was answered after Quick
+    # try's, its 256 replaced the preset's 8. The fit is answered 1 s late here to make that order sure.
+    page = owner_page
+    page.route("**/training/new/fit*", lambda route: (page.wait_for_timeout(1000), route.continue_()))
+    page.goto("/training/new/?method=grpo")
+    page.get_by_label("Name", exact=True).fill("quick on the demo")
+    page.get_by_label("Base model").fill(tiny_models["student"])
+    page.get_by_role("button", name="Quick try (8 × 8-token rollouts, 40 steps)").click()
+    page.wait_for_timeout(2500)  # both answers are in
+    expect(page.get_by_label("Max response length", exact=True)).to_have_value("8")
+    page.get_by_role("button", name="Create run").click()
+    expect(page.get_by_test_id("run-status")).to_have_text("queued")
+    assert TrainingRun.objects.get(project=project, name="quick on the demo").config["max_response_length"] == 8

@@ -32,7 +32,7 @@ def test_a_prompt_typed_on_the_try_it_tab_is_answered_by_the_run_and_its_base(ow
     page.get_by_label("Compare with the base model").check()
     page.get_by_role("button", name="Generate").click()
     answer = page.get_by_test_id("generation").first
-    expect(answer).to_have_attribute("data-status", "queued")
+    expect(answer).to_have_attribute("data-status", re.compile("queued|running"))  # a quick worker has it already
     expect(page.get_by_label("Message")).to_have_value("")  # ready for the next prompt
     expect(answer).to_have_attribute("data-status", "completed", timeout=240_000)
     expect(answer.locator(".answer")).to_have_count(2)

@@ -1,6 +1,6 @@
 """The run page's Try it tab (Django's test client): there once the run saved weights; its form takes a
 chat message when the weights' tokenizer has a chat template; a viewer reads why they cannot ask; a
-remote run's tab says where its weights are; a bad value comes back beside its field (422) and a good
+remote run's tab says where its weights are; a bad value comes back beside its field (400) and a good
 one becomes an answer that polls until a worker has made it."""
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def test_a_bad_value_comes_back_beside_its_field_and_a_good_ask_polls_for_its_an
     client = client_for(users["owner"])
     refused = client.post(f"/training/runs/{run.pk}/generate", {**FORM, "max_new_tokens": "600"}, **HTMX)
     html = refused.content.decode()
-    assert refused.status_code == 422 and html.lstrip().startswith('<div id="playground">')
+    assert refused.status_code == 400 and html.lstrip().startswith('<div id="playground">')
     assert 'id="f-max-new-tokens-errors"' in html and "at least 1 and at most 512 (600 given)" in html
     assert "What colour is the cat?" in html  # what was typed stays
     assert not Generation.objects.exists()
