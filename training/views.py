@@ -25,7 +25,7 @@ from django.views.decorators.http import require_GET, require_POST
 from datahub import repos as hub_repos
 from datahub import services as hub
 from datahub.models import Branch, Commit, Repo, RepoType, Tag, TreeEntry
-from datahub.refs import RESERVED_NAMESPACES, gone_pins
+from datahub.refs import RESERVED_NAMESPACES, gone_pins, pin_deleted
 from environments import services as env_services
 from environments.services import FIELD as FIELD_ENVIRONMENT
 from experiments.models import Experiment
@@ -549,7 +549,10 @@ def tab_context(request: HttpRequest, run: TrainingRun, tab: str) -> dict[str, A
         name = str(config.get("environment_id") or "").partition("@")[0]
         builtin = name in env_services.ENGINE_BUILTINS or name.startswith("builtin/")
         context["pin"] = pin_state(run, "config.environment_id", "builtin" if builtin else "hub")
-        context["env"] = environment_info(run.project, config.get("environment_id"))
+        # A repo made since under a deleted one's name is not the environment this run was pinned to.
+        gone = gone_pins({FIELD_ENVIRONMENT: pinned_of(run, FIELD_ENVIRONMENT)})
+        context["env_gone"] = pin_deleted(gone[FIELD_ENVIRONMENT]) if gone else ""
+        context["env"] = None if gone else environment_info(run.project, config.get("environment_id"))
     elif tab == "rollouts":
         context.update(rollout_groups(run, request))
     elif tab == "repository":

@@ -167,3 +167,19 @@ def test_overview_says_a_published_model_repo_was_deleted(api, project, users, e
     assert api.delete(f"/api/hub/repos/{published.name}").status_code == 204
     line = re.search(r'data-testid="published-model">(.*?)</p>', page(users, f"/training/runs/{ended.pk}/"), re.S)
     assert line and f"<code>acme/{published.name}</code>" in line.group(1) and "(deleted)" in line.group(1), line
+
+
+def test_environment_tab_does_not_show_a_new_repo_of_a_deleted_environments_name(api, project, users):
+    env = repos.create_repo(project, "calc-env", "environment")
+    commits.commit_files(env, "main", {"calc_env.py": b"def load_environment(**kwargs): ...\n"}, "package")
+    run = services.create_run(project, users["owner"], name="grpo", method="grpo", base_model="org/base",
+                              config={"rl_mode": "environment", "environment_id": "calc-env@main"})
+    TrainingRun.objects.filter(pk=run.pk).update(pinned=pin_refs(run), status=Status.COMPLETED)
+    assert api.delete("/api/hub/repos/calc-env").status_code == 204
+    again = repos.create_repo(project, "calc-env", "environment")
+    head = commits.commit_files(again, "main", {"other_env.py": b"def load_environment(**kwargs): ...\n"}, "unrelated")
+
+    html = page(users, f"/training/runs/{run.pk}/environment/")
+    gone = re.search(r'data-testid="environment-gone">(.*?)</p>', html, re.S)
+    assert gone and "Data Hub repo acme/calc-env was deleted" in gone.group(1), html
+    assert head.pk[:10] not in html and "other_env.py" not in html
