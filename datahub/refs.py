@@ -7,6 +7,8 @@ pinned to commit ids at START, and turned into what the engine loads.
   of dataset rows.
 - pin_refs: the refs resolved to commits at START; engine_inputs: what the engine loads from them.
 - refs_at_pins: a run's refs written at the commits an attempt pinned (a resumed run's own).
+- gone_pins / pin_deleted: pinned commits that went with their deleted repo, and how to say so.
+- trained_from: a run's inputs as its log names them, each ref with its pinned commit.
 """
 from __future__ import annotations
 
