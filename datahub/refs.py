@@ -7,6 +7,8 @@ pinned to commit ids at START, and turned into what the engine loads.
   of dataset rows.
 - pin_refs: the refs resolved to commits at START; engine_inputs: what the engine loads from them.
 - refs_at_pins: a run's refs written at the commits an attempt pinned (a resumed run's own).
+- gone_pins / pin_deleted: pinned commits that went with their deleted repo, and how to say so.
+- trained_from: a run's inputs as its log names them, each ref with its pinned commit.
 """
 from __future__ import annotations
 
@@ -33,20 +35,58 @@ class ResolvedRef:
     location: str  # what the engine loads: the HF-style repo id `<project>/<repo>` served at /hub
 
 
-def parse_ref(project, value: str, field: str) -> tuple[Repo, Commit]:
-    """Resolve a Data Hub ref of `project`; raises Unprocessable with one finding when it cannot."""
+def parse_ref(project, value: str, field: str, pin: dict | None = None) -> tuple[Repo, Commit]:
+    """Resolve a Data Hub ref of `project`; raises Unprocessable with one finding when it cannot.
+    `pin` (pin_refs' {"ref", "commit", "repo"}) is the commit the run's field was pinned to before:
+    when its repo was deleted since, the finding says so rather than "create it, or fix the name"."""
     match = HUB_REF.match(value or "") if isinstance(value, str) else None
     if match is None:
         raise Unprocessable(f"{value!r} is not a Data Hub ref.", [Finding(field, f'"{value}" is not a Data Hub ref: write [project/]repo@ref, e.g. my-data@main')])
     if match["project"] and match["project"] != project.slug:
         raise Unprocessable(errors=[Finding(field, f'"{value}" names project {match["project"]}: a run can only use repos of its own project ({project.slug})')])
     repo = find_repo(project, match["repo"])
+    commit = resolved(repo, match["ref"]) if repo is not None else None
+    if repo is not None and commit is not None:
+        return repo, commit
+    if pin is not None and pin.get("repo") == f"{project.slug}/{match['repo']}" and gone_pins({field: pin}):
+        thing = PINNED_THINGS.get(re.sub(r"\[\d+\]", "", field.removesuffix(".ref")), "repo")
+        raise Unprocessable(errors=[Finding(field, f"{pin_deleted(pin, repo is not None)}: those files are gone for good. "
+                                                   f"Train from another {thing} instead: set {field.removesuffix('.ref')} to one, or create a new run")])
     if repo is None:
         raise Unprocessable(errors=[Finding(field, f'project {project.slug} has no Data Hub repo "{match["repo"]}": create it, or fix the name')])
+    raise Unprocessable(errors=[Finding(field, f'repo {repo.full_name} has no branch, tag or commit "{match["ref"]}"')])
+
+
+def resolved(repo: Repo, ref: str) -> Commit | None:
+    """resolve, with None for a ref the repo does not have."""
     try:
-        return repo, resolve(repo, match["ref"])
+        return resolve(repo, ref)
     except RefNotFound:
-        raise Unprocessable(errors=[Finding(field, f'repo {repo.full_name} has no branch, tag or commit "{match["ref"]}"')]) from None
+        return None
+
+
+# What a pinned field holds, for a finding that says it is gone: base_model, dataset, dataset[1], ...
+PINNED_THINGS = {"base_model": "base model", "dataset": "dataset", "config.distillation.teacher_model": "teacher model",
+                 "config.environment_id": "environment", "config.ruler_task_args.dataset": "dataset"}
+
+
+def gone_pins(pinned: dict | None) -> dict[str, dict]:
+    """The pins of `pinned` (pin_refs' {field: {"ref", "commit", "repo"}}) whose commit is no longer in
+    the repo it was pinned from. Commits go only with their repo, and a repo made since under the
+    deleted one's name holds none of them: such a pin's files were deleted with its repo. One query."""
+    pins = {field: pin for field, pin in (pinned or {}).items() if isinstance(pin, dict) and pin.get("commit") and pin.get("repo")}
+    if not pins:
+        return {}
+    held = {(pk, f"{slug}/{name}") for pk, slug, name in
+            Commit.objects.filter(pk__in=[pin["commit"] for pin in pins.values()]).values_list("pk", "repo__project__slug", "repo__name")}
+    return {field: pin for field, pin in pins.items() if (pin["commit"], pin["repo"]) not in held}
+
+
+def pin_deleted(pin: dict, name_reused: bool = False) -> str:
+    """What went with a pin's repo (gone_pins), for a finding or a log line; `name_reused`: a new
+    repo has that name now, without the commit."""
+    again = ", and the repo of that name now is a new one, without it" if name_reused else ""
+    return f"Data Hub repo {pin['repo']} was deleted, and with it commit {pin['commit'][:12]}, which {pin['ref']} was pinned to{again}"
 
 
 def resolve_ref(project, value: str) -> ResolvedRef | None:
@@ -101,22 +141,37 @@ def dataset_refs(dataset: Any) -> list[tuple[str, str]]:
     return out
 
 
-def ref_findings(project, base_model: str | None, config: dict | None) -> list[Finding]:
+def ref_findings(project, base_model: str | None, config: dict | None, pinned: dict | None = None) -> list[Finding]:
     """422 findings for the non-dataset Data Hub refs of a run (base model, teacher, environment,
-    RULER dataset) that do not resolve. dataset_findings covers `dataset`, ruler_dataset_findings the
-    RULER dataset's rows."""
+    RULER dataset) that do not resolve; `pinned`: the commits they were pinned to before (parse_ref).
+    dataset_findings covers `dataset`, ruler_dataset_findings the RULER dataset's rows."""
     findings: list[Finding] = []
     for field, value in run_refs(base_model, None, config):
         try:
-            repo, commit = parse_ref(project, value, field)
+            repo, commit = parse_ref(project, value, field, (pinned or {}).get(field))
         except Unprocessable as exc:
             findings += exc.errors
             continue
         if field in MODEL_FIELDS and not TreeEntry.objects.filter(commit=commit, path="config.json").exists():
-            findings.append(Finding(field, f"{value} has no config.json at its root: push the folder save_pretrained wrote (config, weights and tokenizer) to {repo.name}"))
+            findings.append(Finding(field, f"{value} has no config.json at its root: {model_instead(repo, value)}"))
         if field in DATASET_FIELDS:
             findings += not_a_dataset_repo(repo, value, field)
     return findings
+
+
+def model_instead(repo: Repo, value: str) -> str:
+    """What to load instead of a model ref without a model at its root. A run's branch takes only its
+    run's checkpoints (datahub.services.refuse_run_branch: an upload is a 409), in folders: the run's
+    published model repo, or a merged checkpoint's folder, is the model it made."""
+    from datahub import services
+
+    run = services.branch_run(repo, value.partition("@")[2]) if repo.type == RepoType.EXPERIMENT else None
+    if run is None:
+        return f"push the folder save_pretrained wrote (config, weights and tokenizer) to {repo.name}"
+    published = next(iter(services.published_repos(run)), None)
+    model = f"{published.name}@main, the model repo it published" if published else "the model repo it publishes when it completes (on the Models page)"
+    return (f"it is run #{run.pk}'s branch, which holds that run's checkpoints in folders and takes no uploads: "
+            f"train from {model}, or on the local backend from a merged checkpoint's folder (its Location on the run's Checkpoints tab)")
 
 
 MODEL_FIELDS = ("base_model", "config.distillation.teacher_model")  # refs the engine loads as a model
@@ -186,11 +241,12 @@ def _set_field(fields: dict[str, Any], path: str, value: str) -> None:
 
 
 def dataset_findings(project, method: str, dataset, needs=None, notices: list[Finding] | None = None,
-                     checks: list | None = None, system_prompt: bool = False) -> list[Finding]:
+                     checks: list | None = None, system_prompt: bool = False, pinned: dict | None = None) -> list[Finding]:
     """Pre-start checks of a run's Data Hub datasets: the ref resolves to a dataset repo, and every row has what the
     method trains on, and what `needs` (datasets.RowNeeds) adds (findings name the row and field,
     e.g. `row 57: "chosen" is empty`). What was not checked (datasets.RowsCheck.notices) goes to `notices`,
-    each entry's check to `checks` (its field and datasets.RowsCheck). `system_prompt`: the run sets one."""
+    each entry's check to `checks` (its field and datasets.RowsCheck). `system_prompt`: the run sets one.
+    `pinned`: the commits the entries were pinned to before (parse_ref)."""
     from datahub import datasets
 
     findings: list[Finding] = []
@@ -198,7 +254,7 @@ def dataset_findings(project, method: str, dataset, needs=None, notices: list[Fi
         if not is_hub_ref(value):
             continue
         try:
-            repo, commit = parse_ref(project, value, field)
+            repo, commit = parse_ref(project, value, field, (pinned or {}).get(field.removesuffix(".ref")))
         except Unprocessable as exc:
             findings += exc.errors
             continue
@@ -261,6 +317,22 @@ def engine_inputs(run, ingest_token: str) -> dict[str, Any]:
         "teacher_model": pinned.get("config.distillation.teacher_model"),
         "env": env,
     }
+
+
+def trained_from(base_model: str | None, dataset: Any, config: dict | None, pinned: dict | None) -> str:
+    """A run's base model, datasets and teacher as its log names them: each Data Hub ref with the
+    repo and short commit START pinned it to (`base_model chain-dpo@v1 = demo/chain-dpo@002e8003a1b2`),
+    as the environment's line names the package it staged; an HF id or a local path as it is."""
+    teacher = (config or {}).get("distillation") if isinstance((config or {}).get("distillation"), dict) else None
+    fields = [("base_model", base_model), *dataset_refs(dataset), ("config.distillation.teacher_model", (teacher or {}).get("teacher_model"))]
+    parts = []
+    for field, value in fields:
+        if not value:
+            continue
+        pin = (pinned or {}).get(field.removesuffix(".ref"))
+        at = f" = {pin['repo']}@{pin['commit'][:12]}" if isinstance(pin, dict) and pin.get("ref") == value and pin.get("commit") else ""
+        parts.append(f"{field.removesuffix('.ref')} {value}{at}")
+    return ", ".join(parts)
 
 
 def hub_env(token: str) -> dict[str, str]:

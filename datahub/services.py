@@ -223,7 +223,7 @@ def delete_repo(repo: Repo) -> None:
     to its experiment repo, or still to be published to its model repo, is a 409 too, finished run or not."""
     with transaction.atomic():
         repos.lock_refs(repo)
-        _refuse_while_live_runs_use(repo, lambda run: repo_uses(run, repo), repo.full_name, "the repo", "name")
+        _refuse_while_live_runs_use(repo, lambda run: repo_uses(run, repo), repo.full_name, "the repo", "name", trained_from_note(repo))
         _refuse_while_runs_commit_to(repo)
         _refuse_while_runs_publish_to(repo)
         repos.delete_repo(repo)
@@ -232,17 +232,18 @@ def delete_repo(repo: Repo) -> None:
         Experiment.objects.filter(project_id=repo.project_id, hub_repo=repo.full_name).update(hub_repo="")
 
 
-def _refuse_while_live_runs_use(repo: Repo, uses_of: Callable[[Any], list[str]], what: str, it: str, field: str) -> None:
+def _refuse_while_live_runs_use(repo: Repo, uses_of: Callable[[Any], list[str]], what: str, it: str, field: str, also: str = "") -> None:
     """A 409 naming each live run (queued, provisioning, running) of the repo's project that
     `uses_of` says uses the thing being deleted (`what`: "acme/data", "Branch 'dev' of acme/data"),
-    what for, and what to do before deleting `it` ("the repo"); `field` is the finding's field."""
+    what for, and what to do before deleting `it` ("the repo"); `field` is the finding's field, and
+    `also` what else the delete would do, to weigh before trying again."""
     from training.models import ACTIVE_STATUSES, Status, TrainingRun
 
     live = TrainingRun.objects.filter(project_id=repo.project_id, status__in=(Status.QUEUED, *ACTIVE_STATUSES)).select_related("experiment")
     findings = [Finding(field, f"run #{run.pk} ({run.name}, {run.status}) uses it as {', '.join(uses)}: {_free_repo_hint(run, uses, it)}")
                 for run in live.order_by("pk") if (uses := uses_of(run))]
     if findings:
-        raise Conflict(f"{what} is used by {counted(len(findings), 'live run')}: it cannot be deleted until they no longer need it.", findings)
+        raise Conflict(f"{what} is used by {counted(len(findings), 'live run')}: it cannot be deleted until they no longer need it.{' ' + also if also else ''}", findings)
 
 
 # A checkpoint's commit task runs within seconds of its report, and retries for about five minutes;
@@ -316,14 +317,7 @@ def ref_uses(run, repo: Repo, ref: str) -> list[str]:
 def repo_uses(run, repo: Repo) -> list[str]:
     """What `run` uses `repo` for: the fields whose Data Hub ref (or pinned commit) names it,
     "its experiment repo" and "its output model repo"; [] when it does not use it."""
-    from training.refs import HUB_REF
-
-    uses: list[str] = []
-    for field, value in refs.run_refs(run.base_model, run.dataset, run.config):
-        match = HUB_REF.match(value)
-        if match and match["repo"] == repo.name and match["project"] in (None, repo.project.slug):
-            uses.append(field.removesuffix(".ref"))
-    uses += [field for field, pin in (run.pinned or {}).items() if isinstance(pin, dict) and pin.get("repo") == repo.full_name and field not in uses]
+    uses = ref_fields_in(run, repo)
     if experiment_repo_name(run.experiment) == repo.name:
         uses.append(f"its experiment repo (branch run-{run.pk})")
     if model_repo_name(run) == repo.name:
@@ -331,16 +325,62 @@ def repo_uses(run, repo: Repo) -> list[str]:
     return uses
 
 
+def ref_fields_in(run, repo: Repo) -> list[str]:
+    """The fields of `run` whose Data Hub ref, or the commit its last START pinned, names `repo`."""
+    from training.refs import HUB_REF
+
+    fields: list[str] = []
+    for field, value in refs.run_refs(run.base_model, run.dataset, run.config):
+        match = HUB_REF.match(value)
+        if match and match["repo"] == repo.name and match["project"] in (None, repo.project.slug):
+            fields.append(field.removesuffix(".ref"))
+    return fields + [field for field, pin in (run.pinned or {}).items() if isinstance(pin, dict) and pin.get("repo") == repo.full_name and field not in fields]
+
+
+TRAINED_FROM_SHOWN = 5
+
+
+def ended_runs_trained_from(repo: Repo) -> tuple[list[Any], int]:
+    """The ended runs (completed, failed, cancelled) that trained from `repo`, as base model, dataset,
+    teacher, environment or RULER dataset (ref_fields_in): a few, oldest first, and how many. They do
+    not hold the repo (delete_repo), but its commits they were pinned to go with it, so their Start
+    again and Resume from here stop working: the repo's Delete says so before it is done. The text
+    search only narrows the rows that ref_fields_in reads."""
+    from training.models import Status, TrainingRun
+
+    named = Q(base_model__icontains=repo.name) | Q(dataset__icontains=repo.name) | Q(config__icontains=repo.name) | Q(pinned__icontains=repo.full_name)
+    ended = (TrainingRun.objects.filter(named, project_id=repo.project_id, status__in=(Status.COMPLETED, Status.FAILED, Status.CANCELLED))
+             .select_related("project").order_by("pk"))
+    runs = [run for run in ended if ref_fields_in(run, repo)]
+    return runs[:TRAINED_FROM_SHOWN], len(runs)
+
+
+def trained_from_note(repo: Repo) -> str:
+    """What deleting `repo` does to the ended runs that trained from it; "" when none did."""
+    shown, count = ended_runs_trained_from(repo)
+    if not count:
+        return ""
+    runs = ", ".join(f"#{run.pk} ({run.name}, {run.status})" for run in shown)
+    more = f" and {count - len(shown)} more" if count > len(shown) else ""
+    return (f"{counted(count, 'ended run')} trained from it (run {runs}{more}): deleting it deletes the commits they were pinned to, "
+            "so their Start again and Resume from here stop working, for good.")
+
+
 def _free_repo_hint(run, uses: list[str], it: str = "the repo") -> str:
     """What to do so that `run` no longer holds `it` ("the repo", "the branch", "the tag")."""
     from training.models import Status
+    from training.services import start_blockers
 
     if run.status == Status.QUEUED and run.start_requested_at is None:
+        # "Start it" only where START would take it: a run it refuses (422) would send the user in circles.
+        startable = not start_blockers(run)
         if any(use.startswith("its experiment repo") for use in uses):
             # Edit changes the run's refs and name, never its experiment: that repo stays its own.
-            return f"delete run #{run.pk} if it is not needed (or start it and let it finish), then delete {it}"
+            start = "(or start it and let it finish)" if startable else "(it cannot start as it is: its page says why)"
+            return f"delete run #{run.pk} if it is not needed {start}, then delete {it}"
         other = "another repo" if it == "the repo" else "another branch, tag or commit id"
-        return f"edit the run to use {other}, delete run #{run.pk}, or start it and let it finish, then delete {it}"
+        start = f", delete run #{run.pk}, or start it and let it finish" if startable else f" or delete run #{run.pk} (it cannot start as it is: its page says why)"
+        return f"edit the run to use {other}{start}, then delete {it}"
     return f"stop the run (STOP on its page) or wait for it to finish, then delete {it}"
 
 
@@ -733,13 +773,13 @@ def publish_model(run, checkpoint) -> Commit | None:
     return commit_files(repo, MAIN, files, message=PUBLISH_MESSAGE.format(kind=checkpoint.kind, run=run.pk, step=checkpoint.step), author=run.created_by)
 
 
-def model_repo_deleted(run, checkpoint) -> bool:
+def model_repo_deleted(run, checkpoint=None) -> bool:
     """Whether the run published a model before `checkpoint` (another of its final or merged
-    checkpoints was committed as its result) and no model repo of the run is left: a person deleted
-    it, and making it again would bring back a repo they removed."""
+    checkpoints was committed as its result; any, without it) and no model repo of the run is left:
+    a person deleted it, and making it again would bring back a repo they removed."""
     from training.models import Checkpoint
 
-    published = [earlier for earlier in Checkpoint.objects.filter(run_id=run.pk, kind__in=MODEL_KINDS).exclude(commit="").exclude(pk=checkpoint.pk)
+    published = [earlier for earlier in Checkpoint.objects.filter(run_id=run.pk, kind__in=MODEL_KINDS).exclude(commit="").exclude(pk=getattr(checkpoint, "pk", None))
                  if not is_earlier_merge(earlier)]
     return bool(published) and not published_repos(run)
 

@@ -167,6 +167,7 @@ def tree_context(request: HttpRequest, repo: Repo, revision: str, path: str = ""
         "files_help": f"One or more files, committed together; at most {settings.DATA_UPLOAD_MAX_NUMBER_FILES} at a time (the upload API takes more).",
         "max_files": settings.DATA_UPLOAD_MAX_NUMBER_FILES,
         "confirm_help": f"Type {repo.name} exactly.",
+        "trained_from": services.trained_from_note(repo) if writable else "",
         "upload": forms.get("upload") or upload, "delete": forms.get("delete") or {"values": {}, "errors": {}},
         "branch_delete": forms.get("branch_delete") or {"errors": {}}, "file_delete": forms.get("file_delete") or {"errors": {}},
     }

@@ -14,7 +14,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from datahub.refs import hub_env, is_hub_ref
+from datahub.refs import PINNED_THINGS, gone_pins, hub_env, is_hub_ref, pin_deleted
 from datahub.services import create_run_branch, kept_run_repo, record_checkpoint, run_branch_gone
 from studio import crypto
 from studio.errors import BadRequest, Conflict, Finding, counted
@@ -25,6 +25,7 @@ from training.models import Checkpoint, TrainingRun
 from training.services import (
     MERGE_TOKEN_PREFIX,
     add_log,
+    attempt_pinned,
     attempt_record,
     attempt_settings,
     locked_run,
@@ -84,6 +85,10 @@ def resume_run(run: TrainingRun, step: int, user, attempt: int | None = None) ->
     require_training_plan(run.project)
     run = locked_run(run)  # a DELETE of the parent waits, then sees the child (or this finds it gone)
     checkpoint = checkpoint_of(run, step, attempt)
+    gone = resume_blockers(run, checkpoint.attempt)
+    if gone:
+        raise Conflict(f"Step {checkpoint.step} of run #{run.pk} cannot be resumed: a resumed run trains on the commits it trained on, "
+                       "and some went with their deleted repo.", gone)
     settings = pinned_attempt_settings(run, checkpoint.attempt)
     settings["config"] = steps_past(settings["config"] or {}, checkpoint.step)
     child = TrainingRun.objects.create(
@@ -92,6 +97,28 @@ def resume_run(run: TrainingRun, step: int, user, attempt: int | None = None) ->
     )
     create_run_branch(child)
     return child
+
+
+def resume_blockers(run: TrainingRun, attempt: int) -> list[Finding]:
+    """Why no run can resume from a step that attempt `attempt` of `run` saved ([] when one can): a
+    resumed run reads each Data Hub ref at the commit that attempt was pinned to (resume_run), and a
+    commit deleted with its repo is gone for good, so the new run could never start."""
+    return [Finding(field, f"{pin_deleted(pin)}: train a new run from another {PINNED_THINGS.get(field, 'dataset')} instead")
+            for field, pin in gone_pins(attempt_pinned(run, attempt)).items()]
+
+
+def merge_blocker(run: TrainingRun, attempt: int, branch_kept: bool) -> str:
+    """Why a step that attempt `attempt` of `run` saved cannot be merged ("" when it can): the merged
+    model is committed to the run's branch (`branch_kept`: kept_run_repo found it), and the merge loads
+    the base at the commit that attempt pinned (merge_base). With either deleted, the merge could
+    only fail in the worker, where only the run's log says so."""
+    if not branch_kept:
+        return (f"{run_branch_gone(run)}, so the merged model would have nowhere to be committed: resume from the step instead "
+                "(the new run has a branch of its own, and its saved steps can be merged)")
+    base = gone_pins({"base_model": attempt_pinned(run, attempt).get("base_model")})
+    if base:
+        return f"{pin_deleted(base['base_model'])}, so the base the adapter was trained on is gone"
+    return ""
 
 
 def steps_past(config: dict, step: int) -> dict:
@@ -112,6 +139,9 @@ def request_merge(run: TrainingRun, checkpoint: Checkpoint) -> None:
     locked_run(run)
     if not lora_enabled(attempt_settings(run, checkpoint.attempt)["config"]):  # the step's attempt's: the run may have been edited since
         raise BadRequest("Only a LoRA run's checkpoints can be merged.", [Finding("step", "this run trains all weights: its checkpoints are already full models")])
+    blocked = merge_blocker(run, checkpoint.attempt, kept_run_repo(run) is not None)
+    if blocked:
+        raise Conflict(f"Step {checkpoint.step} of run {run.pk} (attempt {checkpoint.attempt}) cannot be merged: {blocked}.")
     # Per attempt: a step that a restarted run saved again holds other weights, and merges apart.
     if Checkpoint.objects.filter(run=run, kind="merged", step=checkpoint.step, attempt=checkpoint.attempt).exists():
         raise Conflict(f"Step {checkpoint.step} of run {run.pk} (attempt {checkpoint.attempt}) is already merged: its merged checkpoint is listed under Checkpoints.")

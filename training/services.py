@@ -18,7 +18,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from datahub.refs import engine_inputs, pin_refs, refs_at_pins
+from datahub.refs import engine_inputs, gone_pins, pin_refs, refs_at_pins, trained_from
 from datahub.services import create_run_branch, kept_run_repo, remove_empty_run_branch
 from environments.services import job_environment, judge_env
 from experiments.models import Experiment
@@ -211,7 +211,17 @@ def update_run(run: TrainingRun, patch: dict) -> TrainingRun:
 # ---- start / stop ------------------------------------------------------------------------------
 
 def draft_of(run: TrainingRun) -> Draft:
-    return Draft(method=run.method, base_model=run.base_model or None, dataset=run.dataset, config=run.config, compute=run.compute, project=run.project)
+    return Draft(method=run.method, base_model=run.base_model or None, dataset=run.dataset, config=run.config, compute=run.compute, project=run.project,
+                 pinned=earlier_pins(run))
+
+
+def earlier_pins(run: TrainingRun) -> dict:
+    """The commits the run's refs were pinned to before: its last START's, over those of the attempt a
+    resumed run continues (whose refs resume_run wrote at those commits). START pins them afresh;
+    these say, of a ref whose repo was deleted since, what went with it."""
+    checkpoint = run.resume_checkpoint if run.resume_checkpoint_id else None
+    resumed = attempt_pinned(checkpoint.run, checkpoint.attempt) if checkpoint is not None else {}
+    return {**resumed, **(run.pinned or {})}
 
 
 def start_blockers(run: TrainingRun, draft: Draft | None = None) -> list[Finding]:
@@ -249,7 +259,10 @@ def resumed_shape_findings(run: TrainingRun, checkpoint: Checkpoint) -> list[Fin
         # resumed before resume_run did so names the attempt's own ref, which resumed_pins pins.
         trained = pinned_attempt_settings(parent, checkpoint.attempt)
         if (run.base_model or "") not in {trained["base_model"] or "", attempt_record(parent, checkpoint.attempt).base_model or ""}:
-            findings.append(Finding("base_model", f"{what} trained {trained['base_model']}: set base_model back to it, or start a new run to train {run.base_model or 'another model'}"))
+            # Once its repo is deleted, setting it back only meets START's finding that it is gone.
+            back = ("it was deleted with its repo, so no run can resume from that step: delete this run, and create a new one"
+                    if gone_pins({"base_model": attempt_pinned(parent, checkpoint.attempt).get("base_model")}) else "set base_model back to it, or start a new run")
+            findings.append(Finding("base_model", f"{what} trained {trained['base_model']}: {back} to train {run.base_model or 'another model'}"))
         mine, theirs = run.config or {}, trained["config"] or {}
         if theirs.get("lora_rank") is None:
             # A full fine-tune's checkpoint holds the model's weights, not an adapter of any rank.
@@ -445,6 +458,7 @@ def dispatch(run_id: int) -> bool:
         run = TrainingRun.objects.select_related("project").get(pk=run_id)
         record_attempt(run)
     add_log(run, "[studio] status → provisioning: claimed by a worker")
+    add_log(run, f"[studio] attempt {run.attempt} trains from {trained_from(run.base_model, run.dataset, run.config, run.pinned)}")
     add_log(run, f"[studio] attempt {run.attempt}: submitting to the {run.backend_name} backend")
     submit_attempt(run, token)
     return True

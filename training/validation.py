@@ -127,8 +127,8 @@ def start_findings(draft: Draft) -> list[Finding]:
     checks: list[tuple[str, RowsCheck]] = []  # each dataset entry's rows check, local or Data Hub
     findings += local_path_findings(draft, needs, notices, checks)
     if draft.project is not None:
-        findings += ref_findings(draft.project, draft.base_model, draft.config)
-        findings += dataset_findings(draft.project, draft.method, draft.dataset, needs, notices, checks, system_prompt_set(draft))
+        findings += ref_findings(draft.project, draft.base_model, draft.config, draft.pinned)
+        findings += dataset_findings(draft.project, draft.method, draft.dataset, needs, notices, checks, system_prompt_set(draft), draft.pinned)
         findings += ruler_dataset_findings(draft.project, ruler_dataset(draft), notices)
         findings += bare_repo_name_findings(draft)
     findings += template_findings(draft, checks, model_file_reader(draft.project, draft.base_model))

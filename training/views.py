@@ -25,7 +25,7 @@ from django.views.decorators.http import require_GET, require_POST
 from datahub import repos as hub_repos
 from datahub import services as hub
 from datahub.models import Branch, Commit, Repo, RepoType, Tag, TreeEntry
-from datahub.refs import RESERVED_NAMESPACES
+from datahub.refs import RESERVED_NAMESPACES, gone_pins, pin_deleted
 from environments import services as env_services
 from environments.services import FIELD as FIELD_ENVIRONMENT
 from experiments.models import Experiment
@@ -260,7 +260,15 @@ def live_context(run: TrainingRun) -> dict[str, Any]:
     label = "" if not run.attempt else f"attempt {run.attempt}" if first == run.attempt else f"attempts {first}–{run.attempt}"
     return {"run": run, "live": is_live(run), "following": is_live(run) or reports_open(run), "charts": run_charts(run),
             "log_tail": [line for _, line in rows], "log_tail_cut": earlier and len(rows) < LOG_TAIL, "log_label": label, "earlier_attempts": list(range(1, first)),
-            "published": published_model(run)}
+            **published_context(run)}
+
+
+def published_context(run: TrainingRun) -> dict[str, Any]:
+    """The Overview's Published model: its repo, or once that was deleted its name, marked deleted
+    (the line used to vanish, as if the run had published nothing)."""
+    published = published_model(run)
+    deleted = f"{run.project.slug}/{hub.model_repo_name(run)}" if published is None and hub.model_repo_deleted(run) else ""
+    return {"published": published, "published_deleted": deleted}
 
 
 def published_model(run: TrainingRun) -> Repo | None:
@@ -543,7 +551,8 @@ def tab_context(request: HttpRequest, run: TrainingRun, tab: str) -> dict[str, A
             context["teacher"] = forms.teacher_fit(config["distillation"].get("teacher_model"), (run.compute or {}).get("accelerators"), run.project)
             context["per_token"] = 6 * int(config["distillation"].get("top_k") or 64)
     elif tab == "datasets":
-        context["entries"] = [{**row, "pin": pin_state(run, row["field"], row["kind"])} for row in dataset_rows(run)]
+        context["entries"] = [{**row, "pin": pin_state(run, row["field"], row["kind"]), "pinned": pinned_of(run, row["field"])} for row in dataset_rows(run)]
+        mark_deleted_refs(run, context["entries"])  # a deleted repo's ref, or its name's new repo, is not linked
     elif tab == "checkpoints":
         context.update(checkpoints_context(run, writable=web_actor(request).can_write(run.project)))
     elif tab == "try":
@@ -555,7 +564,10 @@ def tab_context(request: HttpRequest, run: TrainingRun, tab: str) -> dict[str, A
         name = str(config.get("environment_id") or "").partition("@")[0]
         builtin = name in env_services.ENGINE_BUILTINS or name.startswith("builtin/")
         context["pin"] = pin_state(run, "config.environment_id", "builtin" if builtin else "hub")
-        context["env"] = environment_info(run.project, config.get("environment_id"))
+        # A repo made since under a deleted one's name is not the environment this run was pinned to.
+        gone = gone_pins({FIELD_ENVIRONMENT: pinned_of(run, FIELD_ENVIRONMENT)})
+        context["env_gone"] = pin_deleted(gone[FIELD_ENVIRONMENT]) if gone else ""
+        context["env"] = None if gone else environment_info(run.project, config.get("environment_id"))
     elif tab == "rollouts":
         context.update(rollout_groups(run, request))
     elif tab == "repository":
@@ -586,11 +598,15 @@ def checkpoints_context(run: TrainingRun, writable: bool) -> dict[str, Any]:
     recent, pending = timezone.now() - timedelta(minutes=5), False
     # Merge is offered by each row's attempt's settings: the run may have been edited since (request_merge checks the same).
     lora_of = {attempt: lora_enabled(services.attempt_settings(run, attempt)["config"] or {}) for attempt in {c.attempt for c in saved}}
+    # What Resume and Merge would refuse (409), said beside their disabled buttons: the same checks, per attempt.
+    resume_blocked = {attempt: "; ".join(f.message for f in checkpoints.resume_blockers(run, attempt)) for attempt in lora_of} if writable else {}
+    merge_blocked = {attempt: checkpoints.merge_blocker(run, attempt, not branch_gone) for attempt in lora_of if lora_of[attempt]} if writable else {}
     rows = []
     for c in saved:
         prefix = prefixes[c.pk]
         row: dict[str, Any] = {"c": c, "twin": twins[(c.kind, c.step)] > 1, "merged": (c.attempt, c.step) in merged, "merging": c.pk in merging,
-                               "lora": lora_of[c.attempt], "path": shown_path(c)}
+                               "lora": lora_of[c.attempt], "path": shown_path(c),
+                               "resume_blocked": resume_blocked.get(c.attempt, ""), "merge_blocked": merge_blocked.get(c.attempt, "")}
         if branch_gone:
             row["download_note"] = "deleted with its repo"
         elif c.commit:
@@ -796,7 +812,7 @@ def checkpoint_items(run: TrainingRun, output: str) -> list[dict[str, Any]]:
 def mark_deleted_refs(run: TrainingRun, items: list[dict[str, Any]]) -> None:
     """Set `gone` on the Data Hub refs that no longer open: their repo was deleted, it is another
     project's (a run can only use its own), or the branch or tag they name was deleted (its commits
-    stay, so a pin still opens: link_pins). Two queries for all of them."""
+    stay, so a pin still opens: link_pins). Three queries for all of them."""
     slug = run.project.slug
     refs = [(item, match) for item in items if item["kind"] == "hub" and (match := HUB_REF.match(item["ref"]))]
     names = {match["repo"] for _, match in refs if match["project"] in (None, slug)}
@@ -807,11 +823,17 @@ def mark_deleted_refs(run: TrainingRun, items: list[dict[str, Any]]) -> None:
         branches = Branch.objects.filter(repo__project_id=run.project_id, repo__name__in=there).order_by().values_list("repo__name", "name")
         tags = Tag.objects.filter(repo__project_id=run.project_id, repo__name__in=there).order_by().values_list("repo__name", "name")
         named = set(branches.union(tags))
-    for item, match in refs:
+    # A pin belongs to the repo of that name only while the repo holds its commit: one made since
+    # under a deleted repo's name is another repo, and must not be linked as the one the run used.
+    replaced = gone_pins({str(i): item["pinned"] for i, (item, match) in enumerate(refs)
+                          if item.get("pinned") and item["pinned"].get("repo") == f"{slug}/{match['repo']}"})
+    for i, (item, match) in enumerate(refs):
         if match["project"] not in (None, slug):
             item["gone"] = f"not a repo of project {slug}"
         elif match["repo"] not in there:
             item["gone"] = "deleted"
+        elif str(i) in replaced:
+            item["gone"] = f"deleted: the repo named {match['repo']} now is a new one, without commit {item['pinned']['commit'][:12]}"
         elif (match["repo"], match["ref"]) not in named and not names_commit(match["ref"], item.get("pinned")):
             item["gone"] = f"branch or tag {match['ref']} deleted"
 

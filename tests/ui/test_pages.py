@@ -621,8 +621,13 @@ def test_dpo_dataset_entry_type_finding_shows_at_the_dataset(project, users):
 
 
 def test_hub_refs_link_to_the_hub_browser(project, users):
+    from datahub import repos
+
     run = make_run(project, users["owner"], "sft", dataset="my-data@main")
     client = client_for(users["owner"])
+    # A ref to no repo is not linked (its Lineage says deleted), as a deleted repo's is not.
+    assert 'href="/hub/acme/my-data/tree/main"' not in client.get(f"/training/runs/{run.pk}/datasets/").content.decode()
+    repos.create_repo(project, "my-data", "dataset")
     assert 'href="/hub/acme/my-data/tree/main"' in client.get(f"/training/runs/{run.pk}/datasets/").content.decode()
     lineage = client.get(f"/training/runs/{run.pk}/lineage/").content.decode()
     assert f"run-{run.pk}" in lineage and "/hub/acme/experiment-default/tree/run-" in lineage

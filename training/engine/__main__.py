@@ -124,7 +124,7 @@ def run_spec(spec: Spec, reporter: Reporter, rank: Rank | None = None) -> None:
     device = pick_device(spec, rank)
     seed_run(spec)  # before anything draws a random number: data shuffles, an environment's prompts, the adapter
     spec.output_dir.mkdir(parents=True, exist_ok=True)
-    reporter.log(f"run {spec.run_id} attempt {spec.attempt}: {spec.method} on {device.kind} ({device.precision}), base {spec.base_model}")
+    reporter.log(f"run {spec.run_id} attempt {spec.attempt}: {spec.method} on {device.kind} ({device.precision}), base {spec.base_model}{'@' + spec.base_model_revision[:12] if spec.base_model_revision else ''}")
     log_parallelism(spec, reporter, device.kind, rank)
     ctx = Context(spec=spec, reporter=reporter, device=device, rank=rank)
     if spec.method == "sft":

@@ -148,6 +148,9 @@ class Draft:
     config: dict
     compute: dict
     project: Any = None
+    # The commits a stored run's refs were pinned to before (training.services.earlier_pins): START's
+    # finding for a ref whose repo was deleted since says so (datahub.refs.parse_ref).
+    pinned: dict = field(default_factory=dict, repr=False, compare=False)
     # Answers computed once per draft and asked for twice (the fit check: START's findings and the
     # estimate beside the Start button).
     memo: dict = field(default_factory=dict, repr=False, compare=False)
