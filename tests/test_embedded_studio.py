@@ -131,6 +131,10 @@ def test_the_embedded_studio_serves_and_trains(embedded_env, tmp_path):
         final = wait_for(lambda: (lambda r: r if r["status"] in ("completed", "failed", "cancelled") else None)(http("GET", f"{base}/api/training-runs/{again['id']}", token)[1]),
                          240, interval=1, message="the run after the restart to finish")
         assert final["status"] == "completed", (final["error"], studio_log()[-3000:])
+        # Its log names the demo repos with the commits START pinned them to.
+        _, logs = http("GET", f"{base}/api/training-runs/{again['id']}/logs?full=true", token)
+        assert re.search(r"trains from base_model demo-student@main = demo/demo-student@[0-9a-f]{12}, dataset demo-sft@main = demo/demo-sft@[0-9a-f]{12}",
+                         "\n".join(logs["lines"])), logs["lines"][:20]
     finally:
         os.killpg(studio.pid, signal.SIGINT)
         try:
