@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import fcntl
 import json
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from django.utils import timezone
 
 from tests.conftest import assert_error
 from training import services
 from training.backends.local_runner import take_ticket
 from training.models import Checkpoint, Generation, Status, TrainingRun
-from training.playground import KEPT_GENERATIONS, generate, generation_gpu
+from training.playground import ANSWER_TIME_LIMIT_S, KEPT_GENERATIONS, generate, generation_gpu
+from training.tasks import reconcile_runs
 
 ASK = {"prompt": "What colour is the cat?", "max_new_tokens": 8, "temperature": 0}
 
@@ -179,3 +182,32 @@ def test_an_answer_the_worker_fails_on_is_failed_not_left_generating(project, us
     assert generation.status == "failed" and generation.error.startswith("the worker failed while answering (FileExistsError")
     assert generation.finished_at is not None
     generate(generation.pk)  # run again (a retried task): it is no longer queued, so nothing happens
+
+
+def test_the_reconciler_fails_answers_whose_worker_was_lost_and_leaves_live_ones(project, users, runs_dir):
+    # A worker process killed mid-answer (or a queue that lost the task) left the tab "Generating…" for ever.
+    run = trained_run(project, users["owner"], runs_dir)
+    now = timezone.now()
+
+    def answer(status: str, **times) -> Generation:
+        made = Generation.objects.create(run=run, checkpoint=run.checkpoints.get(), prompt="Hi", max_new_tokens=8, temperature=0, status=status)
+        Generation.objects.filter(pk=made.pk).update(**times)
+        return made
+
+    lost = answer("running", started_at=now - timedelta(seconds=ANSWER_TIME_LIMIT_S + 60))
+    answering = answer("running", started_at=now - timedelta(seconds=ANSWER_TIME_LIMIT_S - 60), created_at=now - timedelta(hours=1))
+    never_taken = answer("queued", created_at=now - timedelta(minutes=31))
+    waiting = answer("queued", created_at=now - timedelta(minutes=5))
+    reconcile_runs()  # the beat task, with its other passes
+    states = {g.pk: (g.status, g.error) for g in Generation.objects.all()}
+    assert states[lost.pk] == ("failed", f"the worker answering it stopped without an answer (still running after {ANSWER_TIME_LIMIT_S} s): ask again")
+    assert states[never_taken.pk] == ("failed", "no worker took it within 30 minutes: ask again")
+    assert states[answering.pk] == ("running", "") and states[waiting.pk] == ("queued", "")
+
+
+def test_a_worker_taking_an_answer_records_when(project, users, runs_dir, monkeypatch):
+    run = trained_run(project, users["owner"], runs_dir)
+    generation = Generation.objects.create(run=run, checkpoint=None, prompt="Hi", max_new_tokens=8, temperature=0)
+    generate(generation.pk)  # its weights are gone: failed at once, but taken first
+    generation.refresh_from_db()
+    assert generation.status == "failed" and generation.started_at is not None and generation.started_at <= generation.finished_at

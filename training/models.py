@@ -316,6 +316,7 @@ class Generation(models.Model):
     outputs = models.JSONField(default=list, blank=True)
     error = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)  # a worker took it (running)
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,10 @@ MAX_NEW_TOKENS = 512
 MAX_TEMPERATURE = 2.0
 MAX_PROMPT_CHARS = 20_000
 GENERATION_TIMEOUT_SECONDS = 120
+# The answering task's time limit (two generator processes at most: the run's weights, then its base),
+# past which an answer still running lost its worker; one queued this long was lost before a worker took it.
+ANSWER_TIME_LIMIT_S = 2 * GENERATION_TIMEOUT_SECONDS + 90
+QUEUED_LOST_AFTER_S = 30 * 60
 # The run's own end weights, best first: full weights load alone, an adapter needs its base.
 END_KINDS = ("final", "merged", "adapter")
 # A saved step: its merged copy (a full model, Merge on the Checkpoints tab) before the step itself.
@@ -144,7 +149,7 @@ def request_generation(run: TrainingRun, user, ask: dict[str, Any]) -> Generatio
 
 def generate(generation_id: int) -> None:
     """Answer a queued Generation (the task's body; a second run of it finds it claimed and does nothing)."""
-    if not Generation.objects.filter(pk=generation_id, status=Generation.State.QUEUED).update(status=Generation.State.RUNNING):
+    if not Generation.objects.filter(pk=generation_id, status=Generation.State.QUEUED).update(status=Generation.State.RUNNING, started_at=timezone.now()):
         return
     generation = Generation.objects.select_related("run", "run__experiment", "checkpoint").get(pk=generation_id)
     try:
@@ -216,3 +221,16 @@ def run_generator(args: list[str], request: dict[str, Any], visible: str) -> dic
         how = f"killed by signal {-done.returncode}" if done.returncode < 0 else f"exit status {done.returncode}"
         return {"error": f"the generator failed ({how})" + (": " + " | ".join(said) if said else "")}
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def fail_lost_answers() -> int:
+    """Fail the answers no worker will finish (the reconciler's pass): running past the task's time
+    limit (its worker process was killed, or the machine restarted), or queued for QUEUED_LOST_AFTER_S
+    (the queue lost the task). The tab stops polling "Generating…" and says to ask again."""
+    now = timezone.now()
+    lost = Generation.objects.filter(status=Generation.State.RUNNING, started_at__lt=now - timedelta(seconds=ANSWER_TIME_LIMIT_S + 30))
+    waited = Generation.objects.filter(status=Generation.State.QUEUED, created_at__lt=now - timedelta(seconds=QUEUED_LOST_AFTER_S))
+    failed = lost.update(status=Generation.State.FAILED, finished_at=now,
+                         error=f"the worker answering it stopped without an answer (still running after {ANSWER_TIME_LIMIT_S} s): ask again")
+    return failed + waited.update(status=Generation.State.FAILED, finished_at=now,
+                                  error=f"no worker took it within {QUEUED_LOST_AFTER_S // 60} minutes: ask again")

@@ -12,7 +12,7 @@ from functools import partial
 from celery import shared_task
 from celery.signals import worker_ready
 
-from training import reconciler, services
+from training import playground, reconciler, services
 from training.backends.base import BackendUnavailable
 
 log = logging.getLogger(__name__)
@@ -50,6 +50,7 @@ def reconcile_runs() -> None:
                 step(run_id)
             except Exception:  # noqa: BLE001 - one run's trouble must not starve the others
                 log.exception("%s(%s) failed", getattr(step, "__name__", "reconcile_run"), run_id)
+    playground.fail_lost_answers()
 
 
 @shared_task(name="training.tasks.verify_backend_connection", soft_time_limit=90, time_limit=120)
@@ -70,8 +71,6 @@ def merge_checkpoint(checkpoint_id: int) -> None:
 
 
 # Two generator processes at most (the run's weights, then its base), each stopped at its timeout.
-@shared_task(name="training.tasks.generate_answer", soft_time_limit=300, time_limit=330)
+@shared_task(name="training.tasks.generate_answer", soft_time_limit=playground.ANSWER_TIME_LIMIT_S - 30, time_limit=playground.ANSWER_TIME_LIMIT_S)
 def generate_answer(generation_id: int) -> None:
-    from training.playground import generate
-
-    generate(generation_id)
+    playground.generate(generation_id)

@@ -27,6 +27,7 @@ class Migration(migrations.Migration):
                 ('outputs', models.JSONField(blank=True, default=list)),
                 ('error', models.TextField(blank=True)),
                 ('created_at', models.DateTimeField(auto_now_add=True)),
+                ('started_at', models.DateTimeField(blank=True, null=True)),
                 ('finished_at', models.DateTimeField(blank=True, null=True)),
                 ('checkpoint', models.ForeignKey(null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='training.checkpoint')),
                 ('created_by', models.ForeignKey(null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
