@@ -306,13 +306,14 @@ def readable_local_file(path: str) -> bool:
 
 
 def local_file_findings(config: dict[str, Any] | None, field: str = FIELD) -> list[Finding]:
-    """START's look at each absolute path in the package's CONFIG: a PUT checked it when it was saved,
-    but a file deleted, made unreadable or moved out of STUDIO_LOCAL_ROOTS since then started the run,
-    which failed in the engine as the package loaded."""
+    """START's look at each absolute file path in the package's CONFIG (a value naming a file with an
+    extension, /data/maths.jsonl: not an absolute URL path such as /v1/completions): a PUT checked it
+    when it was saved, but a file deleted, made unreadable or moved out of STUDIO_LOCAL_ROOTS since
+    then started the run, which failed in the engine as the package loaded."""
     return [config_key_finding(field, key, f"{value} is not a file on the Studio's machine that runs may read (deleted, unreadable or outside "
                                            f"STUDIO_LOCAL_ROOTS since CONFIG was saved): put the file back, or set {key} to one of the package's files")
             for key, value in (config or {}).items()
-            if isinstance(value, str) and PurePosixPath(value).is_absolute() and not readable_local_file(value)]
+            if isinstance(value, str) and PurePosixPath(value).is_absolute() and PurePosixPath(value).suffix and not readable_local_file(value)]
 
 
 def declared(init: ast.Module | None) -> ast.Module | None:

@@ -477,3 +477,13 @@ def test_start_checks_an_absolute_data_file_again_as_it_may_be_gone_since_it_was
         check = api.get("/api/environments/abs-maths/check").json()["findings"]
         assert [f["field"] for f in check] == ["config.data_file"], check
         settings.STUDIO_LOCAL_ROOTS = [tmp_path]
+
+
+def test_start_takes_an_absolute_path_without_an_extension_for_no_file(api, project):
+    # START's second look at absolute data files must not refuse a package's own non-file values.
+    repo = create_repo(project, "url-env", RepoType.ENVIRONMENT)
+    commit_files(repo, "main", {"__init__.py": b"CONFIG = {'n': 8, 'endpoint_path': '/v1/completions', 'data_file': '/nowhere/rows.jsonl'}\n\n\n"
+                                                b"def load_environment(**kwargs):\n    return kwargs['n']\n"})
+    findings = api.get("/api/environments/url-env/check").json()["findings"]
+    assert [f["field"] for f in findings] == ["config.data_file"], findings  # endpoint_path is no file
+
