@@ -68,7 +68,7 @@ def experiment_detail(request: HttpRequest, experiment_id: int) -> HttpResponse:
     if experiment is None:
         raise NotFound(f"No experiment {experiment_id} in your projects.")
     runs = runs_for(actor).filter(experiment=experiment).order_by("-created_at", "-id")
-    comparison = compare_runs(runs, request.GET.get("metric") or None, request.GET.getlist("runs"))
+    comparison = compare_runs(runs, request.GET.get("metric") or None, request.GET.getlist("runs"), request.GET.getlist("shown"))
     status = 400 if comparison.findings else 200
     context = {"experiment": experiment, **comparison_context(experiment, runs, comparison)}
     if request.htmx and request.htmx.target == "compare-live":
@@ -100,9 +100,11 @@ def comparison_context(experiment: Experiment, runs: QuerySet[TrainingRun], comp
 
 def runs_context(request: HttpRequest, runs: QuerySet[TrainingRun], comparison: Comparison) -> dict:
     """The runs table: a page of the runs, as the runs list shows them (650 runs made a 184 KB page),
-    each with its Compare box; the chosen runs on other pages go with the form unseen."""
+    each with its Compare box; the compared runs on other pages go with the form unseen, and so, by
+    default, does the run set compared (`shown`): the ticks sent as they came are no choice."""
     page = Paginator(runs, RUNS_PER_PAGE).get_page(request.GET.get("page"))
-    shown = list(page.object_list)
+    listed = list(page.object_list)
     compared = {run.pk for run in comparison.runs}
-    return {"runs": shown, "page": page, "compared_ids": compared, "compare_limit": COMPARE_LIMIT,
-            "chosen_elsewhere": sorted(compared - {run.pk for run in shown}) if comparison.chosen else []}
+    return {"runs": listed, "page": page, "compared_ids": compared, "compare_limit": COMPARE_LIMIT,
+            "compared_elsewhere": sorted(compared - {run.pk for run in listed}),
+            "shown": "" if comparison.chosen else ",".join(str(run.pk) for run in comparison.runs)}
