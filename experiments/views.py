@@ -19,6 +19,7 @@ from experiments.models import Experiment
 from experiments.services import create_experiment
 from studio.errors import ApiError, NotFound
 from studio.views import errors_by_field, refuse_form, refused_forms, studio_page, web_actor
+from training import metrics
 from training.models import TrainingRun
 from training.queries import runs_for
 from training.views import RUNS_PER_PAGE, align
@@ -105,6 +106,16 @@ def runs_context(request: HttpRequest, runs: QuerySet[TrainingRun], comparison: 
     page = Paginator(runs, RUNS_PER_PAGE).get_page(request.GET.get("page"))
     listed = list(page.object_list)
     compared = {run.pk for run in comparison.runs}
-    return {"runs": listed, "page": page, "compared_ids": compared, "compare_limit": COMPARE_LIMIT,
+    return {"runs": listed, "page": page, "compared_ids": compared, "compare_limit": COMPARE_LIMIT, "metrics": metric_choice(comparison, listed),
             "compared_elsewhere": sorted(compared - {run.pk for run in listed}),
             "shown": "" if comparison.chosen else ",".join(str(run.pk) for run in comparison.runs)}
+
+
+def metric_choice(comparison: Comparison, listed: list[TrainingRun]) -> list[str]:
+    """The Metric list: the compared runs' keys, and by default those of the runs listed too (a page
+    of them, an index probe a key each): picking one compares the newest runs that report it, so an
+    older run's own metric (a DPO run's rewards/margins) is reachable before it is ticked. A choice's
+    list stays its runs' keys: another would be refused."""
+    if comparison.chosen:
+        return comparison.metrics
+    return sorted(set(comparison.metrics).union(metrics.metric_keys([run.pk for run in listed])))

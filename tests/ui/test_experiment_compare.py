@@ -240,6 +240,10 @@ def test_a_malformed_run_id_is_a_400_and_the_newest_runs_are_compared(project, u
     assert findings_of(html) == ['runs: "abc" is not a run id: give run ids separated by commas, e.g. runs=12,15',
                                  'runs: "²" is not a run id: give run ids separated by commas, e.g. runs=12,15']
     assert len(chart_of(html)["series"]) == 3
+    # The form's own record of the runs it compared by default is read as strictly.
+    html = refused_page(users, experiment, {"runs": str(runs["low"].pk), "shown": "low"})
+    assert findings_of(html) == ['shown: "low" is not a run id: give run ids separated by commas, e.g. shown=12,15']
+    assert [s["label"] for s in chart_of(html)["series"]] == [f"#{runs['low'].pk} low lr"]
 
 
 @pytest.mark.django_db
@@ -302,22 +306,47 @@ def test_a_chosen_run_that_ended_without_points_of_the_metric_is_not_said_to_hav
                     "chosen-ended-without-points": f"No kd_loss points from #{plain[0].pk} sft 0: it ended without reporting it."}
 
 
-@pytest.mark.django_db
-def test_a_run_ticked_beside_the_default_ones_is_kept_and_the_oldest_default_one_left_out(project, users):
+def metric_options(html: str) -> list[str]:
+    """The keys the Metric choice offers."""
+    return re.findall(r'<option value="([^"]+)"', re.search(r'<select id="compare-metric".*?</select>', html, re.S).group(0))
+
+
+@pytest.fixture
+def crowded(project, users):
+    """An older DPO-like run with a metric of its own, then as many runs with loss alone as are
+    compared: the default view leaves the DPO run out."""
     experiment = create_experiment(project, "wide")
     oldest = run_in(project, users, experiment, "dpo", [1.0], **{"rewards/margins": [0.1, 0.3]})
     runs = [run_in(project, users, experiment, f"r{i}", [1.0]) for i in range(COMPARE_LIMIT)]
+    return experiment, oldest, runs
+
+
+@pytest.mark.django_db
+def test_a_run_ticked_beside_the_default_ones_is_kept_and_the_oldest_default_one_left_out(users, crowded):
+    experiment, oldest, runs = crowded
     client, url = client_for(users["owner"]), f"/experiments/{experiment.pk}/"
     default = client.get(url).content.decode()
-    assert "rewards/margins" not in default  # not compared: its keys are not offered yet
     response = client.get(url, [*form_sent(default), ("runs", str(oldest.pk)), ("metric", "loss")])  # its box ticked
     html = response.content.decode()
     assert response.status_code == 400 and findings_of(html) == [
         f"runs: at most {COMPARE_LIMIT} runs are compared at once: the oldest of those compared before (#{runs[0].pk}) are left out to make room for the runs ticked"]
     assert [s["label"] for s in chart_of(html)["series"]] == [f"#{run.pk} {run.name}" for run in [*reversed(runs[1:]), oldest]]
     assert ("runs", str(oldest.pk)) in form_sent(html) and ("runs", str(runs[0].pk)) not in form_sent(html)
-    metric_choice = re.search(r'<select id="compare-metric" name="metric">(.*?)</select>', html, re.S).group(1)
-    assert re.findall(r'<option value="([^"]+)"', metric_choice) == ["loss", "rewards/margins"]
+    assert metric_options(html) == ["loss", "rewards/margins"]  # a choice offers its runs' keys: the ticked run's too
+
+
+@pytest.mark.django_db
+def test_by_default_the_metric_choice_offers_the_listed_runs_keys_and_picking_one_compares_those_that_report_it(users, crowded):
+    experiment, oldest, runs = crowded
+    client, url = client_for(users["owner"]), f"/experiments/{experiment.pk}/"
+    default = client.get(url).content.decode()
+    assert f"#{oldest.pk} dpo" not in compared_labels(default)  # not compared, but listed: its key is offered
+    assert metric_options(default) == ["loss", "rewards/margins"]
+    html = client.get(url, [*form_sent(default), ("metric", "rewards/margins")]).content.decode()
+    assert compared_labels(html) == [f"#{oldest.pk} dpo"] and "rewards/margins by step — 1 run with rewards/margins points compared" in html
+    # A choice offers its runs' keys alone: another would be refused.
+    chosen = client.get(url, {"runs": ",".join(str(run.pk) for run in runs[:2])}).content.decode()
+    assert metric_options(chosen) == ["loss"]
 
 
 @pytest.mark.django_db
@@ -396,3 +425,4 @@ def test_picking_a_metric_in_the_default_view_keeps_comparing_the_newest_runs_th
     expect(page.get_by_label(f"Compare plain #{runs['plain'].pk}")).not_to_be_checked()  # the new default set's ticks
     page.get_by_label(f"Compare plain #{runs['plain'].pk}").check()
     expect(caption).to_have_text("reward by step — 3 chosen runs compared")
+
