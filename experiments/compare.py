@@ -14,7 +14,7 @@ from django.db.models import Exists, Max, Min, OuterRef, QuerySet
 from studio.errors import Finding
 from studio.parsing import ascii_int
 from training import metrics
-from training.models import MetricPoint, TrainingRun
+from training.models import TERMINAL_STATUSES, MetricPoint, TrainingRun
 from training.refs import dataset_entries
 from training.views import MAX_POINTS, chart_series, is_live, reports_open
 
@@ -61,8 +61,15 @@ class Comparison:
 
     @property
     def without_points(self) -> list[TrainingRun]:
-        """The compared runs with no points of the metric: chosen ones, on the chart's legend alone."""
-        return [run for run in self.runs if not self.series[run.pk]]
+        """The compared runs with no points of the metric that may still report some: chosen ones, on
+        the chart's legend alone."""
+        return [run for run in self.runs if not self.series[run.pk] and run.status not in TERMINAL_STATUSES]
+
+    @property
+    def ended_without_points(self) -> list[TrainingRun]:
+        """The compared runs that ended without points of the metric: a DISTILL run's kd_loss never
+        comes from an SFT run, so none of them is waited for."""
+        return [run for run in self.runs if not self.series[run.pk] and run.status in TERMINAL_STATUSES]
 
     def last(self, run: TrainingRun) -> float | None:
         """The run's last value: downsampling keeps a series' last point as it is."""
@@ -81,13 +88,18 @@ def best_direction(metric: str) -> str:
     return ""
 
 
-def compare_runs(runs: QuerySet[TrainingRun], metric: str | None, run_ids: list[str]) -> Comparison:
+def compare_runs(runs: QuerySet[TrainingRun], metric: str | None, run_ids: list[str], shown: list[str] | None = None) -> Comparison:
     """`runs`: the experiment's runs the reader may see. `metric`: a metric key, None for loss;
     `run_ids`: the `runs` values given, each one or several comma-separated ids, none for the newest.
+    `shown`: the page form's `shown`, the newest runs it compared by default, which its boxes send
+    ticked: the same runs are no choice (a new metric compares the newest runs that report it), and
+    those ticked beside them are kept before them when the limit leaves some out.
     A bad value is a finding, and the comparison falls back to the default for it."""
     runs = runs.order_by("-created_at", "-id")
     findings: list[Finding] = []
-    chosen = chosen_runs(runs, run_ids, findings)
+    ids = run_ids_in(run_ids, "runs", findings)
+    default = run_ids_in(shown or [], "shown", findings)
+    chosen = chosen_runs(runs, [] if default and set(ids) == set(default) else ids, set(default), findings)
     if metric is not None and not reported(runs, chosen, metric):
         known = metrics.metric_keys([run.pk for run in chosen]) if chosen else metric_names(runs)
         choices = f"choose one of {', '.join(known)}" if known else "none of them has metric points yet"
@@ -105,22 +117,32 @@ def compare_runs(runs: QuerySet[TrainingRun], metric: str | None, run_ids: list[
                       best=best_values(ids, metric), settings=differing_settings(compared), findings=findings)
 
 
-def chosen_runs(runs: QuerySet[TrainingRun], run_ids: list[str], findings: list[Finding]) -> list[TrainingRun]:
-    """The runs named, newest first, at most COMPARE_LIMIT; each id that names none of `runs` (another
-    experiment's, another project's, deleted) is reported by its id alone, never shown."""
-    parts = [part.strip() for value in run_ids for part in value.split(",") if part.strip()]
+def run_ids_in(values: list[str], name: str, findings: list[Finding]) -> list[int]:
+    """The ids of the `name` values given, each one or several comma-separated, once each in their
+    order; a part that is no id is a finding."""
+    parts = [part.strip() for value in values for part in value.split(",") if part.strip()]
     bad = [part for part in dict.fromkeys(parts) if ascii_int(part) is None]
-    findings.extend(Finding("runs", f'"{part[:40]}" is not a run id: give run ids separated by commas, e.g. runs=12,15') for part in bad[:NAMED])
-    ids = list(dict.fromkeys(run_id for run_id in map(ascii_int, parts) if run_id is not None))
+    findings.extend(Finding(name, f'"{part[:40]}" is not a run id: give run ids separated by commas, e.g. {name}=12,15') for part in bad[:NAMED])
+    return list(dict.fromkeys(run_id for run_id in map(ascii_int, parts) if run_id is not None))
+
+
+def chosen_runs(runs: QuerySet[TrainingRun], ids: list[int], before: set[int], findings: list[Finding]) -> list[TrainingRun]:
+    """The runs named, newest first, at most COMPARE_LIMIT: past it those not compared `before` (just
+    ticked) are kept and the oldest of the others left out. Each id that names none of `runs` (another
+    experiment's, another project's, deleted) is reported by its id alone, never shown."""
     found = list(runs.filter(pk__in=[i for i in ids if i <= RUN_ID_MAX])) if ids else []
     found_ids = {run.pk for run in found}
     missing = [i for i in ids if i not in found_ids]
     if missing:
         findings.append(Finding("runs", f"no run {named(missing)} in this experiment: left out (it may have been deleted, or be another experiment's)"))
-    if len(found) > COMPARE_LIMIT:
-        left = named([run.pk for run in found[COMPARE_LIMIT:]])
-        findings.append(Finding("runs", f"at most {COMPARE_LIMIT} runs are compared at once: the oldest chosen ({left}) are left out; choose fewer"))
-    return found[:COMPARE_LIMIT]
+    if len(found) <= COMPARE_LIMIT:
+        return found
+    kept = {run.pk for run in sorted(found, key=lambda run: run.pk in before)[:COMPARE_LIMIT]}  # a stable sort: newest first on each side
+    left = [run.pk for run in found if run.pk not in kept]
+    why = f"the oldest of those compared before ({named(left)}) are left out to make room for the runs ticked" if before.issuperset(left) else \
+        f"the oldest chosen ({named(left)}) are left out; choose fewer"
+    findings.append(Finding("runs", f"at most {COMPARE_LIMIT} runs are compared at once: {why}"))
+    return [run for run in found if run.pk in kept]
 
 
 def named(run_ids: list[int]) -> str:

@@ -19,6 +19,7 @@ from experiments.models import Experiment
 from experiments.services import create_experiment
 from studio.errors import ApiError, NotFound
 from studio.views import errors_by_field, refuse_form, refused_forms, studio_page, web_actor
+from training import metrics
 from training.models import TrainingRun
 from training.queries import runs_for
 from training.views import RUNS_PER_PAGE, align
@@ -68,7 +69,7 @@ def experiment_detail(request: HttpRequest, experiment_id: int) -> HttpResponse:
     if experiment is None:
         raise NotFound(f"No experiment {experiment_id} in your projects.")
     runs = runs_for(actor).filter(experiment=experiment).order_by("-created_at", "-id")
-    comparison = compare_runs(runs, request.GET.get("metric") or None, request.GET.getlist("runs"))
+    comparison = compare_runs(runs, request.GET.get("metric") or None, request.GET.getlist("runs"), request.GET.getlist("shown"))
     status = 400 if comparison.findings else 200
     context = {"experiment": experiment, **comparison_context(experiment, runs, comparison)}
     if request.htmx and request.htmx.target == "compare-live":
@@ -100,9 +101,21 @@ def comparison_context(experiment: Experiment, runs: QuerySet[TrainingRun], comp
 
 def runs_context(request: HttpRequest, runs: QuerySet[TrainingRun], comparison: Comparison) -> dict:
     """The runs table: a page of the runs, as the runs list shows them (650 runs made a 184 KB page),
-    each with its Compare box; the chosen runs on other pages go with the form unseen."""
+    each with its Compare box; the compared runs on other pages go with the form unseen, and so, by
+    default, does the run set compared (`shown`): the ticks sent as they came are no choice."""
     page = Paginator(runs, RUNS_PER_PAGE).get_page(request.GET.get("page"))
-    shown = list(page.object_list)
+    listed = list(page.object_list)
     compared = {run.pk for run in comparison.runs}
-    return {"runs": shown, "page": page, "compared_ids": compared, "compare_limit": COMPARE_LIMIT,
-            "chosen_elsewhere": sorted(compared - {run.pk for run in shown}) if comparison.chosen else []}
+    return {"runs": listed, "page": page, "compared_ids": compared, "compare_limit": COMPARE_LIMIT, "metrics": metric_choice(comparison, listed),
+            "compared_elsewhere": sorted(compared - {run.pk for run in listed}),
+            "shown": "" if comparison.chosen else ",".join(str(run.pk) for run in comparison.runs)}
+
+
+def metric_choice(comparison: Comparison, listed: list[TrainingRun]) -> list[str]:
+    """The Metric list: the compared runs' keys, and by default those of the runs listed too (a page
+    of them, an index probe a key each): picking one compares the newest runs that report it, so an
+    older run's own metric (a DPO run's rewards/margins) is reachable before it is ticked. A choice's
+    list stays its runs' keys: another would be refused."""
+    if comparison.chosen:
+        return comparison.metrics
+    return sorted(set(comparison.metrics).union(metrics.metric_keys([run.pk for run in listed])))

@@ -50,7 +50,7 @@ def test_the_chart_compares_runs_with_points_and_counts_those_without(project, u
     html = client_for(users["owner"]).get(f"/experiments/{experiment.pk}/").content.decode()
     # Newest first, as before, but only runs that have a curve to draw.
     assert compared_labels(html) == [f"#{run.pk} {run.name}" for run in reversed(trained)]
-    assert "Loss by step — 3 runs with loss points compared" in html
+    assert "loss by step — 3 runs with loss points compared" in html
     assert f"{len(waiting)} runs have no loss points yet (queued, or not past its first logged step), so they are not on the chart." in html
     assert all(run.name in html for run in waiting)  # the table still lists every run
 
@@ -169,7 +169,7 @@ def test_a_chosen_metric_is_charted_for_the_newest_runs_that_report_it(project, 
     chart = chart_of(html)
     assert [s["label"] for s in chart["series"]] == [f"#{runs['high'].pk} high lr", f"#{runs['low'].pk} low lr"]  # plain has no reward
     assert chart["x"] == [1, 2, 3] and [s["values"] for s in chart["series"]] == [[0.2, 0.6, 0.5], [0.1, 0.4, 0.3]]
-    assert "Reward by step — 2 runs with reward points compared" in html and 'value="reward" selected' in html
+    assert "reward by step — 2 runs with reward points compared" in html and 'value="reward" selected' in html
     assert "1 run has no reward points yet" in html
     # Last and best (highest, for a reward) of each run, from every point.
     assert compare_table(html)[0][:4] == ["Run", "Status", "Last reward", "Best reward (highest)"]
@@ -197,7 +197,7 @@ def test_ticked_runs_are_compared_with_only_the_settings_that_differ(project, us
         assert response.status_code == 200
         html = response.content.decode()
         assert [s["label"] for s in chart_of(html)["series"]] == [f"#{runs['high'].pk} high lr", f"#{runs['plain'].pk} plain"]
-        assert "Loss by step — 2 chosen runs compared" in html and "no loss points yet" not in html
+        assert "loss by step — 2 chosen runs compared" in html and "no loss points yet" not in html
         table = compare_table(html)
         # The batch size both use is left out; LoRA's alpha, stored beside the rank, is in.
         alpha = str(runs["high"].config["lora_alpha"])
@@ -240,6 +240,10 @@ def test_a_malformed_run_id_is_a_400_and_the_newest_runs_are_compared(project, u
     assert findings_of(html) == ['runs: "abc" is not a run id: give run ids separated by commas, e.g. runs=12,15',
                                  'runs: "²" is not a run id: give run ids separated by commas, e.g. runs=12,15']
     assert len(chart_of(html)["series"]) == 3
+    # The form's own record of the runs it compared by default is read as strictly.
+    html = refused_page(users, experiment, {"runs": str(runs["low"].pk), "shown": "low"})
+    assert findings_of(html) == ['shown: "low" is not a run id: give run ids separated by commas, e.g. shown=12,15']
+    assert [s["label"] for s in chart_of(html)["series"]] == [f"#{runs['low'].pk} low lr"]
 
 
 @pytest.mark.django_db
@@ -249,6 +253,100 @@ def test_more_runs_chosen_than_the_limit_compares_the_newest_and_names_the_limit
     html = client_for(users["owner"]).get(f"/experiments/{experiment.pk}/", {"runs": ",".join(str(run.pk) for run in runs)}).content.decode()
     assert findings_of(html) == [f"runs: at most {COMPARE_LIMIT} runs are compared at once: the oldest chosen (#{runs[1].pk}, #{runs[0].pk}) are left out; choose fewer"]
     assert [s["label"] for s in chart_of(html)["series"]] == [f"#{run.pk} {run.name}" for run in reversed(runs[2:])]
+
+
+def form_sent(html: str) -> list[tuple[str, str]]:
+    """What the comparison's form sends as it stands: its ticked boxes and hidden fields (metric left out)."""
+    form = re.search(r'<form id="compare-form".*?</form>', html, re.S)
+    assert form, html[:2000]
+    inputs = re.findall(r'<input type="(checkbox|hidden)"[^>]* name="([^"]+)" value="([^"]*)"([^>]*)>', form.group(0))
+    return [(name, value) for kind, name, value, rest in inputs if kind == "hidden" or " checked" in rest]
+
+
+@pytest.fixture
+def distill_sweep(project, users):
+    """Four ended SFT runs with loss alone, then two DISTILL-like runs that report kd_loss too."""
+    experiment = create_experiment(project, "distill sweep")
+    plain = [run_in(project, users, experiment, f"sft {i}", [1.0, 0.5]) for i in range(4)]
+    distilled = [run_in(project, users, experiment, f"distill {i}", [1.0, 0.6], kd_loss=[2.0, 1.0 - i / 10]) for i in range(2)]
+    TrainingRun.objects.filter(pk__in=[run.pk for run in plain]).update(status="completed", finished_at=timezone.now() - timedelta(hours=1))
+    return experiment, plain, distilled
+
+
+@pytest.mark.django_db
+def test_a_new_metric_with_the_default_ticks_untouched_compares_the_newest_runs_that_report_it(users, distill_sweep):
+    experiment, plain, distilled = distill_sweep
+    client, url = client_for(users["owner"]), f"/experiments/{experiment.pk}/"
+    sent = form_sent(client.get(url).content.decode())
+    # Every compared run's box is ticked, and the form says which runs it compared by default.
+    assert sorted(int(value) for name, value in sent if name == "runs") == sorted(run.pk for run in plain + distilled)
+    assert ("shown", ",".join(str(run.pk) for run in reversed(plain + distilled))) in sent
+    response = client.get(url, [*sent, ("metric", "kd_loss")])  # the Metric changed, nothing ticked or unticked
+    html = response.content.decode()
+    assert response.status_code == 200 and "kd_loss by step — 2 runs with kd_loss points compared" in html
+    assert [s["label"] for s in chart_of(html)["series"]] == [f"#{run.pk} {run.name}" for run in reversed(distilled)]
+    assert "chosen" not in re.search(r"<figcaption>(.*?)</figcaption>", html).group(1) and "No kd_loss points" not in html
+    # Still the default: a run that starts reporting kd_loss later joins it.
+    MetricPoint.objects.create(run=plain[0], key="kd_loss", step=1, value=3.0)
+    again = client.get(url, [*form_sent(html), ("metric", "kd_loss")]).content.decode()
+    assert "kd_loss by step — 3 runs with kd_loss points compared" in again
+    # A changed tick is a choice.
+    unticked = [(name, value) for name, value in form_sent(again) if (name, value) != ("runs", str(distilled[0].pk))]
+    chosen = client.get(url, [*unticked, ("metric", "kd_loss")]).content.decode()
+    assert "kd_loss by step — 2 chosen runs compared" in chosen and 'name="shown"' not in chosen
+
+
+@pytest.mark.django_db
+def test_a_chosen_run_that_ended_without_points_of_the_metric_is_not_said_to_have_none_yet(project, users, distill_sweep):
+    experiment, plain, distilled = distill_sweep
+    waiting = run_in(project, users, experiment, "waiting", [1.0])
+    html = client_for(users["owner"]).get(f"/experiments/{experiment.pk}/", {"metric": "kd_loss", "runs": f"{plain[0].pk},{distilled[0].pk},{waiting.pk}"}).content.decode()
+    said = {box: unescape(re.sub(r"<[^>]+>", "", text)) for box, text in re.findall(r'data-testid="(chosen[a-z-]*)">(.*?)</p>', html, re.S)}
+    assert said == {"chosen-without-points": f"No kd_loss points yet from #{waiting.pk} waiting.",
+                    "chosen-ended-without-points": f"No kd_loss points from #{plain[0].pk} sft 0: it ended without reporting it."}
+
+
+def metric_options(html: str) -> list[str]:
+    """The keys the Metric choice offers."""
+    return re.findall(r'<option value="([^"]+)"', re.search(r'<select id="compare-metric".*?</select>', html, re.S).group(0))
+
+
+@pytest.fixture
+def crowded(project, users):
+    """An older DPO-like run with a metric of its own, then as many runs with loss alone as are
+    compared: the default view leaves the DPO run out."""
+    experiment = create_experiment(project, "wide")
+    oldest = run_in(project, users, experiment, "dpo", [1.0], **{"rewards/margins": [0.1, 0.3]})
+    runs = [run_in(project, users, experiment, f"r{i}", [1.0]) for i in range(COMPARE_LIMIT)]
+    return experiment, oldest, runs
+
+
+@pytest.mark.django_db
+def test_a_run_ticked_beside_the_default_ones_is_kept_and_the_oldest_default_one_left_out(users, crowded):
+    experiment, oldest, runs = crowded
+    client, url = client_for(users["owner"]), f"/experiments/{experiment.pk}/"
+    default = client.get(url).content.decode()
+    response = client.get(url, [*form_sent(default), ("runs", str(oldest.pk)), ("metric", "loss")])  # its box ticked
+    html = response.content.decode()
+    assert response.status_code == 400 and findings_of(html) == [
+        f"runs: at most {COMPARE_LIMIT} runs are compared at once: the oldest of those compared before (#{runs[0].pk}) are left out to make room for the runs ticked"]
+    assert [s["label"] for s in chart_of(html)["series"]] == [f"#{run.pk} {run.name}" for run in [*reversed(runs[1:]), oldest]]
+    assert ("runs", str(oldest.pk)) in form_sent(html) and ("runs", str(runs[0].pk)) not in form_sent(html)
+    assert metric_options(html) == ["loss", "rewards/margins"]  # a choice offers its runs' keys: the ticked run's too
+
+
+@pytest.mark.django_db
+def test_by_default_the_metric_choice_offers_the_listed_runs_keys_and_picking_one_compares_those_that_report_it(users, crowded):
+    experiment, oldest, runs = crowded
+    client, url = client_for(users["owner"]), f"/experiments/{experiment.pk}/"
+    default = client.get(url).content.decode()
+    assert f"#{oldest.pk} dpo" not in compared_labels(default)  # not compared, but listed: its key is offered
+    assert metric_options(default) == ["loss", "rewards/margins"]
+    html = client.get(url, [*form_sent(default), ("metric", "rewards/margins")]).content.decode()
+    assert compared_labels(html) == [f"#{oldest.pk} dpo"] and "rewards/margins by step — 1 run with rewards/margins points compared" in html
+    # A choice offers its runs' keys alone: another would be refused.
+    chosen = client.get(url, {"runs": ",".join(str(run.pk) for run in runs[:2])}).content.decode()
+    assert metric_options(chosen) == ["loss"]
 
 
 @pytest.mark.django_db
@@ -291,14 +389,14 @@ def test_unticking_a_run_and_picking_a_metric_redraws_the_chart_and_table(owner_
     page.goto(f"/experiments/{experiment.pk}/")
     chart, caption, table = page.locator("#compare-chart"), page.locator("#compare-live figcaption"), page.get_by_test_id("compare-table")
     expect(chart).to_have_attribute("data-drawn", "true")
-    expect(caption).to_have_text("Loss by step — 3 runs with loss points compared")
+    expect(caption).to_have_text("loss by step — 3 runs with loss points compared")
     page.get_by_label(f"Compare low lr #{runs['low'].pk}").uncheck()
-    expect(caption).to_have_text("Loss by step — 2 chosen runs compared")
+    expect(caption).to_have_text("loss by step — 2 chosen runs compared")
     expect(page).to_have_url(re.compile(rf"runs={runs['high'].pk}&runs={runs['plain'].pk}"))
     expect(table.locator("tbody tr")).to_have_count(2)
     expect(table.locator("thead th")).to_have_text(["Run", "Status", "Last loss", "Best loss (lowest)", "learning_rate", "lora_alpha", "lora_rank"])
     page.get_by_label("Metric").select_option("reward")
-    expect(caption).to_have_text("Reward by step — 2 chosen runs compared")
+    expect(caption).to_have_text("reward by step — 2 chosen runs compared")
     expect(page).to_have_url(re.compile(r"metric=reward"))
     expect(table.locator("tbody tr").first).to_contain_text("0.5")  # high lr's last reward
     expect(chart).to_have_attribute("data-drawn", "true")  # the swapped-in chart is drawn
@@ -310,5 +408,21 @@ def test_unticking_a_run_and_picking_a_metric_redraws_the_chart_and_table(owner_
     page.shot("compare-two-runs-reward")
     # The address shows the same comparison to whoever opens it.
     page.reload()
-    expect(caption).to_have_text("Reward by step — 2 chosen runs compared")
+    expect(caption).to_have_text("reward by step — 2 chosen runs compared")
     expect(page.get_by_label(f"Compare low lr #{runs['low'].pk}")).not_to_be_checked()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_picking_a_metric_in_the_default_view_keeps_comparing_the_newest_runs_that_report_it(owner_page, project, users, sweep):
+    page = owner_page
+    experiment, runs = sweep
+    page.goto(f"/experiments/{experiment.pk}/")
+    caption = page.locator("#compare-live figcaption")
+    expect(caption).to_have_text("loss by step — 3 runs with loss points compared")
+    page.get_by_label("Metric").select_option("reward")
+    expect(caption).to_have_text("reward by step — 2 runs with reward points compared")
+    expect(page.get_by_test_id("compare-table").locator("tbody tr")).to_have_count(2)
+    expect(page.get_by_label(f"Compare plain #{runs['plain'].pk}")).not_to_be_checked()  # the new default set's ticks
+    page.get_by_label(f"Compare plain #{runs['plain'].pk}").check()
+    expect(caption).to_have_text("reward by step — 3 chosen runs compared")
+
