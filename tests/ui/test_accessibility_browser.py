@@ -97,7 +97,7 @@ def test_a_training_runs_advancing_step_leaves_its_status_area_and_focus_on_stop
     page.wait_for_timeout(200)
     page.locator("#stop-btn").focus()
     page.evaluate(WATCH_STATUS)
-    figures = page.locator("#run-figures")
+    figures = page.locator(".progress-line")  # in the status area before: every poll swapped it in
     for step in (5, 9, 13):  # what the engine's ingest writes each step: the step, speed and ETA move
         TrainingRun.objects.filter(pk=run.pk).update(progress={**progress, "step": step, "tokens_per_s": 900.0 + step, "eta_s": 50.0 - step / 2})
         expect(figures).to_contain_text(f"step {step} / 100", timeout=10_000)
