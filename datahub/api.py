@@ -206,13 +206,14 @@ def list_files(request: HttpRequest, name: str):
 
 
 def folder_entries(repo: Repo, ref: str, commit: Commit, prefix: str | None, verb: str) -> tuple[str, QuerySet[TreeEntry]]:
-    """The folder `prefix` (a query's `path`, "" for the repo root) and the tree entries under it at
+    """The folder `prefix` (a query's `path`, "" or "/" for the repo root) and the tree entries under it at
     `commit`, for the endpoints that `verb` a folder (list, archive): a 400 for a file, which is
     fetched instead, and a 404 for a folder that `ref` does not have (both said `[]` once)."""
     qs = TreeEntry.objects.filter(commit=commit)
-    if not prefix:
+    folder = (prefix or "").rstrip("/")
+    if not folder:  # "/" is the root too, as the page's /archive/<ref>/ is
         return "", qs
-    folder = repos.clean_path(prefix.rstrip("/"))
+    folder = repos.clean_path(folder)
     if repos.entry(commit, folder) is not None:
         # as the tree page says: a file is fetched, not listed (an empty list read as an empty folder)
         parent = folder.rpartition("/")[0]

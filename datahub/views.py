@@ -178,14 +178,24 @@ def tree_context(request: HttpRequest, repo: Repo, revision: str, path: str = ""
 def repo_archive(request: HttpRequest, namespace: str, name: str, revision: str, path: str = "") -> HttpResponse:
     """Download repo (.tar) / Download folder: the .tar of the Files tab's ref (under its folder), as
     GET /api/hub/repos/{name}/archive answers it, for whoever may read the page: a repo of any of
-    the person's projects, not only the session's current one, which the API reads."""
+    the person's projects, not only the session's current one, which the API reads. A file's path
+    goes to the file's download (the API's 400 says to fetch it instead; this page said 404)."""
     repo = repo_for_page(request, namespace, name)
     commit = resolve(repo, revision)
     folder = page_path(path.strip("/")) if path.strip("/") else ""
+    if folder and entry(commit, folder) is not None:
+        return redirect(file_download_url(repo, revision, folder))
     entries = TreeEntry.objects.filter(under(f"{folder}/" if folder else ""), commit=commit)
     if folder and not entries.exists():
         raise NotFound(f"{folder} is not a folder on {revision} (commit {commit.pk[:10]}): pick another branch or tag, or download the whole repo.")
     return archives.archive_response(repo, revision, commit, folder, entries)
+
+
+def file_download_url(repo: Repo, revision: str, path: str) -> str:
+    """The file's Download link on the Files tab: its HF Hub resolve URL (a dataset's under /datasets/)."""
+    if repo.type == RepoType.DATASET:
+        return reverse("datahub:hub-resolve-dataset", kwargs={"kind": "datasets", "namespace": repo.project.slug, "name": repo.name, "revision": revision, "path": path})
+    return reverse("datahub:resolve", args=[repo.project.slug, repo.name, revision, path])
 
 
 UPLOAD_FIELDS = {"files", "folder", "branch", "message"}

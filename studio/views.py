@@ -2,6 +2,7 @@
 the session's Actor, and turning service errors into pages."""
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from decimal import Decimal
 from functools import wraps
@@ -83,6 +84,8 @@ def studio_page(view: Callable) -> Callable:
             raise Http404(exc.detail) from exc
         except Forbidden as exc:
             raise PermissionDenied(exc.detail) from exc
+        if getattr(request, REFUSED_FORM_SHOWN, False):
+            focus_refusal(response)
         if request.htmx:
             response.headers["Vary"] = ", ".join(filter(None, [response.headers.get("Vary"), "HX-Request"]))
         return response
@@ -126,6 +129,11 @@ def errors_by_field(error: ApiError | list[Finding], fields: set[str] | None = N
 
 # The plain form refused on the way to the page its POST was redirected to (refuse_form, refused_forms).
 REFUSED_FORM_KEY = "refused_form"
+# Set on the request whose page shows that refusal (refused_forms), for studio_page's focus_refusal.
+REFUSED_FORM_SHOWN = "studio_refused_form_shown"
+# Where focus_refusal puts the focus: what studio.js focuses on load, for a browser without JavaScript
+# (the error summary, which says what to fix, else the first field marked invalid).
+REFUSAL_FOCUS = [re.compile(r"<[a-z]+\b[^>]*\bdata-error-summary\b"), re.compile(r'<(?:input|select|textarea)\b[^>]*\baria-invalid="true"')]
 
 
 class HttpResponseSeeOther(HttpResponseRedirect):
@@ -149,7 +157,20 @@ def refused_forms(request: HttpRequest) -> dict[str, dict[str, Any]]:
     if not kept or kept["path"] != request.path:
         return {}
     del request.session[REFUSED_FORM_KEY]
+    setattr(request, REFUSED_FORM_SHOWN, True)
     return {kept["form"]: {"values": kept["values"], "errors": kept["errors"]}}
+
+
+def focus_refusal(response: HttpResponse) -> None:
+    """Marks `autofocus` where the page showing a refused form puts the focus. Without JavaScript the
+    focus stayed on the page's body after the redirect, and a keyboard or screen reader user started
+    from the top, away from what was refused. Only that GET: the next one shows a clean form."""
+    html = response.content.decode()
+    for pattern in REFUSAL_FOCUS:
+        found = pattern.search(html)
+        if found:
+            response.content = (html[:found.end()] + " autofocus" + html[found.end():]).encode()
+            return
 
 
 def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:

@@ -17,6 +17,7 @@ from django.core.paginator import Paginator
 from django.db.models import Avg, Count, Max, Min, Q, StdDev
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseNotFound, StreamingHttpResponse
 from django.shortcuts import redirect, render
+from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
@@ -965,6 +966,15 @@ def run_detail(request: HttpRequest, run_id: int, tab: str = "overview") -> Http
     return render(request, "training/run_detail.html", context)
 
 
+def status_answer(request: HttpRequest, context: dict[str, Any]) -> HttpResponse:
+    """The status area, and the live figures out of band (hx-swap-oob) in the same answer: one poll
+    refreshes both, while the status area's own markup stays the same as the run trains step by step,
+    so the page leaves it (and the focus on STOP) alone (studio.js skipUnchangedPoll)."""
+    area = render_to_string("training/run_detail.html#run_status", context, request)
+    figures = render_to_string("training/run_detail.html#run_figures", {**context, "out_of_band": True}, request)
+    return HttpResponse(area + figures)
+
+
 @studio_page
 @require_GET
 def run_status(request: HttpRequest, run_id: int) -> HttpResponse:
@@ -972,7 +982,7 @@ def run_status(request: HttpRequest, run_id: int) -> HttpResponse:
     seen, state = request.GET.get("seen", ""), page_state(run)
     if seen == state and page_phase(run) == "idle":
         return HttpResponse(status=204)  # the slow poll of a run that is not live: nothing to swap
-    response = render(request, "training/run_detail.html#run_status", status_context(request, run))
+    response = status_answer(request, status_context(request, run))
     if seen and seen != state:
         response.headers["HX-Trigger"] = "run-changed"
     if seen and edited_since(seen, run):
@@ -1096,7 +1106,7 @@ def _status_response(request: HttpRequest, run: TrainingRun, actor, error: ApiEr
         if error is not None:
             messages.error(request, error.detail + "".join(f" {f.field}: {f.message}" for f in error.errors))
         return redirect("training:run", run_id=run.pk)
-    response = render(request, "training/run_detail.html#run_status", status_context(request, run, actor, error))
+    response = status_answer(request, status_context(request, run, actor, error))
     response.headers["HX-Trigger"] = "run-changed"
     return response
 

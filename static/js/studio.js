@@ -268,13 +268,20 @@
   // Each answer's forms ({% csrf_token %}) carry a freshly masked copy of the same token, so answers
   // are compared without those values: else every answer differs, and a live run's status area was
   // swapped (STOP refocused, screen readers re-announcing it) every 2 s.
+  // An answer's out-of-band parts (hx-swap-oob: a training run's step, tokens/s and ETA beside its
+  // status area) are left out of the comparison and still swapped in: only the target is left alone.
   function pollAnswer(xhr) {
-    return String(xhr.response).replace(/(name="csrfmiddlewaretoken" value=")[^"]*"/g, '$1"');
+    var answer = document.createElement("template");
+    answer.innerHTML = String(xhr.response);
+    answer.content.querySelectorAll("[hx-swap-oob]").forEach(function (el) { el.remove(); });
+    return answer.innerHTML.replace(/(name="csrfmiddlewaretoken" value=")[^"]*"/g, '$1"');
   }
 
   function skipUnchangedPoll(evt) {
     var target = evt.detail.target;
-    if (evt.detail.shouldSwap && isPoll(evt.detail) && target && target.studioPolled === pollAnswer(evt.detail.xhr)) evt.detail.shouldSwap = false;
+    if (!(evt.detail.shouldSwap && isPoll(evt.detail) && target && target.studioPolled === pollAnswer(evt.detail.xhr))) return;
+    if (/hx-swap-oob/.test(evt.detail.xhr.response)) evt.detail.swapOverride = "none";
+    else evt.detail.shouldSwap = false;
   }
 
   function notePolled(evt) {

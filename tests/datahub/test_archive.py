@@ -108,6 +108,13 @@ def test_a_path_that_is_no_folder_is_refused_naming_path(api, history):
         assert_error(get(api, "/api/hub/repos/my-model/archive", path=path), 400, "path")
 
 
+def test_path_slash_is_the_whole_repo_as_no_path_is(api, history):
+    # It was a 400 "'' is not an allowed path", while the page's /archive/<ref>/ is the whole repo.
+    assert members(get(api, "/api/hub/repos/my-model/archive", path="/")) == history["main"][1]
+    listed = get(api, "/api/hub/repos/my-model/files", ref="v1", path="/")
+    assert listed.status_code == 200 and sorted(f["path"] for f in listed.json()["files"]) == sorted(history["v1"][1])
+
+
 @pytest.mark.parametrize(("role", "status"), [("owner", 200), ("viewer", 200), ("outsider", 404), (None, 401)])
 def test_archive_is_read_as_a_file_download_is(api_as, history, role, status):
     client = api_as(role)
@@ -156,3 +163,12 @@ def test_repo_page_links_the_archive_of_its_ref_and_folder(browser, history):
     assert c.get("/hub/acme/my-model/archive/v1/nowhere").status_code == 404
     assert c.get("/hub/acme/my-model/archive/v9").status_code == 404
     assert browser("outsider").get("/hub/acme/my-model/archive/v1").status_code == 404
+
+
+def test_the_archive_page_of_a_files_path_goes_to_the_files_download(browser, history):
+    # It was a 404, where the API's archive says the path is a file, to fetch instead.
+    c = browser("viewer")
+    r = c.get("/hub/acme/my-model/archive/v1/nested/b.txt")
+    assert r.status_code == 302 and r["Location"] == "/hub/acme/my-model/resolve/v1/nested/b.txt"
+    assert b"".join(c.get(r["Location"]).streaming_content) == b"b"
+    assert c.get("/hub/acme/my-model/archive/main/gone.txt").status_code == 404  # deleted after v1: no such file or folder

@@ -187,6 +187,8 @@ def test_delete_form_while_a_live_run_uses_the_repo_is_409_saying_what_to_do(bro
     assert "acme/ds is used by 1 live run" in said and f"run #{run.pk}" in said and "stop the run" in said
     assert "\u2068acme/ds\u2069 was not deleted" in page_message(html)
     assert Repo.objects.filter(pk=ds.pk).exists()
+    # Focused without JavaScript too: the error summary, which says what to do, not a field.
+    assert re.search(r'<div class="alert alert-error" role="alert" tabindex="-1" data-error-summary autofocus>', html) and html.count("autofocus") == 1
 
 
 def test_more_files_than_a_form_takes_is_a_400_page_saying_the_limit(users, ds, settings):

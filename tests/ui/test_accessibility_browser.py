@@ -19,15 +19,18 @@ from training.models import MetricPoint, Status, TrainingRun
 pytestmark = pytest.mark.django_db(transaction=True)
 
 # Counts, from now on, the status area's poll answers (htmx:beforeSwap: after a swap, events on the
-# swapped-out element no longer reach the document), the swaps, and focus moving onto STOP.
+# swapped-out element no longer reach the document) and focus moving onto STOP, and keeps the status
+# area of now: SEEN says whether another one replaced it. (An answer whose status area is unchanged
+# still fires htmx:afterSwap on it, with swap style none, while its live figures are swapped out of band.)
 WATCH_STATUS = """() => {
-  window.seen = {polls: 0, swaps: [], focusins: 0};
+  window.seen = {polls: 0, focusins: 0};
+  window.watchedArea = document.getElementById("run-status");
   if (window.watching) return;
   window.watching = true;
   document.addEventListener("htmx:beforeSwap", e => { if (e.detail.target.id === "run-status") window.seen.polls++; });
-  document.addEventListener("htmx:afterSwap", e => { window.seen.swaps.push(e.detail.target.id); });
   document.addEventListener("focusin", e => { if (e.target.id === "stop-btn") window.seen.focusins++; });
 }"""
+SEEN = """() => ({...window.seen, replaced: document.getElementById("run-status") !== window.watchedArea})"""
 
 
 def startable_run(project, users, name: str) -> TrainingRun:
@@ -47,8 +50,8 @@ def test_live_status_poll_with_nothing_changed_leaves_focus_on_stop_alone(owner_
     page.evaluate(WATCH_STATUS)
     page.wait_for_function("() => window.seen.polls >= 2", timeout=10_000)
     page.wait_for_timeout(200)  # the second answer's swap, if any
-    seen = page.evaluate("() => window.seen")
-    assert "run-status" not in seen["swaps"] and seen["focusins"] == 0, f"an unchanged answer was swapped in: {seen}"
+    seen = page.evaluate(SEEN)
+    assert not seen["replaced"] and seen["focusins"] == 0, f"an unchanged answer was swapped in: {seen}"
     expect(page.locator("#stop-btn")).to_be_focused()
 
 
@@ -75,10 +78,34 @@ def test_a_running_runs_duration_ticks_while_its_unchanged_status_area_keeps_foc
     page.evaluate(WATCH_STATUS)
     page.wait_for_function("() => window.seen.polls >= 3", timeout=15_000)  # three polls, 2 s apart
     page.wait_for_timeout(200)
-    seen = page.evaluate("() => window.seen")
-    assert "run-status" not in seen["swaps"] and seen["focusins"] == 0, f"a poll with only time passed was swapped in: {seen}"
+    seen = page.evaluate(SEEN)
+    assert not seen["replaced"] and seen["focusins"] == 0, f"a poll with only time passed was swapped in: {seen}"
     expect(page.locator("#stop-btn")).to_be_focused()
     assert shown_seconds(duration.inner_text()) >= before + 3, "the shown duration stood still"
+
+
+def test_a_training_runs_advancing_step_leaves_its_status_area_and_focus_on_stop_alone(owner_page, project, users):
+    page = owner_page
+    run = startable_run(project, users, "stepping")
+    status_service.transition(run.pk, Status.PROVISIONING)
+    status_service.transition(run.pk, Status.RUNNING)
+    progress = {"step": 1, "max_steps": 100, "tokens_per_s": 900.0, "step_time_s": 0.5, "eta_s": 50.0}
+    TrainingRun.objects.filter(pk=run.pk).update(progress=progress)
+    page.goto(f"/training/runs/{run.pk}/")
+    page.evaluate(WATCH_STATUS)
+    page.wait_for_function("() => window.seen.polls >= 1", timeout=10_000)  # the page's own copy was never compared
+    page.wait_for_timeout(200)
+    page.locator("#stop-btn").focus()
+    page.evaluate(WATCH_STATUS)
+    figures = page.locator(".progress-line")  # in the status area before: every poll swapped it in
+    for step in (5, 9, 13):  # what the engine's ingest writes each step: the step, speed and ETA move
+        TrainingRun.objects.filter(pk=run.pk).update(progress={**progress, "step": step, "tokens_per_s": 900.0 + step, "eta_s": 50.0 - step / 2})
+        expect(figures).to_contain_text(f"step {step} / 100", timeout=10_000)
+        expect(figures).to_contain_text(f"{900 + step} tokens/s")
+    seen = page.evaluate(SEEN)
+    assert seen["polls"] >= 3 and not seen["replaced"] and seen["focusins"] == 0, f"the step's figures swapped the status area in: {seen}"
+    expect(page.locator("#stop-btn")).to_be_focused()
+    expect(page.locator("#run-status")).not_to_contain_text("tokens/s")
 
 
 def test_an_open_show_data_table_stays_open_when_the_live_overview_is_swapped(owner_page, project, users):

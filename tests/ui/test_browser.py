@@ -293,7 +293,7 @@ def test_stop_asks_for_confirmation_and_shows_cancelled(owner_page, project, use
     MetricPoint.objects.bulk_create([MetricPoint(run=run, key=k, step=s, value=3.0 / (s + 1) + (0.1 if k == "loss" else 0)) for s in range(1, 300) for k in ("loss", "kd_loss")])
     TrainingRun.objects.filter(pk=run.pk).update(progress={"step": 299, "max_steps": 1000, "tokens_per_s": 1234.5, "step_time_s": 0.5, "eta_s": 350})
     expect(page.get_by_test_id("run-status")).to_have_text("running", timeout=10_000)
-    expect(page.locator("#run-status")).to_contain_text("ETA")
+    expect(page.locator("#run-figures")).to_contain_text("ETA")  # beside the status area, not in it
     expect(page.locator("#chart-0 canvas")).to_have_count(1, timeout=10_000)
     expect(page.locator("#chart-1 canvas")).to_have_count(1)
     expect(page.locator(".chart figcaption")).to_have_text(["KD Loss", "Training Loss (CE)"])

@@ -458,6 +458,16 @@ def test_experiment_form_without_htmx_refuses_by_redirect_and_shows_the_finding_
     assert not project.experiments.exists()
 
 
+def test_a_refused_plain_forms_page_autofocuses_the_invalid_field_once(project, users):
+    # Without JavaScript (which focuses it on load) the focus stayed on the page's body.
+    client = client_for(users["owner"])
+    html = refused_form_page(client, "/experiments/create", {"name": "12"}, "/experiments/")
+    assert html.count("autofocus") == 1
+    field = re.search(r'<input[^>]*\bid="f-name"[^>]*>', html)
+    assert field and 'aria-invalid="true"' in field.group(0) and " autofocus" in field.group(0), field
+    assert "autofocus" not in client.get("/experiments/").content.decode()  # a clean GET: the browser's own focus
+
+
 def test_billing_page(project, users):
     html = client_for(users["member"]).get("/settings/billing/").content.decode()
     assert "team" in html and "owner" in html and "Cost so far" in html

@@ -1,5 +1,6 @@
 """Per-step speed figures (tokens/s, ETA, MFU, GPU memory) travel through ingest onto the run's Overview.
-Server-side (Django's test client): the figures are plain text in the status card."""
+Server-side (Django's test client): the figures are plain text in their own card beside the status
+area, which the status area's poll answer brings out of band while the area itself stays the same."""
 from __future__ import annotations
 
 import json
@@ -36,8 +37,11 @@ def overview(run: TrainingRun, user) -> str:
     return response.content.decode()
 
 
-def status_card(html: str) -> str:
-    return html[html.index('id="run-status"'):html.index("</section>", html.index('id="run-status"'))]
+HTMX = {"HTTP_HX_REQUEST": "true"}
+
+
+def figures_card(html: str) -> str:
+    return html[html.index('id="run-figures"'):html.index('id="tab-panel"')]
 
 
 def test_gpu_speed_figures_reach_the_overview(project, users):
@@ -51,7 +55,7 @@ def test_gpu_speed_figures_reach_the_overview(project, users):
     assert MetricPoint.objects.filter(run=run, key="mfu").count() == 30
 
     html = overview(run, users["viewer"])
-    card = status_card(html)
+    card = figures_card(html)
     assert "87123 tokens/s" in card and "ETA" in card
     assert "MFU 31.2 %" in card and "GPU memory 12.3 GB" in card
     mfu = re.search(r'<span data-testid="run-mfu" title="([^"]*)"', card)
@@ -65,7 +69,7 @@ def test_a_run_without_gpu_figures_shows_neither(project, users):
     ingest(run, token, {"step": 3, "max_steps": 10, "tokens_per_s": 950.0, "step_time_s": 0.2, "eta_s": 1.4}, [{"step": 3, "key": "tokens_per_s", "value": 950.0}])
 
     html = overview(run, users["owner"])
-    card = status_card(html)
+    card = figures_card(html)
     assert "950 tokens/s" in card and "ETA" in card
     assert "MFU" not in html and "GPU memory" not in html and 'data-testid="run-mfu"' not in html
     assert re.findall(r"<figcaption>([^<]*)</figcaption>", html) == ["Training loss", "Throughput (tokens/s)"]
@@ -86,5 +90,29 @@ def test_a_distill_runs_teacher_capture_shows_its_shards_and_speed(project, user
     ingest(run, token, {"capture_shards_done": 2, "capture_shards": 5, "capture_tokens_per_s": 41234.6}, [])
     run.refresh_from_db()
     assert run.status == Status.RUNNING and run.started_at is not None  # the capture counts in the run's duration
-    card = status_card(overview(run, users["viewer"]))
+    card = figures_card(overview(run, users["viewer"]))
     assert 'data-testid="capture-progress"' in card and "shard 2 / 5 · 41235 tokens/s · training starts after it" in card
+
+
+def test_a_training_runs_status_poll_keeps_its_status_area_while_only_the_figures_move(project, users):
+    """Step, tokens/s and ETA change every step: were they in the status area, every 2-second poll
+    answer would differ, and the page swapped it in (STOP refocused) at each one."""
+    run, token = started_run(project, users["owner"])
+    ingest(run, token, {"step": 1, "max_steps": 10}, [])  # running
+    client = Client()
+    client.force_login(users["owner"])
+    answers = []
+    for step, speed, eta in ((3, 950.0, 14.0), (7, 990.0, 6.0)):  # as each step's ingest writes them
+        TrainingRun.objects.filter(pk=run.pk).update(progress={"step": step, "max_steps": 10, "tokens_per_s": speed, "step_time_s": 0.2, "eta_s": eta})
+        response = client.get(f"/training/runs/{run.pk}/status", {"seen": ""}, **HTMX)
+        assert response.status_code == 200
+        answers.append(response.content.decode())
+
+    areas = [re.sub(r'(name="csrfmiddlewaretoken" value=")[^"]*"', r'\1"', a[:a.index("</section>")]) for a in answers]
+    assert areas[0] == areas[1], "the status area's markup moved with the step"
+    assert 'id="stop-btn"' in areas[0] and "step " not in areas[0] and "tokens/s" not in areas[0]
+    figures = [a[a.index("</section>"):] for a in answers]
+    assert all('<div id="run-figures" class="card run-figures" hx-swap-oob="true">' in f for f in figures)
+    assert "step 3 / 10" in figures[0] and "950 tokens/s" in figures[0]
+    assert "step 7 / 10" in figures[1] and "990 tokens/s" in figures[1] and "ETA" in figures[1]
+    assert all("aria-live" not in f and "stop-btn" not in f for f in figures)
