@@ -118,4 +118,5 @@ def metric_choice(comparison: Comparison, listed: list[TrainingRun]) -> list[str
     list stays its runs' keys: another would be refused."""
     if comparison.chosen:
         return comparison.metrics
-    return sorted(set(comparison.metrics).union(metrics.metric_keys([run.pk for run in listed])))
+    compared = {run.pk for run in comparison.runs}  # their keys are comparison.metrics already: not probed again
+    return sorted(set(comparison.metrics).union(metrics.metric_keys([run.pk for run in listed if run.pk not in compared])))
