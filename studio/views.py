@@ -140,25 +140,27 @@ class HttpResponseSeeOther(HttpResponseRedirect):
     status_code = 303  # a POST's answer: the browser GETs the page, and a reload GETs it again
 
 
-def refuse_form(request: HttpRequest, url: str, form: str, errors: dict[str, Any], values: dict[str, Any] | None = None) -> HttpResponse:
+def refuse_form(request: HttpRequest, url: str, form: str, errors: dict[str, Any], values: dict[str, Any] | None = None,
+                shown: dict[str, Any] | None = None) -> HttpResponse:
     """A plain (non-htmx) form's refusal as redirect-after-POST: 303 to the form's page `url`, which
-    shows `errors` beside its fields, with the `values` entered, once (refused_forms). A page drawn
-    straight from the POST made its reload send the form again, after the browser asked to resubmit.
+    shows `errors` beside its fields, with the `values` entered, once (refused_forms); `shown` is
+    what else that page says of the refusal (NEW RUN's link to Billing). A page drawn straight from
+    the POST made its reload send the form again, after the browser asked to resubmit.
     The session is stored server-side, but `values` still hold nothing secret: a secret's value is
     never kept, so a refused secret form asks for it again."""
-    request.session[REFUSED_FORM_KEY] = {"path": urlsplit(url).path, "form": form, "errors": errors, "values": values or {}}
+    request.session[REFUSED_FORM_KEY] = {"path": urlsplit(url).path, "form": form, "errors": errors, "values": values or {}, "shown": shown or {}}
     return HttpResponseSeeOther(url)
 
 
 def refused_forms(request: HttpRequest) -> dict[str, dict[str, Any]]:
-    """{form: {"values": ..., "errors": ...}} for the form refused on the way to this page, or {}.
-    Taken from the session as it is shown, so the next GET of the page shows a clean form."""
+    """{form: {"values": ..., "errors": ..., **shown}} for the form refused on the way to this page,
+    or {}. Taken from the session as it is shown, so the next GET of the page shows a clean form."""
     kept = request.session.get(REFUSED_FORM_KEY)
     if not kept or kept["path"] != request.path:
         return {}
     del request.session[REFUSED_FORM_KEY]
     setattr(request, REFUSED_FORM_SHOWN, True)
-    return {kept["form"]: {"values": kept["values"], "errors": kept["errors"]}}
+    return {kept["form"]: {**kept.get("shown", {}), "values": kept["values"], "errors": kept["errors"]}}
 
 
 def focus_refusal(response: HttpResponse) -> None:

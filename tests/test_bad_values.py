@@ -1,8 +1,8 @@
 """Values that parse but cannot be stored or run: NaN and infinities and the dates and binary that
 the NEW RUN form's YAML box can produce (the JSON columns of PostgreSQL and SQLite refuse them; the
 API's own JSON parser already refuses NaN), numbers that would never end or overflow the trainer, and
-names that are blank or too long. Each is a 400 on the field — from the API, the form and the form's
-live estimate — and nothing is stored or changed."""
+names that are blank or too long. Each is a 400 on the field from the API and the form's live estimate,
+and the form's 303 back to NEW RUN showing it beside the field; nothing is stored or changed."""
 from __future__ import annotations
 
 import json
@@ -11,7 +11,7 @@ import time
 import pytest
 from django.test import Client
 
-from tests.conftest import assert_error, sft_body
+from tests.conftest import assert_error, refused_form_page, sft_body
 from training.models import TrainingRun
 
 pytestmark = pytest.mark.django_db
@@ -93,9 +93,7 @@ def test_the_form_and_its_live_estimate_refuse_what_yaml_reads_as_non_json(proje
     client = Client()
     client.force_login(users["owner"])
     before = TrainingRun.objects.count()
-    response = client.post("/training/new/", {**FORM, "name": "yaml", "config_text": config_text})
-    assert response.status_code == 400
-    html = response.content.decode()
+    html = refused_form_page(client, "/training/new/", {**FORM, "name": "yaml", "config_text": config_text}, "/training/new/")
     assert field in html and says in html
     assert TrainingRun.objects.count() == before
     # The estimate beside START reads the same values while the form is being filled in: no 500.
@@ -121,10 +119,10 @@ def test_the_config_box_refuses_yaml_aliases_before_they_expand(project, users):
     client = Client()
     client.force_login(users["owner"])
     started = time.monotonic()
-    response = client.post("/training/new/", {**FORM, "name": "bomb", "config_text": "\n".join(lines)})
+    html = refused_form_page(client, "/training/new/", {**FORM, "name": "bomb", "config_text": "\n".join(lines)}, "/training/new/")
     part = client.get("/training/new/fit", {**FORM, "config_text": "\n".join(lines), "compute.accelerators": "L4"}, HTTP_HX_REQUEST="true")
     assert time.monotonic() - started < 10
-    assert response.status_code == 400 and "aliases (*a0) are not allowed" in response.content.decode()
+    assert "aliases (*a0) are not allowed" in html
     assert part.status_code == 200
     assert not TrainingRun.objects.filter(name="bomb").exists()
 
@@ -132,8 +130,7 @@ def test_the_config_box_refuses_yaml_aliases_before_they_expand(project, users):
 def test_the_form_refuses_a_name_the_api_refuses(project, users):
     client = Client()
     client.force_login(users["owner"])
-    response = client.post("/training/new/", {**FORM, "name": "n" * 300, "config_text": ""})
-    assert response.status_code == 400 and "at most 200 characters" in response.content.decode()
+    assert "at most 200 characters" in refused_form_page(client, "/training/new/", {**FORM, "name": "n" * 300, "config_text": ""}, "/training/new/")
     assert not TrainingRun.objects.filter(name__startswith="nnnn").exists()
 
 
@@ -142,7 +139,6 @@ def test_the_config_box_refuses_a_key_given_twice_as_the_api_does(project, users
     # PyYAML kept the last of the two: the run was made with a value the user may not have meant.
     client = Client()
     client.force_login(users["owner"])
-    response = client.post("/training/new/", {**FORM, "name": "twice", "config_text": config_text})
-    html = response.content.decode()
-    assert response.status_code == 400 and "appears twice in one mapping: keep one" in html, html[:3000]
+    html = refused_form_page(client, "/training/new/", {**FORM, "name": "twice", "config_text": config_text}, "/training/new/")
+    assert "appears twice in one mapping: keep one" in html, html[:3000]
     assert not TrainingRun.objects.filter(name="twice").exists()

@@ -1,5 +1,7 @@
 """Training pages: the runs list, NEW RUN, and the run detail page with its tabs.
-Each view: parse → authorise → one service → render (HTMX gets the partial)."""
+Each view: parse → authorise → one service → render (HTMX gets the partial). A refused NEW RUN or
+Edit run (a plain form) answers 303 to its page, which shows the findings and what was typed once
+(studio.views.refuse_form): a reload never sends the form again."""
 from __future__ import annotations
 
 import hashlib
@@ -33,7 +35,7 @@ from experiments.models import Experiment
 from experiments.services import DEFAULT_EXPERIMENT
 from studio.errors import ApiError, BadRequest, Conflict, Finding, Forbidden, PaymentRequired, Unprocessable
 from studio.parsing import ascii_int, isolated
-from studio.views import errors_by_field, studio_page, web_actor
+from studio.views import errors_by_field, refuse_form, refused_forms, studio_page, web_actor
 from training import checkpoints, forms, metrics, services
 from training.backends.local import checkpoint_dir, shown_path
 from training.compute import accelerators_of
@@ -396,11 +398,27 @@ def top_k_finding_of(values: dict[str, Any]) -> str | None:
     return finding.message if finding else None
 
 
+# The run form's name in a refusal kept for its page (refuse_form): NEW RUN's, also the Create of
+# New run like this (its action is NEW RUN's), and Edit run's.
+RUN_FORM = "run"
+
+
+def refused_run_page(request: HttpRequest, project, refused: dict[str, Any], run: TrainingRun | None = None) -> HttpResponse:
+    """The form page of a refused NEW RUN or Edit run (refused_forms' RUN_FORM, on the GET its 303
+    led to): what was typed, the findings, and the link to Billing where the plan refused it."""
+    context = form_context(request, project, refused["values"], refused["errors"], run=run)
+    context["billing_hint"] = refused.get("billing_hint", False)
+    return render(request, "training/new_run.html", context)
+
+
 @studio_page
 def new_run(request: HttpRequest) -> HttpResponse:
     actor = web_actor(request)
     project = actor.require_writable_project()
     if request.method == "GET":
+        refused = refused_forms(request).get(RUN_FORM)
+        if refused is not None:
+            return refused_run_page(request, project, refused)
         method = request.GET.get("method") if request.GET.get("method") in Method.values else "sft"
         experiment = request.GET.get("experiment", "")
         return render(request, "training/new_run.html", form_context(request, project, forms.initial_values(method, experiment)))
@@ -410,16 +428,14 @@ def new_run(request: HttpRequest) -> HttpResponse:
     fields = forms.all_field_names(parsed.values.get("method", ""), parsed.values.get("config.rl_mode"))
     if parsed.findings:
         errors = errors_by_field(with_the_rest(parsed, project), fields)
-        return render(request, "training/new_run.html", form_context(request, project, parsed.values, errors), status=400)
+        return refuse_form(request, reverse("training:new"), RUN_FORM, errors, parsed.values)
     try:
         run = services.create_run(project, request.user, **parsed.kwargs)
     except ApiError as exc:
         errors = errors_by_field(exc, fields)
         if not exc.errors or isinstance(exc, PaymentRequired):
             errors.setdefault("general", []).insert(0, exc.detail)
-        context = form_context(request, project, parsed.values, errors)
-        context["billing_hint"] = isinstance(exc, PaymentRequired)
-        return render(request, "training/new_run.html", context, status=exc.status)
+        return refuse_form(request, reverse("training:new"), RUN_FORM, errors, parsed.values, {"billing_hint": isinstance(exc, PaymentRequired)})
     messages.success(request, f"Run {isolated(run.name)} is queued. Press START when it is ready.")
     return redirect("training:run", run_id=run.pk)
 
@@ -452,11 +468,15 @@ def with_the_rest(parsed: forms.ParsedRun, project) -> list:
 def edit_run(request: HttpRequest, run_id: int) -> HttpResponse:
     actor = web_actor(request)
     run = get_run_for(actor, run_id, write=True)
+    # Taken before the check below: a refusal whose run can no longer be edited is not shown later.
+    refused = refused_forms(request).get(RUN_FORM) if request.method == "GET" else None
     try:
         services.require_patchable(run)  # the API's own 409 and its sentence
     except Conflict as exc:
         messages.error(request, exc.detail)
         return redirect("training:run", run_id=run.pk)
+    if refused is not None:
+        return refused_run_page(request, run.project, refused, run)
     if request.method == "GET":
         values = forms.values_from_run(run)
         errors = errors_by_field(services.start_blockers(run), forms.all_field_names(run.method, values.get("config.rl_mode")))
@@ -468,7 +488,7 @@ def edit_run(request: HttpRequest, run_id: int) -> HttpResponse:
     fields = forms.all_field_names(run.method, parsed.values.get("config.rl_mode"))
     if parsed.findings:
         errors = errors_by_field(with_the_rest(parsed, run.project), fields)
-        return render(request, "training/new_run.html", form_context(request, run.project, parsed.values, errors, run=run), status=400)
+        return refuse_form(request, reverse("training:edit", args=[run.pk]), RUN_FORM, errors, parsed.values)
     kwargs = parsed.kwargs
     patch = {"name": kwargs["name"], "base_model": kwargs["base_model"], "dataset": kwargs["dataset"],
              "config": replacement_patch(run.config, kwargs["config"]), "compute": replacement_patch(run.compute, kwargs["compute"])}
@@ -477,7 +497,7 @@ def edit_run(request: HttpRequest, run_id: int) -> HttpResponse:
     except ApiError as exc:
         errors = errors_by_field(exc, fields)
         errors.setdefault("general", []).insert(0, exc.detail)
-        return render(request, "training/new_run.html", form_context(request, run.project, parsed.values, errors, run=run), status=exc.status)
+        return refuse_form(request, reverse("training:edit", args=[run.pk]), RUN_FORM, errors, parsed.values)
     messages.success(request, "Saved.")
     return redirect("training:run", run_id=run.pk)
 

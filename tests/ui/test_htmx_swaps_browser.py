@@ -192,7 +192,7 @@ def test_focus_moves_to_the_error_summary_after_a_failed_new_run(owner_page, pro
     page.goto("/training/new/")
     fill_common(page, "bad rate")
     page.get_by_label("Learning rate").fill("fast")
-    page.get_by_role("button", name="Create run").click()  # a 400: the form comes back with its findings
+    page.get_by_role("button", name="Create run").click()  # refused: a 303 back to NEW RUN, which shows its findings
     summary = page.locator("main > .alert-error[role=alert]")
     expect(summary).to_have_text("Fix the fields marked below.")
     expect(summary).to_be_focused()

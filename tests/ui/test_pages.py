@@ -181,28 +181,26 @@ def test_new_run_lists_the_default_experiment_once_and_first(project, users):
     assert options() == ["default (the project's default)", "alpha"]  # it was listed twice: "Project default" and "default"
 
 
-def test_new_run_form_shows_400_findings_next_to_fields(project, users):
-    response = client_for(users["owner"]).post("/training/new/", {
+def test_new_run_form_shows_its_findings_next_to_fields(project, users):
+    client = client_for(users["owner"])
+    html = refused_form_page(client, "/training/new/", {
         "name": "bad distill", "method": "distill", "base_model": "org/base", "config.distillation.teacher_model": "",
         "compute.backend": "local", "config_text": "lora_rank: [",
-    })
-    html = response.content.decode()
-    assert response.status_code == 400 and 'id="f-config-text-errors"' in html
-    response = client_for(users["owner"]).post("/training/new/", {
+    }, "/training/new/")
+    assert 'id="f-config-text-errors"' in html
+    html = refused_form_page(client, "/training/new/", {
         "name": "bad distill", "method": "distill", "base_model": "org/base", "compute.backend": "local", "config_text": "",
-    })
-    assert response.status_code == 400 and 'id="f-config-distillation-teacher-model-errors"' in response.content.decode()
+    }, "/training/new/")
+    assert 'id="f-config-distillation-teacher-model-errors"' in html
     assert not project.runs.exists()
 
 
 def test_one_new_run_answer_names_every_bad_field_even_with_one_it_cannot_parse(project, users, api):
     # A learning rate "abc" used to hide the other fields' problems until it was fixed.
-    response = client_for(users["owner"]).post("/training/new/", {
+    html = refused_form_page(client_for(users["owner"]), "/training/new/", {
         "name": "rounds", "method": "sft", "base_model": "org/base", "dataset": "data@main", "compute.backend": "local",
         "config.learning_rate": "abc", "config.max_steps": "0", "config.per_device_train_batch_size": "-3", "config_text": "",
-    })
-    html = response.content.decode()
-    assert response.status_code == 400
+    }, "/training/new/")
     for field in ("learning-rate", "max-steps", "per-device-train-batch-size"):
         assert f'id="f-config-{field}-errors"' in html, field
     assert "give a number, not &#x27;abc&#x27;" in html and "must be at least 1, got 0" in html and "got -3" in html
@@ -490,13 +488,13 @@ def test_repository_tab_lists_the_run_branch(project, users):
     assert f"run-{run.pk}" in html and "Commits" in html
 
 
-def test_plan_without_training_answers_402_with_a_billing_link(project, users, free_plan):
+def test_plan_without_training_refuses_with_a_billing_link(project, users, free_plan):
     from studio.services import set_plan
 
     set_plan(project, free_plan)
-    response = client_for(users["owner"]).post("/training/new/", {"name": "x", "method": "sft", "compute.backend": "local", "config_text": ""})
-    html = response.content.decode()
-    assert response.status_code == 402 and "Settings → Billing" in html and 'href="/settings/billing/"' in html
+    html = refused_form_page(client_for(users["owner"]), "/training/new/", {"name": "x", "method": "sft", "compute.backend": "local", "config_text": ""},
+                             "/training/new/")
+    assert "Settings → Billing" in html and 'href="/settings/billing/"' in html
     assert not project.runs.exists()
 
 

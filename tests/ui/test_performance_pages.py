@@ -9,6 +9,7 @@ import re
 import pytest
 from django.test import Client
 
+from tests.conftest import refused_form_page
 from training import services
 from training.models import Status
 
@@ -31,10 +32,14 @@ def client_for(user) -> Client:
     return client
 
 
-def post_new(client: Client, name: str, method: str, **fields: str):
+def new_body(name: str, method: str, **fields: str) -> dict[str, str]:
     body = {"name": name, "method": method, **BASE, **METHOD_POSTS[method], "config.use_liger": "", "config.gradient_checkpointing": ""}
     body.update({k.replace("__", "."): v for k, v in fields.items()})
-    return client.post("/training/new/", body)
+    return body
+
+
+def post_new(client: Client, name: str, method: str, **fields: str):
+    return client.post("/training/new/", new_body(name, method, **fields))
 
 
 def select_of(html: str, name: str) -> str:
@@ -113,9 +118,8 @@ def test_the_fields_win_over_the_yaml_box_and_default_leaves_it_alone(project, u
 
 
 def test_a_forged_tristate_value_is_a_finding_at_the_field(project, users):
-    response = post_new(client_for(users["owner"]), "forged", "sft", config__packing="maybe")
-    html = response.content.decode()
-    assert response.status_code == 400 and 'id="f-config-packing-errors"' in html and "choose Default, On or Off" in html
+    html = refused_form_page(client_for(users["owner"]), "/training/new/", new_body("forged", "sft", config__packing="maybe"), "/training/new/")
+    assert 'id="f-config-packing-errors"' in html and "choose Default, On or Off" in html
     assert "<details open>" in performance_card(html)
     assert not project.runs.filter(name="forged").exists()
 
@@ -173,9 +177,8 @@ def test_liger_on_the_cpu_is_starts_422_next_to_the_field(project, users):
 
 
 def test_liger_on_two_gpus_is_refused_at_create_next_to_the_field(project, users):
-    response = post_new(client_for(users["owner"]), "liger x2", "sft", config__use_liger="true", compute__accelerators="H100:2")
-    html = response.content.decode()
-    assert response.status_code == 400, html[:2000]
+    html = refused_form_page(client_for(users["owner"]), "/training/new/",
+                             new_body("liger x2", "sft", config__use_liger="true", compute__accelerators="H100:2"), "/training/new/")
     card = performance_card(html)
     assert "<details open>" in card and "liger kernels are single-GPU" in card.split('id="f-config-use-liger-errors"')[1]
     assert not project.runs.filter(name="liger x2").exists()
