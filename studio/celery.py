@@ -34,3 +34,21 @@ class StudioAMQP(AMQP):
 app = Celery("studio", amqp=StudioAMQP)
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+# Try it's answers hold a worker process for minutes (ANSWER_TIME_LIMIT_S), with a model loaded by the
+# generator they wait on: on the main queue two of them filled the embedded Studio's two worker slots, and
+# no START was dispatched meanwhile, no STOP cleaned up, no reconciler pass ran. They go to a queue of
+# their own, which a worker of its own serves (runstudio's "answers" part; README: Deploy for a team).
+ANSWER_TASKS = frozenset({"training.tasks.generate_answer"})
+
+
+def answers_queue() -> str:
+    """The queue Try it's answers go to: CELERY_QUEUE's, with `-answers` after it (read when asked: the
+    UI tests choose their queue after this module is imported)."""
+    return f"{app.conf.task_default_queue}-answers"
+
+
+def route_task(name: str, args, kwargs, options, task=None, **_) -> dict[str, str] | None:
+    """CELERY_TASK_ROUTES' router: answers to answers_queue(), every other task to the default queue."""
+    return {"queue": answers_queue()} if name in ANSWER_TASKS else None

@@ -218,6 +218,8 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_DEFAULT_QUEUE = env("CELERY_QUEUE", "studio")
+# Try it's answers go to "<CELERY_QUEUE>-answers", served by a worker of their own (studio.celery.route_task).
+CELERY_TASK_ROUTES = ("studio.celery.route_task",)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE = {
     "reconcile-runs": {"task": "training.tasks.reconcile_runs", "schedule": float(envint("RECONCILE_INTERVAL_SECONDS", 15))},

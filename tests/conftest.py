@@ -278,10 +278,12 @@ def studio_worker(transactional_db, live_server, tmp_path, settings):
 
 @contextlib.contextmanager
 def celery_worker(env: dict[str, str], log_path: Path, name: str, beat_schedule: Path | None = None):
-    """A real `celery worker` subprocess on the test queue, yielded once it is ready, stopped after."""
-    from studio.celery import app
+    """A real `celery worker` subprocess on the test queue, yielded once it is ready, stopped after. It
+    answers Try it too (their own queue, which a worker of its own serves in a Studio: one process here
+    is quicker to start, and its 4 threads leave the other tasks room)."""
+    from studio.celery import answers_queue, app
 
-    args = [sys.executable, "-m", "celery", "-A", "studio", "worker", "-Q", app.conf.task_default_queue, "--pool", "threads",
+    args = [sys.executable, "-m", "celery", "-A", "studio", "worker", "-Q", f"{app.conf.task_default_queue},{answers_queue()}", "--pool", "threads",
             "-c", "4", "--loglevel", "INFO", "-n", f"{name}-{uuid.uuid4().hex[:8]}@%h", "--without-gossip", "--without-mingle"]
     if beat_schedule is not None:
         args += ["-B", "-s", str(beat_schedule)]

@@ -166,7 +166,7 @@ def test_runstudio_stops_every_part_and_starts_none_again(embedded_env, tmp_path
     try:
         wait_for(lambda: "Studio is up" in log_path.read_text(), 60, message="runstudio to start its parts")
         parts = [int(pid) for pid in re.findall(r"started \(pid (\d+)\)", log_path.read_text())]
-        assert len(parts) == 4  # redis, worker, beat, web
+        assert len(parts) == 5  # redis, worker, answers, beat, web
         # The parts are up, not still importing (a SIGINT there is a KeyboardInterrupt traceback): the
         # worker said ready (celery installs its own signal handlers then) and the web server answers.
         wait_for(lambda: "ready." in log_path.read_text(), 120, message="the worker to be ready")
@@ -284,7 +284,7 @@ def test_the_parts_of_a_runstudio_killed_with_sigkill_stop_and_one_left_running_
     try:
         wait_for(lambda: "Studio is up" in (tmp_path / "first.log").read_text(), 60, message="runstudio to start its parts")
         parts = {name: int(pid) for name, pid in re.findall(r"(\w+) started \(pid (\d+)\)", (tmp_path / "first.log").read_text())}
-        assert set(parts) == {"redis", "worker", "beat", "web"}
+        assert set(parts) == {"redis", "worker", "answers", "beat", "web"}
         time.sleep(3)  # the parts are up (celery installs its own signal handlers)
         os.kill(parts["web"], signal.SIGSTOP)
         os.kill(studio.pid, signal.SIGKILL)

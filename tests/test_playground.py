@@ -9,6 +9,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from django.conf import settings
 from django.utils import timezone
 
 from tests.conftest import assert_error
@@ -201,7 +202,10 @@ def test_the_reconciler_fails_answers_whose_worker_was_lost_and_leaves_live_ones
     reconcile_runs()  # the beat task, with its other passes
     states = {g.pk: (g.status, g.error) for g in Generation.objects.all()}
     assert states[lost.pk] == ("failed", f"the worker answering it stopped without an answer (still running after {ANSWER_TIME_LIMIT_S} s): ask again")
-    assert states[never_taken.pk] == ("failed", "no worker took it within 30 minutes: ask again")
+    # Most likely no worker serves the answers queue: the message says which worker to start.
+    assert states[never_taken.pk] == ("failed", "no worker took it within 30 minutes: start the Studio's answers worker "
+                                                f"(`celery -A studio worker -Q {settings.CELERY_TASK_DEFAULT_QUEUE}-answers -c 1`, as `make studio` does) "
+                                                "if none runs, then ask again")
     assert states[answering.pk] == ("running", "") and states[waiting.pk] == ("queued", "")
 
 

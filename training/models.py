@@ -318,6 +318,9 @@ class Generation(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)  # a worker took it (running)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Not stored: how many answers asked before this queued one are still to be made (the tab's
+    # "Waiting for N earlier answers"; training.playground.count_answers_ahead sets it).
+    ahead: int = 0
 
     class Meta:
         ordering = ["-created_at", "-id"]

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import time
+from bisect import bisect_left
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -25,6 +26,7 @@ from django.utils import timezone
 
 from datahub.refs import is_hub_ref
 from datahub.services import experiment_repo_name, run_branch_name
+from studio.celery import answers_queue
 from studio.errors import ApiError, BadRequest, Conflict, Finding
 from training.backends.local import REPO_ROOT, checkpoint_dir, engine_env, local_gpu_devices, slots_dir
 from training.backends.local_runner import try_slots, waiting_before
@@ -232,5 +234,19 @@ def fail_lost_answers() -> int:
     waited = Generation.objects.filter(status=Generation.State.QUEUED, created_at__lt=now - timedelta(seconds=QUEUED_LOST_AFTER_S))
     failed = lost.update(status=Generation.State.FAILED, finished_at=now,
                          error=f"the worker answering it stopped without an answer (still running after {ANSWER_TIME_LIMIT_S} s): ask again")
+    # Most often no worker serves the answers queue: a deployment that runs only the main worker.
     return failed + waited.update(status=Generation.State.FAILED, finished_at=now,
-                                  error=f"no worker took it within {QUEUED_LOST_AFTER_S // 60} minutes: ask again")
+                                  error=f"no worker took it within {QUEUED_LOST_AFTER_S // 60} minutes: start the Studio's answers worker "
+                                        f"(`celery -A studio worker -Q {answers_queue()} -c 1`, as `make studio` does) if none runs, then ask again")
+
+
+def count_answers_ahead(generations: list[Generation]) -> None:
+    """Set `ahead` on each queued answer of `generations`: how many answers asked before it (of any run:
+    they share the answers queue, which takes them in turn) are still queued or being made."""
+    queued = [g for g in generations if g.status == Generation.State.QUEUED]
+    if not queued:
+        return
+    unfinished = sorted(Generation.objects.filter(status__in=(Generation.State.QUEUED, Generation.State.RUNNING),
+                                                  pk__lt=max(g.pk for g in queued)).values_list("pk", flat=True))
+    for generation in queued:
+        generation.ahead = bisect_left(unfinished, generation.pk)

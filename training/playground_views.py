@@ -47,11 +47,13 @@ def try_context(run: TrainingRun, actor: Actor, values: dict[str, Any] | None = 
     except ApiError as exc:
         unavailable = exc.detail
     choices = ([("", "Final weights")] if final else []) + [(str(s), f"Step {s}") for s in steps]
+    generations = list(run.generations.select_related("checkpoint")[:playground.KEPT_GENERATIONS])
+    playground.count_answers_ahead(generations)
     return {
         "writable": actor.can_write(run.project), "unavailable": unavailable, "chat": chat,
         "form": {"values": {**FORM_DEFAULTS, **(values or {})}, "errors": errors_by_field(error) if isinstance(error, BadRequest) else {}},
         "step_choices": choices, "refusal": error.detail if isinstance(error, Conflict) else "",
-        "generations": run.generations.select_related("checkpoint")[:playground.KEPT_GENERATIONS],
+        "generations": generations,
         "timeout": playground.GENERATION_TIMEOUT_SECONDS,
     }
 
@@ -118,4 +120,5 @@ def generation(request: HttpRequest, run_id: int, generation_id: int) -> HttpRes
     found = Generation.objects.select_related("checkpoint").filter(pk=generation_id, run=run).first()
     if found is None:
         raise NotFound(f"Run {run.pk} keeps no answer {generation_id}: it keeps its newest {playground.KEPT_GENERATIONS}.")
+    playground.count_answers_ahead([found])
     return render(request, "training/run_detail.html#generation", {"run": run, "g": found, "timeout": playground.GENERATION_TIMEOUT_SECONDS})

@@ -1,6 +1,7 @@
 """Start the whole Studio in one terminal: the embedded Redis (when REDIS_URL is not set), a Celery
-worker, Celery beat and the web server. A part that exits is started again; Ctrl-C stops them all,
-and a runstudio that dies without stopping them (`kill -9`) takes them with it (start_part)."""
+worker, the Celery worker that answers Try it, Celery beat and the web server. A part that exits is
+started again; Ctrl-C stops them all, and a runstudio that dies without stopping them (`kill -9`) takes
+them with it (start_part)."""
 from __future__ import annotations
 
 import errno
@@ -21,6 +22,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.core.management.commands.runserver import naiveip_re
 
+from studio.celery import answers_queue
 from training.engine.launch import die_with_parent
 
 
@@ -166,7 +168,7 @@ class Child:
 
 
 class Command(BaseCommand):
-    help = "Run the embedded Studio: Redis (if REDIS_URL is unset), Celery worker + beat, and the web server."
+    help = "Run the embedded Studio: Redis (if REDIS_URL is unset), Celery workers (one for Try it's answers) + beat, and the web server."
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--addr", default=os.environ.get("STUDIO_ADDR", "127.0.0.1:8000"))
@@ -195,10 +197,14 @@ class Command(BaseCommand):
             children.append(Child("redis", lambda: start_embedded_redis(settings.EMBEDDED_REDIS_SOCKET, lock)))
             env["REDIS_URL"] = settings.REDIS_URL
         env.setdefault("STUDIO_PUBLIC_URL", f"http://{opts['addr']}")
-        queue = settings.CELERY_TASK_DEFAULT_QUEUE
+        queue, answers = settings.CELERY_TASK_DEFAULT_QUEUE, answers_queue()
         beat_schedule = settings.VAR_DIR / "celerybeat-schedule"
         children += [
             Child("worker", lambda: start_part([python, "-m", "celery", "-A", "studio", "worker", "-Q", queue, "-c", "2", "--loglevel", "INFO"], lock, env=env)),
+            # Try it's answers, on their own queue, one at a time (one model in memory on a small machine):
+            # they wait behind each other there, not in front of STARTs, STOPs and the reconciler.
+            Child("answers", lambda: start_part([python, "-m", "celery", "-A", "studio", "worker", "-Q", answers, "-c", "1",
+                                                 "-n", "answers@%h", "--loglevel", "INFO"], lock, env=env)),
             Child("beat", lambda: start_part([python, "-m", "celery", "-A", "studio", "beat", "--loglevel", "INFO", "-s", str(beat_schedule)], lock, env=env)),
             Child("web", lambda: start_part([python, "manage.py", "runserver", "--noreload", opts["addr"]], lock, env=env)),
         ]
