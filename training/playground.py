@@ -134,9 +134,8 @@ def committed_weights(run: TrainingRun, checkpoint: Checkpoint) -> tuple[HubFold
     repo_name, branch = experiment_repo_name(run.experiment), run_branch_name(run)
     folder = checkpoint_prefix(checkpoint, is_earlier_merge(checkpoint))
     where = f"{checkpoint.kind}, step {checkpoint.step}"
-    repo_commits = Commit.objects.filter(repo__project_id=run.project_id, repo__name=repo_name)
     if checkpoint.commit:
-        if not repo_commits.filter(pk=checkpoint.commit).exists():
+        if not Commit.objects.filter(repo__project_id=run.project_id, repo__name=repo_name, pk=checkpoint.commit).exists():
             raise Conflict(f"Run {run.pk}'s weights ({where}) were in commit {checkpoint.commit[:12]} of Data Hub repo {repo_name}, "
                            "which was deleted with its repo: those files are gone, so they cannot be tried. Try another saved step, or train the run again.")
         commit = checkpoint.commit
