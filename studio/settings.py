@@ -239,6 +239,13 @@ if not validate_host(_public_host, ALLOWED_HOSTS):
     )
 # The Data Hub's blob storage on the local filesystem (STORAGES["datahub"] overrides it, e.g. S3).
 DATAHUB_ROOT = Path(env("DATAHUB_ROOT") or VAR_DIR / "hub")
+# Try it loads a Data Hub model (a run's base, or weights a remote job committed) from a checkout of
+# its commit's files on this machine (datahub.checkouts), kept for the next ask; past this many bytes
+# the least recently used checkouts go.
+DATAHUB_CHECKOUT_DIR = Path(env("DATAHUB_CHECKOUT_DIR") or VAR_DIR / "checkouts")
+DATAHUB_CHECKOUT_MAX_BYTES = envint("DATAHUB_CHECKOUT_MAX_BYTES", 8 * 1024**3)
+if DATAHUB_CHECKOUT_MAX_BYTES < 0:
+    raise ImproperlyConfigured(f"DATAHUB_CHECKOUT_MAX_BYTES={DATAHUB_CHECKOUT_MAX_BYTES} is negative: give a number of bytes, e.g. 8589934592")
 # START checks a dataset's rows in the request: up to this many rows of each file (about 5 to 8 s a
 # million rows here), and says beside the Start button when a file has more.
 DATAHUB_VALIDATE_MAX_ROWS = envint("DATAHUB_VALIDATE_MAX_ROWS", 1_000_000)

@@ -12,11 +12,13 @@ import pytest
 from django.conf import settings
 from django.utils import timezone
 
+from datahub.commits import commit_files
+from datahub.repos import create_repo
 from tests.conftest import assert_error
 from training import services
 from training.backends.local_runner import take_ticket
 from training.models import Checkpoint, Generation, Status, TrainingRun
-from training.playground import ANSWER_TIME_LIMIT_S, KEPT_GENERATIONS, generate, generation_gpu
+from training.playground import ANSWER_TIME_LIMIT_S, KEPT_GENERATIONS, finish, generate, generation_gpu
 from training.tasks import reconcile_runs
 
 ASK = {"prompt": "What colour is the cat?", "max_new_tokens": 8, "temperature": 0}
@@ -106,25 +108,42 @@ def test_a_viewer_cannot_ask_and_an_outsider_sees_nothing(api, api_as, project, 
     assert_error(api_as("outsider").get(f"/api/training-runs/generations/{generation_id}"), 404)
 
 
-def test_a_remote_runs_weights_are_a_409_naming_their_data_hub_branch(api, project, users, runs_dir):
+def test_a_remote_runs_weights_its_branch_lacks_are_a_409_naming_the_branch(api, project, users, runs_dir):
     run = trained_run(project, users["owner"], runs_dir, saved=())
     TrainingRun.objects.filter(pk=run.pk).update(compute={"backend": "dstack", "accelerators": "L4:1"})
     Checkpoint.objects.create(run=run, attempt=1, step=10, kind="final", path="/workflow/output/final")  # a path on the job's machine
     answer = assert_error(api.post(f"/api/training-runs/{run.pk}/generate", ASK), 409)
     assert "not on the Studio machine: its dstack job saved them on its own" in answer["detail"]
-    assert f"branch run-{run.pk} of Data Hub repo experiment-" in answer["detail"]
+    assert f"branch run-{run.pk} of Data Hub repo experiment-" in answer["detail"] and "does not hold final/" in answer["detail"]
     assert not Generation.objects.exists()
 
 
-def test_a_data_hub_base_cannot_carry_an_adapter_or_be_compared_with(api, project, users, runs_dir):
+def test_a_remote_runs_weights_in_a_deleted_commit_are_a_409_naming_it(api, project, users, runs_dir):
+    run = trained_run(project, users["owner"], runs_dir, saved=())
+    TrainingRun.objects.filter(pk=run.pk).update(compute={"backend": "modal", "accelerators": "L4:1"})
+    Checkpoint.objects.create(run=run, attempt=1, step=10, kind="final", path="/workflow/output/final", commit="ab" * 20)
+    answer = assert_error(api.post(f"/api/training-runs/{run.pk}/generate", ASK), 409)
+    assert f"were in commit {'ab' * 6} of Data Hub repo experiment-" in answer["detail"] and "which was deleted with its repo" in answer["detail"]
+    assert not Generation.objects.exists()
+
+
+def test_a_data_hub_base_answers_at_its_pinned_commit_and_a_deleted_one_is_a_409_naming_it(api, project, users, runs_dir):
+    repo = create_repo(project, "org-base", "model")
+    pinned = commit_files(repo, "main", {"config.json": b"{}"})
     run = trained_run(project, users["owner"], runs_dir, saved=(("checkpoint", 5), ("final", 10)), base_model="org-base@main")
     adapter = runs_dir / str(run.pk) / "attempt-1" / "output" / "checkpoint-5"
     (adapter / "adapter_config.json").write_text("{}")
+    TrainingRun.objects.filter(pk=run.pk).update(pinned={"base_model": {"ref": "org-base@main", "commit": pinned.pk, "repo": "acme/org-base"}})
+    assert api.post(f"/api/training-runs/{run.pk}/generate", {**ASK, "step": 5, "compare_base": True}).status_code == 202
+
+    gone = "cd" * 20  # a commit that went with its deleted repo
+    TrainingRun.objects.filter(pk=run.pk).update(pinned={"base_model": {"ref": "org-base@main", "commit": gone, "repo": "acme/org-base"}})
     answer = assert_error(api.post(f"/api/training-runs/{run.pk}/generate", {**ASK, "step": 5}), 409)
-    assert "base model org-base@main is a Data Hub ref" in answer["detail"] and "Merge a saved step" in answer["detail"]
+    assert f"Data Hub repo acme/org-base was deleted, and with it commit {gone[:12]}" in answer["detail"]
+    assert "the LoRA adapter of step 5 has no base to go over" in answer["detail"]
     answer = assert_error(api.post(f"/api/training-runs/{run.pk}/generate", {**ASK, "compare_base": True}), 409)
     assert "cannot be compared with the base model's" in answer["detail"]
-    assert not Generation.objects.exists()
+    assert Generation.objects.count() == 1  # the refusals stored nothing
     assert api.post(f"/api/training-runs/{run.pk}/generate", ASK).status_code == 202  # its final weights load alone
 
 
@@ -215,3 +234,12 @@ def test_a_worker_taking_an_answer_records_when(project, users, runs_dir, monkey
     generate(generation.pk)  # its weights are gone: failed at once, but taken first
     generation.refresh_from_db()
     assert generation.status == "failed" and generation.started_at is not None and generation.started_at <= generation.finished_at
+
+
+def test_an_answer_holding_a_nul_is_stored_not_left_generating(project, users, runs_dir):
+    # An untrained model's tokens decode to any bytes, a NUL among them, which PostgreSQL stores in no JSON.
+    run = trained_run(project, users["owner"], runs_dir)
+    generation = Generation.objects.create(run=run, checkpoint=run.checkpoints.get(), prompt="Hi", max_new_tokens=8, temperature=0)
+    finish(generation, [{"model": "trained", "text": "a\x00b", "tokens": 3}], "")
+    generation.refresh_from_db()
+    assert generation.status == "completed" and generation.outputs == [{"model": "trained", "text": "a\ufffdb", "tokens": 3}]

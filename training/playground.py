@@ -15,7 +15,8 @@ import sys
 import time
 from bisect import bisect_left
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
@@ -24,15 +25,19 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from datahub.refs import is_hub_ref
-from datahub.services import experiment_repo_name, run_branch_name
+from datahub import storage
+from datahub.checkouts import checked_out
+from datahub.models import Branch, Commit, TreeEntry, blob_path
+from datahub.refs import gone_pins, is_hub_ref, pin_deleted
+from datahub.services import checkpoint_prefix, experiment_repo_name, is_earlier_merge, run_branch_name
 from studio.celery import answers_queue
 from studio.errors import ApiError, BadRequest, Conflict, Finding
 from training.backends.local import REPO_ROOT, checkpoint_dir, engine_env, local_gpu_devices, slots_dir
 from training.backends.local_runner import try_slots, waiting_before
 from training.checkpoints import die_with_parent
+from training.engine.reporter import storable
 from training.models import Checkpoint, Generation, TrainingRun
-from training.services import attempt_settings
+from training.services import attempt_record
 
 KEPT_GENERATIONS = 20
 MAX_NEW_TOKENS = 512
@@ -91,31 +96,96 @@ def weights_of(run: TrainingRun, step: int | None) -> Checkpoint:
                    "steps along the way), then try it.")
 
 
-def base_model_of(run: TrainingRun, attempt: int, what: str) -> str:
+@dataclass(frozen=True)
+class HubFolder:
+    """Weights in the Data Hub: the files of `commit` under `folder` ("" for all), which the answering
+    task checks out on this machine (datahub.checkouts) and gives the generator as a folder."""
+
+    commit: str
+    folder: str = ""
+
+
+# A generator's model argument: a local folder or an HF id as it is, or a Data Hub folder to check out first.
+Weights = str | HubFolder
+
+
+def base_model_of(run: TrainingRun, attempt: int, what: str) -> Weights:
     """The base model attempt `attempt` trained from, as the generator loads it: an HF id or a local
-    folder. 409 for a Data Hub ref, which only a run's engine reads (over /hub, with its own token)."""
-    base = attempt_settings(run, attempt)["base_model"]
-    if is_hub_ref(base):
-        raise Conflict(f"Run {run.pk}'s base model {base} is a Data Hub ref, which Try it cannot load yet, so {what}. "
+    folder, or for a Data Hub ref the commit START pinned it to (the run's log: `trains from base_model
+    demo-student@main = demo/demo-student@<commit>`), whatever its branch holds now. 409 when that
+    commit went with its repo, or the attempt pinned none."""
+    record = attempt_record(run, attempt)
+    base = record.base_model
+    if not is_hub_ref(base):
+        return base
+    pin = (record.pinned or {}).get("base_model")
+    if not isinstance(pin, dict) or pin.get("ref") != base or not pin.get("commit") or not pin.get("repo"):
+        raise Conflict(f"Run {run.pk}'s base model {base} was not pinned to a commit when attempt {attempt} started, so {what}. "
                        "Try the run's final weights (a LoRA run's merged model loads alone), or Merge a saved step on the Checkpoints tab and try that step.")
-    return base
+    if gone_pins({"base_model": pin}):
+        raise Conflict(f"Run {run.pk}'s base model {base}: {pin_deleted(pin)}, so {what}. "
+                       "Try the run's final weights (a LoRA run's merged model loads alone), or a merged step.")
+    return HubFolder(pin["commit"])
 
 
-def model_args(run: TrainingRun, checkpoint: Checkpoint) -> list[str]:
-    """The generator's --model (and --adapter) for these weights. 409 when they are not on this machine:
-    a dstack or Modal job saved them on its own, and they are in the run's Data Hub branch."""
+def committed_weights(run: TrainingRun, checkpoint: Checkpoint) -> tuple[HubFolder, bool]:
+    """Weights that are not on this machine (a dstack or Modal job saved them on its own) as the run's
+    Data Hub branch holds them: the commit the checkpoint recorded, else the branch's head while no
+    later attempt saved the same step there; with whether they are a LoRA adapter. 409 when they are
+    not there."""
+    repo_name, branch = experiment_repo_name(run.experiment), run_branch_name(run)
+    folder = checkpoint_prefix(checkpoint, is_earlier_merge(checkpoint))
+    where = f"{checkpoint.kind}, step {checkpoint.step}"
+    if checkpoint.commit:
+        if not Commit.objects.filter(repo__project_id=run.project_id, repo__name=repo_name, pk=checkpoint.commit).exists():
+            raise Conflict(f"Run {run.pk}'s weights ({where}) were in commit {checkpoint.commit[:12]} of Data Hub repo {repo_name}, "
+                           "which was deleted with its repo: those files are gone, so they cannot be tried. Try another saved step, or train the run again.")
+        commit = checkpoint.commit
+    else:
+        head = Branch.objects.filter(repo__project_id=run.project_id, repo__name=repo_name, name=branch).values_list("head_id", flat=True).first()
+        replaced = Checkpoint.objects.filter(run=run, step=checkpoint.step, kind=checkpoint.kind, attempt__gt=checkpoint.attempt).exists()
+        if head is None or replaced or not TreeEntry.objects.filter(commit_id=head, path__startswith=f"{folder}/").exists():
+            raise Conflict(f"Run {run.pk}'s weights ({where}) are not on the Studio machine: its {run.backend_name} job saved them on its own, "
+                           f"and branch {branch} of Data Hub repo {repo_name} does not hold {'them' if replaced else folder + '/'}"
+                           f"{' (a later attempt saved that step again)' if replaced else ''}. Try another saved step, or its final weights.")
+        commit = head
+    adapter = TreeEntry.objects.filter(commit_id=commit, path=f"{folder}/adapter_config.json").exists()
+    return HubFolder(commit, folder), adapter
+
+
+def model_args(run: TrainingRun, checkpoint: Checkpoint) -> list[Weights]:
+    """The generator's --model (and --adapter) for these weights: their folder on this machine, or the
+    run's Data Hub branch (committed_weights), and for a LoRA adapter its base (base_model_of)."""
     folder = checkpoint_dir(checkpoint)
+    weights: Weights
     if folder is None:
-        raise Conflict(f"Run {run.pk}'s weights ({checkpoint.kind}, step {checkpoint.step}) are not on the Studio machine: its "
-                       f"{run.backend_name} job saved them on its own. They are committed to branch {run_branch_name(run)} of Data Hub repo "
-                       f"{experiment_repo_name(run.experiment)}: download them from the Checkpoints tab and try them where they fit, "
-                       "e.g. with `python -m training.engine.generate --model FOLDER`.")
-    if (folder / "adapter_config.json").is_file():
-        return ["--model", base_model_of(run, checkpoint.attempt, f"the LoRA adapter of step {checkpoint.step} has no base to go over"), "--adapter", str(folder)]
-    return ["--model", str(folder)]
+        weights, adapter = committed_weights(run, checkpoint)
+    else:
+        weights, adapter = str(folder), (folder / "adapter_config.json").is_file()
+    if adapter:
+        return ["--model", base_model_of(run, checkpoint.attempt, f"the LoRA adapter of step {checkpoint.step} has no base to go over"), "--adapter", weights]
+    return ["--model", weights]
 
 
-def sources_of(generation: Generation) -> list[tuple[str, list[str]]]:
+def saved_texts(run: TrainingRun, checkpoint: Checkpoint, names: tuple[str, ...]) -> dict[str, str]:
+    """The small text files `names` that these weights saved beside them (on this machine, or on the
+    run's Data Hub branch), by name; those they lack, or weights Try it cannot load, are left out."""
+    folder = checkpoint_dir(checkpoint)
+    if folder is not None:
+        return {name: (folder / name).read_text(errors="replace") for name in names if (folder / name).is_file()}
+    try:
+        weights, _ = committed_weights(run, checkpoint)
+    except ApiError:
+        return {}
+    entries = TreeEntry.objects.filter(commit_id=weights.commit, path__in=[f"{weights.folder}/{name}" for name in names])
+    texts = {}
+    for path, sha256 in entries.values_list("path", "blob__sha256"):
+        with storage.open_blob(blob_path(sha256)) as blob:
+            texts[path.rpartition("/")[2]] = blob.read().decode(errors="replace")
+    return texts
+
+
+def sources_of(generation: Generation) -> list[tuple[str, list[Weights]]]:
     """(which, the generator's model arguments) for each model that answers: the run's weights, then
     its base when asked to compare. Raises what the ask would be refused with now."""
     run, checkpoint = generation.run, generation.checkpoint
@@ -154,29 +224,46 @@ def generate(generation_id: int) -> None:
     if not Generation.objects.filter(pk=generation_id, status=Generation.State.QUEUED).update(status=Generation.State.RUNNING, started_at=timezone.now()):
         return
     generation = Generation.objects.select_related("run", "run__experiment", "checkpoint").get(pk=generation_id)
-    try:
-        sources = sources_of(generation)
-    except ApiError as exc:  # the weights went between the ask and now
-        finish(generation, [], exc.detail)
-        return
     request = {"prompt": generation.prompt, "messages": generation.messages, "max_new_tokens": generation.max_new_tokens,
                "temperature": generation.temperature}
-    outputs: list[dict[str, Any]] = []
-    try:
-        with generation_gpu(generation) as (visible, note):
-            for which, args in sources:
-                answer = run_generator(args, request, visible)
-                outputs.append({"model": which, **answer, **({"device_note": note} if note and "device" in answer else {})})
-    except Exception as exc:  # the task's time limit, a slot file it cannot write: the tab must not poll "Generating…" for ever
-        finish(generation, outputs, f"the worker failed while answering ({type(exc).__name__}: {exc}): ask again")
-        raise
+    with ExitStack() as checkouts:
+        try:
+            sources = [(which, [local(checkouts, a) for a in args]) for which, args in sources_of(generation)]
+        except ApiError as exc:  # the weights went between the ask and now
+            finish(generation, [], exc.detail)
+            return
+        except FileNotFoundError as exc:  # their repo was deleted while they were checked out
+            finish(generation, [], f"the weights' files went from the Data Hub while they were read ({exc.strerror}): ask again")
+            return
+        except Exception as exc:  # a full disk: the tab must not poll "Generating…" for ever
+            finish(generation, [], f"the worker failed to read the weights from the Data Hub ({type(exc).__name__}: {exc}): ask again")
+            raise
+        outputs: list[dict[str, Any]] = []
+        try:
+            with generation_gpu(generation) as (visible, note):
+                for which, args in sources:
+                    answer = run_generator(args, request, visible)
+                    outputs.append({"model": which, **answer, **({"device_note": note} if note and "device" in answer else {})})
+        except Exception as exc:  # the task's time limit, a slot file it cannot write: the tab must not poll "Generating…" for ever
+            finish(generation, outputs, f"the worker failed while answering ({type(exc).__name__}: {exc}): ask again")
+            raise
     failed = [f"{o['model']}: {o['error']}" for o in outputs if "error" in o]
     finish(generation, outputs, "; ".join(failed))
 
 
+def local(checkouts: ExitStack, weights: Weights) -> str:
+    """A generator argument on this machine: a Data Hub folder checked out, and kept until `checkouts` closes."""
+    if isinstance(weights, HubFolder):
+        return str(checkouts.enter_context(checked_out(weights.commit, weights.folder)))
+    return weights
+
+
 def finish(generation: Generation, outputs: list[dict], error: str) -> None:
+    """Store the answer. A model's text can hold a NUL (an untrained model's tokens decode to any bytes),
+    which PostgreSQL stores in no text or JSON: the update failed and left the answer "Generating…"."""
     Generation.objects.filter(pk=generation.pk).update(
-        status=Generation.State.FAILED if error else Generation.State.COMPLETED, outputs=outputs, error=error, finished_at=timezone.now())
+        status=Generation.State.FAILED if error else Generation.State.COMPLETED, outputs=storable(outputs), error=storable(error),
+        finished_at=timezone.now())
 
 
 @contextmanager

@@ -16,7 +16,6 @@ from studio.errors import ApiError, BadRequest, Conflict, NotFound
 from studio.parsing import ascii_int
 from studio.views import errors_by_field, studio_page, web_actor
 from training import playground
-from training.backends.local import checkpoint_dir
 from training.models import Checkpoint, Generation, TrainingRun
 from training.queries import get_run_for
 from training.schemas import GenerateIn
@@ -24,14 +23,11 @@ from training.schemas import GenerateIn
 FORM_DEFAULTS = {"max_new_tokens": 128, "temperature": 0.7, "step": "", "compare_base": False}
 
 
-def speaks_chat(checkpoint: Checkpoint) -> bool:
+def speaks_chat(run: TrainingRun, checkpoint: Checkpoint) -> bool:
     """Whether the weights' tokenizer has a chat template (the form then takes a chat message): read
-    from its saved files, without loading anything."""
-    folder = checkpoint_dir(checkpoint)
-    if folder is None:
-        return False
-    config = folder / "tokenizer_config.json"
-    return (folder / "chat_template.jinja").is_file() or (config.is_file() and '"chat_template"' in config.read_text(errors="replace"))
+    from their saved files, on this machine or on the run's Data Hub branch, without loading anything."""
+    files = playground.saved_texts(run, checkpoint, ("chat_template.jinja", "tokenizer_config.json"))
+    return "chat_template.jinja" in files or '"chat_template"' in files.get("tokenizer_config.json", "")
 
 
 def try_context(run: TrainingRun, actor: Actor, values: dict[str, Any] | None = None, error: ApiError | None = None) -> dict[str, Any]:
@@ -43,7 +39,7 @@ def try_context(run: TrainingRun, actor: Actor, values: dict[str, Any] | None = 
     try:  # the weights the form starts on: the final ones, else the newest step
         weights = playground.weights_of(run, None if final or not steps else steps[-1])
         playground.model_args(run, weights)
-        chat = speaks_chat(weights)
+        chat = speaks_chat(run, weights)
     except ApiError as exc:
         unavailable = exc.detail
     choices = ([("", "Final weights")] if final else []) + [(str(s), f"Step {s}") for s in steps]

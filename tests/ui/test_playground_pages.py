@@ -4,10 +4,13 @@ remote run's tab says where its weights are; a bad value comes back beside its f
 one becomes an answer that polls until a worker has made it."""
 from __future__ import annotations
 
+import json
 import re
 
 from django.test import Client
 
+from datahub.commits import commit_files
+from datahub.services import create_run_branch, run_branch_name
 from tests.test_playground import runs_dir, trained_run  # noqa: F401 - the fixture is used by name
 from training.models import Checkpoint, Generation, TrainingRun
 
@@ -59,6 +62,17 @@ def test_a_remote_runs_tab_says_where_its_weights_are(project, users, runs_dir):
     html = client_for(users["owner"]).get(f"/training/runs/{run.pk}/try/").content.decode()
     assert 'data-testid="try-unavailable"' in html and f"branch run-{run.pk} of Data Hub repo" in html
     assert 'data-testid="try-form"' not in html
+
+
+def test_a_remote_runs_weights_on_its_branch_take_a_chat_message(project, users, runs_dir):  # noqa: F811
+    run = trained_run(project, users["owner"], runs_dir, saved=())
+    TrainingRun.objects.filter(pk=run.pk).update(compute={"backend": "dstack", "accelerators": "L4:1"})
+    commit_files(create_run_branch(run).repo, run_branch_name(run),
+                 {"final/config.json": b"{}", "final/tokenizer_config.json": json.dumps({"chat_template": "{{ messages }}"}).encode()})
+    Checkpoint.objects.create(run=run, attempt=1, step=10, kind="final", path="/workflow/output/final")
+    html = client_for(users["owner"]).get(f"/training/runs/{run.pk}/try/").content.decode()
+    assert 'data-testid="try-form"' in html and 'data-testid="try-unavailable"' not in html
+    assert '<label for="f-prompt">Message</label>' in html  # read from the tokenizer_config.json on the branch
 
 
 def test_a_bad_value_comes_back_beside_its_field_and_a_good_ask_polls_for_its_answer(project, users, runs_dir):  # noqa: F811
