@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import unicodedata
 import uuid
 from collections.abc import Iterable
 from pathlib import PurePosixPath
@@ -149,6 +150,34 @@ def clean_new_path(value: Any, field: str = "path") -> str:
     if problem:
         raise BadRequest(f"{path[:64]!r}{'…' if len(path) > 64 else ''} is not an allowed path.", [Finding(field, problem)])
     return path
+
+
+def same_file_key(path: str) -> str:
+    """What `path` is on a case-insensitive disk that normalises Unicode (macOS's APFS, Windows'
+    NTFS): its NFC form, casefolded. Two paths of one key are one file there."""
+    return unicodedata.normalize("NFC", unicodedata.normalize("NFC", path).casefold())
+
+
+def same_file_clash(adding: Iterable[str], tree: Iterable[str]) -> tuple[str, str] | None:
+    """The first path of `adding` and another path of `tree` (the commit's files, `adding` among them)
+    that differ only in case or Unicode normalisation (same_file_key): a checkout of such a commit
+    on macOS or Windows keeps one file of the two. None when there is none. Only the paths added are
+    held to it, so a tree committed before this rule still takes other files."""
+    keys: dict[str, list[str]] = {}
+    for path in tree:
+        keys.setdefault(same_file_key(path), []).append(path)
+    for path in adding:
+        other = next((p for p in keys.get(same_file_key(path), []) if p != path), None)
+        if other is not None:
+            return path, other
+    return None
+
+
+def same_file_problem(path: str, other: str, place: str, stored: bool = True) -> str:
+    """The finding of same_file_clash, spelling both names out (they may look the same); `stored`
+    when `other` is a file already committed, which the upload can replace under its exact name."""
+    return (f"{path} and {other} {place} differ only in case or in how an accent is encoded ({ascii(path)}, {ascii(other)}): "
+            f"a checkout on macOS or Windows would keep only one of them: rename one" + (f", or upload it as {other} to replace that file" if stored else ""))
 
 
 # ---- repos, branches, tags ---------------------------------------------------------------------

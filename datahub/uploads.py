@@ -104,6 +104,12 @@ def check_file_folder_clash(repo: Repo, branch: str, paths: list[tuple[int, str]
             else:
                 continue
             raise BadRequest(f"{path!r} would make a path both a file and a folder.", [Finding(f"files[{i}].path", problem)])
+    # Two names one case-insensitive disk reads as one file (same_file_clash), here rather than at the commit
+    ordered = [p for _, p in paths]
+    for others, seen_in, stored in ((ordered, "in this upload", False), (sorted(on_branch), f"on branch {branch}", True)):
+        if same := repos.same_file_clash(ordered, others):
+            i = next(i for i, p in paths if p == same[0])
+            raise BadRequest(f"{same[0]!r} would clash with {same[1]!r}.", [Finding(f"files[{i}].path", repos.same_file_problem(*same, seen_in, stored))])
 
 
 def get_upload(repo_ids: list[int] | None, upload_id: str) -> UploadSession:

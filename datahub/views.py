@@ -212,6 +212,25 @@ def upload_payload(values: dict[str, str], paths: list[str], chosen: list) -> Up
     return validate_data(UploadIn, {"branch": values["branch"], "message": values["message"], "files": files})
 
 
+# What a browser writes for a quote, CR and LF in a file name it sends (the HTML standard's form encoding)
+BROWSER_ESCAPES = ("%22", "%0A", "%0D")
+
+
+def chosen_name(upload) -> str:
+    """The name of a chosen file as the browser sent it (studio.middleware.NameKeepingParser keeps
+    it: Django's `name` unescapes, shortens and cuts it), or a 400 on `files` where the exact name
+    cannot be known: one holding %22, %0A or %0D, which is also how a browser sends a quote or a line
+    break. A page must not commit a name its user did not choose."""
+    name = getattr(upload, "given_name", None)
+    if name is None:
+        raise BadRequest("A file's name could not be read.", [Finding("files", f"{upload.name}: send the form again, or upload it with the API")])
+    if any(escape in name.upper() for escape in BROWSER_ESCAPES):
+        raise BadRequest(f"{name!r} cannot be told from another name.", [Finding("files", f"{name}: browsers send a quote or a line break in a file name as "
+                                                                                          "%22, %0A or %0D, so this name may not be the file's own: rename "
+                                                                                          "the file, or upload it with the API (POST /api/hub/repos/<name>/uploads)")])
+    return name
+
+
 @studio_page
 @require_POST
 def repo_upload(request: HttpRequest, namespace: str, name: str) -> HttpResponse:
@@ -221,8 +240,9 @@ def repo_upload(request: HttpRequest, namespace: str, name: str) -> HttpResponse
     web_actor(request).require_write(repo.project)
     chosen = request.FILES.getlist("files")
     values = {"folder": request.POST.get("folder", "").strip().rstrip("/"), "branch": request.POST.get("branch", ""), "message": request.POST.get("message", "")}
-    paths = [f"{values['folder']}/{f.name}" if values["folder"] else f.name for f in chosen]
+    paths: list[str] = []
     try:
+        paths = [f"{values['folder']}/{name}" if values["folder"] else name for name in map(chosen_name, chosen)]
         payload = upload_payload(values, paths, chosen)
         commit = uploads.upload_files(repo, request.user, payload.branch, [(f.path, f.size, upload) for f, upload in zip(payload.files, chosen, strict=True)], payload.message)
     except ApiError as exc:

@@ -16,6 +16,7 @@ import os
 import pprint
 import shutil
 import sys
+import unicodedata
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -289,12 +290,36 @@ def config_findings(reference: dict[str, Any] | None, config: dict[str, Any], fi
                 continue
             if not PurePosixPath(now).is_absolute():
                 if root + now not in files:
-                    findings.append(Finding(f"{field}.{key}", f"the package has no file {now!r} (it has {was!r}): name one of its files, or push the file to the repo first"))
+                    findings.append(Finding(f"{field}.{key}", f"the package has no file {now!r} (it has {package_files_named(files, root)}): "
+                                                              "name one of its files, or push the file to the repo first"))
             elif not readable_local_file(now):
                 findings.append(Finding(f"{field}.{key}", f"{now} is not a file on the Studio's machine that runs may read: name one of the package's files "
                                                           f"({was!r}), or push the file to the repo first"))
     said = {f.field for f in findings}  # one finding a field: the reference's, where both see a wrong type
     return findings + [f for f in declared_config_findings(declared(init), config, field) if f.field not in said]
+
+
+def package_files_named(files: dict[str, bytes], root: str, most: int = 20) -> str:
+    """The package's files, by their path under its root (as CONFIG names them), for a finding:
+    the first `most` in order, and how many more."""
+    names = sorted(path.removeprefix(root) for path in files if path.startswith(root))
+    shown = ", ".join(map(repr, names[:most]))
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def stored_file_names(config: dict[str, Any], files: dict[str, bytes]) -> dict[str, Any]:
+    """`config` with each value that names a package file in another Unicode form than the file's
+    stored name (données.jsonl typed, with é as one character, for the decomposed e + U+0301 that
+    macOS writes) replaced by the stored name: the run opens the file by its bytes, and Linux
+    reads the two forms as two names. Equal under NFC is the match; a value that matches no file,
+    or names one exactly, stays as given."""
+    root = package_prefix(files) or ""
+    stored: dict[str, str] = {}
+    for path in files:
+        if path.startswith(root):
+            stored.setdefault(unicodedata.normalize("NFC", path.removeprefix(root)), path.removeprefix(root))
+    return {key: stored.get(unicodedata.normalize("NFC", value), value) if isinstance(value, str) and root + value not in files else value
+            for key, value in config.items()}
 
 
 def readable_local_file(path: str) -> bool:
@@ -708,7 +733,7 @@ def fork(project, catalogue_name: str, name: str | None = None, config: dict[str
         raise NotFound(f"The catalogue has no environment {catalogue_name!r}.", [Finding("catalogue", f"use one of {', '.join(e.name for e in catalogue())}")])
     repo_name = name or entry.name
     files = entry.files()
-    merged = merged_config(entry.config(), config or {})
+    merged = stored_file_names(merged_config(entry.config(), config or {}), files)
     wrong = config_findings(entry.config(), merged, files)
     if wrong:
         raise BadRequest(f"This CONFIG does not fit {entry.environment_id}.", wrong)
@@ -784,6 +809,7 @@ def update_config(project, name: str, config: dict[str, Any], user=None) -> dict
         raise BadRequest("CONFIG must be an object.", [Finding("config", "send the whole CONFIG as a JSON object")])
     repo = environment_repo(project, name)
     files = hub_package_files(resolve(repo, "main"))
+    config = stored_file_names(config, files)
     wrong = config_findings(_type_reference(read_config(files), first_config(repo)), config, files)
     if wrong:
         raise BadRequest("This CONFIG does not fit the environment (a PUT replaces the whole CONFIG).", wrong)

@@ -9,10 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import suppress
+from functools import partial
+from typing import Any
 
 from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http.multipartparser import MultiPartParser
 from django.shortcuts import render
+from django.utils.datastructures import ImmutableList
+from django.utils.encoding import force_str
 
 from datahub.storage import disk_full, disk_full_error
 from studio.ratelimit import TooManyRequests
@@ -112,6 +117,7 @@ class FormParseMiddleware:
     def __call__(self, request: HttpRequest) -> HttpResponse:
         # The API takes no forms (studio.api.json_body answers a form with a 415 before reading it).
         if request.method == "POST" and request.content_type == "multipart/form-data" and not request.path.startswith(API_PREFIX):
+            request.parse_file_upload = partial(parse_keeping_names, request)  # type: ignore[method-assign]
             try:
                 request.POST  # noqa: B018 (parsing is the point)
             except (TooManyFilesSent, TooManyFieldsSent, RequestDataTooBig) as exc:
@@ -123,6 +129,35 @@ class FormParseMiddleware:
                 error = disk_full_error(exc, "files", "send the form again")
                 return render(request, "507.html", {"detail": error.detail, "advice": error.errors[0].message}, status=error.status)
         return self.get_response(request)
+
+
+class NameKeepingParser(MultiPartParser):
+    """Django's multipart parser, which also keeps each file's name as the browser sent it, as
+    `given_name` on its UploadedFile. Django's `name` is a safe name for a local disk: HTML entities
+    unescaped (R&amp;D.txt → R&D.txt), what precedes a / or \\ dropped, unprintable characters
+    removed, cut to 255 characters. A form that stores the file under the name its user chose (the
+    Data Hub's Upload files) must read given_name, and refuse it as the API would, rather than
+    store another name."""
+
+    given_name = ""
+
+    def sanitize_file_name(self, file_name: str) -> str | None:
+        self.given_name = file_name  # the file's handle_file_complete runs before the next file's name is read
+        return super().sanitize_file_name(file_name)
+
+    def handle_file_complete(self, old_field_name: Any, counters: list[int]) -> None:
+        field = force_str(old_field_name, self._encoding, errors="replace")
+        before = len(self._files.getlist(field))
+        super().handle_file_complete(old_field_name, counters)
+        files = self._files.getlist(field)
+        if len(files) > before:
+            files[-1].given_name = self.given_name
+
+
+def parse_keeping_names(request: HttpRequest, meta: Any, post_data: Any) -> tuple[Any, Any]:
+    """HttpRequest.parse_file_upload with NameKeepingParser."""
+    request.upload_handlers = ImmutableList(request.upload_handlers, warning="You cannot alter upload handlers after the upload has been processed.")
+    return NameKeepingParser(meta, post_data, request.upload_handlers, request.encoding).parse()
 
 
 def discard_spooled_files(request: HttpRequest) -> None:

@@ -1,6 +1,8 @@
 """Permission-scoped run lookups, the run list's search, and the reads of a run's rows."""
 from __future__ import annotations
 
+import unicodedata
+
 from django.db.models import Q, QuerySet
 
 from studio.auth import Actor
@@ -31,9 +33,14 @@ def get_generation_for(actor: Actor, generation_id: int) -> Generation:
 
 
 def search_runs(rows: QuerySet[TrainingRun], text: str | None) -> QuerySet[TrainingRun]:
-    """Runs whose name or base model contains `text` (any case): the run list's search, UI and API."""
+    """Runs whose name or base model contains `text` (any case): the run list's search, UI and API.
+    An accent may be stored as one character (é, as typed) or as a letter and a combining mark (e +
+    U+0301, as macOS writes names): `text` is looked for in both forms (NFC and NFD), in the database."""
     text = (text or "").strip()
-    return rows.filter(Q(name__icontains=text) | Q(base_model__icontains=text)) if text else rows
+    match = Q()
+    for form in {unicodedata.normalize("NFC", text), unicodedata.normalize("NFD", text)} if text else ():
+        match |= Q(name__icontains=form) | Q(base_model__icontains=form)
+    return rows.filter(match) if text else rows
 
 
 def filter_rollouts(rows: QuerySet, step: int | None = None, min_reward: float | None = None, max_reward: float | None = None) -> QuerySet:

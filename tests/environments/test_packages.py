@@ -250,7 +250,7 @@ def test_a_fork_merges_nested_config_and_refuses_what_does_not_fit_the_package(a
         ({"weights": {"correct": "x"}}, "config.weights.correct", "must be a number, as it is now (0.7); got 'x'"),
         ({"max_tool_calls": "many"}, "config.max_tool_calls", "must be a number"),
         ({"max_tool_call": 5}, "config.max_tool_call", "load_environment does not read 'max_tool_call'"),
-        ({"data_file": "nope.jsonl"}, "config.data_file", "the package has no file 'nope.jsonl' (it has 'data.jsonl')"),
+        ({"data_file": "nope.jsonl"}, "config.data_file", "the package has no file 'nope.jsonl' (it has '__init__.py', 'config.py', 'data.jsonl'"),
     ]
     for config, field, says in cases:
         error = assert_error(api.post("/api/environments/fork", {"catalogue": "calculator", "name": "calc5", "config": config}), 400, field)

@@ -1,5 +1,6 @@
 """The Data Hub's forms in a real browser: create a repo, upload a .jsonl into a folder, see it in
 the tree, and delete the repo by typing its name. Screenshots land in var/test-artifacts/ui/."""
+
 from __future__ import annotations
 
 import json
@@ -68,3 +69,28 @@ def test_create_a_repo_upload_a_jsonl_and_delete_the_repo(owner_page, project, t
     expect(page.locator('tr[data-repo="support-chats"]')).to_have_count(0)
     assert not Repo.objects.filter(pk=repo.pk).exists()
     page.shot("deleted")
+
+
+@pytest.mark.parametrize(
+    ("name", "refused"),
+    [
+        ("R&amp;D.txt", None),  # Django's form parser read it as R&D.txt
+        ("a\\b.txt", "use forward slashes"),  # and as b.txt
+        ('say "hi".txt', "browsers send a quote or a line break in a file name as %22"),  # Chromium sends say %22hi%22.txt
+    ],
+)
+def test_upload_files_commits_the_chosen_name_or_refuses_it(owner_page, project, tmp_path, name, refused):
+    page = owner_page
+    repo = repos.create_repo(project, "names", "dataset")
+    head = repos.resolve(repo, "main")
+    chosen = tmp_path / name
+    chosen.write_text("x\n")
+    page.goto("/hub/acme/names")
+    page.locator("input[type=file]#f-files").set_input_files(str(chosen))
+    page.get_by_role("button", name="Commit files").click()
+    if refused is None:
+        expect(page.locator("#main > ul.messages")).to_contain_text("Committed 1 file")
+        assert set(repos.tree(repos.resolve(repo, "main"))) == {name}
+    else:
+        expect(page.locator("#f-files-errors")).to_contain_text(refused)
+        assert repos.resolve(repo, "main") == head

@@ -99,6 +99,16 @@ def test_the_api_searches_runs_by_name_and_base_model(api, project, users):
     assert sorted(names) == ["Alpha", "beta"]
 
 
+def test_search_finds_an_accent_stored_in_either_unicode_form(api, project, users):
+    make_run(project, users["owner"], "sft", name="e\u0301")  # decomposed, as macOS writes it
+    make_run(project, users["owner"], "sft", name="caf\u00e9 run")  # precomposed, as typed
+    make_run(project, users["owner"], "sft", name="plain e")
+    for typed, expected in (("\u00e9", ["caf\u00e9 run", "e\u0301"]), ("e\u0301", ["caf\u00e9 run", "e\u0301"]), ("\u00c9", ["caf\u00e9 run", "e\u0301"])):
+        assert sorted(r["name"] for r in api.get("/api/training-runs", search=typed).json()["items"]) == expected, typed
+        html = client_for(users["owner"]).get("/training/", {"q": typed}).content.decode()
+        assert sorted(re.findall(r"<tr data-run=[^>]*>.*?<a [^>]*>([^<]*)</a>", html, re.S)) == expected, typed
+
+
 def test_training_page_is_scoped_to_the_current_project(project, other_project, users):
     make_run(other_project, users["outsider"], "sft", name="secret run")
     html = client_for(users["owner"]).get("/training/").content.decode()
