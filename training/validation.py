@@ -15,7 +15,7 @@ from django.conf import settings
 from datahub.datasets import RULER, RowNeeds, RowsCheck, entries_findings, local_check
 from datahub.models import Repo
 from datahub.refs import dataset_findings, dataset_refs, ref_findings, ruler_dataset_findings, run_refs
-from environments.services import dataset_row_needs, environment_findings
+from environments.services import builtin_ref_findings, dataset_row_needs, environment_findings
 from studio.errors import BadRequest, Finding
 from studio.parsing import control_character, invisible
 from training.backends import get_backend
@@ -62,6 +62,7 @@ def validate_draft(draft: Draft) -> Draft:
         draft.config = normalise_block(draft.config, {**method.trl_keys(), **method.known_keys()})
         findings += method.create_findings(draft)
         findings += foreign_ref_findings(draft)
+        findings += builtin_ref_findings(draft)
         findings += liger_findings(draft)
         findings += single_gpu_findings(draft)
     if findings:
