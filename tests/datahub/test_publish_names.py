@@ -83,3 +83,24 @@ def test_a_publish_a_data_hub_rule_refuses_is_in_the_run_log_and_on_the_overview
     assert commit_checkpoint(final.pk) is not None
     assert Checkpoint.objects.get(pk=final.pk).publish_error == ""
     assert f'<code>acme/{model_repo_name(run)}</code></a>' in published_line(browser, run)
+
+
+def test_a_run_whose_publish_the_old_name_refused_is_not_called_deleted_after_the_upgrade(api, project, browser, final_of):
+    """training's migration 0016 marks the final checkpoints that the old experiment-…-run<id> name kept
+    from being published (committed on the run's branch, no repo of that name), so their Overview says
+    why instead of "(deleted)"; a published run's, and another run's, stay as they were."""
+    import importlib
+
+    from django.apps import apps
+
+    migration = importlib.import_module("training.migrations.0016_checkpoint_publish_error")
+    refused, published = final_of("Experiment 1 \u2713"), final_of("Experiment 2")
+    Checkpoint.objects.filter(pk=refused.pk).update(commit="c" * 40)  # as the old Studio left it: committed, then the publish raised
+    assert commit_checkpoint(published.pk) is not None  # an upgraded Studio published this one
+    repos.create_repo(project, f"experiment-2-run{published.run.pk}", "experiment")  # a repo of the old name: not refused
+    migration.mark_refused_publishes(apps, None)
+
+    assert f"its model repo name experiment-1-run{refused.run.pk} started with experiment-" in Checkpoint.objects.get(pk=refused.pk).publish_error
+    assert Checkpoint.objects.get(pk=published.pk).publish_error == ""
+    overview = published_line(browser, refused.run)
+    assert "(deleted)" not in overview and "failed" in overview, overview
