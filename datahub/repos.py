@@ -28,7 +28,7 @@ from django.utils import timezone
 
 from datahub.models import NAME_PATTERN, Blob, Branch, Commit, Repo, RepoType, Tag, TreeEntry, UploadSession
 from studio.errors import BadRequest, Conflict, Finding, NotFound
-from studio.parsing import control_character, invisible
+from studio.parsing import bidi_control, control_character, invisible
 
 MAIN = "main"
 NAME_RE = re.compile(NAME_PATTERN)
@@ -45,9 +45,6 @@ MAX_PATH = 1024
 HF_LONGEST_SUFFIX = ".metadata"
 MAX_NAME_BYTES = 255 - len(HF_LONGEST_SUFFIX)
 MAX_PATH_BYTES = 1024
-# Bidi embeddings, overrides and isolates (U+202A-U+202E, U+2066-U+2069): a name holding one shows
-# its characters in another order than they are stored ("Trojan Source", CVE-2021-42574).
-BIDI_CONTROLS = frozenset(map(chr, [*range(0x202A, 0x202F), *range(0x2066, 0x206A)]))
 
 
 class RefNotFound(NotFound):
@@ -123,7 +120,7 @@ def clean_path(value: Any, field: str = "path") -> str:
         problem = "a path cannot contain '..', '.' or empty segments"
     elif control_character(value) is not None:
         problem = "a path cannot contain control characters"
-    elif bidi := next((c for c in value if c in BIDI_CONTROLS), None):
+    elif bidi := bidi_control(value):  # "Trojan Source" (studio.parsing.BIDI_CONTROLS)
         problem = f"a path cannot contain bidirectional control characters (here U+{ord(bidi):04X}): they make a name display as something it is not"
     if problem:
         raise BadRequest(f"{value!r} is not an allowed path." if isinstance(value, str) else "The path is not allowed.", [Finding(field, problem)])
