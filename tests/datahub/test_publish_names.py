@@ -2,6 +2,7 @@
 "Experiment" used to give experiment-…-run<id>, a name create_repo keeps for experiments' repos, so the
 publish raised in the worker, the run's log said nothing and its Overview called the repo "deleted".
 A publish that a Data Hub rule refuses says so in the run's log and on its Overview."""
+
 from __future__ import annotations
 
 import re
@@ -54,7 +55,7 @@ def test_a_run_named_experiment_publishes_its_model_outside_the_experiments_name
     head = repos.resolve(repo, "main")
     assert PUBLISH_RE.match(head.message) and set(repos.tree(head)) == {"model.safetensors", "README.md"}
     assert Checkpoint.objects.get(pk=final.pk).publish_error == ""
-    assert f'<code>acme/{expected}</code></a>' in published_line(browser, run)
+    assert f"<code>acme/{expected}</code></a>" in published_line(browser, run)
     models = browser("owner").get("/models/").content.decode()
     assert f"/hub/acme/{expected}" in models and f"/training/runs/{run.pk}/" in models  # the Models page pairs it with the run
 
@@ -82,7 +83,7 @@ def test_a_publish_a_data_hub_rule_refuses_is_in_the_run_log_and_on_the_overview
     repos.delete_repo(repos.find_repo(project, model_repo_name(run).upper()))
     assert commit_checkpoint(final.pk) is not None
     assert Checkpoint.objects.get(pk=final.pk).publish_error == ""
-    assert f'<code>acme/{model_repo_name(run)}</code></a>' in published_line(browser, run)
+    assert f"<code>acme/{model_repo_name(run)}</code></a>" in published_line(browser, run)
 
 
 def test_a_run_whose_publish_the_old_name_refused_is_not_called_deleted_after_the_upgrade(api, project, browser, final_of):

@@ -1,5 +1,6 @@
 """A built-in environment has one version, `main`: create and PATCH (400) and START (422) refuse any
 other @ref on config.environment_id, which used to be stored and then trained on main regardless."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,13 +1,16 @@
 """Checkpoint.publish_error, and its value for the runs whose publish the old model repo name made
 fail: a run named "Experiment…" had its model repo named experiment-…-run<id>, which create_repo keeps
 for experiments' repos, so nothing was published and the Overview called the repo "deleted"."""
+
 from __future__ import annotations
 
 from django.db import migrations, models
 from django.utils.text import slugify
 
-REFUSED = ("its model repo name {name} started with experiment-, kept for the experiments' own repos, so no repo was made "
-           "(a Studio since fixed: a run named so now publishes to model-{name})")
+REFUSED = (
+    "its model repo name {name} started with experiment-, kept for the experiments' own repos, so no repo was made "
+    "(a Studio since fixed: a run named so now publishes to model-{name})"
+)
 
 
 def mark_refused_publishes(apps, schema_editor):
@@ -21,7 +24,6 @@ def mark_refused_publishes(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ("training", "0015_generation"),
         ("datahub", "0007_repo_name_any_case"),
