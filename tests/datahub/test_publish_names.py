@@ -12,7 +12,7 @@ import pytest
 from datahub import repos
 from datahub.models import Repo
 from datahub.services import PUBLISH_RE, commit_checkpoint, create_run_branch, model_repo_name
-from tests.conftest import sft_body
+from tests.conftest import sft_body, wait_for
 from training.models import Checkpoint, LogLine, Status, TrainingRun
 
 
@@ -105,3 +105,28 @@ def test_a_run_whose_publish_the_old_name_refused_is_not_called_deleted_after_th
     assert Checkpoint.objects.get(pk=published.pk).publish_error == ""
     overview = published_line(browser, refused.run)
     assert "(deleted)" not in overview and "failed" in overview, overview
+
+
+@pytest.mark.worker
+def test_the_qa_repro_a_run_named_experiment_trains_and_publishes_its_model(api, project, browser, studio_worker, tiny_models):
+    """The QA round's repro on the local backend (a real Celery worker and engine): the run finished,
+    the worker logged BadRequest("'experiment-1-run43' is an experiment's repo name."), no model repo."""
+    body = {
+        "name": "Experiment 1 \u2713",
+        "method": "sft",
+        "base_model": tiny_models["student"],
+        "dataset": tiny_models["data_sft"],
+        "config": {"max_steps": 3, "learning_rate": 5e-3, "per_device_train_batch_size": 8, "max_length": 64},
+    }
+    run_id = api.post("/api/training-runs", body).json()["id"]
+    assert api.post(f"/api/training-runs/{run_id}/start").status_code == 202
+    run = wait_for(
+        lambda: TrainingRun.objects.filter(pk=run_id, status__in=(Status.COMPLETED, Status.FAILED)).first(), 300, interval=0.5, message="the run to end"
+    )
+    assert run.status == Status.COMPLETED, (run.error, list(run.log_lines.values_list("line", flat=True))[-30:])
+    name = f"model-experiment-1-run{run_id}"
+    published = wait_for(
+        lambda: (repo := repos.find_repo(project, name)) and PUBLISH_RE.match(repos.resolve(repo, "main").message), 60, message=f"the publish commit on {name}"
+    )
+    assert int(published[1]) == run_id
+    assert f"<code>acme/{name}</code></a>" in published_line(browser, run)
