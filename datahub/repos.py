@@ -29,22 +29,23 @@ from django.utils import timezone
 
 from datahub.models import NAME_PATTERN, Blob, Branch, Commit, Repo, RepoType, Tag, TreeEntry, UploadSession
 from studio.errors import BadRequest, Conflict, Finding, NotFound
-from studio.parsing import control_character, invisible
+from studio.parsing import bidi_control, control_character, invisible
 
 MAIN = "main"
 NAME_RE = re.compile(NAME_PATTERN)
 COMMIT_RE = re.compile(r"^[0-9a-f]{7,40}$")
 FULL_COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 MAX_PATH = 1024
-# What a file a person adds may be called (clean_new_path): a folder or file name of at most 255
-# bytes, NAME_MAX of ext4, xfs, btrfs and APFS, beyond which huggingface_hub's download and the
-# engine's checkout fail ("File name too long"); and at most 1024 bytes in all, so that the path
-# fits in PATH_MAX (4096) under a cache folder, whatever characters it has.
-MAX_NAME_BYTES = 255
+# What a file a person adds may be called (clean_new_path): a folder or file name of at most 246
+# bytes, and at most 1024 bytes in all, so that the path fits in PATH_MAX (4096) under a cache
+# folder, whatever characters it has. 246 is NAME_MAX of ext4, xfs, btrfs and APFS (255) less the
+# longest suffix huggingface_hub's download into a local_dir adds to a name, `.metadata` (9 bytes:
+# it writes .cache/huggingface/download/<path>.metadata and <path>.lock beside each file, and its
+# `.incomplete` files are named by a hash); a longer name fails there, or in the engine's checkout,
+# with "File name too long".
+HF_LONGEST_SUFFIX = ".metadata"
+MAX_NAME_BYTES = 255 - len(HF_LONGEST_SUFFIX)
 MAX_PATH_BYTES = 1024
-# Bidi embeddings, overrides and isolates (U+202A-U+202E, U+2066-U+2069): a name holding one shows
-# its characters in another order than they are stored ("Trojan Source", CVE-2021-42574).
-BIDI_CONTROLS = frozenset(map(chr, [*range(0x202A, 0x202F), *range(0x2066, 0x206A)]))
 
 
 class RefNotFound(NotFound):
@@ -120,7 +121,7 @@ def clean_path(value: Any, field: str = "path") -> str:
         problem = "a path cannot contain '..', '.' or empty segments"
     elif control_character(value) is not None:
         problem = "a path cannot contain control characters"
-    elif bidi := next((c for c in value if c in BIDI_CONTROLS), None):
+    elif bidi := bidi_control(value):  # "Trojan Source" (studio.parsing.BIDI_CONTROLS)
         problem = f"a path cannot contain bidirectional control characters (here U+{ord(bidi):04X}): they make a name display as something it is not"
     if problem:
         raise BadRequest(f"{value!r} is not an allowed path." if isinstance(value, str) else "The path is not allowed.", [Finding(field, problem)])
@@ -143,8 +144,8 @@ def clean_new_path(value: Any, field: str = "path") -> str:
     elif any(invisible(part) for part in path.split("/")):
         problem = "each folder or file name in a path needs a visible character: one here has only spaces or invisible formatting characters (such as U+200B or U+FEFF)"
     elif long is not None:
-        problem = (f"each folder or file name in a path is at most {MAX_NAME_BYTES} bytes (UTF-8), as on the disks that downloads are "
-                   f"written to; {long[:24]}… is {len(long.encode())} bytes: shorten it")
+        problem = (f"each folder or file name in a path is at most {MAX_NAME_BYTES} bytes (UTF-8): a disk's limit of 255, less the "
+                   f"{HF_LONGEST_SUFFIX} that huggingface_hub's download adds beside each file; {long[:24]}… is {len(long.encode())} bytes: shorten it")
     elif size > MAX_PATH_BYTES:
         problem = f"a path is at most {MAX_PATH_BYTES} bytes (UTF-8) in all; this one is {size} bytes: shorten it or use fewer folders"
     if problem:

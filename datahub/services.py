@@ -39,7 +39,7 @@ from datahub.commits import FileSource, commit_blobs, commit_files, commit_files
 from datahub.models import Branch, Commit, Repo, RepoType, Tag, TreeEntry
 from datahub.repos import MAIN, get_or_create_repo
 from experiments.models import Experiment
-from studio.errors import BadRequest, Conflict, Finding, counted
+from studio.errors import ApiError, BadRequest, Conflict, Finding, counted
 
 log = logging.getLogger(__name__)
 
@@ -591,12 +591,42 @@ def checkpoint_folder(checkpoint) -> Path | None:
 
 
 def _publish(run, checkpoint) -> None:
+    from training.models import Checkpoint
+
     try:
-        publish_model(run, checkpoint)
+        published = publish_model(run, checkpoint)
     except OSError as exc:
         if not storage.disk_full(exc):
             raise  # transient I/O: the task retries, and publishes the commit it recorded
         storage_full(run, checkpoint, exc)
+    except ApiError as exc:  # a Data Hub rule refused the repo or its files: a retry would meet it again
+        publish_failed(run, checkpoint, exc)
+    else:
+        if published is not None:
+            Checkpoint.objects.filter(pk=checkpoint.pk).exclude(publish_error="").update(publish_error="")
+
+
+def publish_failed(run, checkpoint, exc: ApiError) -> None:
+    """Say in the run's log, and on its Overview (Checkpoint.publish_error), that its result was not
+    published and why; its files stay on its branch. Without this the worker's log alone had it, and
+    the Overview called the repo that was never made "deleted"."""
+    from training.models import Checkpoint
+    from training.services import add_log
+
+    reason = "; ".join([exc.detail.rstrip("."), *(finding.message for finding in exc.errors)])
+    log.warning("run %s: checkpoint %s not published: %s", run.pk, checkpoint.pk, reason)
+    Checkpoint.objects.filter(pk=checkpoint.pk).update(publish_error=reason[:PUBLISH_ERROR_MAX])
+    add_log(run, f"[studio] {checkpoint.kind} (step {checkpoint.step}) of attempt {checkpoint.attempt} not published to model repo "
+                 f"{run.project.slug}/{model_repo_name(run)}: {reason}; its files are on branch {run_branch_name(run)}")
+
+
+def publish_failure(run) -> str:
+    """Why the run's newest final or merged weights were not published (publish_failed), else ""."""
+    from training.models import Checkpoint
+
+    failed = (Checkpoint.objects.filter(run_id=run.pk, kind__in=MODEL_KINDS).exclude(commit="")
+              .order_by("-created_at", "-pk").values_list("publish_error", flat=True).first())
+    return failed or ""
 
 
 def checkpoint_label(checkpoint, prefix: str) -> str:
@@ -677,6 +707,7 @@ def left_over_files(checkpoint, repo: Repo, ref: str, prefix: str, files: Mappin
 
 
 MODEL_KINDS = ("final", "merged")  # a full fine-tune's final weights; a LoRA run's merged model
+PUBLISH_ERROR_MAX = 500  # Checkpoint.publish_error's column
 CARD_METRICS = ("loss", "eval_loss", "reward", "kd_loss")
 MODEL_REPO_RE = re.compile(r"-run(\d+)$")
 
@@ -687,10 +718,19 @@ PUBLISH_MESSAGE = "Publish {kind} model from run #{run} (step {step})"
 PUBLISH_RE = re.compile(r"Publish \w+ model from run #(\d+) \(step \d+\)")
 
 
+# What a run's model repo name starts with when its name would start with repos.EXPERIMENT_PREFIX,
+# kept for the experiments' own repos (create_repo refuses a model repo named so).
+MODEL_PREFIX = "model-"
+
+
 def model_repo_name(run) -> str:
+    """The run's model repo: `<slug of its name>-run<id>`, or `model-experiment-…-run<id>` for a run
+    whose name starts "Experiment" (its slug is in the experiments' repo namespace). What makes a repo
+    the run's is its `-run<id>` and its publish commit (publishing_runs), not the rest of the name."""
     from django.utils.text import slugify
 
-    return f"{(slugify(run.name) or 'model')[:100].strip('-_') or 'model'}-run{run.pk}"
+    name = f"{(slugify(run.name) or 'model')[:100].strip('-_') or 'model'}-run{run.pk}"
+    return MODEL_PREFIX + name if name.lower().startswith(repos.EXPERIMENT_PREFIX) else name
 
 
 def publishing_runs(repos: Iterable[Repo]) -> dict[int, int]:
@@ -779,8 +819,9 @@ def model_repo_deleted(run, checkpoint=None) -> bool:
     a person deleted it, and making it again would bring back a repo they removed."""
     from training.models import Checkpoint
 
-    published = [earlier for earlier in Checkpoint.objects.filter(run_id=run.pk, kind__in=MODEL_KINDS).exclude(commit="").exclude(pk=getattr(checkpoint, "pk", None))
-                 if not is_earlier_merge(earlier)]
+    # A checkpoint whose publish failed (publish_error) made no repo: none was deleted.
+    published = [earlier for earlier in Checkpoint.objects.filter(run_id=run.pk, kind__in=MODEL_KINDS, publish_error="").exclude(commit="")
+                 .exclude(pk=getattr(checkpoint, "pk", None)) if not is_earlier_merge(earlier)]
     return bool(published) and not published_repos(run)
 
 

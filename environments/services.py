@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 CATALOGUE_DIR = Path(__file__).resolve().parent / "catalogue"
 ENGINE_BUILTINS = {"builtin/arith": "Two-number addition with a dense per-digit reward (ships with the engine)."}
 FIELD = "config.environment_id"
+MAIN_REF = "main"  # the one version of a built-in environment (builtin_ref_findings)
 CONFIG_FILE = "config.py"
 SKIP_PARTS = {"__pycache__", ".git"}
 
@@ -47,7 +48,7 @@ class CatalogueEntry:
 
     @property
     def environment_id(self) -> str:
-        return f"builtin/{self.name}@main"
+        return f"builtin/{self.name}@{MAIN_REF}"
 
     def files(self) -> dict[str, bytes]:
         return package_files_from_dir(self.directory)
@@ -527,6 +528,8 @@ def environment_findings(draft, image_has: Callable[[str], bool]) -> list[Findin
     env_id = _environment_id(draft)
     if env_id is None:
         return []  # not Environment mode, or the GRPO method check reports a missing environment_id
+    if findings := builtin_ref_findings(draft):  # a run stored before the rule
+        return findings
     name = env_id.split("@", 1)[0]
     backend = (draft.compute or {}).get("backend", "local") if isinstance(draft.compute, dict) else "local"
     where = "this machine's trainer environment" if backend == "local" else f"the {backend} trainer image"
@@ -544,6 +547,21 @@ def environment_findings(draft, image_has: Callable[[str], bool]) -> list[Findin
     if not files:
         return [Finding(FIELD, f"{env_id} is empty: push a package whose __init__.py exposes load_environment(**kwargs)")]
     return static_findings(files, image_has, where=where)
+
+
+def builtin_ref_findings(draft) -> list[Finding]:
+    """A built-in environment named at a version it does not have, as create, PATCH and START check
+    it. Built-ins (the catalogue's, the engine's builtin/arith) are not versioned: the only ref is
+    `main` (CatalogueEntry.environment_id), and a bare `builtin/<name>` means the same; any other
+    ref would train on main while the run's config says otherwise."""
+    env_id = _environment_id(draft)
+    if env_id is None or not env_id.startswith("builtin/") or "@" not in env_id:
+        return []
+    name, ref = env_id.split("@", 1)
+    if ref == MAIN_REF:
+        return []
+    return [Finding(FIELD, f"{env_id!r}: built-in environments are not versioned and have only @{MAIN_REF}: write {name}@{MAIN_REF}, "
+                           "or fork it into your project to pin a version of your own")]
 
 
 def _environment_id(draft) -> str | None:

@@ -10,7 +10,7 @@ from datahub.services import provision_experiment_repo
 from experiments.models import Experiment
 from studio.errors import BadRequest, Conflict, Finding
 from studio.models import Project
-from studio.parsing import ascii_int, control_character
+from studio.parsing import ascii_int, control_character, hidden_character_problem
 
 DEFAULT_EXPERIMENT = "default"
 NAME_MAX = Experiment._meta.get_field("name").max_length
@@ -25,6 +25,8 @@ def create_experiment(project: Project, name: str) -> Experiment:
         raise BadRequest(errors=[Finding("name", f"an experiment name has at most {NAME_MAX} characters; this one has {len(name)}")])
     if (control := control_character(name)) is not None:
         raise BadRequest(errors=[Finding("name", f"an experiment name is one line of text: remove the control character U+{ord(control):04X} (a newline or tab, say)")])
+    if hidden := hidden_character_problem(name, "an experiment name"):
+        raise BadRequest(errors=[Finding("name", hidden)])
     if not slug:
         # The slug names the experiment's Data Hub repo (experiment-<slug>), which allows ASCII only.
         raise BadRequest(errors=[Finding("name", f"{name!r} has no ASCII letter or digit: the name becomes a Data Hub repo name, which keeps only "

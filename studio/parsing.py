@@ -10,6 +10,34 @@ def control_character(text: str) -> str | None:
     return next((c for c in text if ord(c) < 32 or 0x7F <= ord(c) <= 0x9F), None)
 
 
+# Bidi embeddings, overrides and isolates (U+202A-U+202E, U+2066-U+2069): a name holding one shows
+# its characters in another order than they are stored ("Trojan Source", CVE-2021-42574).
+BIDI_CONTROLS = frozenset(map(chr, [*range(0x202A, 0x202F), *range(0x2066, 0x206A)]))
+
+
+def bidi_control(text: str) -> str | None:
+    """The first bidi control character (BIDI_CONTROLS) in `text`, else None."""
+    return next((c for c in text if c in BIDI_CONTROLS), None)
+
+
+def hidden_character(text: str) -> str | None:
+    """The first character of `text` that changes how it shows without showing itself, else None: a
+    bidi control (BIDI_CONTROLS), or any other format character (Unicode category Cf: the zero-width
+    space, joiners and non-joiner, LRM/RLM, the word joiner, the byte order mark, the soft hyphen). In
+    a name, one makes "\u202eevil.exe" read "exe.live", or `x` and `x\u200b` two names that look alike."""
+    return next((c for c in text if c in BIDI_CONTROLS or unicodedata.category(c) == "Cf"), None)
+
+
+def hidden_character_problem(text: str, what: str) -> str | None:
+    """What a name field says of hidden_character(text): `what` ("a run name") cannot hold it, by code point."""
+    c = hidden_character(text)
+    if c is None:
+        return None
+    effect = ("a bidirectional control, which shows the characters after it in another order" if c in BIDI_CONTROLS
+              else "an invisible character, which makes two different names look the same")
+    return f"{what} cannot contain U+{ord(c):04X} ({unicodedata.name(c, 'a format character')}), {effect}: remove it"
+
+
 # Letters and symbols that render as blank space: the Hangul fillers, the Braille blank, and the
 # combining grapheme joiner (a mark that draws nothing).
 BLANK_CHARACTERS = frozenset("\u115f\u1160\u3164\uffa0\u2800\u034f")

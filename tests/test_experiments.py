@@ -225,3 +225,11 @@ def test_compare_never_shows_another_projects_runs_or_experiment(api, api_as, co
     body = assert_error(api.get(f"/api/experiments/{experiment.pk}/compare", runs=str(theirs.pk)), 400, "runs")
     assert body["errors"][0]["message"].startswith(f"no run #{theirs.pk} in this experiment") and "plugh" not in str(body)
     assert_error(api_as("outsider").get(f"/api/experiments/{experiment.pk}/compare"), 404)
+
+
+@pytest.mark.parametrize(("name", "code"), [("\u202eevil.exe", "U+202E"), ("tone\u200b", "U+200B"), ("a\u200dsweep", "U+200D")])
+def test_a_name_with_a_bidi_control_or_an_invisible_character_is_400_naming_it(api, project, name, code):
+    before = list(Experiment.objects.values_list("pk", flat=True))
+    body = assert_error(api.post("/api/experiments", {"name": name}), 400, "name")
+    assert f"an experiment name cannot contain {code}" in body["errors"][0]["message"], body
+    assert list(Experiment.objects.values_list("pk", flat=True)) == before

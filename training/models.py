@@ -214,6 +214,9 @@ class Checkpoint(models.Model):
     # folder on the branch: this commit still has this attempt's files. Empty until committed, and for
     # a checkpoint that never was (no folder on this machine, a full disk) or was before this was kept.
     commit = models.CharField(max_length=40, blank=True, default="")
+    # Why this final or merged checkpoint, committed, was not published to the run's model repo (a
+    # Data Hub rule refused it: datahub.services.publish_failed); empty once published, or never tried.
+    publish_error = models.CharField(max_length=500, blank=True, default="")
 
     class Meta:
         ordering = ["step", "id"]

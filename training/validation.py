@@ -15,9 +15,9 @@ from django.conf import settings
 from datahub.datasets import RULER, RowNeeds, RowsCheck, entries_findings, local_check
 from datahub.models import Repo
 from datahub.refs import dataset_findings, dataset_refs, ref_findings, ruler_dataset_findings, run_refs
-from environments.services import dataset_row_needs, environment_findings
+from environments.services import builtin_ref_findings, dataset_row_needs, environment_findings
 from studio.errors import BadRequest, Finding
-from studio.parsing import control_character, invisible
+from studio.parsing import control_character, hidden_character_problem, invisible
 from training.backends import get_backend
 from training.chat_templates import template_findings
 from training.compute import GPU_MEMORY_GIB, accelerators_of, check_compute, normalise_compute, precision_findings
@@ -62,6 +62,7 @@ def validate_draft(draft: Draft) -> Draft:
         draft.config = normalise_block(draft.config, {**method.trl_keys(), **method.known_keys()})
         findings += method.create_findings(draft)
         findings += foreign_ref_findings(draft)
+        findings += builtin_ref_findings(draft)
         findings += liger_findings(draft)
         findings += single_gpu_findings(draft)
     if findings:
@@ -86,7 +87,7 @@ def foreign_ref_findings(draft: Draft) -> list[Finding]:
 
 def name_findings(name: Any) -> list[Finding]:
     """A run's name, as create, PATCH and the form check it: 1 to 200 characters once trimmed, one
-    line, with something to see."""
+    line, with something to see, and nothing that changes how it shows (hidden_character_problem)."""
     if not isinstance(name, str) or not name.strip():
         return [Finding("name", "give the run a name (1 to 200 characters)")]
     if len(name.strip()) > NAME_MAX:
@@ -97,6 +98,8 @@ def name_findings(name: Any) -> list[Finding]:
     if invisible(name):
         return [Finding("name", "a run name needs a visible character: this one has only invisible formatting characters "
                                 f"({', '.join(f'U+{ord(c):04X}' for c in dict.fromkeys(name.strip()))}), which show as nothing")]
+    if hidden := hidden_character_problem(name, "a run name"):
+        return [Finding("name", hidden)]
     return []
 
 

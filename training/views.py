@@ -267,11 +267,14 @@ def live_context(run: TrainingRun) -> dict[str, Any]:
 
 
 def published_context(run: TrainingRun) -> dict[str, Any]:
-    """The Overview's Published model: its repo, or once that was deleted its name, marked deleted
-    (the line used to vanish, as if the run had published nothing)."""
+    """The Overview's Published model: its repo; why it was not published, when a Data Hub rule refused
+    it (the run's log says so too); or once it was deleted its name, marked deleted (the line used to
+    vanish, as if the run had published nothing). A repo whose publish failed was never made: not "deleted"."""
     published = published_model(run)
-    deleted = f"{run.project.slug}/{hub.model_repo_name(run)}" if published is None and hub.model_repo_deleted(run) else ""
-    return {"published": published, "published_deleted": deleted}
+    failed = hub.publish_failure(run) if published is None else ""
+    deleted = f"{run.project.slug}/{hub.model_repo_name(run)}" if published is None and not failed and hub.model_repo_deleted(run) else ""
+    return {"published": published, "published_deleted": deleted, "publish_failed": failed,
+            "publish_repo": f"{run.project.slug}/{hub.model_repo_name(run)}"}
 
 
 def published_model(run: TrainingRun) -> Repo | None:

@@ -17,9 +17,11 @@ def put(api, upload_id, index, offset, data: bytes):
 
 
 @pytest.mark.parametrize(("path", "says"), [
-    ("x" * 300 + ".txt", "each folder or file name in a path is at most 255 bytes"),
+    ("x" * 300 + ".txt", "each folder or file name in a path is at most 246 bytes"),
+    ("x" * 247, "is 247 bytes"),  # fits a disk, but not huggingface_hub's <name>.metadata beside it
+    ("data/" + "x" * 251 + ".txt", "less the .metadata that huggingface_hub's download adds"),  # 255 bytes
     ("data/" + "é" * 128 + ".jsonl", "is 262 bytes"),  # 135 characters, but 262 bytes in UTF-8
-    ("d" * 256 + "/train.jsonl", "at most 255 bytes"),  # a folder's name too
+    ("d" * 247 + "/train.jsonl", "at most 246 bytes"),  # a folder's name too
     ("/".join(["é" * 100] * 6) + "/f", "a path is at most 1024 bytes (UTF-8) in all"),  # 607 characters, 1207 bytes
 ])
 def test_a_path_no_disk_can_hold_is_refused_at_upload_naming_it(api, dataset_repo, path, says):
@@ -30,8 +32,8 @@ def test_a_path_no_disk_can_hold_is_refused_at_upload_naming_it(api, dataset_rep
     assert repos.resolve(dataset_repo, "main") == head
 
 
-def test_names_up_to_255_bytes_upload(api, dataset_repo):
-    path = "d" * 255 + "/" + "é" * 127 + "x"  # 255 bytes each
+def test_names_up_to_246_bytes_upload(api, dataset_repo):
+    path = "d" * 246 + "/" + "é" * 122 + "xx"  # 246 bytes each
     upload = api.post(URL, {"files": [{"path": path, "size": 2}]})
     assert upload.status_code == 201, upload.content
     assert put(api, upload.json()["id"], 0, 0, b"ok").json()["complete"] is True
@@ -45,7 +47,7 @@ def test_a_session_opened_before_the_rule_is_refused_at_commit(api, dataset_repo
     assert put(api, upload_id, 0, 0, b"ok").json()["complete"] is True
     head = repos.resolve(dataset_repo, "main")
     body = assert_error(api.post(f"/api/hub/uploads/{upload_id}/commit"), 400, "files[0].path")
-    assert "at most 255 bytes" in body["errors"][0]["message"], body
+    assert "at most 246 bytes" in body["errors"][0]["message"], body
     assert repos.resolve(dataset_repo, "main") == head
     assert UploadSession.objects.get().state == UploadSession.State.OPEN
 
@@ -68,3 +70,17 @@ def test_a_git_folder_or_file_is_refused_at_upload_as_dot_dot_is(api, dataset_re
     assert repos.resolve(dataset_repo, "main") == head
     # names that only start or end like it are fine
     assert api.post(URL, {"files": [{"path": ".gitignore", "size": 1}, {"path": "x.git/a", "size": 1}, {"path": "git/a", "size": 1}]}).status_code == 201
+
+
+def test_a_name_of_246_bytes_downloads_with_huggingface_hub_into_a_local_dir(transactional_db, live_server, api, dataset_repo, tokens, tmp_path):
+    """The longest name an upload takes is one huggingface_hub can write with its <name>.metadata and
+    <name>.lock beside it (under local_dir/.cache/huggingface/download/); 247 bytes and more fail there."""
+    from huggingface_hub import snapshot_download
+
+    name = "n" * 240 + ".jsonl"
+    upload = api.post(URL, {"files": [{"path": name, "size": 2}]})
+    assert upload.status_code == 201, upload.content
+    assert put(api, upload.json()["id"], 0, 0, b"ok").json()["complete"] is True
+    assert api.post(f"/api/hub/uploads/{upload.json()['id']}/commit").status_code == 200
+    folder = snapshot_download("acme/hub-data", repo_type="dataset", endpoint=f"{live_server.url}/hub", token=tokens["owner"], local_dir=tmp_path / "local")
+    assert (tmp_path / "local" / name).read_bytes() == b"ok" and folder == str(tmp_path / "local")

@@ -947,25 +947,29 @@ def test_new_run_distill_leaves_ce_weight_blank_so_it_follows_kd_weight(project,
 
 def test_a_right_to_left_run_name_is_isolated_from_its_id(project, users):
     client = client_for(users["owner"])
-    run = make_run(project, users["owner"], "sft", name="\u202eabc")
-    assert f"<h1><bdi>\u202eabc</bdi> <span class=\"muted\">#{run.pk}</span>" in client.get(f"/training/runs/{run.pk}/").content.decode()
+    run = make_run(project, users["owner"], "sft", name="\u05e9\u05dc\u05d5\u05dd 2")  # Hebrew: a bidi override is refused since
+    assert f"<h1><bdi>\u05e9\u05dc\u05d5\u05dd 2</bdi> <span class=\"muted\">#{run.pk}</span>" in client.get(f"/training/runs/{run.pk}/").content.decode()
     assert "td.name > a { unicode-bidi: isolate; }" in (Path(__file__).resolve().parents[2] / "static/css/studio.css").read_text()
 
 
-BIDI_NAME = "\u202egrpo-sys"  # RIGHT-TO-LEFT OVERRIDE: accepted, as the name has visible characters
+BIDI_NAME = "\u202egrpo-sys"  # RIGHT-TO-LEFT OVERRIDE: refused since, but a run stored before may have it
+
+
+def test_new_run_refuses_a_bidi_override_in_the_name_naming_it(project, users):
+    response = client_for(users["owner"]).post("/training/new/", {
+        "name": BIDI_NAME, "method": "grpo", "experiment": "", "base_model": "org/base", "dataset": "",
+        "config.rl_mode": "environment", "config.environment_id": "builtin/arith@main", "compute.backend": "local", "config_text": "",
+    })
+    html = response.content.decode()
+    assert response.status_code == 400 and 'id="f-name-errors"' in html, html[:2000]
+    assert "a run name cannot contain U+202E (RIGHT-TO-LEFT OVERRIDE)" in html
+    assert not project.runs.exists()
 
 
 def test_a_bidi_override_in_a_run_name_stays_inside_the_name_in_the_studios_messages(project, users):
     client = client_for(users["owner"])
-    response = client.post("/training/new/", {
-        "name": BIDI_NAME, "method": "grpo", "experiment": "", "base_model": "org/base", "dataset": "",
-        "config.rl_mode": "environment", "config.environment_id": "builtin/arith@main", "compute.backend": "local", "config_text": "",
-    }, follow=True)
-    html = response.content.decode()
-    assert response.status_code == 200, html[:2000]
-    assert f"Run \u2068{BIDI_NAME}\u2069 is queued. Press START when it is ready." in html
-    run = project.runs.get(name=BIDI_NAME)
-    TrainingRun.objects.filter(pk=run.pk).update(status=Status.RUNNING)
+    run = make_run(project, users["owner"], "grpo", name="grpo-sys")
+    TrainingRun.objects.filter(pk=run.pk).update(name=BIDI_NAME, status=Status.RUNNING)  # as a Studio before the rule stored it
     assert f"Stop \u2068{BIDI_NAME}\u2069? Partial training" in client.get(f"/training/runs/{run.pk}/").content.decode()
     TrainingRun.objects.filter(pk=run.pk).update(status=Status.CANCELLED)
     html = client.get(f"/training/runs/{run.pk}/").content.decode()
