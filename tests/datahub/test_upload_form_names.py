@@ -53,7 +53,7 @@ def test_a_name_with_what_reads_as_an_entity_is_committed_as_sent(browser, ds, n
     ("name", "says"),
     [
         ("a\\b.txt", "a\\b.txt: use forward slashes"),
-        ("x" * 300 + ".txt", "at most 255 bytes"),
+        ("x" * 300 + ".txt", "at most 246 bytes"),
         ("100%22 sure.txt", "browsers send a quote or a line break in a file name as %22"),
     ],
 )
