@@ -5,8 +5,10 @@ written by datahub.repos and datahub.commits):
 - create_run_branch: each run is a branch `run-<id>` in its experiment's repo, made at create time;
   delete_branch refuses it while the run exists, and remove_empty_run_branch drops it with its run
   when nothing was committed to it.
-- record_checkpoint: a reported checkpoint's directory is committed to `run-<id>` by a Celery task.
-- publish_model: a run's final or merged weights become a model repo with a card (the Models page).
+- record_checkpoint: a reported checkpoint's directory is committed to `run-<id>` by a Celery task,
+  with the run's metrics, rollouts and settings as of its step (datahub.run_record).
+- publish_model: a run's final or merged weights become a model repo with a card and its settings
+  (the Models page).
 - storage_full: a full blob storage fails the run with what to do.
 - delete_repo / delete_branch / delete_tag: a repo, branch or tag goes only while no live run
   uses it (repo_uses / ref_uses say how a run does).
@@ -20,7 +22,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import json
 import logging
 import re
 import time
@@ -28,13 +29,13 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from datahub import refs, repos, storage
+from datahub import refs, repos, run_record, storage
 from datahub.commits import FileSource, commit_blobs, commit_files, commit_files_on
 from datahub.models import Branch, Commit, Repo, RepoType, Tag, TreeEntry
 from datahub.repos import MAIN, get_or_create_repo
@@ -520,8 +521,13 @@ def _commit_checkpoint(checkpoint) -> Commit | None:
         if path.is_symlink() or not path.is_file():
             continue  # a symlink could point anywhere on this machine
         files[f"{prefix}/{path.relative_to(root).as_posix()}"] = path
-    if checkpoint.kind in ("final", "adapter"):  # the run's end: a full fine-tune's weights, or a LoRA run's adapter
-        files["metrics.jsonl"] = metrics_export(run)
+    note = ""
+    if not earlier_merge:
+        # metrics.jsonl, (GRPO) rollouts.jsonl and training_config.json as of this step, with every
+        # checkpoint: a run stopped or failed after it has them on its branch too. A Merge of an earlier
+        # step goes at the branch's head, whose files are newer, and leaves them as they are.
+        extra, note = run_record.branch_files(run, checkpoint)
+        files.update(extra)
     repo = kept_run_repo(run)
     if repo is None:
         not_committed(run, checkpoint, label)
@@ -553,13 +559,13 @@ def _commit_checkpoint(checkpoint) -> Commit | None:
             later_label = f"{checkpoint_label(later, checkpoint_prefix(later, is_earlier_merge(later)))} of attempt {later.attempt}"
             commit = commit_files_on(repo, base, files, author=run.created_by, delete=left_over_files(checkpoint, repo, base.pk, prefix, files),
                                      message=f"{message}, committed after {later_label}: on the commit before that one, off {run_branch_name(run)}, "
-                                             "so that it holds no later weights")
+                                             f"so that it holds no later weights{note}")
             from training.services import add_log
 
             add_log(run, f"[studio] {label} of attempt {checkpoint.attempt} was committed after {later_label}: its commit {commit.pk[:10]} holds it "
                          f"on the commit before that one, off branch {run_branch_name(run)}, whose head does not have its files")
         else:
-            commit = commit_files(repo, run_branch_name(run), files, message=message, author=run.created_by,
+            commit = commit_files(repo, run_branch_name(run), files, message=message + note, author=run.created_by,
                                   delete=left_over_files(checkpoint, repo, run_branch_name(run), prefix, files))
         # The commit that holds this attempt's files, also once a later attempt's step replaces them on the branch.
         Checkpoint.objects.filter(pk=checkpoint.pk).update(commit=commit.pk)
@@ -708,7 +714,6 @@ def left_over_files(checkpoint, repo: Repo, ref: str, prefix: str, files: Mappin
 
 MODEL_KINDS = ("final", "merged")  # a full fine-tune's final weights; a LoRA run's merged model
 PUBLISH_ERROR_MAX = 500  # Checkpoint.publish_error's column
-CARD_METRICS = ("loss", "eval_loss", "reward", "kd_loss")
 MODEL_REPO_RE = re.compile(r"-run(\d+)$")
 
 
@@ -754,43 +759,6 @@ def published_repos(run) -> list[Repo]:
     return sorted((r for r in candidates if r.pk in published), key=lambda r: r.name != model_repo_name(run))
 
 
-def final_metrics(run) -> dict[str, float]:
-    """The last value of each headline metric the run logged (loss, reward, kd_loss...)."""
-    from training.models import MetricPoint
-
-    out = {}
-    for key in CARD_METRICS:
-        point = MetricPoint.objects.filter(run=run, key=key).order_by("-step").values_list("value", flat=True).first()
-        if point is not None:
-            out[key] = point
-    return out
-
-
-def model_card(run, checkpoint) -> str:
-    from django.conf import settings
-
-    pinned = run.pinned or {}
-    base = pinned.get("base_model")
-    base_line = f"{run.base_model} (pinned {base['repo']}@{base['commit'][:12]})" if base else (run.base_model or "unknown")
-    items = run.dataset if isinstance(run.dataset, list) else ([run.dataset] if run.dataset else [])
-    # START's check_dataset let through only entries whose ref is a string
-    data = [(cast(str, i.get("ref")) if isinstance(i, dict) else str(i)) for i in items]
-    metrics = final_metrics(run)
-    run_url = f"{getattr(settings, 'STUDIO_PUBLIC_URL', '').rstrip('/')}/training/runs/{run.pk}/"
-    source = f"{run_repo(run).full_name}@{run_branch_name(run)}"
-    lines = [
-        "---", f"base_model: {run.base_model}", "library_name: transformers", "tags: [studio, " + run.method + "]", "---", "",
-        f"# {run.name}", "", f"Fine-tuned by Studio run #{run.pk}.", "",
-        f"- **Base model:** {base_line}", f"- **Method:** {run.method}",
-        f"- **Datasets:** {', '.join(data) or 'none'}",
-        f"- **Weights:** {checkpoint.kind} (step {checkpoint.step})",
-        f"- **Run:** [{run.name}]({run_url})", f"- **Source branch:** {source}", "",
-        "## Final metrics", "",
-    ]
-    lines += [f"- {k}: {v:.4g}" for k, v in metrics.items()] or ["No metrics logged."]
-    return "\n".join(lines) + "\n"
-
-
 def publish_model(run, checkpoint) -> Commit | None:
     """Commit a run's final (or merged) weights to the project's model repo `<run-name>-run<id>`
     on main with a README.md model card: the Models page entry. Safe to run twice."""
@@ -802,7 +770,8 @@ def publish_model(run, checkpoint) -> Commit | None:
     files: dict[str, FileSource] = {
         path.relative_to(root).as_posix(): path for path in sorted(root.rglob("*")) if path.is_file() and not path.is_symlink()
     }
-    files["README.md"] = model_card(run, checkpoint).encode()
+    files["README.md"] = run_record.model_card(run, checkpoint, f"{run_repo(run).full_name}@{run_branch_name(run)}").encode()
+    files["training_config.json"] = run_record.training_config(run, checkpoint)
     if repos.find_repo(run.project, model_repo_name(run)) is None and model_repo_deleted(run, checkpoint):
         not_published(run, checkpoint)
         return None
@@ -847,10 +816,3 @@ def storage_full(run, checkpoint, exc: OSError) -> None:
         end_failed(run, get_backend(run.backend_name), ErrorCode.TRAINING_ERROR,
                    f"the Data Hub's blob storage is full, so the checkpoint of step {checkpoint.step} could not be stored "
                    f"({exc.strerror}): free space under the Data Hub's storage (DATAHUB_ROOT) and start the run again")
-
-
-def metrics_export(run) -> bytes:
-    from training.models import MetricPoint
-
-    rows = MetricPoint.objects.filter(run=run).order_by("key", "step").values_list("key", "step", "value")
-    return "".join(json.dumps({"key": k, "step": s, "value": v}) + "\n" for k, s, v in rows.iterator()).encode()

@@ -3,12 +3,14 @@ The refs are pinned to commits at START and the engine fetches them through Stud
 /hub with the attempt's own token; the checkpoints land on the run's branch."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
+from datahub import storage
 from datahub.commits import commit_files
-from datahub.models import Branch, TreeEntry
+from datahub.models import Branch, TreeEntry, blob_path
 from datahub.repos import create_repo
 from tests.conftest import wait_for
 from training.models import Status, TrainingRun
@@ -50,6 +52,19 @@ def test_a_run_trains_from_data_hub_refs(api, project, studio_worker, tiny_model
     steps = [c for c in saved if c.kind == "checkpoint"]
     assert [c.step for c in steps] == [2, 4]
     assert not TreeEntry.objects.filter(commit_id=steps[0].commit, path__startswith="checkpoints/step-4/").exists()
+    # Step 2's commit has the metrics up to step 2 (a run stopped after it keeps them on its branch).
+    step2_metrics = [json.loads(line) for line in blob_text(steps[0].commit, "metrics.jsonl").splitlines()]
+    assert {row["step"] for row in step2_metrics if row["key"] == "loss"} == {1, 2}
+    # The published card's front matter names the Data Hub base by the repo id it was pinned to, not tiny-student@main.
+    published = Branch.objects.get(repo__project=project, repo__name=f"from-the-hub-run{run.pk}", name="main").head_id
+    card = blob_text(published, "README.md")
+    assert f"base_model: {project.slug}/tiny-student\n" in card and "- learning_rate: 0.005" in card, card
+    assert json.loads(blob_text(published, "training_config.json"))["base_model"]["commit"] == head
+
+
+def blob_text(commit_id: str, path: str) -> str:
+    with storage.open_blob(blob_path(TreeEntry.objects.get(commit_id=commit_id, path=path).blob.sha256)) as fh:
+        return fh.read().decode()
 
 
 @pytest.mark.parametrize("names", [("train.jsonl", "extra.jsonl"), ("data.jsonl", "test.jsonl")], ids=["train-and-extra", "data-and-test"])

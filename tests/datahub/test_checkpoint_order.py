@@ -52,7 +52,8 @@ def experiment_repo(run: TrainingRun):
 
 
 def folders_at(commit_id: str) -> set[str]:
-    return {path.rsplit("/", 1)[0] for path in repos.tree(Commit.objects.get(pk=commit_id))}
+    """The checkpoint folders of a commit (not its top-level metrics.jsonl and training_config.json)."""
+    return {path.rsplit("/", 1)[0] for path in repos.tree(Commit.objects.get(pk=commit_id)) if "/" in path}
 
 
 def branch_history(api, run: TrainingRun) -> list[str]:

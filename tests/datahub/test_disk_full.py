@@ -133,7 +133,7 @@ def test_a_checkpoint_commit_on_a_full_disk_is_logged_and_stays_pending(api, use
     filler.unlink()  # safe to run again once there is room: the checkpoint is committed then
     assert commit_checkpoint.apply(args=[checkpoint.pk]).successful()
     assert TreeEntry.objects.filter(path="checkpoints/step-2/model.safetensors").exists()
-    assert storage.blob_storage().exists(Blob.objects.get().storage_name)
+    assert storage.blob_storage().exists(TreeEntry.objects.get(path="checkpoints/step-2/model.safetensors").blob.storage_name)
 
 
 def test_a_new_upload_session_on_a_disk_out_of_room_is_507_and_leaves_no_session(api, dataset_repo, small_disk, settings):

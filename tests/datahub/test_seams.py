@@ -151,7 +151,7 @@ def test_checkpoints_are_committed_to_the_run_branch(api, project, chat_data, ea
     ingest("b1", [{"step": 10, "path": str(step)}])
     repo = Repo.objects.get(project=project, name="experiment-default")
     head = repos.resolve(repo, f"run-{run_id}")
-    assert set(repos.tree(head)) == {"checkpoints/step-10/model.safetensors", "checkpoints/step-10/sub/state.json"}
+    assert set(repos.tree(head)) == {"checkpoints/step-10/model.safetensors", "checkpoints/step-10/sub/state.json", "metrics.jsonl", "training_config.json"}
     ingest("b2", [{"step": 20, "path": str(final), "kind": "final"}])
     head2 = repos.resolve(repo, f"run-{run_id}")
     assert head2.parents == [head.pk]
