@@ -53,7 +53,7 @@ def test_a_run_named_experiment_publishes_its_model_outside_the_experiments_name
     repo = repos.find_repo(project, expected)
     assert repo is not None and repo.type == "model"
     head = repos.resolve(repo, "main")
-    assert PUBLISH_RE.match(head.message) and set(repos.tree(head)) == {"model.safetensors", "README.md"}
+    assert PUBLISH_RE.match(head.message) and set(repos.tree(head)) == {"model.safetensors", "README.md", "training_config.json"}
     assert Checkpoint.objects.get(pk=final.pk).publish_error == ""
     assert f"<code>acme/{expected}</code></a>" in published_line(browser, run)
     models = browser("owner").get("/models/").content.decode()
