@@ -3,6 +3,7 @@ commits the step's attempt trained on, through Studio's /hub, whatever its branc
 since. A real worker and engine, on the tiny models in real Data Hub repos."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,12 @@ def test_merge_loads_a_data_hub_base_at_the_commit_its_attempt_trained_on(api, p
     body = {"name": "lora on v1", "method": "sft", "base_model": "student@v1", "dataset": tiny_models["data_sft"], "config": config(lora_rank=4)}
     run = trained(api, api.post("/api/training-runs", body).json()["id"])
     assert run.pinned["base_model"]["commit"] == Branch.objects.get(repo=model, name="main").head_id
+    # Each adapter names its base as peft outside Studio loads it (HF_ENDPOINT=<studio>/hub): the repo id at the
+    # pinned commit. It wrote "revision": null, so AutoPeftModelForCausalLM loaded the branch head, or huggingface.co's repo.
+    for kind in ("checkpoint", "adapter"):
+        folder = Path(Checkpoint.objects.get(run=run, kind=kind, step=4 if kind == "adapter" else 2).path)
+        adapter = json.loads((folder / "adapter_config.json").read_text())
+        assert (adapter["base_model_name_or_path"], adapter["revision"]) == (f"{project.slug}/student", run.pinned["base_model"]["commit"]), kind
     # The tag goes once the run has ended: the merge needs the commit, not the tag.
     assert api.delete(f"/api/hub/repos/{model.name}/tags/v1").status_code == 204
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -207,6 +209,39 @@ class TokenCountingMixin:
         return super().compute_loss(model, inputs, *args, **kwargs)  # type: ignore[misc]
 
 
+class ServingConfigMixin:
+    """Saves the weights with the model's own `use_cache` in config.json, not the training value.
+
+    Trainer.__init__ sets config.use_cache to TrainingArguments.use_cache (False: no KV cache while
+    training); saved as it is, every full checkpoint and final/ told the stacks that serve them
+    (transformers' generate, vLLM) to decode without a KV cache. The base's value is read before that.
+    """
+
+    serving_use_cache: bool | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.serving_use_cache = getattr(getattr(kwargs.get("model"), "config", None), "use_cache", None)
+        super().__init__(*args, **kwargs)
+
+    @contextmanager
+    def serving_config(self) -> Iterator[None]:
+        """The model's config as it is to be served, while the block runs (a save); then as training needs it."""
+        config = getattr(getattr(self, "model", None), "config", None)
+        if config is None or self.serving_use_cache is None:
+            yield
+            return
+        training = config.use_cache
+        config.use_cache = self.serving_use_cache
+        try:
+            yield
+        finally:
+            config.use_cache = training
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        with self.serving_config():
+            super()._save(output_dir, state_dict)  # type: ignore[misc]
+
+
 def follow_schedule(optimizer: Any, scheduler: Any, rep: Any) -> None:
     """On resume, the learning rate of this run's schedule at the step it resumes from. The checkpoint's
     optimizer holds the rate its own schedule gave: with max_steps raised since (a resumed run may
@@ -357,5 +392,5 @@ def train_and_finish(trainer: Any, ctx: Context, tokenizer: Any) -> None:
     trainer.train(resume_from_checkpoint=ctx.spec.resume_from)
     if not ctx.rank.is_main:
         return  # rank 0 writes and reports the final weights, once
-    model = trainer.model
-    save_final(model, tokenizer, ctx.spec, ctx.device, trainer.state.global_step, ctx.reporter)
+    with trainer.serving_config():
+        save_final(trainer.model, tokenizer, ctx.spec, ctx.device, trainer.state.global_step, ctx.reporter)

@@ -27,7 +27,7 @@ from trl.chat_template_utils import has_generation_markers
 
 from . import kd_format
 from .capture import capture_shards
-from .common import ROW_TOKENS, Context, StudioCallback, TokenCountingMixin, build_config, packed_positions, train_and_finish
+from .common import ROW_TOKENS, Context, ServingConfigMixin, StudioCallback, TokenCountingMixin, build_config, packed_positions, train_and_finish
 from .data import load_rows, row_format, with_system_prompt
 from .fit import max_length
 from .modeling import load_policy, load_tokenizer
@@ -231,7 +231,7 @@ def kd_losses(logits: torch.Tensor, batch: dict[str, torch.Tensor], temperature:
     return ce, kd
 
 
-class KDTrainer(TokenCountingMixin, Trainer):
+class KDTrainer(TokenCountingMixin, ServingConfigMixin, Trainer):
     def __init__(self, *args: Any, temperature: float, kd_weight: float, ce_weight: float, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.temperature, self.kd_weight, self.ce_weight = temperature, kd_weight, ce_weight
@@ -325,6 +325,7 @@ def run(ctx: Context) -> None:
         model=model,
         args=args,
         train_dataset=KDDataset(shards),
+        processing_class=tokenizer,  # saved with every step, as SFT/DPO/GRPO save theirs: a step loads alone
         data_collator=(lambda b: collate_packed(b, flash=flash, row_length=row_length, pad_id=pad_id)) if packing else (lambda b: collate(b, pad_id)),
         callbacks=[StudioCallback(ctx, ref)],
         temperature=temperature,

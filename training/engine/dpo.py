@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from trl import DPOConfig, DPOTrainer
 
-from .common import Context, StudioCallback, TokenCountingMixin, build_config, train_and_finish
+from .common import Context, ServingConfigMixin, StudioCallback, TokenCountingMixin, build_config, train_and_finish
 from .data import load_rows, row_format, with_system_prompt_in_pairs
 from .fit import max_length
 from .modeling import load_policy, load_tokenizer
@@ -61,7 +61,7 @@ def sequence_scores(per_token_logps: torch.Tensor, mask: torch.Tensor, length_no
     return total / mask.sum(dim=1).clamp(min=1) if length_norm else total
 
 
-class StudioDPOTrainer(TokenCountingMixin, DPOTrainer):
+class StudioDPOTrainer(TokenCountingMixin, ServingConfigMixin, DPOTrainer):
     def __init__(self, *args: Any, loss_options: dict[str, Any], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.reference_free = bool(loss_options.get("reference_free", False))

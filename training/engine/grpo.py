@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-from .common import Context, StudioCallback, TokenCountingMixin, build_config, train_and_finish
+from .common import Context, ServingConfigMixin, StudioCallback, TokenCountingMixin, build_config, train_and_finish
 from .data import load_rows
 from .environments import Environment, environment_for, group_std
 from .modeling import Device, load_policy, load_tokenizer
@@ -40,7 +40,7 @@ ROLLOUT_ENGINES = ("auto", "static", "generate")
 CPU_AUTO_ENGINE = "static"
 
 
-class StudioGRPOTrainer(TokenCountingMixin, GRPOTrainer):
+class StudioGRPOTrainer(TokenCountingMixin, ServingConfigMixin, GRPOTrainer):
     # Every rollout engine (TRL's generate, the static decoder, tools.py) tokenises through _tokenize_prompts.
     max_prompt_length: int | None = None
 

@@ -156,11 +156,23 @@ def wrap_lora(model: Any, spec: Spec, device: Device, *, four_bit: bool, log: Ca
         lora_dropout=0.0,
         target_modules=lora_targets(model),
         task_type="CAUSAL_LM",
+        revision=base_revision(spec, model),
     )
     model = get_peft_model(model, config)
     adapted = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if hasattr(m, "lora_A")})
     say(f"lora: adapting {', '.join(adapted)} (rank {spec.lora_rank}, alpha {spec.lora_alpha})")
     return model
+
+
+def base_revision(spec: Spec, model: Any) -> str | None:
+    """The commit of the base an adapter names as its `revision` (with base_model_name_or_path, the repo id
+    the model loaded as): peft and AutoPeftModel outside Studio load that commit, not the branch head, which
+    may have moved since. The commit the weights were resolved to (a Data Hub base's pinned commit, an HF
+    id's commit at the ref it named), else the revision asked for; none for a local folder."""
+    name, rev = _split_ref(spec.base_model, spec.base_model_revision)
+    if Path(name).exists():
+        return None
+    return getattr(model.config, "_commit_hash", None) or rev
 
 
 def lora_targets(model: Any) -> list[str]:

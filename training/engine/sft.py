@@ -21,7 +21,7 @@ from typing import Any, cast
 import torch
 from trl import SFTConfig, SFTTrainer
 
-from .common import ROW_TOKENS, Context, StudioCallback, TokenCountingMixin, build_config, packed_positions, train_and_finish
+from .common import ROW_TOKENS, Context, ServingConfigMixin, StudioCallback, TokenCountingMixin, build_config, packed_positions, train_and_finish
 from .data import load_rows, row_format, with_system_prompt
 from .fit import max_length
 from .modeling import load_policy, load_tokenizer
@@ -44,7 +44,7 @@ def token_total_at(checkpoint: Path) -> int | None:
     return int(logged[-1]) if logged else None
 
 
-class StudioSFTTrainer(TokenCountingMixin, SFTTrainer):
+class StudioSFTTrainer(TokenCountingMixin, ServingConfigMixin, SFTTrainer):
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
         if isinstance(resume_from_checkpoint, str):
             total = token_total_at(Path(resume_from_checkpoint))
