@@ -396,6 +396,11 @@ def checkpoint_prefix(checkpoint, earlier_merge: bool) -> str:
     return CHECKPOINT_DIRS.get(checkpoint.kind) or f"checkpoints/step-{checkpoint.step}"
 
 
+def branch_folder(checkpoint, last_step: int | None = None) -> str:
+    """The folder of the run's branch that holds a checkpoint's files (checkpoint_prefix by is_earlier_merge)."""
+    return checkpoint_prefix(checkpoint, is_earlier_merge(checkpoint, last_step))
+
+
 def is_earlier_merge(checkpoint, last_step: int | None = None) -> bool:
     """A merged checkpoint a person asked for (Merge), or, for one recorded before merges said so, of
     a step before the run's highest checkpoint step (`last_step` when the caller already knows it).
@@ -712,6 +717,15 @@ def published_repos(run) -> list[Repo]:
                       .select_related("project").order_by("-created_at")[:20])
     published = publishing_runs(candidates)
     return sorted((r for r in candidates if r.pk in published), key=lambda r: r.name != model_repo_name(run))
+
+
+def published_model(run) -> tuple[Repo | None, str]:
+    """The model repo the run's final or merged weights were published to (published_repos, as the
+    Models page pairs them), or None; and once that repo was deleted, its full name (model_repo_deleted),
+    so a reader is told it went rather than that the run published nothing."""
+    repo = next(iter(published_repos(run)), None)
+    deleted = f"{run.project.slug}/{model_repo_name(run)}" if repo is None and model_repo_deleted(run) else ""
+    return repo, deleted
 
 
 def final_metrics(run) -> dict[str, float]:
