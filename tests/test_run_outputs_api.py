@@ -126,3 +126,6 @@ def test_the_checkpoints_tab_offers_each_saved_folder_as_one_tar(trained, users)
         link = f"/hub/acme/experiment-default/archive/{saved[kind].commit}/{folder}"
         assert f'href="{link}"' in page and "Download folder (.tar)" in page
         assert set(members(browser.get(link))) == {f"{folder}/model.safetensors"}
+        # the row's Download opens the Repository tab at that folder, which offers the same .tar
+        repository = browser.get(f"/training/runs/{trained.pk}/repository/", {"path": folder, "commit": saved[kind].commit}).content.decode()
+        assert f'href="{link}" download data-testid="repository-archive"' in repository
