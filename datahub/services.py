@@ -397,6 +397,11 @@ def checkpoint_prefix(checkpoint, earlier_merge: bool) -> str:
     return CHECKPOINT_DIRS.get(checkpoint.kind) or f"checkpoints/step-{checkpoint.step}"
 
 
+def branch_folder(checkpoint, last_step: int | None = None) -> str:
+    """The folder of the run's branch that holds a checkpoint's files (checkpoint_prefix by is_earlier_merge)."""
+    return checkpoint_prefix(checkpoint, is_earlier_merge(checkpoint, last_step))
+
+
 def is_earlier_merge(checkpoint, last_step: int | None = None) -> bool:
     """A merged checkpoint a person asked for (Merge), or, for one recorded before merges said so, of
     a step before the run's highest checkpoint step (`last_step` when the caller already knows it).
@@ -757,6 +762,16 @@ def published_repos(run) -> list[Repo]:
                       .select_related("project").order_by("-created_at")[:20])
     published = publishing_runs(candidates)
     return sorted((r for r in candidates if r.pk in published), key=lambda r: r.name != model_repo_name(run))
+
+
+def published_model(run) -> tuple[Repo | None, str]:
+    """The model repo the run's final or merged weights were published to (published_repos, as the
+    Models page pairs them), or None; and once that repo was deleted, its full name (model_repo_deleted),
+    so a reader is told it went rather than that the run published nothing. A repo whose publish failed
+    (publish_failure) was never made: not "deleted"."""
+    repo = next(iter(published_repos(run)), None)
+    gone = repo is None and not publish_failure(run) and model_repo_deleted(run)
+    return repo, f"{run.project.slug}/{model_repo_name(run)}" if gone else ""
 
 
 def publish_model(run, checkpoint) -> Commit | None:

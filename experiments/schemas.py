@@ -18,8 +18,14 @@ class ExperimentOut(Schema):
     id: int
     name: str
     slug: str
-    hub_repo: str
+    hub_repo: str = Field(description="<project>/<repo>: the Data Hub repo of its runs' checkpoints (a branch run-<id> each); \"\" before its "
+                                      "first run and once the repo was deleted. /api/hub/repos/{name} takes the name alone: hub_repo_name")
+    hub_repo_name: str = Field(description="The repo's name alone (hub_repo without its project), as /api/hub/repos/{name} takes it")
     created_at: datetime
+
+    @staticmethod
+    def resolve_hub_repo_name(obj) -> str:
+        return obj.hub_repo.partition("/")[2]
 
 
 class CompareQuery(Schema):

@@ -81,6 +81,20 @@ def test_a_run_with_only_saved_steps_is_a_409_naming_them_until_it_ends(api, pro
     assert api.post(f"/api/training-runs/{run.pk}/generate", {**ASK, "step": 10}).status_code == 202
 
 
+@pytest.mark.parametrize(("status", "says"), [(Status.CANCELLED, "ended cancelled (stopped)"), (Status.FAILED, "ended failed")])
+def test_an_ended_run_without_final_weights_is_a_409_naming_its_steps_not_a_wait(api, project, users, runs_dir, status, says):
+    run = trained_run(project, users["owner"], runs_dir, saved=(("checkpoint", 5), ("checkpoint", 10)))
+    TrainingRun.objects.filter(pk=run.pk).update(status=status)
+    answer = assert_error(api.post(f"/api/training-runs/{run.pk}/generate", ASK), 409)
+    assert answer["detail"] == (f"Run {run.pk} {says} before saving its final weights: try one of its saved steps (5, 10) with step, or Resume "
+                                "from one of them (Checkpoints tab) or Start it again, and try the new run's final weights once it completes.")
+    bare = trained_run(project, users["owner"], runs_dir, saved=())
+    TrainingRun.objects.filter(pk=bare.pk).update(status=status)
+    answer = assert_error(api.post(f"/api/training-runs/{bare.pk}/generate", ASK), 409)
+    assert answer["detail"].startswith(f"Run {bare.pk} {says} before saving its final weights, and it saved no step along the way: Start it again")
+    assert "wait" not in answer["detail"] and not Generation.objects.exists()
+
+
 def test_a_step_the_run_did_not_save_is_a_400_listing_the_steps_it_did(api, project, users, runs_dir):
     run = trained_run(project, users["owner"], runs_dir, saved=(("checkpoint", 5), ("final", 10)))
     answer = assert_error(api.post(f"/api/training-runs/{run.pk}/generate", {**ASK, "step": 7}), 400, "step")

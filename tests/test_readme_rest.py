@@ -61,6 +61,10 @@ def test_the_readme_quick_start_starts_the_run_it_created(live_server, tokens, a
     assert run.pk != earlier and run.name == "first sft" and run.start_requested_at is not None
     assert TrainingRun.objects.get(pk=earlier).start_requested_at is None
     assert '"series"' in done.stdout  # the metrics answer, of this run
+    # QA: the README said the metrics call answers {"loss": []}; it is {"series": {"loss": [...]}, ...}.
+    said = json.loads(re.search(r"The metrics call answers `(\{.*?\})` until", SECTION)[1])
+    answer = json.loads(done.stdout[done.stdout.rindex('{"series"'):].splitlines()[0])
+    assert set(said) == set(answer) and set(said["series"]) == set(answer["series"]) == {"loss"}
 
     # A body the API refuses prints the answer with its findings, and the script stops there.
     refused = BLOCKS[0].split("RUN=$(create", 1)[0].replace("localhost:8000", live_server.url.removeprefix("http://"))

@@ -33,6 +33,12 @@ def get(api, path: str, query: dict):
     return api.client.get(path, query, HTTP_AUTHORIZATION=f"Bearer {api.token}")
 
 
+def untimed(answer: dict) -> dict:
+    """A logs answer without its times (one per line; tests/test_run_outputs_api.py checks them)."""
+    assert len(answer.pop("times")) == len(answer["lines"])
+    return answer
+
+
 @pytest.fixture
 def run(project):
     return make_runs(project, 1)[0]
@@ -159,7 +165,7 @@ def test_metrics_without_keys_returns_every_series(api, metric_run):
 
 def test_metrics_answers_every_key_asked_for_with_an_empty_series_when_it_has_no_points(api, metric_run):
     # A chart that asks for loss and a metric the engine has not reported yet gets both keys back.
-    assert api.get(f"/api/training-runs/{metric_run.pk}/metrics", keys="nope").json() == {"series": {"nope": []}}
+    assert api.get(f"/api/training-runs/{metric_run.pk}/metrics", keys="nope").json() == {"series": {"nope": []}, "known_keys": ["kd_loss", "loss", "reward"], "unknown": ["nope"]}
     series = api.get(f"/api/training-runs/{metric_run.pk}/metrics", keys="kd_loss,nope,kd_loss").json()["series"]
     assert list(series) == ["kd_loss", "nope"] and series["nope"] == [] and len(series["kd_loss"]) == 10
 
@@ -207,7 +213,7 @@ def test_logs_page_forward_with_after_and_next(api, log_run):
         after, pages = body["next"], pages + 1
     assert seen == [f"line {i}" for i in range(300)] and pages == 3
     # A cursor is a line id: the lines after it, whatever its page was.
-    assert api.get(f"/api/training-runs/{log_run.pk}/logs", after=first_id + 297).json() == {"lines": ["line 298", "line 299"], "total": 300, "next": None}
+    assert untimed(api.get(f"/api/training-runs/{log_run.pk}/logs", after=first_id + 297).json()) == {"lines": ["line 298", "line 299"], "total": 300, "next": None}
 
 
 def test_full_is_the_first_page_and_no_answer_holds_more_than_the_page_limits(api, run):
@@ -234,7 +240,7 @@ def test_logs_with_bad_query_is_400(api, log_run, query, field):
 
 
 def test_logs_of_a_run_without_lines(api, run):
-    assert api.get(f"/api/training-runs/{run.pk}/logs").json() == {"lines": [], "total": 0, "next": None}
+    assert untimed(api.get(f"/api/training-runs/{run.pk}/logs").json()) == {"lines": [], "total": 0, "next": None}
 
 
 TRACEBACK = ["Traceback (most recent call last):", '  File "train.py", line 3, in <module>', "ValueError: bad reward"]
@@ -253,10 +259,10 @@ def test_a_restart_keeps_the_failed_attempts_log_readable_by_attempt(api):
     LogLine.objects.bulk_create([LogLine(run=run, attempt=2, line=f"attempt 2 step {i}") for i in range(3)])
 
     current = api.get(f"/api/training-runs/{run.pk}/logs", full="true").json()
-    assert current == {"lines": [f"attempt 2 step {i}" for i in range(3)], "total": 3, "next": None}
+    assert untimed(current) == {"lines": [f"attempt 2 step {i}" for i in range(3)], "total": 3, "next": None}
     first = api.get(f"/api/training-runs/{run.pk}/logs", full="true", attempt=1).json()
     assert first["lines"][:4] == ["step 1", *TRACEBACK] and first["lines"][-1] == "[studio] status → queued: restarted" and first["total"] == 5
-    assert api.get(f"/api/training-runs/{run.pk}/logs", tail=1, attempt=1).json() == {"lines": ["[studio] status → queued: restarted"], "total": 5, "next": None}
+    assert untimed(api.get(f"/api/training-runs/{run.pk}/logs", tail=1, attempt=1).json()) == {"lines": ["[studio] status → queued: restarted"], "total": 5, "next": None}
     assert api.get(f"/api/training-runs/{run.pk}/logs", attempt=2).json()["lines"] == current["lines"]
 
 
@@ -272,8 +278,8 @@ def test_logs_since_the_last_start_span_the_attempts_a_spot_interruption_retried
     # START → attempt 1 failed; START again → attempt 2, interrupted and retried in attempt 3.
     TrainingRun.objects.filter(pk=run.pk).update(attempt=3, interruptions=1, status=Status.RUNNING)
     LogLine.objects.bulk_create([LogLine(run=run, attempt=a, line=f"attempt {a}") for a in (1, 2, 3)])
-    assert api.get(f"/api/training-runs/{run.pk}/logs").json() == {"lines": ["attempt 2", "attempt 3"], "total": 2, "next": None}
-    assert api.get(f"/api/training-runs/{run.pk}/logs", attempt=2).json() == {"lines": ["attempt 2"], "total": 1, "next": None}
+    assert untimed(api.get(f"/api/training-runs/{run.pk}/logs").json()) == {"lines": ["attempt 2", "attempt 3"], "total": 2, "next": None}
+    assert untimed(api.get(f"/api/training-runs/{run.pk}/logs", attempt=2).json()) == {"lines": ["attempt 2"], "total": 1, "next": None}
 
 
 def test_lines_from_before_the_first_start_read_with_attempt_one(api, run):

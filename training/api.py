@@ -9,12 +9,13 @@ from django.http.request import RawPostDataException
 from ninja import Field, Query, Router, Schema
 from ninja.pagination import LimitOffsetPagination, paginate
 
+from datahub import services as hub
 from studio.api import MAX_LIMIT, MAX_OFFSET, ErrorOut, actor, body_schema, parse_body
 from studio.errors import BadRequest, Finding
 from training import checkpoints, metrics, playground, services
 from training.fit_report import fit_report
 from training.models import Checkpoint, Rollout, RunAttempt
-from training.queries import LOGS_MAX_LINES, filter_rollouts, get_generation_for, get_run_for, log_lines, log_page, log_tail, runs_for, search_runs
+from training.queries import LOGS_MAX_LINES, filter_rollouts, get_generation_for, get_run_for, log_lines, log_page, log_tail, log_text, runs_for, search_runs
 from training.schemas import (
     AttemptOut,
     CheckpointOut,
@@ -24,12 +25,14 @@ from training.schemas import (
     GenerationOut,
     LogsOut,
     LogsQuery,
+    LogTextQuery,
     MergeOut,
     MetricsOut,
     MetricsQuery,
     RolloutOut,
     RolloutQuery,
     RunCreateIn,
+    RunDetailOut,
     RunFilters,
     RunOut,
     RunPatchIn,
@@ -70,8 +73,9 @@ def create_run(request: HttpRequest):
     return 201, run
 
 
-@router.get("/{int:run_id}", response=RunOut)
+@router.get("/{int:run_id}", response=RunDetailOut)
 def get_run(request: HttpRequest, run_id: int):
+    """The run, with the model repo it published (published_model)."""
     return get_run_for(actor(request), run_id)
 
 
@@ -123,7 +127,8 @@ def run_fit(request: HttpRequest, run_id: int):
 def run_metrics(request: HttpRequest, run_id: int, query: Query[MetricsQuery]):
     run = get_run_for(actor(request), run_id)
     keys = [k.strip() for k in query.keys.split(",") if k.strip()] if query.keys else None
-    return {"series": metrics.series(run, keys, query.max_points)}
+    known = metrics.metric_keys([run.pk])
+    return {"series": metrics.series(run, keys, query.max_points), "known_keys": known, "unknown": sorted(set(keys or []) - set(known))}
 
 
 @router.get("/{int:run_id}/rollouts", response=list[RolloutOut])
@@ -148,21 +153,44 @@ def run_logs(request: HttpRequest, run_id: int, query: Query[LogsQuery]):
         raise BadRequest("full=true and after both say where to start.", [Finding("full", "full=true is after=0: drop it when you give after")])
     if query.limit is not None and not query.full and query.after is None:
         raise BadRequest("limit sizes a page that starts somewhere.", [Finding("limit", "give after=0 (then each answer's next) with limit, or tail for the last lines")])
-    if query.attempt is not None and query.attempt > run.attempt:
-        had = f"has had attempts 1 to {run.attempt}" if run.attempt else "has not been started yet"
-        raise BadRequest(f"Run {run.pk} has no attempt {query.attempt}.", [Finding("attempt", f"the run {had}: give one of those, or leave attempt out for its current log")])
+    require_attempt(run, query.attempt)
     lines = log_lines(run, query.attempt)
     total = lines.count()
     if query.full or query.after is not None:
         page, cursor = log_page(lines, query.after or 0, query.limit or LOGS_MAX_LINES)
-        return {"lines": page, "total": total, "next": cursor}
-    return {"lines": log_tail(lines, query.tail), "total": total, "next": None}
+        return {**timed(page), "total": total, "next": cursor}
+    return {**timed(log_tail(lines, query.tail)), "total": total, "next": None}
+
+
+def timed(rows: list) -> dict[str, list]:
+    return {"lines": [line for _, line, _ in rows], "times": [at for _, _, at in rows]}
+
+
+def require_attempt(run, attempt: int | None) -> None:
+    if attempt is not None and attempt > run.attempt:
+        had = f"has had attempts 1 to {run.attempt}" if run.attempt else "has not been started yet"
+        raise BadRequest(f"Run {run.pk} has no attempt {attempt}.", [Finding("attempt", f"the run {had}: give one of those, or leave attempt out for its current log")])
+
+
+@router.get("/{int:run_id}/log.txt", openapi_extra={"responses": {200: {"description": "Every line of the log, streamed", "content": {"text/plain": {"schema": {"type": "string"}}}}}})
+def run_log_text(request: HttpRequest, run_id: int, query: Query[LogTextQuery]):
+    """The whole log as plain text, a line each, streamed (the run page's log.txt, for a token): the
+    lines since the run was last started, or with `attempt` that attempt's. 400 for an attempt it has not had."""
+    run = get_run_for(actor(request), run_id)
+    require_attempt(run, query.attempt)
+    return log_text(run, query.attempt)
 
 
 @router.get("/{int:run_id}/checkpoints", response=list[CheckpointOut])
 def run_checkpoints(request: HttpRequest, run_id: int):
     run = get_run_for(actor(request), run_id)
-    return Checkpoint.objects.filter(run=run)
+    saved = list(Checkpoint.objects.filter(run=run))
+    repo = hub.kept_run_repo(run)  # None once the experiment repo went, with the run's branch and its commits
+    last_step = max((c.step for c in saved), default=0)
+    for c in saved:
+        if repo is not None and c.commit:
+            c.hub_repo, c.hub_repo_name, c.hub_branch, c.hub_path = repo.full_name, repo.name, hub.run_branch_name(run), hub.branch_folder(c, last_step)
+    return saved
 
 
 @router.get("/{int:run_id}/attempts", response=list[AttemptOut])

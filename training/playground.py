@@ -36,7 +36,7 @@ from training.backends.local import REPO_ROOT, checkpoint_dir, engine_env, local
 from training.backends.local_runner import try_slots, waiting_before
 from training.checkpoints import die_with_parent
 from training.engine.reporter import storable
-from training.models import Checkpoint, Generation, TrainingRun
+from training.models import Checkpoint, Generation, Status, TrainingRun
 from training.services import attempt_record
 
 KEPT_GENERATIONS = 20
@@ -89,6 +89,13 @@ def weights_of(run: TrainingRun, step: int | None) -> Checkpoint:
     if step is not None:
         listed = f"run {run.pk} saved steps {', '.join(map(str, steps))}: give one of those" if steps else f"run {run.pk} saved no step along the way"
         raise BadRequest(f"Run {run.pk} has no saved step {step}.", [Finding("step", f"{listed}, or leave step out for its final weights")])
+    if run.status in (Status.FAILED, Status.CANCELLED):  # it will save no final weights unless it trains again
+        ended = f"Run {run.pk} ended {'cancelled (stopped)' if run.status == Status.CANCELLED else 'failed'} before saving its final weights"
+        if steps:
+            raise Conflict(f"{ended}: try one of its saved steps ({', '.join(map(str, steps))}) with step, or Resume from one of them "
+                           "(Checkpoints tab) or Start it again, and try the new run's final weights once it completes.")
+        raise Conflict(f"{ended}, and it saved no step along the way: Start it again (with save_steps in its config it also saves steps "
+                       "along the way), then try it once it completes.")
     if steps:
         raise Conflict(f"Run {run.pk} has no final weights yet (it saves them when its training ends): try one of its saved steps "
                        f"({', '.join(map(str, steps))}) with step, or wait for the run to finish.")

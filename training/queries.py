@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import unicodedata
+from datetime import datetime
 
 from django.db.models import Q, QuerySet
+from django.http import StreamingHttpResponse
 
 from studio.auth import Actor
 from studio.errors import NotFound
@@ -69,40 +71,53 @@ LOGS_MAX_LINES = 5000
 LOGS_MAX_CHARS = 2_000_000
 
 
-def within_budget(rows: list[tuple[int, str]], chars: int = LOGS_MAX_CHARS) -> list[tuple[int, str]]:
-    """The leading rows whose lines fit in `chars` characters; always the first, so a page is never empty."""
+def within_budget(rows: list[tuple], chars: int = LOGS_MAX_CHARS) -> list[tuple]:
+    """The leading (id, line, ...) rows whose lines fit in `chars` characters; always the first, so a page is never empty."""
     size = 0
-    for i, (_, line) in enumerate(rows):
-        size += len(line)
+    for i, row in enumerate(rows):
+        size += len(row[1])
         if i and size > chars:
             return rows[:i]
     return rows
 
 
-def log_page(lines: QuerySet[LogLine], after: int, limit: int) -> tuple[list[str], int | None]:
-    """Up to `limit` lines after line id `after`, oldest first, and the cursor for the next page (the
-    id of this page's last line), None when this page reaches the end of the log as it is now."""
-    page, more = log_rows_after(lines, after, limit)
-    return [line for _, line in page], (page[-1][0] if more else None)
+# What GET .../logs answers of a line: its text and when the Studio stored it.
+TIMED = ("id", "line", "created_at")
 
 
-def log_rows_after(lines: QuerySet[LogLine], after: int, limit: int, chars: int = LOGS_MAX_CHARS) -> tuple[list[tuple[int, str]], bool]:
-    """Up to `limit` (id, line) rows after line id `after`, oldest first, and whether later lines remain."""
-    rows = list(lines.filter(id__gt=after).order_by("id").values_list("id", "line")[: limit + 1])
+def log_page(lines: QuerySet[LogLine], after: int, limit: int) -> tuple[list[tuple[int, str, datetime]], int | None]:
+    """Up to `limit` (id, line, stored at) rows after line id `after`, oldest first, and the cursor for the next page
+    (the id of this page's last line), None when this page reaches the end of the log as it is now."""
+    page, more = log_rows_after(lines, after, limit, columns=TIMED)
+    return page, (page[-1][0] if more else None)
+
+
+def log_rows_after(lines: QuerySet[LogLine], after: int, limit: int, chars: int = LOGS_MAX_CHARS, columns: tuple[str, ...] = ("id", "line")) -> tuple[list, bool]:
+    """Up to `limit` (id, line) rows (or `columns`) after line id `after`, oldest first, and whether later lines remain."""
+    rows = list(lines.filter(id__gt=after).order_by("id").values_list(*columns)[: limit + 1])
     page = within_budget(rows[:limit], chars)
     return page, len(page) < len(rows)
 
 
-def log_rows_before(lines: QuerySet[LogLine], before: int | None, limit: int, chars: int = LOGS_MAX_CHARS) -> tuple[list[tuple[int, str]], bool]:
-    """Up to `limit` (id, line) rows before line id `before` (the last ones without it), oldest first,
+def log_rows_before(lines: QuerySet[LogLine], before: int | None, limit: int, chars: int = LOGS_MAX_CHARS, columns: tuple[str, ...] = ("id", "line")) -> tuple[list, bool]:
+    """Up to `limit` (id, line) rows (or `columns`) before line id `before` (the last ones without it), oldest first,
     fewer when they run past `chars` characters; and whether earlier lines remain."""
     if before is not None:
         lines = lines.filter(id__lt=before)
-    rows = list(lines.order_by("-id").values_list("id", "line")[: limit + 1])
+    rows = list(lines.order_by("-id").values_list(*columns)[: limit + 1])
     page = within_budget(rows[:limit], chars)
     return page[::-1], len(page) < len(rows)
 
 
-def log_tail(lines: QuerySet[LogLine], tail: int) -> list[str]:
-    """The last `tail` lines, oldest first (fewer when they run past LOGS_MAX_CHARS)."""
-    return [line for _, line in log_rows_before(lines, None, tail)[0]]
+def log_tail(lines: QuerySet[LogLine], tail: int) -> list[tuple[int, str, datetime]]:
+    """The last `tail` (id, line, stored at) rows, oldest first (fewer when they run past LOGS_MAX_CHARS)."""
+    return log_rows_before(lines, None, tail, columns=TIMED)[0]
+
+
+def log_text(run: TrainingRun, attempt: int | None) -> StreamingHttpResponse:
+    """The log as plain text, every line, streamed (a log can be long): the run page's log.txt and
+    GET /api/training-runs/{id}/log.txt."""
+    lines = log_lines(run, attempt).order_by("id").values_list("line", flat=True)
+    response = StreamingHttpResponse((line + "\n" for line in lines.iterator(chunk_size=2000)), content_type="text/plain; charset=utf-8")
+    response["Content-Disposition"] = f'inline; filename="run-{run.pk}-{f"attempt-{attempt}" if attempt else "log"}.txt"'
+    return response

@@ -3,11 +3,14 @@ from __future__ import annotations
 from datetime import datetime
 from decimal import Decimal
 from typing import Annotated, Any, Literal
+from urllib.parse import quote, urlencode
 
 from ninja import Schema
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator
 from pydantic_core import PydanticCustomError
 
+from datahub.models import Branch
+from datahub.services import model_repo_name, publish_failure, published_model
 from studio.parsing import control_character
 from training.backends.local import shown_path
 from training.methods import NOT_YET_SUPPORTED
@@ -97,6 +100,36 @@ class RunOut(Schema):
         return obj.resume_checkpoint.attempt if obj.resume_checkpoint_id else None
 
 
+class PublishedModelOut(Schema):
+    name: str = Field(description="The model repo's name, as /api/hub/repos/{name} takes it (e.g. x-run2)")
+    full_name: str = Field(description="<project>/<name>, as the Data Hub shows it and HF_ENDPOINT=<studio>/hub loads it")
+    commit: str | None = Field(description="The head of its default branch (what a download without ref reads); null once deleted")
+    deleted: bool = Field(description="The repo was deleted: name and full_name are what it was called, and nothing of it can be downloaded")
+    error: str = Field("", description="Why the weights were not published there (a Data Hub rule refused it; the run's log says so too): "
+                                       "the repo was never made, and the files are on the run's branch. \"\" when published or deleted")
+
+
+class RunDetailOut(RunOut):
+    """GET /api/training-runs/{id}: the run, and where its outputs are."""
+
+    published_model: PublishedModelOut | None = Field(
+        description="The model repo its final (or merged) weights were published to, as the run page's Overview names it; null until "
+                    "it published one. Its saved steps are on its experiment's repo: GET .../checkpoints gives each one's hub_* fields")
+
+    @staticmethod
+    def resolve_published_model(obj) -> dict[str, Any] | None:
+        repo, deleted = published_model(obj)
+        if repo is not None:
+            head = Branch.objects.filter(repo=repo, name=repo.default_branch).values_list("head_id", flat=True).first()
+            return {"name": repo.name, "full_name": repo.full_name, "commit": head, "deleted": False}
+        if deleted:
+            return {"name": deleted.partition("/")[2], "full_name": deleted, "commit": None, "deleted": True}
+        failed = publish_failure(obj)
+        if failed:
+            return {"name": model_repo_name(obj), "full_name": f"{obj.project.slug}/{model_repo_name(obj)}", "commit": None, "deleted": False, "error": failed}
+        return None
+
+
 class RunFilters(Schema):
     model_config = ConfigDict(extra="forbid")
     status: Status | None = None
@@ -117,7 +150,10 @@ class MetricsQuery(Schema):
 
 
 class MetricsOut(Schema):
-    series: dict[str, list[tuple[int, float]]]
+    series: dict[str, list[tuple[int, float]]] = Field(description="[step, value] points by key; with keys, every key asked for, [] for one without points")
+    known_keys: list[str] = Field(description="Every key the run has reported so far (with or without keys), sorted")
+    unknown: list[str] = Field(description="The keys asked for that the run has not reported: not yet while it trains (a key can come later, "
+                                           "e.g. eval_loss at the first eval), never once it has ended (status): check the spelling against known_keys")
 
 
 class MergeOut(Schema):
@@ -146,8 +182,14 @@ class LogsQuery(Schema):
                                                             "the run was last started (its current attempt, with any a spot interruption retried from)")
 
 
+class LogTextQuery(Schema):
+    model_config = ConfigDict(extra="forbid")
+    attempt: AttemptNumber | None = Field(None, description="One attempt's log; without it, the lines since the run was last started")
+
+
 class LogsOut(Schema):
     lines: list[str]
+    times: list[datetime] = Field(description="When the Studio stored each line (UTC), one per line, in the same order")
     total: int = Field(description="Lines in the whole log (of the attempt, or since the last start)")
     next: int | None = Field(None, description="With `after` or `full`: the `after` of the next page; null when this page reaches the end "
                                                "of the log as it is now (a page of long lines may hold fewer than `limit` lines)")
@@ -178,10 +220,25 @@ class CheckpointOut(Schema):
                                                  "null until it is committed. A later attempt that saves the same step replaces them at the branch's head, not in this commit. "
                                                  "A merge of a step that a later attempt saved again is committed on that step's own commit, beside the files it merged, "
                                                  "and moves no branch")
+    # Set by GET .../checkpoints, which looks the run's repo up once for all its checkpoints.
+    hub_repo: str | None = Field(None, description="<project>/<repo>: the run's experiment repo (its ExperimentOut.hub_repo) that holds the files; "
+                                                   "null until committed, and once the repo was deleted")
+    hub_repo_name: str | None = Field(None, description="The same repo's name alone, as /api/hub/repos/{name} takes it")
+    hub_branch: str | None = Field(None, description="The run's branch, run-<id> (a later attempt may have replaced the files at its head: use commit)")
+    hub_path: str | None = Field(None, description="The folder of the files in that commit: checkpoints/step-<n>, final, adapter, merged, "
+                                                   "or checkpoints/step-<n>/merged for a Merge of a saved step")
+    archive_url: str | None = Field(None, description="The folder as one .tar, each file under its path in the repo: "
+                                                      "GET /api/hub/repos/{hub_repo_name}/archive?ref={commit}&path={hub_path}, with the same token")
 
     @staticmethod
     def resolve_commit(obj) -> str | None:
         return obj.commit or None
+
+    @staticmethod
+    def resolve_archive_url(obj) -> str | None:
+        if not getattr(obj, "hub_path", None):
+            return None
+        return f"/api/hub/repos/{quote(obj.hub_repo_name)}/archive?{urlencode({'ref': obj.commit, 'path': obj.hub_path}, safe='/')}"
 
     @staticmethod
     def resolve_path(obj) -> str:

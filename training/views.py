@@ -17,7 +17,7 @@ import yaml
 from django.contrib import messages
 from django.core.paginator import Paginator
 from django.db.models import Avg, Count, Max, Min, Q, StdDev
-from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseNotFound, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseNotFound
 from django.shortcuts import redirect, render
 from django.template.loader import render_to_string
 from django.urls import reverse
@@ -46,7 +46,7 @@ from training.methods import distill as distill_method
 from training.methods.base import lora_enabled
 from training.models import ACTIVE_STATUSES, TERMINAL_STATUSES, Checkpoint, Method, Rollout, RunAttempt, Status, TrainingRun
 from training.playground_views import try_context
-from training.queries import filter_rollouts, get_run_for, log_lines, log_rows_after, log_rows_before, runs_for, search_runs
+from training.queries import filter_rollouts, get_run_for, log_lines, log_rows_after, log_rows_before, log_text, runs_for, search_runs
 from training.refs import HUB_REF, dataset_entries, ref_kind
 from training.suggestions import RefSuggestions
 from training.validation import start_notices
@@ -269,19 +269,11 @@ def live_context(run: TrainingRun) -> dict[str, Any]:
 def published_context(run: TrainingRun) -> dict[str, Any]:
     """The Overview's Published model: its repo; why it was not published, when a Data Hub rule refused
     it (the run's log says so too); or once it was deleted its name, marked deleted (the line used to
-    vanish, as if the run had published nothing). A repo whose publish failed was never made: not "deleted"."""
-    published = published_model(run)
+    vanish, as if the run had published nothing). GET /api/training-runs/{id} says the same."""
+    published, deleted = hub.published_model(run)
     failed = hub.publish_failure(run) if published is None else ""
-    deleted = f"{run.project.slug}/{hub.model_repo_name(run)}" if published is None and not failed and hub.model_repo_deleted(run) else ""
     return {"published": published, "published_deleted": deleted, "publish_failed": failed,
             "publish_repo": f"{run.project.slug}/{hub.model_repo_name(run)}"}
-
-
-def published_model(run: TrainingRun) -> Repo | None:
-    """The model repo the run's final or merged weights were published to (datahub.services.published_repos:
-    a `<run name>-run<id>` repo holding the run's publish commit, as the Models page pairs them); None
-    before that, or once it was deleted."""
-    return next(iter(hub.published_repos(run)), None)
 
 
 def config_rows(run: TrainingRun) -> list[tuple[str, Any]]:
@@ -608,7 +600,7 @@ def checkpoints_context(run: TrainingRun, writable: bool) -> dict[str, Any]:
     config = run.config or {}
     saved = list(Checkpoint.objects.filter(run=run))
     last_step = max((c.step for c in saved), default=0)
-    prefixes = {c.pk: hub.checkpoint_prefix(c, hub.is_earlier_merge(c, last_step)) for c in saved}
+    prefixes = {c.pk: hub.branch_folder(c, last_step) for c in saved}
     newest: dict[str, int] = {}  # the newest attempt whose files went to each place on the branch
     for c in saved:
         newest[prefixes[c.pk]] = max(newest.get(prefixes[c.pk], 0), c.attempt)
@@ -619,6 +611,7 @@ def checkpoints_context(run: TrainingRun, writable: bool) -> dict[str, Any]:
     merged = {(c.attempt, c.step) for c in saved if c.kind == "merged"}
     twins = Counter((c.kind, c.step) for c in saved)  # a step saved by more than one attempt
     repository = reverse("training:run_tab", args=[run.pk, "repository"])
+    repo_name = hub.experiment_repo_name(run.experiment)  # each row's Download folder (.tar): the Data Hub's archive of its folder
     recent, pending = timezone.now() - timedelta(minutes=5), False
     # Merge is offered by each row's attempt's settings: the run may have been edited since (request_merge checks the same).
     lora_of = {attempt: lora_enabled(services.attempt_settings(run, attempt)["config"] or {}) for attempt in {c.attempt for c in saved}}
@@ -635,10 +628,12 @@ def checkpoints_context(run: TrainingRun, writable: bool) -> dict[str, Any]:
             row["download_note"] = "deleted with its repo"
         elif c.commit:
             row["download"] = f"{repository}?{urlencode({'path': prefix, 'commit': c.commit}, safe='/')}"
+            row["archive"] = reverse("datahub:archive_path", args=[run.project.slug, repo_name, c.commit, prefix])
         elif newest[prefix] > c.attempt:
             row["replaced_by"] = newest[prefix]
         elif prefix in committed:
             row["download"] = f"{repository}?{urlencode({'path': prefix}, safe='/')}"
+            row["archive"] = reverse("datahub:archive_path", args=[run.project.slug, repo_name, hub.run_branch_name(run), prefix])
         else:
             # Only a step whose folder is on this machine gets committed, and within minutes: the table follows it.
             pending = pending or (c.created_at > recent and checkpoint_dir(c) is not None)
@@ -1105,10 +1100,7 @@ def run_log_text(request: HttpRequest, run_id: int) -> HttpResponse:
     if missing:
         return HttpResponseNotFound(f"Run #{run.pk} has no attempt {missing!r}: give one from 1 to {run.attempt}, or none for its current log.\n",
                                     content_type="text/plain; charset=utf-8")
-    lines = log_lines(run, attempt).order_by("id").values_list("line", flat=True)
-    response = StreamingHttpResponse((line + "\n" for line in lines.iterator(chunk_size=2000)), content_type="text/plain; charset=utf-8")
-    response["Content-Disposition"] = f'inline; filename="run-{run.pk}-{f"attempt-{attempt}" if attempt else "log"}.txt"'
-    return response
+    return log_text(run, attempt)
 
 
 def _action(request: HttpRequest, run_id: int, service) -> HttpResponse:
