@@ -55,11 +55,12 @@ def test_get_run_names_the_model_repo_it_published_and_says_once_that_was_delete
         "full_name": f"acme/{name}",
         "commit": head,
         "deleted": False,
+        "error": "",
     }
     # the name is the one the Data Hub API takes
     assert api.client.get(f"/api/hub/repos/{name}/download", {"path": "model.safetensors"}, HTTP_AUTHORIZATION=f"Bearer {api.token}").status_code == 200
     assert api.delete(f"/api/hub/repos/{name}").status_code == 204
-    assert api.get(f"/api/training-runs/{trained.pk}").json()["published_model"] == {"name": name, "full_name": f"acme/{name}", "commit": None, "deleted": True}
+    assert api.get(f"/api/training-runs/{trained.pk}").json()["published_model"] == {"name": name, "full_name": f"acme/{name}", "commit": None, "deleted": True, "error": ""}
     # the list keeps its fields (no per-run repo lookups)
     assert "published_model" not in api.get("/api/training-runs").json()["items"][0]
 

@@ -78,12 +78,16 @@ def test_a_publish_a_data_hub_rule_refuses_is_in_the_run_log_and_on_the_overview
     assert f"acme/{model_repo_name(run)}: Project acme already has a repo" in line and f"its files are on branch run-{run.pk}" in line, line
     overview = published_line(browser, run)
     assert "(deleted)" not in overview and f"publishing to <code>acme/{model_repo_name(run)}</code> failed" in overview, overview
+    shown = api.get(f"/api/training-runs/{run.pk}").json()["published_model"]  # the API says the same
+    assert shown["full_name"] == f"acme/{model_repo_name(run)}" and not shown["deleted"] and "already has a repo" in shown["error"], shown
 
     # once the clash is gone, the next try publishes and the Overview links the repo
     repos.delete_repo(repos.find_repo(project, model_repo_name(run).upper()))
     assert commit_checkpoint(final.pk) is not None
     assert Checkpoint.objects.get(pk=final.pk).publish_error == ""
     assert f"<code>acme/{model_repo_name(run)}</code></a>" in published_line(browser, run)
+    shown = api.get(f"/api/training-runs/{run.pk}").json()["published_model"]
+    assert shown["commit"] and shown["error"] == "" and not shown["deleted"], shown
 
 
 def test_a_run_whose_publish_the_old_name_refused_is_not_called_deleted_after_the_upgrade(api, project, browser, final_of):
