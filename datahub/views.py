@@ -20,7 +20,7 @@ from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_GET
 
 from datahub import archives, commits, datasets, services, uploads
 from datahub.models import Branch, Commit, Repo, RepoType, Tag, TreeEntry
@@ -58,6 +58,11 @@ def form_errors(exc: ApiError, fields: set[str], relabel: Callable[[Finding], Fi
     if not set(errors) - {"general"}:
         errors.setdefault("general", []).insert(0, exc.detail)
     return errors
+
+
+def repo_page(request: HttpRequest, namespace: str, name: str, **rest: str) -> str:
+    """A repo's page: where a GET of one of its forms' action URLs goes (form_action)."""
+    return reverse("datahub:repo", kwargs={"namespace": namespace, "name": name})
 
 
 def list_context(request: HttpRequest, form: dict | None = None) -> dict:
@@ -232,7 +237,7 @@ def chosen_name(upload) -> str:
 
 
 @studio_page
-@require_POST
+@form_action(repo_page)
 def repo_upload(request: HttpRequest, namespace: str, name: str) -> HttpResponse:
     """Upload files: the form's files (under an optional folder) become one commit on the chosen
     branch through the API's upload-session steps (uploads.upload_files), validated by UploadIn."""
@@ -281,7 +286,7 @@ def repo_delete(request: HttpRequest, namespace: str, name: str) -> HttpResponse
 
 
 @studio_page
-@require_POST
+@form_action(repo_page)
 def branch_delete(request: HttpRequest, namespace: str, name: str, branch: str) -> HttpResponse:
     """A branch's Delete (it asks first: hx-confirm): services.delete_branch, as the API's DELETE,
     with its refusals (the default branch, a run's branch, a branch a live run names) shown above
@@ -309,7 +314,7 @@ def branch_delete(request: HttpRequest, namespace: str, name: str, branch: str) 
 
 
 @studio_page
-@require_POST
+@form_action(repo_page)
 def file_delete(request: HttpRequest, namespace: str, name: str, revision: str, path: str) -> HttpResponse:
     """A file's Delete on the Files table (it asks first: hx-confirm): services.delete_files on
     branch `revision`, checked by FilesDeleteIn as the API's DELETE. The form sends the commit the

@@ -9,7 +9,7 @@ from django.contrib import messages
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_GET
 
 from environments import services
 from studio.api import loads_json, unstorable
@@ -112,7 +112,7 @@ def _parse_config(text: str) -> tuple[dict[str, Any] | None, list[Finding]]:
 
 
 @studio_page
-@require_POST
+@form_action("environment_repo")
 def edit_config(request: HttpRequest, name: str) -> HttpResponse:
     actor = web_actor(request)
     project = actor.require_writable_project()

@@ -10,7 +10,7 @@ from django.db.models import Count, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.urls import reverse
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_GET
 
 from datahub.repos import find_repo
 from datahub.services import experiment_repo_name
@@ -18,7 +18,7 @@ from experiments.compare import COMPARE_LIMIT, Comparison, compare_runs
 from experiments.models import Experiment
 from experiments.services import create_experiment
 from studio.errors import ApiError, NotFound
-from studio.views import errors_by_field, refuse_form, refused_forms, studio_page, web_actor
+from studio.views import errors_by_field, form_action, refuse_form, refused_forms, studio_page, web_actor
 from training import metrics
 from training.models import TrainingRun
 from training.queries import runs_for
@@ -40,7 +40,7 @@ def experiment_list(request: HttpRequest) -> HttpResponse:
 
 
 @studio_page
-@require_POST
+@form_action("experiments:list")
 def experiment_create(request: HttpRequest) -> HttpResponse:
     actor = web_actor(request)
     project = actor.require_writable_project()

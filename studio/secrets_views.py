@@ -7,7 +7,7 @@ from django.contrib import messages
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_GET
 
 from studio import services
 from studio.errors import ApiError
@@ -52,7 +52,7 @@ def set_secret(request: HttpRequest) -> HttpResponse:
 
 
 @studio_page
-@require_POST
+@form_action("secrets")
 def delete_secret(request: HttpRequest) -> HttpResponse:
     actor = web_actor(request)
     project = actor.require_writable_project()

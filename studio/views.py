@@ -93,17 +93,35 @@ def studio_page(view: Callable) -> Callable:
     return wrapper
 
 
-def form_action(page: str) -> Callable:
-    """A plain (non-htmx) form's action URL: POST only. A GET of it (the address bar, a bookmark, a
+def form_action(page: str | Callable[..., str]) -> Callable:
+    """A form's or button's action URL: POST only. A GET of it (the address bar, a bookmark, a
     link shared from a page once drawn at this URL) goes to the form's page, `page`, a URL name taking
-    the same URL arguments, instead of a 405 with an empty body."""
+    the same URL arguments (or a function of the request and them giving its URL), instead of a 405
+    with an empty body."""
 
     def decorator(view: Callable) -> Callable:
         @wraps(view)
         def wrapper(request: HttpRequest, *args, **kwargs) -> HttpResponse:
             if request.method in ("GET", "HEAD"):
-                return redirect(page, *args, **kwargs)
+                return redirect(page(request, *args, **kwargs)) if callable(page) else redirect(page, *args, **kwargs)
             return require_POST(view)(request, *args, **kwargs)
+
+        return wrapper
+
+    return decorator
+
+
+def htmx_fragment(page: Callable[..., str]) -> Callable:
+    """A view that answers htmx with a piece of a page (a poll, a form's live part): requested without
+    htmx (the address bar, a bookmark, a link opened in a new tab) it redirects to the page the piece
+    belongs to, `page(request, *args, **kwargs)`, rather than answer a bare fragment with no layout."""
+
+    def decorator(view: Callable) -> Callable:
+        @wraps(view)
+        def wrapper(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+            if not request.htmx:
+                return redirect(page(request, *args, **kwargs))
+            return view(request, *args, **kwargs)
 
         return wrapper
 

@@ -58,7 +58,7 @@ reads = ["/api/training-runs", f"/api/training-runs/{run.pk}", f"/api/training-r
          f"/api/training-runs/{run.pk}/checkpoints", f"/api/training-runs/{run.pk}/attempts", f"/api/training-runs/{run.pk}/rollouts",
          f"/api/training-runs/{run.pk}/fit", f"/api/training-runs/{grpo.pk}/rollouts", "/api/experiments", f"/api/experiments/{e}/compare", "/api/hub/repos", "/api/hub/repos/base/branches", "/api/hub/repos/base/tags",
          "/api/hub/repos/base/commits", "/api/hub/repos/base/files", "/api/hub/repos/data/preview?path=train.jsonl"]
-print(json.dumps({**{url: client.get(url).status_code for url in pages}, **{url: api.get(url).status_code for url in reads}}))
+print(json.dumps({**{url: client.get(url, HTTP_HX_REQUEST="true").status_code for url in pages}, **{url: api.get(url).status_code for url in reads}}))
 """
 
 

@@ -8,13 +8,14 @@ from typing import Any
 from django.contrib import messages
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
-from django.views.decorators.http import require_GET, require_POST
+from django.urls import reverse
+from django.views.decorators.http import require_GET
 
 from studio.api import validate_data
 from studio.auth import Actor
 from studio.errors import ApiError, BadRequest, Conflict, NotFound
 from studio.parsing import ascii_int
-from studio.views import errors_by_field, studio_page, web_actor
+from studio.views import errors_by_field, form_action, htmx_fragment, studio_page, web_actor
 from training import playground
 from training.models import Checkpoint, Generation, TrainingRun
 from training.queries import get_run_for
@@ -84,8 +85,16 @@ def ask_of(request: HttpRequest, chat: bool) -> dict[str, Any]:
     return ask
 
 
+# htmx stops polling an element whose answer has this status (and swaps the answer in).
+STOP_POLLING = 286
+
+
+def try_page(request: HttpRequest, run_id: int, *args: Any, **kwargs: Any) -> str:
+    return reverse("training:run_tab", args=[run_id, "try"])
+
+
 @studio_page
-@require_POST
+@form_action(try_page)
 def generate(request: HttpRequest, run_id: int) -> HttpResponse:
     """Try it's Generate: the ask recorded and queued (the tab then polls its answer), or the form again
     with each finding by its field (400) or why the run cannot answer (409)."""
@@ -109,12 +118,22 @@ def generate(request: HttpRequest, run_id: int) -> HttpResponse:
 
 
 @studio_page
+@htmx_fragment(try_page)
 @require_GET
 def generation(request: HttpRequest, run_id: int, generation_id: int) -> HttpResponse:
-    """One answer, polled by the tab until a worker has made it."""
-    run = get_run_for(web_actor(request), run_id)
+    """One answer, polled by the tab until a worker has made it. A run deleted (in another tab, by a
+    teammate) or an answer no longer kept ends the poll (STOP_POLLING) with a card saying so: a 404
+    is not swapped in, so the card said "Generating…" and polled every 2 s for as long as it was open."""
+    try:
+        run = get_run_for(web_actor(request), run_id)
+    except NotFound as exc:
+        return render(request, "training/run_detail.html#generation_gone", {"generation_id": generation_id, "gone": exc.detail,
+                      "hint": "It may have been deleted since this page was loaded (in another tab, or by a teammate).",
+                      "runs_url": reverse("training:runs")}, status=STOP_POLLING)
     found = Generation.objects.select_related("checkpoint").filter(pk=generation_id, run=run).first()
     if found is None:
-        raise NotFound(f"Run {run.pk} keeps no answer {generation_id}: it keeps its newest {playground.KEPT_GENERATIONS}.")
+        return render(request, "training/run_detail.html#generation_gone", {"generation_id": generation_id,
+                      "gone": f"Run {run.pk} keeps no answer {generation_id}: it keeps its newest {playground.KEPT_GENERATIONS}.",
+                      "hint": "", "runs_url": ""}, status=STOP_POLLING)
     playground.count_answers_ahead([found])
     return render(request, "training/run_detail.html#generation", {"run": run, "g": found, "timeout": playground.GENERATION_TIMEOUT_SECONDS})

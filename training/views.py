@@ -23,7 +23,7 @@ from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_GET
 
 from datahub import repos as hub_repos
 from datahub import services as hub
@@ -33,9 +33,9 @@ from environments import services as env_services
 from environments.services import FIELD as FIELD_ENVIRONMENT
 from experiments.models import Experiment
 from experiments.services import DEFAULT_EXPERIMENT
-from studio.errors import ApiError, BadRequest, Conflict, Finding, Forbidden, PaymentRequired, Unprocessable
+from studio.errors import ApiError, BadRequest, Conflict, Finding, Forbidden, NotFound, PaymentRequired, Unprocessable
 from studio.parsing import ascii_int, isolated
-from studio.views import errors_by_field, refuse_form, refused_forms, studio_page, web_actor
+from studio.views import errors_by_field, form_action, htmx_fragment, refuse_form, refused_forms, studio_page, web_actor
 from training import checkpoints, forms, metrics, services
 from training.backends.local import checkpoint_dir, shown_path
 from training.compute import accelerators_of
@@ -462,7 +462,17 @@ def with_the_rest(parsed: forms.ParsedRun, project) -> list:
 @studio_page
 def edit_run(request: HttpRequest, run_id: int) -> HttpResponse:
     actor = web_actor(request)
-    run = get_run_for(actor, run_id, write=True)
+    try:
+        run = get_run_for(actor, run_id, write=True)
+    except NotFound as exc:
+        if request.method != "POST":
+            raise
+        # Save on a run deleted since the form was opened (in another tab, by a teammate): the runs
+        # list says so, rather than a bare 404 that reads as if the typed changes were lost silently.
+        typed = request.POST.get("name", "").strip()
+        messages.error(request, f"{exc.detail} It may have been deleted since its Edit run page was loaded (in another tab, or by a teammate): "
+                                f"your changes{f' to {isolated(typed)}' if typed else ''} were not saved.")
+        return redirect("training:runs")
     # Taken before the check below: a refusal whose run can no longer be edited is not shown later.
     refused = refused_forms(request).get(RUN_FORM) if request.method == "GET" else None
     try:
@@ -508,7 +518,22 @@ def replacement_patch(old: Any, new: Any) -> Any:
     return patch
 
 
+def new_run_page(request: HttpRequest, part: str = "") -> str:
+    """NEW RUN, with the method and experiment a live part's query string picked (what its GET reads)."""
+    kept = {k: request.GET[k] for k in ("method", "experiment") if request.GET.get(k)}
+    return reverse("training:new") + (f"?{urlencode(kept)}" if kept else "")
+
+
+def run_page(request: HttpRequest, run_id: int, *args: Any, **kwargs: Any) -> str:
+    return reverse("training:run", args=[run_id])
+
+
+def checkpoints_page(request: HttpRequest, run_id: int, *args: Any, **kwargs: Any) -> str:
+    return reverse("training:run_tab", args=[run_id, "checkpoints"])
+
+
 @studio_page
+@htmx_fragment(new_run_page)
 @require_GET
 def new_run_part(request: HttpRequest, part: str) -> HttpResponse:
     """The form's live pieces: the method card (picker changed), GRPO's mode fields, DISTILL's
@@ -994,6 +1019,7 @@ def status_answer(request: HttpRequest, context: dict[str, Any]) -> HttpResponse
 
 
 @studio_page
+@htmx_fragment(run_page)
 @require_GET
 def run_status(request: HttpRequest, run_id: int) -> HttpResponse:
     run = get_run_for(web_actor(request), run_id)
@@ -1011,6 +1037,7 @@ def run_status(request: HttpRequest, run_id: int) -> HttpResponse:
 
 
 @studio_page
+@htmx_fragment(run_page)
 @require_GET
 def run_live(request: HttpRequest, run_id: int) -> HttpResponse:
     run = get_run_for(web_actor(request), run_id)
@@ -1127,19 +1154,19 @@ def _status_response(request: HttpRequest, run: TrainingRun, actor, error: ApiEr
 
 
 @studio_page
-@require_POST
+@form_action(run_page)
 def start(request: HttpRequest, run_id: int) -> HttpResponse:
     return _action(request, run_id, services.start_run)
 
 
 @studio_page
-@require_POST
+@form_action(run_page)
 def stop(request: HttpRequest, run_id: int) -> HttpResponse:
     return _action(request, run_id, services.stop_run)
 
 
 @studio_page
-@require_POST
+@form_action(run_page)
 def delete(request: HttpRequest, run_id: int) -> HttpResponse:
     """"Delete run": services.delete_run, as the API's DELETE. Done, the runs list says what stays in
     the Data Hub (or that its empty branch went too); refused, the status area names each reason."""
@@ -1164,7 +1191,7 @@ def delete(request: HttpRequest, run_id: int) -> HttpResponse:
 
 
 @studio_page
-@require_POST
+@form_action(checkpoints_page)
 def resume_checkpoint(request: HttpRequest, run_id: int, step: int) -> HttpResponse:
     """"Resume from here": a child run continuing from the saved step, opened at its Configuration."""
     actor = web_actor(request)
@@ -1182,7 +1209,7 @@ def resume_checkpoint(request: HttpRequest, run_id: int, step: int) -> HttpRespo
 
 
 @studio_page
-@require_POST
+@form_action(checkpoints_page)
 def merge_checkpoint(request: HttpRequest, run_id: int, step: int) -> HttpResponse:
     """"Merge": the LoRA checkpoint merged into its base by a Celery task; it appears as `merged`."""
     run = get_run_for(web_actor(request), run_id, write=True)

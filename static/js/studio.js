@@ -385,6 +385,26 @@
     if (button) evt.preventDefault();
   }, true);
 
+  // ---- pickers whose fields the server drew ---------------------------------------------------------
+  // A picker (NEW RUN's Method, GRPO's RL mode) has its fields drawn by the server for one value
+  // (data-drawn-in names them, their data-drawn-for says which). Back to the page, the browser puts
+  // back the value picked last (form state restoration) on fields drawn for the page's first one: GRPO
+  // said over SFT's fields, and Create run sent a GRPO run with SFT's settings. The picker's own
+  // change request draws the fields for what it says; the outer picker first, as its answer brings
+  // the inner ones.
+  function redrawPickers() {
+    var pickers = document.querySelectorAll("select[data-drawn-in]");
+    for (var i = 0; i < pickers.length; i++) {
+      var drawn = document.querySelector(pickers[i].dataset.drawnIn);
+      if (drawn && typeof htmx !== "undefined" && drawn.dataset.drawnFor !== pickers[i].value) {
+        htmx.trigger(pickers[i], "change");
+        return;
+      }
+    }
+  }
+  // pageshow: after a page load's form state restoration, and when the page comes back from the back/forward cache.
+  window.addEventListener("pageshow", redrawPickers);
+
   // ---- file inputs that take at most so many files ----------------------------------------------------
   // The server refuses a form of more than DATA_UPLOAD_MAX_NUMBER_FILES files before any view reads
   // it: say so beside the field before the files are sent, not after the whole upload.

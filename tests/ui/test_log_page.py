@@ -95,7 +95,7 @@ def test_the_overview_log_box_keeps_the_newest_long_lines_within_its_character_b
     run = run_with_log(project, users["owner"], [f"{i:03d} " + "x" * 9_996 for i in range(200)], status=Status.RUNNING)
     client = client_for(users["owner"])
     for url in (f"/training/runs/{run.pk}/", f"/training/runs/{run.pk}/live"):  # the page, and the box's 5 s poll
-        response = client.get(url)
+        response = client.get(url, HTTP_HX_REQUEST="true")
         html = response.content.decode()
         box = html.split('id="training-log"')[1].split(">", 1)[1].split("</pre>")[0]
         lines = [line for line in re.sub(r"<span[^>]*>.*?</span>", "", box).split("\n") if line]

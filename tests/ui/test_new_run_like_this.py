@@ -137,7 +137,7 @@ def test_the_overview_links_the_model_repo_the_run_published(project, users):
     assert 'data-testid="published-model"' not in client.get(f"/training/runs/{run.pk}/").content.decode()  # nothing published yet
     commit_files(mine, "main", {"README.md": b"card"}, message=PUBLISH_MESSAGE.format(kind="final", run=run.pk, step=3))
     for url in (f"/training/runs/{run.pk}/", f"/training/runs/{run.pk}/live"):
-        html = client.get(url).content.decode()
+        html = client.get(url, HTTP_HX_REQUEST="true").content.decode()
         link = html.split('data-testid="published-model"', 1)[1].split("</p>", 1)[0]
         assert f'href="/hub/{project.slug}/sft-ui-run1-run{run.pk}"' in link and f"{project.slug}/sft-ui-run1-run{run.pk}" in link
 

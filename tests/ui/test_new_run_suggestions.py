@@ -69,12 +69,12 @@ def test_after_bootstrapdemo_new_run_suggests_the_demo_model_and_the_methods_dem
 
     # The picker swaps the method card, and the datalist with it: DPO's demo rows are preference pairs.
     # The dataset's help is outside the card: it comes along out of band.
-    dpo = client.get("/training/new/method", {"method": "dpo"}).content.decode()
+    dpo = client.get("/training/new/method", {"method": "dpo"}, HTTP_HX_REQUEST="true").content.decode()
     assert options(dpo, "dataset-choices") == [built["dpo"], "demo-dpo@main"]
     oob = re.search(r'<p class="help" id="f-dataset-help" hx-swap-oob="true">(.*?)</p>', dpo, re.S)
     assert oob and built["dpo"] in htmllib.unescape(oob.group(1)), dpo[:3000]
     assert 'hx-swap-oob' not in page  # the whole page has the help once, in its place
-    distill = client.get("/training/new/method", {"method": "distill"}).content.decode()
+    distill = client.get("/training/new/method", {"method": "distill"}, HTTP_HX_REQUEST="true").content.decode()
     assert options(distill, "dataset-choices") == [built["distill"], "demo-distill@main"]
     assert 'list="model-choices"' in distill.split('id="f-config-distillation-teacher-model"')[1].split(">")[0]
 
@@ -112,7 +112,7 @@ def test_new_run_suggests_only_the_current_projects_repos_and_base_models(projec
     assert options(page, "dataset-choices") == ["acme-data@main"]
     assert "globex-model" not in page and "globex-data" not in page and "org/globex-base" not in page
     assert "bootstrapdemo" not in page  # no demo was built
-    dpo = client.get("/training/new/method", {"method": "dpo"}).content.decode()
+    dpo = client.get("/training/new/method", {"method": "dpo"}, HTTP_HX_REQUEST="true").content.decode()
     assert options(dpo, "dataset-choices") == ["acme-data@main"] and "globex" not in dpo
 
     assert client.post("/projects/switch", {"project": "globex", "next": "/training/new/"}).status_code == 302

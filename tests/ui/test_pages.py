@@ -223,15 +223,15 @@ def test_one_new_run_answer_names_every_bad_field_even_with_one_it_cannot_parse(
 def test_distill_estimate_and_teacher_warning(project, users):
     client = client_for(users["owner"])
     html = client.get("/training/new/estimate", {"method": "distill", "config.distillation.top_k": "64", "distill_tokens": "295000",
-                                                  "config.distillation.teacher_model": "Qwen/Qwen2.5-72B", "compute.accelerators": "L4:1"}).content.decode()
+                                                  "config.distillation.teacher_model": "Qwen/Qwen2.5-72B", "compute.accelerators": "L4:1"}, HTTP_HX_REQUEST="true").content.decode()
     assert "113.3 MB" in html and 'data-testid="teacher-warning"' in html
     html = client.get("/training/new/estimate", {"method": "distill", "config.distillation.top_k": "64", "distill_tokens": "1000",
-                                                  "config.distillation.teacher_model": "Qwen/Qwen3-1.7B", "compute.accelerators": "L4:1"}).content.decode()
+                                                  "config.distillation.teacher_model": "Qwen/Qwen3-1.7B", "compute.accelerators": "L4:1"}, HTTP_HX_REQUEST="true").content.decode()
     assert 'data-testid="teacher-warning"' not in html
 
 
 def estimate_html(user, **values) -> str:
-    return client_for(user).get("/training/new/estimate", {"method": "distill", "config.distillation.top_k": "64", **values}).content.decode()
+    return client_for(user).get("/training/new/estimate", {"method": "distill", "config.distillation.top_k": "64", **values}, HTTP_HX_REQUEST="true").content.decode()
 
 
 def test_distill_estimate_counts_a_local_dataset_with_the_students_tokenizer(project, users, tmp_path):
@@ -313,7 +313,7 @@ def test_a_small_teachers_weights_read_in_mib_not_as_zero_gib(project, users, tm
     (model / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 128, "num_hidden_layers": 3, "vocab_size": 1024,
                                                    "num_attention_heads": 4, "intermediate_size": 256, "torch_dtype": "float32"}))
     html = client_for(users["owner"]).get("/training/new/estimate", {"method": "distill", "config.distillation.teacher_model": str(model),
-                                                                      "config.distillation.top_k": "64", "distill_tokens": "1000"}).content.decode()
+                                                                      "config.distillation.top_k": "64", "distill_tokens": "1000"}, HTTP_HX_REQUEST="true").content.decode()
     assert re.search(r"The teacher needs ≈ \d+\.\d MiB for its weights", html) and "0.0 GiB" not in html
 
 
@@ -561,7 +561,7 @@ def test_environment_tab_describes_the_builtin(project, users):
     run = make_run(project, users["owner"], "grpo")
     html = client_for(users["owner"]).get(f"/training/runs/{run.pk}/environment/").content.decode()
     assert "Built into the engine" in html and "builtin/arith@main" in html
-    form = client_for(users["owner"]).get("/training/new/method", {"method": "grpo"}).content.decode()
+    form = client_for(users["owner"]).get("/training/new/method", {"method": "grpo"}, HTTP_HX_REQUEST="true").content.decode()
     assert 'list="environment-choices"' in form and '<option value="builtin/arith@main">' in form
 
 
@@ -582,12 +582,12 @@ def test_grpo_quick_try_fills_the_short_rollout_settings_and_keeps_what_was_type
     assert '<div id="grpo-mode" data-mode="environment" hx-swap-oob="true">' in html
     assert re.search(r'name="config.environment_id"[^>]*value="builtin/arith@main"', html)
     # An environment the user chose stays; a RULER run keeps its judge fields (no environment swap).
-    html = client.get("/training/new/quick", {**typed, "config.environment_id": "acme/maze@v2"}).content.decode()
+    html = client.get("/training/new/quick", {**typed, "config.environment_id": "acme/maze@v2"}, HTTP_HX_REQUEST="true").content.decode()
     assert re.search(r'name="config.environment_id"[^>]*value="acme/maze@v2"', html)
-    html = client.get("/training/new/quick", {**typed, "config.rl_mode": "ruler"}).content.decode()
+    html = client.get("/training/new/quick", {**typed, "config.rl_mode": "ruler"}, HTTP_HX_REQUEST="true").content.decode()
     assert 'id="grpo-mode"' not in html and 'value="8"' in html
     # The form on the page has the button, inside the GRPO card.
-    form = client.get("/training/new/method", {"method": "grpo"}).content.decode()
+    form = client.get("/training/new/method", {"method": "grpo"}, HTTP_HX_REQUEST="true").content.decode()
     assert 'hx-get="/training/new/quick"' in form and 'hx-target="#grpo-numbers"' in form
     # QA: the hint said "remove lora_rank from the config", which GRPO's starter config has no longer.
     assert "remove lora_rank" not in form
@@ -703,7 +703,7 @@ def test_a_tab_the_method_lacks_is_a_404_that_says_so(project, users):
 
 
 def test_an_unknown_new_run_part_is_a_readable_404(project, users):
-    response = client_for(users["owner"]).get("/training/new/bogus", {"method": "sft"})
+    response = client_for(users["owner"]).get("/training/new/bogus", {"method": "sft"}, HTTP_HX_REQUEST="true")  # opened directly: NEW RUN (test_fragment_urls)
     html = response.content.decode()
     assert response.status_code == 404
     assert 'NEW RUN has no live part "bogus"' in html and "method, mode, preset, quick, estimate, fit" in html
@@ -801,10 +801,10 @@ def test_after_logging_in_again_the_user_lands_in_the_project_used_last(project,
 
 @pytest.mark.parametrize(("top_k", "shown"), [("2000", "got 2000"), ("0", "got 0"), ("lots", "got lots")])
 def test_distill_estimate_shows_starts_top_k_range_instead_of_pricing_it(project, users, top_k, shown):
-    html = client_for(users["owner"]).get("/training/new/estimate", {"method": "distill", "config.distillation.top_k": top_k, "distill_tokens": "295000"}).content.decode()
+    html = client_for(users["owner"]).get("/training/new/estimate", {"method": "distill", "config.distillation.top_k": top_k, "distill_tokens": "295000"}, HTTP_HX_REQUEST="true").content.decode()
     assert 'data-testid="estimate-finding"' in html and "integer from 1 to 1024" in html and shown in html
     assert 'data-testid="storage-estimate"' not in html
-    ok = client_for(users["owner"]).get("/training/new/estimate", {"method": "distill", "config.distillation.top_k": "1024", "distill_tokens": "1000"}).content.decode()
+    ok = client_for(users["owner"]).get("/training/new/estimate", {"method": "distill", "config.distillation.top_k": "1024", "distill_tokens": "1000"}, HTTP_HX_REQUEST="true").content.decode()
     assert 'data-testid="storage-estimate"' in ok and "estimate-finding" not in ok
 
 
@@ -983,5 +983,5 @@ def test_new_run_names_no_design_document(project, users, method):
     # QA: GRPO's config box said "# Full fine-tune (seed 002's default)": users do not know the seed documents.
     client = client_for(users["owner"])
     html = client.get("/training/new/", {"method": method}).content.decode()
-    html += client.get("/training/new/estimate", {"method": method, "config.distillation.top_k": "64"}).content.decode()
+    html += client.get("/training/new/estimate", {"method": method, "config.distillation.top_k": "64"}, HTTP_HX_REQUEST="true").content.decode()
     assert "seed 00" not in html.lower()

@@ -13,6 +13,13 @@ pytestmark = pytest.mark.django_db
     ("/hub/acme/my-data/delete", "/hub/acme/my-data"),
     ("/environments/fork", "/environments/"),
     ("/settings/secrets/set", "/settings/secrets/"),
+    # Actions whose form is sent by htmx too: a GET of one is no 405 with an empty body either.
+    ("/settings/secrets/delete", "/settings/secrets/"),
+    ("/experiments/create", "/experiments/"),
+    ("/environments/maze/config", "/environments/maze/"),
+    ("/hub/acme/my-data/upload", "/hub/acme/my-data"),
+    ("/hub/acme/my-data/branches/dev/delete", "/hub/acme/my-data"),
+    ("/hub/acme/my-data/delete/main/data/train.jsonl", "/hub/acme/my-data"),
 ])
 def test_a_get_of_a_plain_forms_action_url_goes_to_the_forms_page(project, users, action, form_page):
     client = Client()

@@ -51,7 +51,7 @@ def test_overview_links_the_full_log_and_each_earlier_attempts_log(users, restar
     assert "(attempt 2, last 3 lines)" in html
     links = re.search(r'<p class="log-links"[^>]*>(.*?)</p>', html, re.S).group(1)
     assert f'href="/training/runs/{run.pk}/log">Full log</a>' in links and f'href="/training/runs/{run.pk}/log?attempt=1">attempt 1</a>' in links
-    live = client.get(f"/training/runs/{run.pk}/live").content.decode()  # the box's refresh keeps the links
+    live = client.get(f"/training/runs/{run.pk}/live", HTTP_HX_REQUEST="true").content.decode()  # the box's refresh keeps the links
     assert f"/training/runs/{run.pk}/log?attempt=1" in live
 
 
