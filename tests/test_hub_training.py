@@ -56,7 +56,13 @@ def test_a_run_trains_from_data_hub_refs(api, project, studio_worker, tiny_model
     step2_metrics = [json.loads(line) for line in blob_text(steps[0].commit, "metrics.jsonl").splitlines()]
     assert {row["step"] for row in step2_metrics if row["key"] == "loss"} == {1, 2}
     # The published card's front matter names the Data Hub base by the repo id it was pinned to, not tiny-student@main.
-    published = Branch.objects.get(repo__project=project, repo__name=f"from-the-hub-run{run.pk}", name="main").head_id
+    # The publish follows the final checkpoint's commit (which sets its `commit`), in the same task: wait for it.
+    def published_head() -> str | None:
+        head = Branch.objects.filter(repo__project=project, repo__name=f"from-the-hub-run{run.pk}", name="main").values_list("head_id", flat=True).first()
+        return head if head and TreeEntry.objects.filter(commit_id=head, path="README.md").exists() else None
+
+    wait_for(published_head, 60, message="the final weights published with their model card")
+    published = published_head()
     card = blob_text(published, "README.md")
     assert f"base_model: {project.slug}/tiny-student\n" in card and "- learning_rate: 0.005" in card, card
     assert json.loads(blob_text(published, "training_config.json"))["base_model"]["commit"] == head

@@ -956,12 +956,11 @@ BIDI_NAME = "\u202egrpo-sys"  # RIGHT-TO-LEFT OVERRIDE: refused since, but a run
 
 
 def test_new_run_refuses_a_bidi_override_in_the_name_naming_it(project, users):
-    response = client_for(users["owner"]).post("/training/new/", {
+    html = refused_form_page(client_for(users["owner"]), "/training/new/", {
         "name": BIDI_NAME, "method": "grpo", "experiment": "", "base_model": "org/base", "dataset": "",
         "config.rl_mode": "environment", "config.environment_id": "builtin/arith@main", "compute.backend": "local", "config_text": "",
-    })
-    html = response.content.decode()
-    assert response.status_code == 400 and 'id="f-name-errors"' in html, html[:2000]
+    }, "/training/new/")
+    assert 'id="f-name-errors"' in html, html[:2000]
     assert "a run name cannot contain U+202E (RIGHT-TO-LEFT OVERRIDE)" in html
     assert not project.runs.exists()
 
