@@ -93,6 +93,11 @@ def test_an_ended_run_without_final_weights_is_a_409_naming_its_steps_not_a_wait
     answer = assert_error(api.post(f"/api/training-runs/{bare.pk}/generate", ASK), 409)
     assert answer["detail"].startswith(f"Run {bare.pk} {says} before saving its final weights, and it saved no step along the way: Start it again")
     assert "wait" not in answer["detail"] and not Generation.objects.exists()
+    assert "with save_steps in its config it also saves steps along the way" in answer["detail"]
+    # a run that asked for saved steps but ended before its first is not told to set save_steps
+    TrainingRun.objects.filter(pk=bare.pk).update(config={**bare.config, "save_steps": 4})
+    answer = assert_error(api.post(f"/api/training-runs/{bare.pk}/generate", ASK), 409)
+    assert "Start it again (it saves a step every 4 steps: it ended before its first), then" in answer["detail"], answer["detail"]
 
 
 def test_a_step_the_run_did_not_save_is_a_400_listing_the_steps_it_did(api, project, users, runs_dir):
@@ -154,9 +159,10 @@ def test_a_data_hub_base_answers_at_its_pinned_commit_and_a_deleted_one_is_a_409
     TrainingRun.objects.filter(pk=run.pk).update(pinned={"base_model": {"ref": "org-base@main", "commit": gone, "repo": "acme/org-base"}})
     answer = assert_error(api.post(f"/api/training-runs/{run.pk}/generate", {**ASK, "step": 5}), 409)
     assert f"Data Hub repo acme/org-base was deleted, and with it commit {gone[:12]}" in answer["detail"]
-    assert "the LoRA adapter of step 5 has no base to go over" in answer["detail"]
+    assert "the LoRA adapter of step 5 has no base to go over" in answer["detail"] and "Merge this step on the Checkpoints tab" in answer["detail"]
     answer = assert_error(api.post(f"/api/training-runs/{run.pk}/generate", {**ASK, "compare_base": True}), 409)
-    assert "cannot be compared with the base model's" in answer["detail"]
+    # the run's own weights would answer: the way out is to leave the base out, not other weights
+    assert "cannot be compared with the base model's. Untick Compare with the base model" in answer["detail"], answer["detail"]
     assert Generation.objects.count() == 1  # the refusals stored nothing
     assert api.post(f"/api/training-runs/{run.pk}/generate", ASK).status_code == 202  # its final weights load alone
 

@@ -94,13 +94,20 @@ def weights_of(run: TrainingRun, step: int | None) -> Checkpoint:
         if steps:
             raise Conflict(f"{ended}: try one of its saved steps ({', '.join(map(str, steps))}) with step, or Resume from one of them "
                            "(Checkpoints tab) or Start it again, and try the new run's final weights once it completes.")
-        raise Conflict(f"{ended}, and it saved no step along the way: Start it again (with save_steps in its config it also saves steps "
-                       "along the way), then try it once it completes.")
+        raise Conflict(f"{ended}, and it saved no step along the way: Start it again{save_steps_hint(run)}, then try it once it completes.")
     if steps:
         raise Conflict(f"Run {run.pk} has no final weights yet (it saves them when its training ends): try one of its saved steps "
                        f"({', '.join(map(str, steps))}) with step, or wait for the run to finish.")
-    raise Conflict(f"Run {run.pk} has no saved weights to try: start it and let it finish (with save_steps in its config it also saves "
-                   "steps along the way), then try it.")
+    raise Conflict(f"Run {run.pk} has no saved weights to try: start it and let it finish{save_steps_hint(run)}, then try it.")
+
+
+def save_steps_hint(run: TrainingRun) -> str:
+    """What the no-weights 409s add on saved steps: how to get some, unless the run already asks for
+    them (it ended before its first save; the advice to set save_steps sent the user to what was there)."""
+    every = (run.config or {}).get("save_steps")
+    if every:
+        return f" (it saves a step every {every} steps: it ended before its first)" if run.status in (Status.FAILED, Status.CANCELLED) else ""
+    return " (with save_steps in its config it also saves steps along the way)"
 
 
 @dataclass(frozen=True)
@@ -116,22 +123,20 @@ class HubFolder:
 Weights = str | HubFolder
 
 
-def base_model_of(run: TrainingRun, attempt: int, what: str) -> Weights:
+def base_model_of(run: TrainingRun, attempt: int, what: str, instead: str) -> Weights:
     """The base model attempt `attempt` trained from, as the generator loads it: an HF id or a local
     folder, or for a Data Hub ref the commit START pinned it to (the run's log: `trains from base_model
     demo-student@main = demo/demo-student@<commit>`), whatever its branch holds now. 409 when that
-    commit went with its repo, or the attempt pinned none."""
+    commit went with its repo, or the attempt pinned none; `instead` says what the user can ask instead."""
     record = attempt_record(run, attempt)
     base = record.base_model
     if not is_hub_ref(base):
         return base
     pin = (record.pinned or {}).get("base_model")
     if not isinstance(pin, dict) or pin.get("ref") != base or not pin.get("commit") or not pin.get("repo"):
-        raise Conflict(f"Run {run.pk}'s base model {base} was not pinned to a commit when attempt {attempt} started, so {what}. "
-                       "Try the run's final weights (a LoRA run's merged model loads alone), or Merge a saved step on the Checkpoints tab and try that step.")
+        raise Conflict(f"Run {run.pk}'s base model {base} was not pinned to a commit when attempt {attempt} started, so {what}. {instead}")
     if gone_pins({"base_model": pin}):
-        raise Conflict(f"Run {run.pk}'s base model {base}: {pin_deleted(pin)}, so {what}. "
-                       "Try the run's final weights (a LoRA run's merged model loads alone), or a merged step.")
+        raise Conflict(f"Run {run.pk}'s base model {base}: {pin_deleted(pin)}, so {what}. {instead}")
     return HubFolder(pin["commit"])
 
 
@@ -170,7 +175,9 @@ def model_args(run: TrainingRun, checkpoint: Checkpoint) -> list[Weights]:
     else:
         weights, adapter = str(folder), (folder / "adapter_config.json").is_file()
     if adapter:
-        return ["--model", base_model_of(run, checkpoint.attempt, f"the LoRA adapter of step {checkpoint.step} has no base to go over"), "--adapter", weights]
+        return ["--model", base_model_of(run, checkpoint.attempt, f"the LoRA adapter of step {checkpoint.step} has no base to go over",
+                                                    "Try the run's final weights (a LoRA run's merged model loads alone), or Merge this step on the "
+                                                    "Checkpoints tab and try it."), "--adapter", weights]
     return ["--model", weights]
 
 
@@ -200,7 +207,8 @@ def sources_of(generation: Generation) -> list[tuple[str, list[Weights]]]:
         raise Conflict("The weights this was asked of were deleted: ask again.")
     sources = [("trained", model_args(run, checkpoint))]
     if generation.compare_base:
-        sources.append(("base", ["--model", base_model_of(run, checkpoint.attempt, "its answer cannot be compared with the base model's")]))
+        sources.append(("base", ["--model", base_model_of(run, checkpoint.attempt, "its answer cannot be compared with the base model's",
+                                                         "Untick Compare with the base model to try the run's weights alone.")]))
     return sources
 
 
