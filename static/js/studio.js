@@ -181,11 +181,37 @@
 
   window.studioShowRequestError = function (status, html) { showBanner(errorBanner(status, html)); };
 
+  // A poll answered 404: what it polls is gone (a run deleted in another tab), and asking again every
+  // few seconds only met the same 404 for as long as the tab stayed open. The poller is replaced by a
+  // copy that does not poll (htmx stops polling an element that left the page), focus kept in place.
+  function childPath(root, node) {
+    if (!node || node === root || !root.contains(node)) return null;
+    var path = [];
+    for (; node && node !== root; node = node.parentElement) path.unshift(Array.prototype.indexOf.call(node.parentElement.children, node));
+    return node === root ? path : null;
+  }
+
+  function stopPolling(elt) {
+    if (!elt || !/\bevery\b/.test(elt.getAttribute("hx-trigger") || "")) return;
+    var still = elt.cloneNode(true);
+    still.removeAttribute("hx-get");
+    still.removeAttribute("hx-trigger");
+    var focused = childPath(elt, document.activeElement);
+    elt.replaceWith(still);
+    if (typeof htmx !== "undefined") htmx.process(still);
+    if (focused) {
+      var node = still;
+      focused.forEach(function (index) { node = node && node.children[index]; });
+      if (node) node.focus();
+    }
+  }
+
   document.addEventListener("htmx:beforeSwap", function (evt) {
     var xhr = evt.detail.xhr;
     if (!xhr || xhr.status < 400 || isPartial(evt.detail)) return;
     evt.detail.shouldSwap = false;
     showBanner(errorBanner(xhr.status, xhr.responseText));
+    if (xhr.status === 404 && isPoll(evt.detail)) stopPolling(evt.detail.elt);
   });
 
   function unreachable(evt) {
