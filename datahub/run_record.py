@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 from datahub.refs import RESERVED_NAMESPACES
+from training.methods import get_method
 from training.refs import HF_ID, ref_kind
 
 CARD_METRICS = ("loss", "eval_loss", "reward", "kd_loss")
@@ -21,18 +22,6 @@ CARD_METRICS = ("loss", "eval_loss", "reward", "kd_loss")
 # completion it made (no cap in the database), and each checkpoint commits the file again. Once cut,
 # later commits store the same bytes (one blob); GET .../rollouts serves them all.
 ROLLOUTS_FILE_BYTES = 16 * 1024 * 1024
-
-# The settings the card lists by name; training_config.json has all of them.
-CARD_SETTINGS = (
-    "learning_rate",
-    "max_steps",
-    "num_epochs",
-    "per_device_train_batch_size",
-    "gradient_accumulation_steps",
-    "max_length",
-    "rollouts_per_prompt",
-    "max_response_length",
-)
 
 
 def metrics_export(run, up_to_step: int) -> bytes:
@@ -153,6 +142,7 @@ def training_config(run, checkpoint) -> bytes:
         "attempt": checkpoint.attempt,
         "step": checkpoint.step,
         "weights": checkpoint.kind,
+        "resumed_from": _resumed_from(run),
         **_inputs(run, checkpoint),
     }
     return (json.dumps(record, indent=2, sort_keys=False) + "\n").encode()
@@ -195,6 +185,27 @@ def _lora(config: dict[str, Any]) -> str:
     return f"rank {rank}" + (f", alpha {alpha:g}" if isinstance(alpha, int | float) else "") + (", 4-bit base (QLoRA)" if config.get("load_in_4bit") else "")
 
 
+def _resumed_from(run) -> dict[str, Any] | None:
+    """The run and saved step a run made with "resume from here" continues (every attempt of it starts
+    there), None for a run trained from its base. The step is None once that checkpoint was deleted."""
+    if run.parent_id is None and run.resume_checkpoint_id is None:
+        return None
+    checkpoint = run.resume_checkpoint if run.resume_checkpoint_id else None
+    return {"run": checkpoint.run_id if checkpoint else run.parent_id, "step": checkpoint.step if checkpoint else None}
+
+
+def _steps(run, checkpoint) -> str:
+    """How far the weights are trained: a resumed run's step numbers go on from the step it resumed."""
+    resumed = _resumed_from(run)
+    if resumed is None:
+        return f"steps trained: {checkpoint.step}"
+    if resumed["step"] is None:
+        return f"trained to step {checkpoint.step} (resumed from a checkpoint of run #{resumed['run']} that was deleted since)"
+    if checkpoint.step <= resumed["step"]:
+        return f"trained to step {checkpoint.step} (none in this run, resumed from run #{resumed['run']} step {resumed['step']})"
+    return f"trained to step {checkpoint.step} (steps {resumed['step'] + 1}–{checkpoint.step} in this run, resumed from run #{resumed['run']} step {resumed['step']})"
+
+
 def model_card(run, checkpoint, source_branch: str) -> str:
     """The published model repo's README.md: front matter the Hub reads, then the run's provenance
     (each input with its pinned commit), its settings and its final metrics."""
@@ -230,13 +241,20 @@ def model_card(run, checkpoint, source_branch: str) -> str:
         "## Training settings",
         "",
     ]
-    lines += [f"- {key}: {config[key]}" for key in CARD_SETTINGS if config.get(key) is not None]
+    method = get_method(run.method)
+    lines += (
+        [f"- {key}: {json.dumps(value, ensure_ascii=False)}{' (default)' if default else ''}" for key, value, default in method.settings(config)]
+        if method
+        else []
+    )
     lines += [
         f"- LoRA: {_lora(config)}",
-        f"- steps trained: {checkpoint.step}",
+        f"- {_steps(run, checkpoint)}",
         f"- compute: {json.dumps(inputs['compute'], sort_keys=True) if inputs['compute'] else 'the Studio default'}",
         "",
-        "Settings not listed were the engine's defaults; training_config.json has every setting and input as the run stored them.",
+        "Every setting the run stored is listed. One marked (default) holds the value the Studio fills in when the setting is left "
+        "out (a setting given that same value reads the same); a setting not listed was the trainer's own default. "
+        "training_config.json has every setting and input as the run stored them.",
         "",
         "## Final metrics",
         "",

@@ -624,11 +624,19 @@ def publish_failed(run, checkpoint, exc: ApiError) -> None:
     from training.models import Checkpoint
     from training.services import add_log
 
-    reason = "; ".join([exc.detail.rstrip("."), *(finding.message for finding in exc.errors)])
+    reason = "; ".join([exc.detail.rstrip("."), *(finding.message for finding in exc.errors if not restates(exc.detail, finding.message))])
     log.warning("run %s: checkpoint %s not published: %s", run.pk, checkpoint.pk, reason)
     Checkpoint.objects.filter(pk=checkpoint.pk).update(publish_error=reason[:PUBLISH_ERROR_MAX])
     add_log(run, f"[studio] {checkpoint.kind} (step {checkpoint.step}) of attempt {checkpoint.attempt} not published to model repo "
                  f"{run.project.slug}/{model_repo_name(run)}: {reason}; its files are on branch {run_branch_name(run)}")
+
+
+def restates(detail: str, message: str) -> bool:
+    """Whether a finding's message opens by saying what the error's detail says already ("acme already
+    has a repo X: choose another name" beside "Project acme already has a repo 'X'"): its advice is
+    for the form's field (a publish's repo name is the run's, not chosen), and the reason said it twice."""
+    said = message.partition(": ")[0].replace("'", "").casefold()
+    return len(said.split()) >= 3 and said in detail.replace("'", "").casefold()  # a clause, not a field name that the detail mentions
 
 
 def publish_failure(run) -> str:

@@ -18,6 +18,7 @@ from tests.conftest import sft_body
 from tests.datahub.conftest import jsonl
 from training import services as training
 from training.backends.local import run_dir
+from training.methods import get_method
 from training.models import Checkpoint, TrainingRun
 
 
@@ -139,16 +140,29 @@ def hub_inputs(project):
     return student, data
 
 
-def published(run: TrainingRun, kind: str = "final") -> tuple[Repo, str, dict]:
-    """The run claimed as START would (its refs pinned, its attempt recorded), its final weights
-    reported and committed: the model repo it published, its card and its training_config.json."""
+def trained(run: TrainingRun) -> TrainingRun:
+    """The run claimed as START would (its refs pinned, its attempt recorded) and completed."""
     TrainingRun.objects.filter(pk=run.pk).update(pinned=refs.pin_refs(run), attempt=1, status="completed")
     run.refresh_from_db()
     training.record_attempt(run)
-    checkpoint = Checkpoint.objects.create(run=run, attempt=1, step=3, kind=kind, path=saved(run, 3, kind))
+    return run
+
+
+def published(run: TrainingRun, kind: str = "final", step: int = 3) -> tuple[Repo, str, dict]:
+    """The run trained, its final weights reported at `step` and committed: the model repo it
+    published, its card and its training_config.json."""
+    run = trained(run)
+    checkpoint = Checkpoint.objects.create(run=run, attempt=1, step=step, kind=kind, path=saved(run, step, kind))
     hub.commit_checkpoint(checkpoint.pk)
     repo = Repo.objects.get(project=run.project, name=hub.model_repo_name(run))
     return repo, read(repo, "main", "README.md"), json.loads(read(repo, "main", "training_config.json"))
+
+
+def hub_run(project, owner, name: str, method: str, config: dict) -> TrainingRun:
+    """A run of `method` on hub_inputs' student and chat data."""
+    return training.create_run(
+        project, owner, name=name, method=method, base_model="demo-student@main", dataset=[{"ref": "chat-data@main", "type": "chat"}], config=config
+    )
 
 
 def test_the_model_card_names_pinned_inputs_teacher_and_settings(project, users, hub_inputs, settings, tmp_path):
@@ -156,15 +170,8 @@ def test_the_model_card_names_pinned_inputs_teacher_and_settings(project, users,
     # `base_model: demo-student@main`, which no Hub reads as a repo id.
     settings.STUDIO_RUNS_DIR = tmp_path / "runs"
     student, data = hub_inputs
-    run = training.create_run(
-        project,
-        users["owner"],
-        name="Distilled",
-        method="distill",
-        base_model="demo-student@main",
-        dataset=[{"ref": "chat-data@main", "type": "chat"}],
-        config={"distillation": {"teacher_model": "org/teacher"}, "learning_rate": 3e-5, "max_steps": 3, "per_device_train_batch_size": 2, "lora_rank": 8},
-    )
+    config = {"distillation": {"teacher_model": "org/teacher"}, "learning_rate": 3e-5, "max_steps": 3, "per_device_train_batch_size": 2, "lora_rank": 8}
+    run = hub_run(project, users["owner"], "Distilled", "distill", config)
     repo, card, config = published(run, "merged")
     student_commit, data_commit = repos.resolve(student, "main").pk, repos.resolve(data, "main").pk
     front = card.split("---")[1]
@@ -200,4 +207,59 @@ def test_a_grpo_cards_names_its_environment_and_a_local_base_is_not_front_matter
     assert f"**Base model:** {base} (local path, not versioned)" in card
     assert "**Environment (rewards and prompts):** builtin/arith@main (built in, not versioned)" in card and "Datasets" not in card
     assert "- rollouts_per_prompt: 2" in card and "- LoRA: none (full fine-tune)" in card
+    # QA: it listed `num_epochs: 1`, which create stores on every GRPO run, as if it had been set.
+    shown = settings_of(card)
+    for line in ("- num_epochs: 1 (default)", "- kl_coef: 0.0 (default)", "- max_response_length: 8", '- environment_id: "builtin/arith@main"'):
+        assert line in shown, shown
     assert config["environment"] == {"ref": "builtin/arith@main", "kind": "builtin"} and config["base_model"] == {"ref": str(base), "kind": "local_path"}
+
+
+def settings_of(card: str) -> list[str]:
+    return card.split("## Training settings\n\n")[1].split("\n- LoRA:")[0].splitlines()
+
+
+@pytest.mark.parametrize(
+    ("method", "config", "listed"),
+    [
+        (
+            "dpo",
+            {"loss": {"type": "dpo", "dpo_beta": 0.2}, "save_steps": 2, "max_steps": 3},
+            ["- loss.dpo_beta: 0.2", '- loss.type: "dpo"', "- max_steps: 3", "- per_device_train_batch_size: 2 (default)", "- save_steps: 2"],
+        ),
+        (
+            "distill",
+            {"distillation": {"teacher_model": "org/teacher", "top_k": 16, "kd_weight": 0.7, "temperature": 2.0}, "max_steps": 3},
+            [
+                "- distillation.ce_weight: 0.3 (default)",
+                "- distillation.kd_weight: 0.7",
+                '- distillation.teacher_model: "org/teacher"',
+                "- distillation.temperature: 2.0",
+                "- distillation.top_k: 16",
+                "- max_steps: 3",
+            ],
+        ),
+    ],
+)
+def test_the_model_card_lists_every_setting_the_run_stored_by_dotted_key(project, users, hub_inputs, settings, tmp_path, method, config, listed):
+    # QA: the card listed a fixed few keys and said "Settings not listed were the engine's defaults", so
+    # save_steps, DPO's loss block and DISTILL's top_k, kd_weight and temperature were missing.
+    settings.STUDIO_RUNS_DIR = tmp_path / "runs"
+    run = hub_run(project, users["owner"], f"All {method}", method, config)
+    _, card, record = published(run)
+    shown = settings_of(card)
+    assert all(line in shown for line in listed), shown
+    assert shown == sorted(shown) and len(shown) == len(get_method(method).settings(run.config)), shown  # every stored key, by key
+    assert "Settings not listed were the engine's defaults" not in card and "a setting not listed was the trainer's own default" in card
+    assert record["config"] == run.config
+
+
+def test_a_resumed_runs_card_says_which_steps_it_trained_and_what_it_resumed(api, project, users, hub_inputs, settings, tmp_path):
+    # QA: a run resumed from step 4 of another that trained steps 5-8 said "steps trained: 8".
+    settings.STUDIO_RUNS_DIR = tmp_path / "runs"
+    parent = trained(hub_run(project, users["owner"], "Parent", "sft", {"max_steps": 4}))
+    Checkpoint.objects.create(run=parent, attempt=1, step=4, kind="checkpoint", path=saved(parent, 4))
+    child_id = api.post(f"/api/training-runs/{parent.pk}/checkpoints/4/resume", {}).json()["id"]
+    _, card, record = published(TrainingRun.objects.get(pk=child_id), step=8)
+    assert f"- trained to step 8 (steps 5–8 in this run, resumed from run #{parent.pk} step 4)" in card, card
+    assert "steps trained" not in card
+    assert record["resumed_from"] == {"run": parent.pk, "step": 4} and record["step"] == 8

@@ -273,10 +273,19 @@ class TrainingMethod:
             return config
         trimmed = config
         for path in _leaf_paths(config):
-            trial = _without(trimmed, path)
-            if _same(_at(self.apply_defaults(trial), path), _at(config, path)):
-                trimmed = trial
+            if self.is_default(trimmed, path):
+                trimmed = _without(trimmed, path)
         return trimmed
+
+    def is_default(self, config: dict, path: tuple) -> bool:
+        """Whether the value at `path` is the one apply_defaults fills in when it is left out. A run
+        does not record whether its creator typed it: one set to its default reads the same."""
+        return _same(_at(self.apply_defaults(_without(config, path)), path), _at(config, path))
+
+    def settings(self, config: dict) -> list[tuple[str, Any, bool]]:
+        """Every setting a stored config holds as (dotted key, value, is the default), by key; a
+        block's settings each by its own key (`loss.dpo_beta`), an empty block as its value."""
+        return sorted(((".".join(path), _at(config, path), self.is_default(config, path)) for path in _leaf_paths(config)), key=lambda item: item[0])
 
     def start_findings(self, draft: Draft) -> list[Finding]:
         """Method-specific 422s at START."""
