@@ -15,7 +15,18 @@ from django.utils import timezone
 
 from datahub import storage
 from datahub.models import Blob, Branch, Commit, Repo, TreeEntry, blob_path
-from datahub.repos import RefNotFound, _author_name, check_name, clean_path, create_branch, folders_of, new_commit_id, same_file_clash, same_file_problem
+from datahub.repos import (
+    RefNotFound,
+    _author_name,
+    check_name,
+    clean_path,
+    create_branch,
+    file_folder_clash,
+    file_folder_problem,
+    new_commit_id,
+    same_file_clash,
+    same_file_problem,
+)
 from studio.errors import BadRequest, Conflict, Finding, NotFound, counted
 
 FileSource = bytes | str | Path | IO[bytes]
@@ -152,10 +163,10 @@ def _commit_on(repo: Repo, parent_id: str, blobs: Mapping[str, Blob], message: s
         new.pop(path, None)
     for path, blob in blobs.items():
         new[path] = blob.pk
-    clash = sorted(folders_of(new) & set(new))
-    if clash:
-        # a file cannot also be a folder: `a` and `a/b` together would break every checkout
-        raise BadRequest(f"{clash[0]!r} would be both a file and a folder.", [Finding("path", f"{clash[0]} is a file and a folder: rename one of them")])
+    if clash := file_folder_clash(sorted(blobs), new):
+        # a file cannot also be a folder: `a` and `a/b` (or `A/b`) together would break every checkout
+        raise BadRequest(f"{clash[0]!r} would make a path both a file and a folder: nothing was committed.",
+                         [Finding("path", file_folder_problem(*clash, "in the commit"))])
     if same := same_file_clash(blobs, new):
         raise BadRequest(f"{same[0]!r} would clash with {same[1]!r}: nothing was committed.", [Finding("path", same_file_problem(*same, "in the commit"))])
     if new == current:

@@ -181,6 +181,52 @@ def same_file_problem(path: str, other: str, place: str, stored: bool = True) ->
             f"a checkout on macOS or Windows would keep only one of them: rename one" + (f", or upload it as {other} to replace that file" if stored else ""))
 
 
+def file_folder_clash(adding: Iterable[str], tree: Iterable[str]) -> tuple[str, str, str] | None:
+    """The first path of `adding` that makes a name both a file and a folder with `tree` (the files it
+    is compared with: the commit's, `adding` among them, or a branch's), names compared as a case-insensitive disk that normalises Unicode
+    reads them (same_file_key; equal names included): (path, the file, the folder), where `path` is
+    the file or sits under the folder. None when there is none. No checkout holds both, and an archive
+    of the commit would ship both. Only the paths added are held to it (as same_file_clash).
+
+    Two folders that differ only so (Data/a.txt beside data/b.txt) are allowed: such a disk merges
+    them into one, as a git checkout on macOS does, which keeps both files; two files that then fall
+    on one name are same_file_clash's. Each name's key is computed once here, so a branch of many
+    files costs one pass over its paths, not one per file added."""
+    tree = sorted(tree)  # the first of several clashing names is the same on every call
+    files, folders = set(tree), sorted({parent for name in tree for parent in _folders_above(name)})
+    file_keys: dict[str, str] = {}
+    folder_keys: dict[str, str] = {}
+    for name in tree:
+        file_keys.setdefault(same_file_key(name), name)
+    for name in folders:
+        folder_keys.setdefault(same_file_key(name), name)
+    exact_folders = set(folders)
+    for path in adding:
+        # the exact name first, so that a plain clash names the folder as stored
+        if (folder := path if path in exact_folders else folder_keys.get(same_file_key(path))) is not None:
+            return path, path, folder
+        for parent in _folders_above(path):
+            if (file := parent if parent in files else file_keys.get(same_file_key(parent))) is not None:
+                return path, file, parent
+    return None
+
+
+def _folders_above(path: str) -> list[str]:
+    """The folders `path` sits in, outermost first (a/b/c → a, a/b): folders_of's, by string slicing,
+    which a tree of many files makes worth it (PurePosixPath.parents is some ten times slower)."""
+    return [path[:i] for i, char in enumerate(path) if char == "/"]
+
+
+def file_folder_problem(path: str, file: str, folder: str, place: str) -> str:
+    """The finding of file_folder_clash: `file` is a file and `folder` a folder `place`, the clash
+    being `path`'s; where their names differ, both are spelled out (they may look the same)."""
+    same = "" if file == folder else (f" ({file} and {folder} differ only in case or in how an accent is encoded, {ascii(file)} and {ascii(folder)}: "
+                                      f"a checkout on macOS or Windows reads them as one name)")
+    if path == file:
+        return f"{folder} is a folder {place}{same}: rename the file, or upload into the folder"
+    return f"{file} is a file {place}, so {path} cannot go under it{same}: rename one of them"
+
+
 # ---- repos, branches, tags ---------------------------------------------------------------------
 
 def new_commit_id(*parts: Any) -> str:

@@ -15,7 +15,7 @@ import tempfile
 import uuid
 from collections.abc import Iterable
 from datetime import datetime
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import IO
 
 from django.db import transaction
@@ -92,24 +92,17 @@ def check_file_folder_clash(repo: Repo, branch: str, paths: list[tuple[int, str]
     branch's files or with another listed path: found now, before any byte is sent, rather than
     when the commit step builds the tree (commit_blobs checks again, as the branch may move)."""
     head = repo.branches.filter(name=branch).values_list("head_id", flat=True).first()
-    on_branch = set(TreeEntry.objects.filter(commit_id=head).values_list("path", flat=True))
-    listed = {p for _, p in paths}
-    where = [(on_branch, repos.folders_of(on_branch), f"on branch {branch}"), (listed, repos.folders_of(listed), "in this upload")]
-    for i, path in paths:
-        for files, dirs, place in where:
-            if path in dirs:
-                problem = f"{path} is a folder {place}: rename the file, or upload into the folder"
-            elif parent := next((str(q) for q in PurePosixPath(path).parents if str(q) in files), None):
-                problem = f"{parent} is a file {place}, so {path} cannot go under it: rename one of them"
-            else:
-                continue
-            raise BadRequest(f"{path!r} would make a path both a file and a folder.", [Finding(f"files[{i}].path", problem)])
-    # Two names one case-insensitive disk reads as one file (same_file_clash), here rather than at the commit
+    on_branch = sorted(TreeEntry.objects.filter(commit_id=head).values_list("path", flat=True))  # once, however many files are listed
     ordered = [p for _, p in paths]
-    for others, seen_in, stored in ((ordered, "in this upload", False), (sorted(on_branch), f"on branch {branch}", True)):
+    index = {p: i for i, p in paths}
+    for others, place in ((on_branch, f"on branch {branch}"), (ordered, "in this upload")):
+        if clash := repos.file_folder_clash(ordered, others):
+            raise BadRequest(f"{clash[0]!r} would make a path both a file and a folder.",
+                             [Finding(f"files[{index[clash[0]]}].path", repos.file_folder_problem(*clash, place))])
+    # Two names one case-insensitive disk reads as one file (same_file_clash), here rather than at the commit
+    for others, seen_in, stored in ((ordered, "in this upload", False), (on_branch, f"on branch {branch}", True)):
         if same := repos.same_file_clash(ordered, others):
-            i = next(i for i, p in paths if p == same[0])
-            raise BadRequest(f"{same[0]!r} would clash with {same[1]!r}.", [Finding(f"files[{i}].path", repos.same_file_problem(*same, seen_in, stored))])
+            raise BadRequest(f"{same[0]!r} would clash with {same[1]!r}.", [Finding(f"files[{index[same[0]]}].path", repos.same_file_problem(*same, seen_in, stored))])
 
 
 def get_upload(repo_ids: list[int] | None, upload_id: str) -> UploadSession:

@@ -53,12 +53,86 @@ def test_the_same_path_replaces_its_file_and_names_are_stored_as_given(api, data
     assert set(tree) == {DECOMPOSED, "Dir/x.txt", "other/x.txt"}  # the decomposed name is not normalised
 
 
-def test_a_clash_committed_after_the_session_was_opened_is_refused_at_commit(api, dataset_repo):
-    created = upload(api, "dir/x.txt")
+@pytest.mark.parametrize(("listed", "theirs", "message"), [
+    ("dir/x.txt", "Dir/x.txt", "dir/x.txt and Dir/x.txt in the commit differ only in case"),
+    ("readme.txt/x.txt", "Readme.TXT", "Readme.TXT is a file in the commit, so readme.txt/x.txt cannot go under it"),
+    ("Readme.TXT", "readme.txt/x.txt", "readme.txt is a folder in the commit (Readme.TXT and readme.txt differ only in case"),
+])
+def test_a_clash_committed_after_the_session_was_opened_is_refused_at_commit(api, dataset_repo, listed, theirs, message):
+    created = upload(api, listed)
     assert created.status_code == 201, created.content
-    commits.commit_files(dataset_repo, "main", {"Dir/x.txt": b"theirs"})  # another client, meanwhile
+    commits.commit_files(dataset_repo, "main", {theirs: b"theirs"})  # another client, meanwhile
     head = repos.resolve(dataset_repo, "main")
     body = assert_error(send_and_commit(api, created.json()["id"], 1), 400, "path")
-    assert "dir/x.txt and Dir/x.txt in the commit differ only in case" in body["errors"][0]["message"], body
+    assert message in body["errors"][0]["message"], body
     assert repos.resolve(dataset_repo, "main") == head
+    assert set(repos.tree(head)) == {theirs}
     assert UploadSession.objects.get().state == UploadSession.State.OPEN
+
+
+@pytest.mark.parametrize(("stored", "path", "message"), [
+    ("Readme.TXT", "readme.txt/x.txt", "Readme.TXT is a file on branch main, so readme.txt/x.txt cannot go under it (Readme.TXT and readme.txt differ only in case"),
+    ("sp ace #1%20.txt", "SP ACE #1%20.txt/y", "sp ace #1%20.txt is a file on branch main, so SP ACE #1%20.txt/y cannot go under it"),
+    ("caf\u00e9", "CAFE\u0301/deep/x.txt", "caf\u00e9 is a file on branch main, so CAFE\u0301/deep/x.txt cannot go under it"),
+    ("Data/a.txt", "DATA", "Data is a folder on branch main (DATA and Data differ only in case"),
+    ("a/Caf\u00e9/b.txt", "A/cafe\u0301", "a/Caf\u00e9 is a folder on branch main"),
+])
+def test_a_file_and_a_folder_whose_names_differ_only_in_case_or_form_are_refused(api, dataset_repo, stored, path, message):
+    """Readme.TXT beside readme.txt/x.txt: a macOS or Windows checkout cannot hold both (it was
+    committed, and the archive shipped both)."""
+    commits.commit_files(dataset_repo, "main", {stored: b"old"})
+    head = repos.resolve(dataset_repo, "main")
+    body = assert_error(upload(api, "new.txt", path), 400, "files[1].path")
+    assert message in body["errors"][0]["message"], body
+    assert "differ only in case or in how an accent is encoded" in body["errors"][0]["message"], body
+    assert not UploadSession.objects.exists()
+    assert repos.resolve(dataset_repo, "main") == head
+    assert set(repos.tree(head)) == {stored}
+
+
+@pytest.mark.parametrize(("paths", "index", "message"), [
+    (("Notes", "notes/a.txt"), "files[0].path", "notes is a folder in this upload (Notes and notes differ only in case"),
+    (("notes/a.txt", "Notes"), "files[0].path", "Notes is a file in this upload, so notes/a.txt cannot go under it"),
+    (("x/Stra\u00dfe/a.txt", "X/STRASSE"), "files[0].path", "X/STRASSE is a file in this upload, so x/Stra\u00dfe/a.txt cannot go under it"),
+])
+def test_one_upload_of_a_file_and_a_folder_of_one_name_is_refused(api, dataset_repo, paths, index, message):
+    body = assert_error(upload(api, *paths), 400, index)
+    assert message in body["errors"][0]["message"], body
+    assert not UploadSession.objects.exists()
+
+
+def test_the_commit_service_refuses_a_file_beside_a_folder_of_its_name_in_another_case(dataset_repo):
+    from studio.errors import BadRequest
+
+    commits.commit_files(dataset_repo, "main", {"Data/a.txt": b"a"})
+    head = repos.resolve(dataset_repo, "main")
+    with pytest.raises(BadRequest) as refused:
+        commits.commit_files(dataset_repo, "main", {"data": b"file"})
+    assert "Data is a folder in the commit" in str(refused.value.errors[0].message)
+    assert repos.resolve(dataset_repo, "main") == head
+
+
+def test_folders_whose_names_differ_only_in_case_are_allowed_and_merge_on_a_case_insensitive_disk(api, dataset_repo):
+    """Data/a.txt and data/b.txt are one folder holding two files on macOS (as a git checkout there
+    makes them): allowed. Two files that then fall on one name are refused as before."""
+    commits.commit_files(dataset_repo, "main", {"Data/a.txt": b"a"})
+    created = upload(api, "data/b.txt", "DATA/sub/c.txt")
+    assert created.status_code == 201, created.content
+    assert send_and_commit(api, created.json()["id"], 2).status_code == 200
+    assert set(repos.tree(repos.resolve(dataset_repo, "main"))) == {"Data/a.txt", "data/b.txt", "DATA/sub/c.txt"}
+    body = assert_error(upload(api, "data/A.txt"), 400, "files[0].path")
+    assert "data/A.txt and Data/a.txt on branch main differ only in case" in body["errors"][0]["message"], body
+
+
+def test_the_check_stays_fast_on_a_branch_of_thousands_of_files(api, dataset_repo):
+    import time
+
+    blob = commits.store_blob(b"x")  # one blob for all: the files' bytes are not what this measures
+    commits.commit_blobs(dataset_repo, "main", {f"d{i % 40}/sub/f{i}.txt": blob for i in range(4000)} | {"d7/sub/Last.bin": blob})
+    listed = [f"new/{i}.txt" for i in range(1000)] + ["D7/SUB/last.bin/oops.txt"]
+    started = time.monotonic()
+    body = assert_error(upload(api, *listed), 400, "files[1000].path")
+    took = time.monotonic() - started
+    assert "d7/sub/Last.bin is a file on branch main, so D7/SUB/last.bin/oops.txt cannot go under it" in body["errors"][0]["message"], body
+    assert took < 5, f"the clash check took {took:.1f}s for 1001 paths against 4001 files"
+    assert upload(api, *listed[:-1]).status_code == 201
