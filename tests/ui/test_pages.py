@@ -579,7 +579,7 @@ def test_grpo_quick_try_fills_the_short_rollout_settings_and_keeps_what_was_type
     assert '<div id="train-params" class="grid-3" hx-swap-oob="true">' in html
     assert re.search(r'name="config.max_steps"[^>]*value="40"', html) and re.search(r'name="config.learning_rate"[^>]*value="2e-2"', html)
     assert re.search(r'<option value="bf16"[^>]*selected', html)
-    assert '<div id="grpo-mode" data-mode="environment" hx-swap-oob="true">' in html
+    assert '<div id="grpo-mode" data-mode="environment" data-drawn-for="environment" hx-swap-oob="true">' in html
     assert re.search(r'name="config.environment_id"[^>]*value="builtin/arith@main"', html)
     # An environment the user chose stays; a RULER run keeps its judge fields (no environment swap).
     html = client.get("/training/new/quick", {**typed, "config.environment_id": "acme/maze@v2"}, HTTP_HX_REQUEST="true").content.decode()
