@@ -18,7 +18,6 @@ import re
 import unicodedata
 import uuid
 from collections.abc import Iterable
-from pathlib import PurePosixPath
 from typing import Any, NoReturn
 
 from django.db import IntegrityError, transaction
@@ -96,12 +95,6 @@ def check_ref_name(value: Any, field: str, what: str) -> str:
             [Finding(field, f"a {what} cannot be 7 to 40 hex digits (0-9, a-f), which read as a commit id: add a letter or a prefix, e.g. v{value[:12]}")],
         )
     return value
-
-
-def folders_of(paths: Iterable[str]) -> set[str]:
-    """Every folder the files at `paths` sit in (a/b/c → a, a/b): a tree where one of these is also
-    a file cannot be checked out."""
-    return {str(q) for p in paths for q in PurePosixPath(p).parents if str(q) != "."}
 
 
 def clean_path(value: Any, field: str = "path") -> str:
@@ -212,8 +205,8 @@ def file_folder_clash(adding: Iterable[str], tree: Iterable[str]) -> tuple[str, 
 
 
 def _folders_above(path: str) -> list[str]:
-    """The folders `path` sits in, outermost first (a/b/c → a, a/b): folders_of's, by string slicing,
-    which a tree of many files makes worth it (PurePosixPath.parents is some ten times slower)."""
+    """The folders `path` sits in, outermost first (a/b/c → a, a/b), by string slicing, which a tree
+    of many files makes worth it (PurePosixPath.parents is some ten times slower)."""
     return [path[:i] for i, char in enumerate(path) if char == "/"]
 
 

@@ -628,7 +628,7 @@ def publish_failed(run, checkpoint, exc: ApiError) -> None:
     log.warning("run %s: checkpoint %s not published: %s", run.pk, checkpoint.pk, reason)
     Checkpoint.objects.filter(pk=checkpoint.pk).update(publish_error=reason[:PUBLISH_ERROR_MAX])
     add_log(run, f"[studio] {checkpoint.kind} (step {checkpoint.step}) of attempt {checkpoint.attempt} not published to model repo "
-                 f"{run.project.slug}/{model_repo_name(run)}: {reason}; its files are on branch {run_branch_name(run)}")
+                 f"{model_repo_full_name(run)}: {reason}; its files are on branch {run_branch_name(run)}")
 
 
 def restates(detail: str, message: str) -> bool:
@@ -751,6 +751,11 @@ def model_repo_name(run) -> str:
     return MODEL_PREFIX + name if name.lower().startswith(repos.EXPERIMENT_PREFIX) else name
 
 
+def model_repo_full_name(run) -> str:
+    """<project>/<model_repo_name>: how the run's log, Overview and API name its model repo."""
+    return f"{run.project.slug}/{model_repo_name(run)}"
+
+
 def publishing_runs(repos: Iterable[Repo]) -> dict[int, int]:
     """repo pk → the run that published to it: a model repo named `...-run<id>` (model_repo_name, kept
     when the run is renamed) holding a publish commit of that run."""
@@ -779,7 +784,7 @@ def published_model(run) -> tuple[Repo | None, str]:
     (publish_failure) was never made: not "deleted"."""
     repo = next(iter(published_repos(run)), None)
     gone = repo is None and not publish_failure(run) and model_repo_deleted(run)
-    return repo, f"{run.project.slug}/{model_repo_name(run)}" if gone else ""
+    return repo, model_repo_full_name(run) if gone else ""
 
 
 def publish_model(run, checkpoint) -> Commit | None:
@@ -822,7 +827,7 @@ def not_published(run, checkpoint) -> None:
 
     log.warning("run %s: checkpoint %s not published: its model repo was deleted", run.pk, checkpoint.pk)
     add_log(run, f"[studio] {checkpoint.kind} (step {checkpoint.step}) of attempt {checkpoint.attempt} not published: model repo "
-                 f"{run.project.slug}/{model_repo_name(run)} was deleted, so nothing was published; its files are on branch {run_branch_name(run)}")
+                 f"{model_repo_full_name(run)} was deleted, so nothing was published; its files are on branch {run_branch_name(run)}")
 
 
 def storage_full(run, checkpoint, exc: OSError) -> None:

@@ -10,7 +10,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from pydantic_core import PydanticCustomError
 
 from datahub.models import Branch
-from datahub.services import model_repo_name, publish_failure, published_model
+from datahub.services import model_repo_full_name, model_repo_name, publish_failure, published_model
 from studio.parsing import control_character
 from training.backends.local import shown_path
 from training.methods import NOT_YET_SUPPORTED
@@ -126,7 +126,7 @@ class RunDetailOut(RunOut):
             return {"name": deleted.partition("/")[2], "full_name": deleted, "commit": None, "deleted": True}
         failed = publish_failure(obj)
         if failed:
-            return {"name": model_repo_name(obj), "full_name": f"{obj.project.slug}/{model_repo_name(obj)}", "commit": None, "deleted": False, "error": failed}
+            return {"name": model_repo_name(obj), "full_name": model_repo_full_name(obj), "commit": None, "deleted": False, "error": failed}
         return None
 
 

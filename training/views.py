@@ -273,7 +273,7 @@ def published_context(run: TrainingRun) -> dict[str, Any]:
     published, deleted = hub.published_model(run)
     failed = hub.publish_failure(run) if published is None else ""
     return {"published": published, "published_deleted": deleted, "publish_failed": failed,
-            "publish_repo": f"{run.project.slug}/{hub.model_repo_name(run)}"}
+            "publish_repo": hub.model_repo_full_name(run)}
 
 
 def config_rows(run: TrainingRun) -> list[tuple[str, Any]]:
