@@ -777,14 +777,17 @@ def published_repos(run) -> list[Repo]:
     return sorted((r for r in candidates if r.pk in published), key=lambda r: r.name != model_repo_name(run))
 
 
-def published_model(run) -> tuple[Repo | None, str]:
+def published_model(run) -> tuple[Repo | None, str, str]:
     """The model repo the run's final or merged weights were published to (published_repos, as the
-    Models page pairs them), or None; and once that repo was deleted, its full name (model_repo_deleted),
-    so a reader is told it went rather than that the run published nothing. A repo whose publish failed
-    (publish_failure) was never made: not "deleted"."""
+    Models page pairs them), or None; once that repo was deleted, its full name (model_repo_deleted),
+    so a reader is told it went rather than that the run published nothing; and why its newest weights
+    were not published (publish_failure), when a Data Hub rule refused them: such a repo was never
+    made, so it is not "deleted"."""
     repo = next(iter(published_repos(run)), None)
-    gone = repo is None and not publish_failure(run) and model_repo_deleted(run)
-    return repo, model_repo_full_name(run) if gone else ""
+    if repo is not None:
+        return repo, "", ""
+    failed = publish_failure(run)
+    return None, model_repo_full_name(run) if not failed and model_repo_deleted(run) else "", failed
 
 
 def publish_model(run, checkpoint) -> Commit | None:

@@ -10,7 +10,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from pydantic_core import PydanticCustomError
 
 from datahub.models import Branch
-from datahub.services import model_repo_full_name, model_repo_name, publish_failure, published_model
+from datahub.services import model_repo_full_name, model_repo_name, published_model
 from studio.parsing import control_character
 from training.backends.local import shown_path
 from training.methods import NOT_YET_SUPPORTED
@@ -118,13 +118,12 @@ class RunDetailOut(RunOut):
 
     @staticmethod
     def resolve_published_model(obj) -> dict[str, Any] | None:
-        repo, deleted = published_model(obj)
+        repo, deleted, failed = published_model(obj)
         if repo is not None:
             head = Branch.objects.filter(repo=repo, name=repo.default_branch).values_list("head_id", flat=True).first()
             return {"name": repo.name, "full_name": repo.full_name, "commit": head, "deleted": False}
         if deleted:
             return {"name": deleted.partition("/")[2], "full_name": deleted, "commit": None, "deleted": True}
-        failed = publish_failure(obj)
         if failed:
             return {"name": model_repo_name(obj), "full_name": model_repo_full_name(obj), "commit": None, "deleted": False, "error": failed}
         return None

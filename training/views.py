@@ -270,8 +270,7 @@ def published_context(run: TrainingRun) -> dict[str, Any]:
     """The Overview's Published model: its repo; why it was not published, when a Data Hub rule refused
     it (the run's log says so too); or once it was deleted its name, marked deleted (the line used to
     vanish, as if the run had published nothing). GET /api/training-runs/{id} says the same."""
-    published, deleted = hub.published_model(run)
-    failed = hub.publish_failure(run) if published is None else ""
+    published, deleted, failed = hub.published_model(run)
     return {"published": published, "published_deleted": deleted, "publish_failed": failed,
             "publish_repo": hub.model_repo_full_name(run)}
 
