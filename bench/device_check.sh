@@ -7,10 +7,13 @@
 # then its SFT section again with `use_liger`, then the engine's own tests on the GPU (bf16; the
 # CUDA-graph rollout test included) with whatever time is left. Each piece has its own time cap, so one
 # that hangs cannot take the others' figures. Everything lands in $OUT and comes back:
-# engine_gpu.json, liger/engine_gpu.json, gpu_tests.log, and the stderr of each bench (bench*.log).
+# <part>/engine_gpu.json and <part>.log for each bench part, and gpu_tests.log.
 #   CHECK_S      the whole check's seconds (default 450; keep it under the call's timeout_s)
-#   CHECK_PARTS  which pieces, in order (default "bench liger tests"; e.g. "bench" or "tests")
-#   BENCH_GPU_ARGS extra arguments for the first bench (e.g. "--only rollout")
+#   CHECK_PARTS  which pieces, in order (default "bench liger tests"): bench (all sections, default
+#                config), liger (SFT and capture with use_liger), capture (default capture, and with
+#                larger batches), compile (0.5B SFT with liger and torch_compile), tests
+#   CHECK_RESERVE_S seconds each bench part leaves for the parts after it (default 100)
+#   BENCH_GPU_ARGS extra arguments for the bench part (e.g. "--only rollout")
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 started=$(date +%s)
@@ -23,20 +26,22 @@ import torch, transformers, trl, datasets, pyarrow, peft
 print("device", torch.cuda.get_device_name(), "torch", torch.__version__, "transformers", transformers.__version__,
       "trl", trl.__version__, "datasets", datasets.__version__, "pyarrow", pyarrow.__version__, "peft", peft.__version__)
 PY
+# One python process per engine config: liger patches the model classes for the whole process.
+bench() {  # bench NAME BUDGET_S ARGS...: $OUT/NAME/engine_gpu.json and $OUT/NAME.log
+  local name=$1 s=$2; shift 2
+  mkdir -p "$OUT/$name"
+  echo "== $name (budget ${s}s): $*"
+  OUT="$OUT/$name" timeout $(( s + 40 )) python3 -m bench.engine_gpu --budget-s "$s" "$@" > /dev/null 2> "$OUT/$name.log"
+  echo "exit $?"; grep '^\[engine_gpu' "$OUT/$name.log" | tail -12
+}
 for part in ${CHECK_PARTS:-bench liger tests}; do
+  s=$(( $(left) - ${CHECK_RESERVE_S:-100} ))
+  (( s < 45 )) && [[ $part != tests ]] && { echo "== $part skipped: ${s}s left"; continue; }
   case $part in
-    bench)  # the full bench: sft, capture, rollout, fp8; its own budget skips what is left
-      s=$(( $(left) - 150 )); (( s < 120 )) && s=$(( $(left) - 30 ))
-      echo "== bench (budget ${s}s)"
-      timeout $(( s + 40 )) python3 -m bench.engine_gpu --budget-s "$s" ${BENCH_GPU_ARGS:-} > /dev/null 2> "$OUT/bench.log"
-      echo "exit $?"; tail -25 "$OUT/bench.log" ;;
-    liger)  # SFT again with liger's fused kernels (linear + cross-entropy without the logits tensor)
-      s=$(( $(left) - 100 )); (( s < 60 )) && { echo "== liger skipped: ${s}s"; continue; }
-      echo "== liger (budget ${s}s)"
-      mkdir -p "$OUT/liger"
-      OUT="$OUT/liger" timeout $(( s + 30 )) python3 -m bench.engine_gpu --only sft --budget-s "$s" \
-        --engine-config '{"use_liger": true}' > /dev/null 2> "$OUT/bench_liger.log"
-      echo "exit $?"; tail -8 "$OUT/bench_liger.log" ;;
+    bench)    bench default "$s" ${BENCH_GPU_ARGS:-} ;;  # the full bench: sft, capture, rollout, fp8
+    liger)    bench liger "$s" --only sft,capture --engine-config '{"use_liger": true}' ;;
+    capture)  bench capture "$s" --only capture ;;  # the default capture, and with larger batches
+    compile)  bench compile "$s" --only sft --sft-models qwen2.5-0.5b --engine-config '{"use_liger": true, "torch_compile": true}' ;;
     tests)  # tests/conftest.py (Django) is not loaded (confcutdir)
       s=$(( $(left) - 10 )); (( s < 30 )) && { echo "== tests skipped: ${s}s"; continue; }
       echo "== engine tests on the GPU (cap ${s}s)"
@@ -45,7 +50,7 @@ for part in ${CHECK_PARTS:-bench liger tests}; do
         tests/engine/test_rollout.py tests/engine/test_fp8.py tests/engine/test_capture.py tests/engine/test_seed.py \
         tests/engine/test_packing.py tests/engine/test_perf.py tests/engine/test_merge.py \
         tests/engine/test_sft.py tests/engine/test_grpo.py tests/engine/test_distill.py > "$OUT/gpu_tests.log" 2>&1
-      echo "exit $?"; tail -30 "$OUT/gpu_tests.log" ;;
+      echo "exit $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.log" | tail -30 ;;
   esac
 done
 echo "check took $(( $(date +%s) - started ))s"

@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import importlib.metadata
 import json
 import os
 import platform
@@ -407,9 +408,10 @@ def sft_engine(name: str, scale: Scale, batch: int, engine_config: dict[str, Any
     return out
 
 
-def section_sft(scale: Scale, budget: Budget, engine_config: dict[str, Any], save: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+def section_sft(scale: Scale, budget: Budget, engine_config: dict[str, Any], save: Callable[[dict[str, Any]], None],
+                models: list[str]) -> dict[str, Any]:
     result: dict[str, Any] = {}
-    for name in (SMALL, LARGE):
+    for name in models:
         batch = scale.sft_batch[name]
         say(f"sft {name}: bare loop, batch {batch} x {scale.seq_len}")
         bare = guarded(f"sft {name} bare", budget, sft_bare, name, scale, batch)
@@ -470,26 +472,30 @@ def capture_bare(teacher: Any, scale: Scale, flops: float) -> dict[str, Any]:
             "tokens": int(ids.size), "batch": b}
 
 
-def capture_engine(teacher: Any, scale: Scale, flops: float) -> dict[str, Any]:
-    from training.engine.capture import capture_topk  # helper 3's module
+def capture_engine(teacher: Any, scale: Scale, flops: float, **sizes: Any) -> dict[str, Any]:
+    """`sizes`: capture_topk's batch_tokens / chunk_tokens, when not its defaults."""
+    from training.engine.capture import capture_topk
 
     vocab = teacher.config.vocab_size
     ids, offsets = _capture_inputs(scale, vocab)
     warm_seqs = min(2, scale.capture_seqs)
-    capture_topk(teacher, ids[: warm_seqs * scale.seq_len], offsets[: warm_seqs + 1], scale.capture_k, vocab)
+    capture_topk(teacher, ids[: warm_seqs * scale.seq_len], offsets[: warm_seqs + 1], scale.capture_k, vocab, **sizes)
     sync()
     t0 = time.perf_counter()
-    top_ids, top_lp = capture_topk(teacher, ids, offsets, scale.capture_k, vocab)
+    top_ids, top_lp = capture_topk(teacher, ids, offsets, scale.capture_k, vocab, **sizes)
     sync()
     seconds = time.perf_counter() - t0
     if tuple(top_ids.shape) != (ids.size, scale.capture_k) or tuple(top_lp.shape) != (ids.size, scale.capture_k):
         raise RuntimeError(f"capture_topk returned shapes {tuple(top_ids.shape)} / {tuple(top_lp.shape)}, expected ({ids.size}, {scale.capture_k})")
     tokens_per_s = ids.size / seconds
     return {"tokens_per_s": round(tokens_per_s, 1), "mfu": mfu_of(flops, tokens_per_s), "seconds": round(seconds, 3),
-            "tokens": int(ids.size)}
+            "tokens": int(ids.size), **sizes}
 
 
-def section_capture(scale: Scale, budget: Budget) -> dict[str, Any]:
+def section_capture(scale: Scale, budget: Budget, fused: bool) -> dict[str, Any]:
+    """`fused` (the engine config's use_liger, as DISTILL passes it): the teacher gets liger's kernels
+    (`liger.fuse_for_inference`) before the engine's capture. liger patches the model classes for the
+    whole process, so a fused run measures no bare loop: the default run's bare figure is the one."""
     from training.engine import perf
 
     budget.check("capture")
@@ -497,17 +503,31 @@ def section_capture(scale: Scale, budget: Budget) -> dict[str, Any]:
     teacher = build_model(LARGE, scale).eval()
     try:
         flops = perf.shape_of(teacher).forward_flops_per_token(scale.seq_len)
+        variants: dict[str, Any] = {}
+        if fused:
+            from training.engine.liger import fuse_for_inference
+
+            _, why = fuse_for_inference(teacher, "cuda" if cuda() and not scale.smoke else "cpu")
+            say(f"capture: {why}")
+            bare = {"skipped": True, "reason": "liger patches the model classes process-wide: the bare figure is the default run's"}
         say(f"capture: engine, {scale.capture_seqs} x {scale.seq_len} tokens, k={scale.capture_k}")
         engine = guarded("capture engine", budget, capture_engine, teacher, scale, flops)
+        if fused:
+            engine["liger"] = why
         say(f"capture: engine {engine.get('tokens_per_s')} tokens/s, MFU {engine.get('mfu')}")
-        bare = guarded("capture bare", budget, capture_bare, teacher, scale, flops)
-        say(f"capture: bare {bare.get('tokens_per_s')} tokens/s, MFU {bare.get('mfu')}")
+        if not fused:
+            bare = guarded("capture bare", budget, capture_bare, teacher, scale, flops)
+            say(f"capture: bare {bare.get('tokens_per_s')} tokens/s, MFU {bare.get('mfu')}")
+            # Whether larger forwards and head chunks pay on a large card (the defaults are sized for 24 GB).
+            sizes = {"batch_tokens": 8 * scale.seq_len * 4, "chunk_tokens": 8192}
+            variants["larger_batches"] = guarded("capture engine, larger batches", budget, capture_engine, teacher, scale, flops, **sizes)
+            say(f"capture: engine with {sizes}: {variants['larger_batches'].get('tokens_per_s')} tokens/s")
     finally:
         del teacher
         free_memory()
     return {"teacher": LARGE, "k": scale.capture_k, "seq_len": scale.seq_len, "tokens": scale.capture_seqs * scale.seq_len,
-            "flops_per_token": flops, "engine": engine, "bare": bare, "ratio": ratio(engine, bare),
-            "engine_kind": "training.engine.capture.capture_topk",
+            "flops_per_token": flops, "engine": engine, "bare": bare, "ratio": ratio(engine, bare), "variants": variants,
+            "engine_kind": "training.engine.capture.capture_topk" + (", teacher fused by liger" if fused else ""),
             "bare_kind": f"batched forward ({scale.capture_bare_batch} seqs) + fp32 log_softmax + topk"}
 
 
@@ -580,7 +600,7 @@ def rollout_engine(model: Any, prompts: Any, scale: Scale) -> dict[str, Any]:
     seconds = time.perf_counter() - t0
     made = _count_new_tokens(batch)
     del decoder
-    out = {"tokens_per_s": round(made / seconds, 1), "seconds": round(seconds, 3), "new_tokens": made,
+    out: dict[str, Any] = {"tokens_per_s": round(made / seconds, 1), "seconds": round(seconds, 3), "new_tokens": made,
            "setup_and_warmup_s": round(warmup_s, 3)}
     own = getattr(batch, "seconds", None)
     if isinstance(own, (int, float)) and own > 0:
@@ -635,8 +655,8 @@ def machine_info() -> dict[str, Any]:
                             "cuda": torch.version.cuda, "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}
     for pkg in ("trl", "datasets", "peft", "liger_kernel"):
         try:
-            info[pkg] = __import__(pkg).__version__
-        except Exception:  # noqa: BLE001 - absent is an answer
+            info[pkg] = importlib.metadata.version(pkg.replace("_", "-"))
+        except importlib.metadata.PackageNotFoundError:  # absent is an answer
             info[pkg] = None
     peak = perf.device_peak()
     info["peak_tflops"] = peak.tflops if peak else None
@@ -676,7 +696,8 @@ def targets(sections: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def run(scale: Scale, only: list[str], budget: Budget, engine_config: dict[str, Any], notes: list[str]) -> dict[str, Any]:
+def run(scale: Scale, only: list[str], budget: Budget, engine_config: dict[str, Any], notes: list[str],
+        sft_models: list[str] = [SMALL, LARGE]) -> dict[str, Any]:  # noqa: B006 - read, never changed
     result: dict[str, Any] = {"bench": "engine_gpu", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                               "mode": "smoke" if scale.smoke else "full", "machine": machine_info(), "sections": {},
                               "targets": [], "notes": notes, "budget_s": budget.seconds}
@@ -695,9 +716,9 @@ def run(scale: Scale, only: list[str], budget: Budget, engine_config: dict[str, 
 
         try:
             if name == "sft":
-                section = section_sft(scale, budget, engine_config, save)
+                section = section_sft(scale, budget, engine_config, save, sft_models)
             elif name == "capture":
-                section = section_capture(scale, budget)
+                section = section_capture(scale, budget, bool(engine_config.get("use_liger")))
             elif name == "fp8":
                 section = section_fp8(scale, budget, engine_config, result["sections"].get("sft") or {})
             else:
@@ -733,6 +754,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (automatic without CUDA)")
     parser.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections: " + ",".join(SECTIONS))
     parser.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, help="skip what is left after this many seconds")
+    parser.add_argument("--sft-models", default=f"{SMALL},{LARGE}", help=f"the SFT section's shapes: {SMALL}, {LARGE} or both")
     parser.add_argument("--engine-config", default="{}", help='extra engine config keys for the SFT run, as JSON (e.g. {"use_liger": true})')
     args = parser.parse_args(argv)
     only = [s.strip() for s in args.only.split(",") if s.strip()]
@@ -745,6 +767,9 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("not an object")
     except ValueError as exc:
         parser.error(f"--engine-config: expected a JSON object ({exc})")
+    sft_models = [m.strip() for m in args.sft_models.split(",") if m.strip()]
+    if not sft_models or set(sft_models) - {SMALL, LARGE}:
+        parser.error(f"--sft-models: choose from {SMALL}, {LARGE}")
     notes: list[str] = []
     real_stdout = sys.stdout
     # Libraries print; the one JSON object must be all that stdout carries.
@@ -758,7 +783,7 @@ def main(argv: list[str] | None = None) -> int:
         if smoke:
             # Tiny matmuls gain nothing from threads, and a shared CI machine loses a lot to oversubscription.
             torch.set_num_threads(1)
-        result = run(SMOKE if smoke else FULL, only, Budget(args.budget_s), engine_config, notes)
+        result = run(SMOKE if smoke else FULL, only, Budget(args.budget_s), engine_config, notes, sft_models)
     real_stdout.write(json.dumps(result, indent=2) + "\n")
     real_stdout.flush()
     return 0

@@ -155,3 +155,19 @@ def tiny_student(tmp_path_factory) -> str:
     from training.engine.tiny import build_tiny_models
 
     return build_tiny_models(tmp_path_factory.mktemp("tiny"))["student"]
+
+
+def _qlora_errors(api) -> list[str]:
+    r = api.post("/api/training-runs", body("sft", {"lora_rank": 8, "load_in_4bit": True}, compute=H100))
+    assert r.status_code == 201, r.content
+    started = api.post(f"/api/training-runs/{r.json()['id']}/start")
+    return [] if started.status_code == 202 else [e["message"] for e in started.json()["errors"] if e["field"] == "config.load_in_4bit"]
+
+
+def test_start_of_qlora_without_bitsandbytes_in_the_image_returns_422(api, settings):
+    # The engine would end such a run at load with transformers' "pip install bitsandbytes" (seen on the device machine).
+    settings.STUDIO_IMAGE_PACKAGES = ["torch", "transformers", "trl", "peft"]
+    assert _qlora_errors(api) == [
+        "QLoRA (load_in_4bit) is not available in this image (no bitsandbytes package): remove load_in_4bit (a 16-bit LoRA needs lora_rank alone)"]
+    settings.STUDIO_IMAGE_PACKAGES = ["torch", "transformers", "trl", "peft", "bitsandbytes"]
+    assert _qlora_errors(api) == []

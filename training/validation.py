@@ -180,6 +180,7 @@ def image_findings(draft: Draft, image_has) -> list[Finding]:
         ("config.judge.mode", (config.get("judge") or {}).get("mode") == "colocated" and config.get("rl_mode") == "ruler", "vllm", "a colocated judge (vLLM)",
          'choose External in the Judge select (config.judge.mode "external") and give its endpoint and API key secret'),
         ("config.precision", config.get("precision") == "nvfp4", "transformer_engine", "NVFP4 (Transformer Engine)", off),
+        ("config.load_in_4bit", config.get("load_in_4bit"), "bitsandbytes", "QLoRA (load_in_4bit)", "remove load_in_4bit (a 16-bit LoRA needs lora_rank alone)"),
     ]
     if config.get("use_liger") and accelerators_of(draft.compute).is_cpu:
         findings.append(Finding("config.use_liger", "liger kernels need a GPU and this run asks for the CPU: remove use_liger"))

@@ -21,7 +21,7 @@ from training.engine.reporter import Reporter
 from training.engine.sft import ROW_TOKENS
 from training.engine.spec import parse_spec
 
-from .conftest import IngestStub, make_spec, mean, run_inprocess
+from .conftest import EXPECTED_ATTENTION, IngestStub, make_spec, mean, run_inprocess
 
 CPU = Device("cpu", False, "fp32")
 
@@ -153,7 +153,7 @@ def test_sft_run_learns_with_and_without_packing(tiny, ingest: IngestStub, tmp_p
     assert mean(losses[-3:]) < 0.8 * mean(losses[:3]), losses
     logs = ingest.collect("logs")
     assert any(f"packing={'on' if packing else 'off'}" in line for line in logs)
-    assert any(line.startswith("attention: sdpa (CPU)") for line in logs)
+    assert any(line.startswith(EXPECTED_ATTENTION) for line in logs)
 
 
 @pytest.mark.parametrize("packing", [True, False])

@@ -328,7 +328,7 @@ def test_grpo_rollout_func_reuses_one_decoder_and_grows_it_only_when_a_step_need
     model = _model(tiny["student"]).train()
     reporter = Reporter()
     trainer = SimpleNamespace(
-        model=model, model_wrapped=model, accelerator=Accelerator(cpu=True), args=SimpleNamespace(gradient_checkpointing_kwargs=None),
+        model=model, model_wrapped=model, accelerator=Accelerator(cpu=not torch.cuda.is_available()), args=SimpleNamespace(gradient_checkpointing_kwargs=None),
         _tokenize_prompts=lambda texts: ([tok(t)["input_ids"] for t in texts], None, {}),
         eos_token_ids=[tok.eos_token_id], temperature=1.0, top_p=1.0, top_k=0, state=SimpleNamespace(global_step=0),
     )  # fmt: skip

@@ -1,16 +1,18 @@
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
-from .conftest import IngestStub, make_spec, mean, run_inprocess
+from .conftest import GPU_ONLY_PROGRESS, IngestStub, make_spec, mean, run_inprocess
 
 REPO = Path(__file__).resolve().parents[2]
 SFT_CONFIG = {"max_steps": 20, "learning_rate": 5e-3, "per_device_train_batch_size": 8, "max_length": 64}
@@ -42,7 +44,7 @@ def test_sft_chat_full_finetune_through_the_cli_learns_and_reports(tiny, ingest:
         assert len({step for step, _ in points}) == len(points), (key, points[-3:])
     progress = ingest.scalars("progress")
     assert progress[-1]["step"] == 20 and progress[-1]["max_steps"] == 20
-    assert set(progress[-1]) == {"step", "max_steps", "tokens_per_s", "step_time_s", "eta_s"}
+    assert set(progress[-1]) == {"step", "max_steps", "tokens_per_s", "step_time_s", "eta_s", *GPU_ONLY_PROGRESS}
     assert ingest.scalars("stage") == ["setup", "train"]
     assert ingest.scalars("status") == ["running", "completed"]
     kinds = [(c["step"], c["kind"]) for c in ingest.collect("checkpoints")]
@@ -67,12 +69,26 @@ def test_sft_text_rows_with_lora_save_adapter_and_merged(tiny, ingest: IngestStu
     assert any("q_proj" in k for k in changed)  # the adapter really was merged in
 
 
+QLORA_CONFIG = {**SFT_CONFIG, "max_steps": 3, "learning_rate": 1e-2, "lora_rank": 8, "lora_alpha": 16, "load_in_4bit": True}
+
+
 def test_sft_prompt_completion_rows_with_qlora(tiny, ingest: IngestStub, tmp_path: Path) -> None:
-    cfg = {**SFT_CONFIG, "max_steps": 3, "learning_rate": 1e-2, "lora_rank": 8, "lora_alpha": 16, "load_in_4bit": True}
+    pytest.importorskip("bitsandbytes")  # requirements.txt installs it; the device check's GPU image has none
+    cfg = QLORA_CONFIG
     assert run_inprocess(make_spec("sft", tiny["student"], [tiny["sft_prompt_completion"]], tmp_path, cfg, ingest)) == 0
     assert len(ingest.series("loss")) == 3
     assert (tmp_path / "merged" / "model.safetensors").is_file()
     assert json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())["lora_alpha"] == 16
+
+
+def test_qlora_in_an_image_without_bitsandbytes_fails_naming_load_in_4bit(tiny, ingest: IngestStub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Seen on the device machine's GPU image: transformers' ImportError ("pip install -U bitsandbytes") ended the run.
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "bitsandbytes" else real(name, *a))
+    assert run_inprocess(make_spec("sft", tiny["student"], [tiny["sft_prompt_completion"]], tmp_path, QLORA_CONFIG, ingest)) == 2
+    logs = ingest.collect("logs")
+    assert any(line.startswith("config.load_in_4bit: QLoRA loads the base in 4 bits with the bitsandbytes package, which this trainer image lacks")
+               for line in logs), logs[-5:]
 
 
 def test_sft_trains_on_csv_chat_rows_as_chats(tiny, ingest: IngestStub, tmp_path: Path) -> None:
@@ -195,6 +211,7 @@ def test_sft_trains_on_csv_cells_as_the_text_start_checked(tiny, ingest: IngestS
     """pandas guessed types: an all-number completion column read as numbers (TRL then failed joining
     text and an int) and a cell "NA" or "null" as a missing value, where START checked text. The engine
     reads every cell as its text, as START does, and trains on it."""
+    pytest.importorskip("django")  # START's own check (datahub.datasets) runs beside the engine's; the GPU image has no Django
     from datahub.datasets import Source, iter_rows, rows_findings
     from training.engine.data import load_rows
     from training.engine.spec import DatasetRef

@@ -302,7 +302,7 @@ def run(ctx: Context) -> None:
     shards = tokenise_shards(dataset, fmt, tokenizer, row_length, kd_dir)
     n_tokens = sum(int(s.offsets[-1]) for s in shards)
     ctx.reporter.log(f"capture: {len(shards)} shard{'' if len(shards) == 1 else 's'}, {n_tokens} tokens, top_k={k}, sidecars ~{kd_format.expected_size(k, n_tokens) / 1e6:.1f} MB")
-    capture_shards(ctx, shards, str(dist["teacher_model"]), k, vocab_size)
+    capture_shards(ctx, shards, str(dist["teacher_model"]), k, vocab_size, fused=bool(spec.config.get("use_liger")))
 
     ctx.reporter.stage("train")
     ctx.reporter.log(f"distill: tau={temperature} kd_weight={kd_weight} ce_weight={ce_weight}")

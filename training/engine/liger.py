@@ -11,6 +11,7 @@ This module imports no torch at import time: the web process imports it for vali
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import os
 from typing import Any
 
@@ -57,14 +58,20 @@ def engine_choice(spec: Any, device_kind: str) -> tuple[bool, str]:
 
     Capability decides, never a crash: off without CUDA, without the liger_kernel package, with more than
     one training process, or on a model type liger does not patch (or patches wrongly)."""
+    if device_kind != "cuda":  # before reading the model's config: the CPU answer needs no file
+        return choice(None, spec.base_model, device_kind)
+    return choice(_model_type(spec.base_model, spec.base_model_revision), spec.base_model, device_kind)
+
+
+def choice(model_type: str | None, model_name: str, device_kind: str) -> tuple[bool, str]:
+    """engine_choice for a model whose type is known (a DISTILL teacher already loaded, say)."""
     if device_kind != "cuda":
         return False, "liger: off (no CUDA device; liger's kernels are GPU-only)"
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         return False, "liger: off (liger kernels are single-GPU and this run has several processes)"
     if importlib.util.find_spec("liger_kernel") is None:
         return False, "liger: off (the liger_kernel package is not installed in this image; see requirements-gpu.txt)"
-    model_type = _model_type(spec.base_model, spec.base_model_revision)
-    why = refusal(model_type, spec.base_model)
+    why = refusal(model_type, model_name)
     if why:
         return False, f"liger: off ({why})"
     try:
@@ -74,3 +81,20 @@ def engine_choice(spec: Any, device_kind: str) -> tuple[bool, str]:
     if model_type not in MODEL_TYPE_TO_APPLY_LIGER_FN:
         return False, f"liger: off (liger has no kernels for model type {model_type!r})"
     return True, f"liger: on (model type {model_type})"
+
+
+def fuse_for_inference(model: Any, device_kind: str) -> tuple[bool, str]:
+    """liger's fused RMSNorm, SwiGLU and RoPE kernels in a loaded model's forward (a DISTILL teacher's
+    capture), where `choice` allows them; never its fused cross-entropy, so the forward still returns
+    logits. (applied?, one line saying why)."""
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    on, why = choice(model_type, str(getattr(getattr(model, "config", None), "_name_or_path", "")), device_kind)
+    if not on:
+        return False, why
+    from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
+
+    apply = MODEL_TYPE_TO_APPLY_LIGER_FN[model_type]
+    wanted = {"rope": True, "rms_norm": True, "swiglu": True, "cross_entropy": False, "fused_linear_cross_entropy": False}
+    accepted = inspect.signature(apply).parameters
+    apply(model=model, **{k: v for k, v in wanted.items() if k in accepted})
+    return True, why

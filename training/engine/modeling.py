@@ -111,6 +111,10 @@ def load_model(ref: str, revision: str | None, device: Device, *, four_bit: bool
     attn, why = attention_implementation(device)
     kwargs: dict[str, Any] = {"revision": rev, "dtype": device.torch_dtype, "attn_implementation": attn}
     if four_bit:
+        if importlib.util.find_spec("bitsandbytes") is None:
+            # transformers' own ImportError says "pip install", which a user of a trainer image cannot do mid-run.
+            raise SpecError("config.load_in_4bit: QLoRA loads the base in 4 bits with the bitsandbytes package, which this trainer image lacks: "
+                            "install it in the image (requirements.txt pins it) or remove load_in_4bit to train a 16-bit LoRA")
         from transformers import BitsAndBytesConfig
 
         kwargs["quantization_config"] = BitsAndBytesConfig(
