@@ -87,7 +87,7 @@ def test_qlora_in_an_image_without_bitsandbytes_fails_naming_load_in_4bit(tiny, 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "bitsandbytes" else real(name, *a))
     assert run_inprocess(make_spec("sft", tiny["student"], [tiny["sft_prompt_completion"]], tmp_path, QLORA_CONFIG, ingest)) == 2
     logs = ingest.collect("logs")
-    assert any(line.startswith("config.load_in_4bit: QLoRA loads the base in 4 bits with the bitsandbytes package, which this trainer image lacks")
+    assert any(line.startswith("bad spec: config.load_in_4bit: QLoRA loads the base in 4 bits with the bitsandbytes package, which this trainer image lacks")
                for line in logs), logs[-5:]
 
 

@@ -344,7 +344,7 @@ def capture_shards(ctx: Context, shards: list[Shard], teacher_ref: str, k: int, 
 
     `fused` (the run's `use_liger`): liger's fused RMSNorm/SwiGLU/RoPE kernels in the teacher's forward
     where they can run (`liger.fuse_for_inference`); on the H200 they took a 1.7B teacher's capture from
-    32 % to {LIGER_CAPTURE_MFU} MFU (bench/RESULTS.md).
+    31 % to 42 % MFU (bench/RESULTS.md).
 
     Sidecars are written atomically (`kd_format.write_sidecar`) by a background thread while the next
     shard computes, so an interrupted capture leaves only valid sidecars or none, and a resumed run
