@@ -208,6 +208,18 @@ def test_capture_shards_skips_valid_sidecars_writes_the_rest_and_reports_speed(t
     assert again.tokens == 0
 
 
+def test_a_fused_capture_on_the_cpu_says_liger_is_off_and_captures_the_same(teacher: Any, tiny: dict[str, str], tmp_path: Path) -> None:
+    # use_liger fuses the teacher's forward on a GPU only (measured there: bench/RESULTS.md); elsewhere it says why not.
+    vocab = teacher.config.vocab_size
+    shard = _shard(tmp_path, "c", vocab, LENGTHS, 4)
+    reporter = Reporter(None, None, echo=False)
+    ctx = SimpleNamespace(reporter=reporter, device=Device("cpu", False, "fp32"))
+    capture_shards(ctx, [shard], tiny["teacher"], 8, vocab, fused=True)  # type: ignore[arg-type]
+    assert "capture: liger: off (no CUDA device; liger's kernels are GPU-only)" in list(reporter.log_tail)
+    _, ids, lps = kd_format.read_sidecar(shard.kd_path)
+    assert_same_capture((np.asarray(ids), np.asarray(lps)), naive_capture(teacher, shard.input_ids, shard.offsets, 8, vocab))
+
+
 def test_a_failed_capture_leaves_no_valid_sidecar(teacher: Any, tiny: dict[str, str], tmp_path: Path) -> None:
     # An id outside the teacher's vocabulary makes the forward raise part-way through the shard.
     vocab = teacher.config.vocab_size
