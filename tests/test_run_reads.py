@@ -2,14 +2,17 @@
 checkpoints. Rows the engine would report are inserted directly: these tests are about reading."""
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
 from django.db import connection
+from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from experiments.services import create_experiment, default_experiment
-from tests.conftest import assert_error
+from studio import crypto
+from tests.conftest import assert_error, sft_body
 from training.models import LOG_LINE_CHARS, Checkpoint, LogLine, MetricPoint, Rollout, Status, TrainingRun
 from training.queries import LOGS_MAX_CHARS, LOGS_MAX_LINES
 
@@ -34,8 +37,10 @@ def get(api, path: str, query: dict):
 
 
 def untimed(answer: dict) -> dict:
-    """A logs answer without its times (one per line; tests/test_run_outputs_api.py checks them)."""
+    """A logs answer without its times (one per line; tests/test_run_outputs_api.py checks them) and
+    its `last` (test_a_live_runs_log_is_followed_from_each_answers_last checks it)."""
     assert len(answer.pop("times")) == len(answer["lines"])
+    assert isinstance(answer.pop("last"), int)
     return answer
 
 
@@ -214,6 +219,41 @@ def test_logs_page_forward_with_after_and_next(api, log_run):
     assert seen == [f"line {i}" for i in range(300)] and pages == 3
     # A cursor is a line id: the lines after it, whatever its page was.
     assert untimed(api.get(f"/api/training-runs/{log_run.pk}/logs", after=first_id + 297).json()) == {"lines": ["line 298", "line 299"], "total": 300, "next": None}
+
+
+def report_logs(run_id: int, token: str, batch_id: str, lines: list[str]) -> None:
+    """Lines as an engine reports them: a batch to the ingest API with the attempt's token."""
+    r = Client().post(f"/api/ingest/runs/{run_id}", data=json.dumps({"batch_id": batch_id, "logs": lines}), content_type="application/json",
+                      HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert r.status_code == 200, r.content
+
+
+def test_a_live_runs_log_is_followed_from_each_answers_last(api):
+    # QA: `next` is null once a page reaches the end of the log as it is, so a client polling a running
+    # run had no cursor to go on from and read the log from 0 again.
+    run_id = api.post("/api/training-runs", sft_body()).json()["id"]
+    token = crypto.new_token("ing")
+    TrainingRun.objects.filter(pk=run_id).update(status=Status.RUNNING, attempt=1, ingest_token_hash=crypto.hash_token(token))
+    url = f"/api/training-runs/{run_id}/logs"
+    empty = api.get(url, after=0).json()
+    assert empty["lines"] == [] and empty["next"] is None and empty["last"] == 0
+    report_logs(run_id, token, "b1", ["step 1", "step 2"])
+    first = api.get(url, after=empty["last"]).json()
+    assert first["lines"] == ["step 1", "step 2"] and first["next"] is None
+    assert first["last"] == LogLine.objects.get(run_id=run_id, line="step 2").pk
+    quiet = api.get(url, after=first["last"]).json()  # nothing new: the same place to go on from
+    assert quiet["lines"] == [] and quiet["last"] == first["last"] and quiet["next"] is None
+    report_logs(run_id, token, "b2", ["step 3", "step 4", "step 5"])
+    second = api.get(url, after=quiet["last"]).json()
+    assert second["lines"] == ["step 3", "step 4", "step 5"] and second["total"] == 5 and second["next"] is None
+    # The tail's `last` follows too: a client may open on the last lines, then poll for the new ones.
+    tail = api.get(url, tail=2).json()
+    assert tail["lines"] == ["step 4", "step 5"] and tail["last"] == second["last"]
+    report_logs(run_id, token, "b3", ["step 6"])
+    assert api.get(url, after=tail["last"]).json()["lines"] == ["step 6"]
+    # A page short of the end: `last` is `next`.
+    page = api.get(url, after=0, limit=2).json()
+    assert page["lines"] == ["step 1", "step 2"] and page["next"] == page["last"] == first["last"]
 
 
 def test_full_is_the_first_page_and_no_answer_holds_more_than_the_page_limits(api, run):

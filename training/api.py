@@ -157,13 +157,17 @@ def run_logs(request: HttpRequest, run_id: int, query: Query[LogsQuery]):
     lines = log_lines(run, query.attempt)
     total = lines.count()
     if query.full or query.after is not None:
-        page, cursor = log_page(lines, query.after or 0, query.limit or LOGS_MAX_LINES)
-        return {**timed(page), "total": total, "next": cursor}
-    return {**timed(log_tail(lines, query.tail)), "total": total, "next": None}
+        after = query.after or 0
+        page, cursor = log_page(lines, after, query.limit or LOGS_MAX_LINES)
+        return {**timed(page, after), "total": total, "next": cursor}
+    return {**timed(log_tail(lines, query.tail), 0), "total": total, "next": None}
 
 
-def timed(rows: list) -> dict[str, list]:
-    return {"lines": [line for _, line, _ in rows], "times": [at for _, _, at in rows]}
+def timed(rows: list, after: int) -> dict:
+    """The rows' lines and times, and `last`: the `after` that asks for the lines stored since (this
+    page's last line id; `after` itself for no rows, where `next` is null too and a follower would
+    have nothing to go on)."""
+    return {"lines": [line for _, line, _ in rows], "times": [at for _, _, at in rows], "last": rows[-1][0] if rows else after}
 
 
 def require_attempt(run, attempt: int | None) -> None:

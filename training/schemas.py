@@ -192,6 +192,8 @@ class LogsOut(Schema):
     total: int = Field(description="Lines in the whole log (of the attempt, or since the last start)")
     next: int | None = Field(None, description="With `after` or `full`: the `after` of the next page; null when this page reaches the end "
                                                "of the log as it is now (a page of long lines may hold fewer than `limit` lines)")
+    last: int = Field(description="The `after` that asks for only the lines stored since this answer, to follow a live run's log: the id of "
+                                  "this answer's last line (with `tail` too), or the given `after` when it has none (0 for an empty tail)")
 
 
 class RolloutOut(Schema):
