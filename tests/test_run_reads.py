@@ -63,6 +63,75 @@ def test_list_paginates_with_limit_offset_and_count(api, project):
     assert api.get("/api/training-runs", limit=3, offset=50).json()["items"] == []
 
 
+def test_list_has_more_says_whether_another_page_follows(api, project):
+    make_runs(project, 7)
+    assert api.get("/api/training-runs", limit=3, offset=0).json()["has_more"] is True
+    assert api.get("/api/training-runs", limit=3, offset=4).json()["has_more"] is False
+    assert api.get("/api/training-runs", limit=7).json()["has_more"] is False
+
+
+def page_ids(api, **query) -> tuple[list[int], bool]:
+    response = get(api, "/api/training-runs", query)
+    assert response.status_code == 200, response.content
+    return [r["id"] for r in response.json()["items"]], response.json()["has_more"]
+
+
+def test_paging_by_after_sees_every_run_once_while_runs_are_created_and_deleted(api, project):
+    # QA: by offset, a run created between two pages showed a run again and a deletion skipped one; ?after= was a 400.
+    runs = make_runs(project, 10)
+    newest_first = [r.pk for r in reversed(runs)]
+    first, more = page_ids(api, limit=3)
+    assert first == newest_first[:3] and more
+    make_runs(project, 2)  # newer than every run paged: they go before the first page
+    TrainingRun.objects.filter(pk__in=[newest_first[1], newest_first[4]]).delete()  # one seen, one still to come
+    second, more = page_ids(api, limit=3, after=first[-1])
+    assert second == [newest_first[3], newest_first[5], newest_first[6]] and more
+    make_runs(project, 1)
+    TrainingRun.objects.filter(pk=newest_first[7]).delete()
+    third, more = page_ids(api, limit=3, after=second[-1])
+    assert third == newest_first[8:] and not more
+    seen = first + second + third
+    assert len(seen) == len(set(seen)) == 8
+    assert set(seen) == set(newest_first) - {newest_first[4], newest_first[7]}  # every run there throughout, once; the deleted ones as they went
+
+
+def test_paging_by_after_keeps_the_filters_and_a_run_that_left_them_still_marks_the_place(api, project):
+    sweep = create_experiment(project, "Sweep")
+    dpo = make_runs(project, 4, method="dpo", experiment=sweep)
+    make_runs(project, 3)
+    everything = api.get("/api/training-runs").json()["count"]
+    first, more = page_ids(api, limit=2, method="dpo", status="queued")
+    assert first == [dpo[3].pk, dpo[2].pk] and more
+    TrainingRun.objects.filter(pk=dpo[2].pk).update(status=Status.FAILED)  # the page's last run leaves the status filter
+    second, more = page_ids(api, limit=2, method="dpo", status="queued", after=dpo[2].pk)
+    assert second == [dpo[1].pk, dpo[0].pk] and not more
+    body = get(api, "/api/training-runs", {"method": "dpo", "after": dpo[1].pk}).json()
+    assert body["count"] == 4 and [r["id"] for r in body["items"]] == [dpo[0].pk]  # count: every run the filters list, as with offset
+    assert api.get("/api/training-runs").json()["count"] == everything
+
+
+def test_paging_after_a_deleted_or_another_projects_run_is_400_naming_after(api, project, other_project):
+    gone, kept = make_runs(project, 2)
+    TrainingRun.objects.filter(pk=gone.pk).delete()
+    body = assert_error(api.get("/api/training-runs", after=gone.pk), 400, "after")
+    message = body["errors"][0]["message"]
+    assert f"run {gone.pk} is not in this project's runs" in message and "the run before it on that page" in message and "leave after out" in message
+    theirs = make_runs(other_project, 1)[0]
+    foreign = assert_error(api.get("/api/training-runs", after=theirs.pk), 400, "after")
+    assert foreign["errors"][0]["message"] == message.replace(str(gone.pk), str(theirs.pk))  # the same words: another project's ids are not confirmed
+    assert page_ids(api, after=kept.pk) == ([], False)
+
+
+@pytest.mark.parametrize("after", ["0", "x", str(2**63)])
+def test_list_with_an_after_that_is_no_run_id_is_400_naming_it(api, run, after):
+    assert_error(api.get("/api/training-runs", after=after), 400, "after")
+
+
+def test_after_and_offset_together_is_400_naming_both(api, run):
+    body = assert_error(api.get("/api/training-runs", after=run.pk, offset=0), 400, "offset")
+    assert [e["field"] for e in body["errors"]] == ["offset", "after"]
+
+
 def test_list_item_has_the_run_fields(api, run):
     item = api.get("/api/training-runs").json()["items"][0]
     assert item["id"] == run.pk and item["project"] == "acme" and item["experiment"]["slug"] == "default"
@@ -132,6 +201,10 @@ def test_list_query_count_does_not_grow_with_runs(api, project, django_assert_ma
     # token, membership, count, page: 4, whatever the number of runs.
     with django_assert_max_num_queries(4):
         assert api.get("/api/training-runs", limit=100).json()["count"] == 42
+    last = api.get("/api/training-runs", limit=10).json()["items"][-1]["id"]
+    # and by after, the run it pages after: 5.
+    with django_assert_max_num_queries(5):
+        assert len(api.get("/api/training-runs", limit=100, after=last).json()["items"]) == 32
 
 
 # ---- metrics -------------------------------------------------------------------------------------

@@ -4,6 +4,9 @@ No `from __future__ import annotations` here: ninja reads a @paginate-wrapped vi
 in ninja.pagination's globals, where `Query[RunFilters]` as a string cannot be resolved (every list
 call was a 500).
 """
+from typing import Any
+
+from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.http.request import RawPostDataException
 from ninja import Field, Query, Router, Schema
@@ -14,8 +17,21 @@ from studio.api import MAX_LIMIT, MAX_OFFSET, ErrorOut, actor, body_schema, pars
 from studio.errors import BadRequest, Finding
 from training import checkpoints, metrics, playground, services
 from training.fit_report import fit_report
-from training.models import Checkpoint, Rollout, RunAttempt
-from training.queries import LOGS_MAX_LINES, filter_rollouts, get_generation_for, get_run_for, log_lines, log_page, log_tail, log_text, runs_for, search_runs
+from training.models import Checkpoint, Rollout, RunAttempt, TrainingRun
+from training.queries import (
+    LOGS_MAX_LINES,
+    filter_rollouts,
+    get_generation_for,
+    get_run_for,
+    log_lines,
+    log_page,
+    log_tail,
+    log_text,
+    run_list_place,
+    runs_after,
+    runs_for,
+    search_runs,
+)
 from training.schemas import (
     AttemptOut,
     CheckpointOut,
@@ -46,9 +62,40 @@ class Pagination(LimitOffsetPagination):
         offset: int = Field(0, ge=0, le=MAX_OFFSET)
 
 
+class RunPagination(Pagination):
+    """The run list's pages: by offset, or by a keyset, after=<run id>: the runs after that one in the
+    list's order. An offset counts runs from the newest, so a run created between two pages showed
+    the last run of a page again on the next, and one deleted made the next page skip a run."""
+
+    class Input(Pagination.Input):
+        after: int | None = Field(None, ge=1, le=2**63 - 1, description="The runs after this run (the last of your previous page) in the "
+                                                                        "list's order, newest first: pages that runs created or deleted "
+                                                                        "meanwhile do not shift (instead of offset)")
+
+    class Output(Pagination.Output):
+        has_more: bool = Field(description="Whether runs come after this page: the next page is after=<the id of this page's last run> "
+                                           "(or the next offset)")
+
+    def paginate_queryset(self, queryset: QuerySet[TrainingRun], pagination: Any, request: HttpRequest, **params: Any) -> dict[str, Any]:
+        if pagination.after is None:
+            page = super().paginate_queryset(queryset, pagination, request, **params)
+            items = list(page["items"])
+            return {"items": items, "count": page["count"], "has_more": pagination.offset + len(items) < page["count"]}
+        if "offset" in request.GET:
+            raise BadRequest("after and offset both say where the page starts.", [
+                Finding("offset", "drop offset when you give after: after pages from a run, offset counts runs from the newest"),
+                Finding("after", "or drop after, to page by offset")])
+        rows = list(runs_after(queryset, run_list_place(actor(request), pagination.after))[: pagination.limit + 1])
+        return {"items": rows[: pagination.limit], "count": self._items_count(queryset), "has_more": len(rows) > pagination.limit}
+
+
 @router.get("", response=list[RunOut])
-@paginate(Pagination)
+@paginate(RunPagination)
 def list_runs(request: HttpRequest, filters: Query[RunFilters]):
+    """The project's runs, newest first, filtered. A page by `limit` and `offset`, or by `after`: the
+    runs after a run of your previous page (its last), so that runs created or deleted meanwhile
+    neither repeat nor skip a run; `has_more` says whether another page follows. An `after` run that
+    is not in the project's runs (deleted since) is a 400 naming after."""
     who = actor(request)
     project = who.require_project()
     runs = runs_for(who).filter(project=project).select_related("project", "experiment", "resume_checkpoint")

@@ -8,7 +8,7 @@ from django.db.models import Q, QuerySet
 from django.http import StreamingHttpResponse
 
 from studio.auth import Actor
-from studio.errors import NotFound
+from studio.errors import BadRequest, Finding, NotFound
 from training.models import Generation, LogLine, TrainingRun
 
 
@@ -43,6 +43,26 @@ def search_runs(rows: QuerySet[TrainingRun], text: str | None) -> QuerySet[Train
     for form in {unicodedata.normalize("NFC", text), unicodedata.normalize("NFD", text)} if text else ():
         match |= Q(name__icontains=form) | Q(base_model__icontains=form)
     return rows.filter(match) if text else rows
+
+
+def run_list_place(actor: Actor, run_id: int) -> tuple[datetime, int]:
+    """Where run `run_id` stands in the run list of the actor's project: its (created_at, id), the
+    list's order, whatever filters it is read with (a run that left a status filter since still marks
+    a place). A 400 naming `after` for a run that is not in that project: deleted since, or never in
+    it (which of the two is not said, so another project's run ids are not confirmed)."""
+    place = runs_for(actor).filter(project=actor.require_project(), pk=run_id).values_list("created_at", "id").first()
+    if place is None:
+        raise BadRequest(f"No run {run_id} in this project's runs to page after.", [Finding(
+            "after", f"run {run_id} is not in this project's runs (deleted since your last page, or never one of them): give the id of the "
+                     "run before it on that page (the runs after it are the same ones), or leave after out to start again from the newest")])
+    return place
+
+
+def runs_after(rows: QuerySet[TrainingRun], place: tuple[datetime, int]) -> QuerySet[TrainingRun]:
+    """The rows that come after `place` (a run's created_at and id) in the run list's order, newest
+    first (-created_at, -id): a keyset, so runs created or deleted meanwhile shift no later page."""
+    created_at, run_id = place
+    return rows.filter(Q(created_at__lt=created_at) | Q(created_at=created_at, id__lt=run_id))
 
 
 def filter_rollouts(rows: QuerySet, step: int | None = None, min_reward: float | None = None, max_reward: float | None = None) -> QuerySet:
