@@ -216,6 +216,13 @@ def test_revoked_token_is_401(world, tokens):
     assert assert_error(Api(Client(), tokens["member"]).get("/api/training-runs"), 401)["detail"] == BAD_TOKEN
 
 
+def test_a_bad_token_is_told_to_ask_an_administrator_who_can_make_tokens(world):
+    # It said "Ask a project owner for a new one": owners cannot make tokens, only a Studio administrator.
+    detail = assert_error(Api(Client(), "st_not-a-token").get("/api/training-runs"), 401)["detail"]
+    assert detail == ("This API token is not valid: it is mistyped, was revoked, or its user is no longer a member of its project. "
+                      "Ask a Studio administrator for a new one (they make it with manage.py createapitoken).")
+
+
 def test_token_of_removed_member_is_401(world, tokens, project, users):
     remove_member(project, users["member"])
     # A token was sent: the answer says what is wrong with it, not "send a token".
