@@ -123,6 +123,17 @@ HEAD_BRANCHES = 10
 BRANCHES_PER_PAGE = 50
 
 
+def repo_context(request: HttpRequest, repo: Repo) -> dict:
+    """What every page of a repo shows around its tab. The header's project and role are the
+    repo's project's, as a run page's are (studio_ui.nav_state reads `project`), not the session's:
+    the person may hold another role there. `elsewhere` is the session's current project when the
+    repo is not of it: a run uses only its own project's repos, so the page says which runs can use
+    this one. With the page head's branches and tags (refs_context)."""
+    current = web_actor(request).project
+    elsewhere = current if current is not None and current.pk != repo.project_id else None
+    return {"section": "hub", "repo": repo, "project": repo.project, "elsewhere": elsewhere, **refs_context(request, repo)}
+
+
 def refs_context(request: HttpRequest, repo: Repo) -> dict:
     """The page head's branches and tags, and the Branches table's page, in natural order (run-2 before run-10)."""
     branches = branches_of(repo)
@@ -156,18 +167,18 @@ def tree_context(request: HttpRequest, repo: Repo, revision: str, path: str = ""
         missing = (f"{folder} is a file, not a folder, on {revision}: download it from the folder above."
                    if entry(commit, folder) is not None else
                    f"{folder} is not on {revision} (commit {commit.pk[:10]}): pick another branch or tag, or go back to the repo root.")
-    refs = refs_context(request, repo)
-    names = [b.name for b in refs["all_branches"]]
+    page = repo_context(request, repo)
+    names = [b.name for b in page["all_branches"]]
     writable = web_actor(request).can_write(repo.project)
     # A run's branch takes its run's checkpoints alone: an upload to it is a 409 (services.refuse_run_branch).
     runs = services.branch_runs(repo, names) if repo.type == RepoType.EXPERIMENT else {}
     uploadable = [name for name in names if name not in runs]
     upload = {"values": {"branch": revision if revision in uploadable else repo.default_branch, "folder": prefix.rstrip("/")}, "errors": {}}
     return {
-        "section": "hub", "repo": repo, "tab": "files", "revision": revision, "commit": commit, "prefix": prefix.rstrip("/"),
+        "tab": "files", "revision": revision, "commit": commit, "prefix": prefix.rstrip("/"),
         "model_folder": model_folder(commit) if repo.type == RepoType.EXPERIMENT else "",
         "crumbs": crumbs, "folders": [{"path": f, "name": f.rsplit("/", 1)[-1]} for f in sorted(folders, key=natural_key)], "files": files,
-        "missing": missing, **refs,
+        "missing": missing, **page,
         "writable": writable, "branch_names": uploadable, "files_deletable": writable and revision in names,
         "files_help": f"One or more files, committed together; at most {settings.DATA_UPLOAD_MAX_NUMBER_FILES} at a time (the upload API takes more).",
         "max_files": settings.DATA_UPLOAD_MAX_NUMBER_FILES,
@@ -392,8 +403,7 @@ def folder_left(commit: Commit, folder: str) -> str:
 def repo_commits(request: HttpRequest, namespace: str, name: str, revision: str) -> HttpResponse:
     repo = repo_for_page(request, namespace, name)
     return render(request, "datahub/repo.html", {
-        "section": "hub", "repo": repo, "tab": "commits", "revision": revision, "commits": history(repo, revision, 200),
-        **refs_context(request, repo),
+        "tab": "commits", "revision": revision, "commits": history(repo, revision, 200), **repo_context(request, repo),
     })
 
 
@@ -408,8 +418,7 @@ def repo_compare(request: HttpRequest, namespace: str, name: str, base: str, hea
         "changed": sorted(p for p in new if p in old and new[p].pk != old[p].pk),
     }
     return render(request, "datahub/repo.html", {
-        "section": "hub", "repo": repo, "tab": "compare", "base": base, "head": head, "diff": diff, "revision": head,
-        **refs_context(request, repo),
+        "tab": "compare", "base": base, "head": head, "diff": diff, "revision": head, **repo_context(request, repo),
     })
 
 
@@ -443,12 +452,12 @@ def dataset_preview(request: HttpRequest, namespace: str, name: str, revision: s
     except ApiError as exc:
         raise NotFound(exc.detail) from exc
     return render(request, "datahub/repo.html", {
-        "section": "hub", "repo": repo, "tab": "preview", "revision": revision, "commit": commit, "preview": preview,
+        "tab": "preview", "revision": revision, "commit": commit, "preview": preview,
         "shape_label": datasets.SHAPE_LABELS.get(preview["shape"], preview["shape"]),
         "preview_rows": preview_cells(preview),
         # A file without a single row: START's own sentence, naming the file (as START does in a dataset of several).
         "no_rows": "" if preview["rows"] or preview["problems"] else datasets.no_rows(f"{preview['path']} "),
-        **refs_context(request, repo),
+        **repo_context(request, repo),
     })
 
 

@@ -49,6 +49,12 @@ class ApiTokenAdmin(admin.ModelAdmin):
     def has_add_permission(self, request) -> bool:
         return False  # tokens are made with `createapitoken`, which shows the plaintext once
 
+    def get_readonly_fields(self, request, obj=None) -> tuple[str, ...]:
+        # An existing token's plaintext is already out there: given to another user or project, it
+        # would act there for whoever holds it, and the audit log would credit the new user. To move
+        # access, revoke the token (revoked at) and make a new one.
+        return (*self.readonly_fields, "user", "project") if obj is not None else tuple(self.readonly_fields)
+
 
 @admin.register(ProjectSecret)
 class ProjectSecretAdmin(admin.ModelAdmin):

@@ -90,8 +90,10 @@ class RateLimitedModelBackend(ModelBackend):
         return user
 
 
+# Only a Studio administrator makes tokens (manage.py createapitoken; the admin's API tokens lists and
+# revokes them): a project owner has no way to.
 BAD_TOKEN = ("This API token is not valid: it is mistyped, was revoked, or its user is no longer a member of its "
-             "project. Ask a project owner for a new one (manage.py createapitoken).")
+             "project. Ask a Studio administrator for a new one (they make it with manage.py createapitoken).")
 
 
 class StudioAuth:

@@ -15,7 +15,7 @@ from experiments.models import Experiment
 from studio.auth import BAD_TOKEN
 from studio.crypto import hash_token
 from studio.models import ApiToken, ProjectSecret
-from studio.services import add_member, create_api_token, create_plan, remove_member, revoke_api_token, set_plan, set_secret
+from studio.services import add_member, authenticate_token, create_api_token, create_plan, remove_member, revoke_api_token, set_plan, set_secret
 from tests.conftest import Api, assert_error, sft_body
 from training import status as status_service
 from training.models import Checkpoint, LogLine, MetricPoint, Rollout, Status, TrainingRun
@@ -216,6 +216,13 @@ def test_revoked_token_is_401(world, tokens):
     assert assert_error(Api(Client(), tokens["member"]).get("/api/training-runs"), 401)["detail"] == BAD_TOKEN
 
 
+def test_a_bad_token_is_told_to_ask_an_administrator_who_can_make_tokens(world):
+    # It said "Ask a project owner for a new one": owners cannot make tokens, only a Studio administrator.
+    detail = assert_error(Api(Client(), "st_not-a-token").get("/api/training-runs"), 401)["detail"]
+    assert detail == ("This API token is not valid: it is mistyped, was revoked, or its user is no longer a member of its project. "
+                      "Ask a Studio administrator for a new one (they make it with manage.py createapitoken).")
+
+
 def test_token_of_removed_member_is_401(world, tokens, project, users):
     remove_member(project, users["member"])
     # A token was sent: the answer says what is wrong with it, not "send a token".
@@ -300,6 +307,22 @@ def test_a_membership_row_given_to_another_user_in_the_admin_revokes_the_first_u
     assert ApiToken.objects.get(token_hash=hash_token(tokens["viewer"])).revoked_at is not None
     add_member(project, users["viewer"], "viewer")
     assert Api(Client(), tokens["viewer"]).get("/api/training-runs").status_code == 401
+
+
+def test_the_admin_cannot_move_a_token_to_another_user_or_project(tokens, project, other_project, users):
+    # Its change form saved a new User and Project: the member's plaintext then acted in globex as the
+    # outsider, and the audit log credited the outsider with what it did.
+    token = ApiToken.objects.get(token_hash=hash_token(tokens["member"]))
+    client = admin_client()
+    url = f"/admin/studio/apitoken/{token.pk}/change/"
+    r = client.post(url, {"user": users["outsider"].pk, "project": other_project.pk, "name": "renamed", "revoked_at_0": "", "revoked_at_1": ""})
+    assert r.status_code == 302, r.content.decode()[:3000]
+    token.refresh_from_db()
+    assert (token.user_id, token.project_id, token.name) == (users["member"].pk, project.pk, "renamed")
+    acting = authenticate_token(tokens["member"])
+    assert acting is not None and (acting.user, acting.project) == (users["member"], project)
+    form = client.get(url).content.decode()  # shown, not offered
+    assert 'name="user"' not in form and 'name="project"' not in form and 'name="revoked_at_0"' in form and "acme" in form
 
 
 def test_token_sees_only_its_own_project_even_when_user_is_in_both(world, project, other_project, users):

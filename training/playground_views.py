@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 from django.contrib import messages
+from django.db.models import Count, Min
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -132,8 +133,18 @@ def generation(request: HttpRequest, run_id: int, generation_id: int) -> HttpRes
                       "runs_url": reverse("training:runs")}, status=STOP_POLLING)
     found = Generation.objects.select_related("checkpoint").filter(pk=generation_id, run=run).first()
     if found is None:
-        return render(request, "training/run_detail.html#generation_gone", {"generation_id": generation_id,
-                      "gone": f"Run {run.pk} keeps no answer {generation_id}: it keeps its newest {playground.KEPT_GENERATIONS}.",
+        return render(request, "training/run_detail.html#generation_gone", {"generation_id": generation_id, "gone": no_answer(run, generation_id),
                       "hint": "", "runs_url": ""}, status=STOP_POLLING)
     playground.count_answers_ahead([found])
     return render(request, "training/run_detail.html#generation", {"run": run, "g": found, "timeout": playground.GENERATION_TIMEOUT_SECONDS})
+
+
+def no_answer(run: TrainingRun, generation_id: int) -> str:
+    """Why `run` shows no answer `generation_id`. A pruned answer leaves no trace, so the run's own
+    kept answers tell: only an id older than its oldest kept one, with the run full, may have been
+    its own. Whether the id is another run's is not looked up (it may be another project's)."""
+    kept = run.generations.aggregate(count=Count("pk"), oldest=Min("pk"))
+    if kept["count"] >= playground.KEPT_GENERATIONS and generation_id < kept["oldest"]:
+        return (f"Run {run.pk} has no answer {generation_id}: it keeps only its newest {playground.KEPT_GENERATIONS} answers, "
+                "so if this was one of its own, it has been deleted.")
+    return f"Run {run.pk} has no answer {generation_id}."

@@ -160,3 +160,40 @@ def test_experiment_and_environment_repos_say_how_they_are_used(browser, project
     repos.create_repo(project, "my-env", "environment")
     html = browser("viewer").get("/hub/acme/my-env").content.decode()
     assert "from_pretrained" not in html and "config.environment_id" in html and "my-env@main" in html
+
+
+def test_repo_pages_of_another_project_show_its_role_and_a_run_ref_that_works(browser, project, other_project, users):
+    # member is a member of acme (the session's current project) and a viewer of globex: globex's repo
+    # pages must say viewer, and tell how a run can use the repo (a run of acme refuses globex's repos).
+    from studio.auth import SESSION_PROJECT_KEY
+    from studio.services import add_member
+
+    add_member(other_project, users["member"], "viewer")
+    theirs = repos.create_repo(other_project, "prefs", "dataset")
+    first = commits.commit_files(theirs, "main", {"data/train.jsonl": jsonl([{"prompt": "q", "completion": "a"}])}, "data")
+    second = commits.commit_files(theirs, "main", {"README.md": b"hi"}, "readme")
+    repos.create_repo(other_project, "env", "environment")
+    ours = repos.create_repo(project, "prefs", "dataset")
+    commits.commit_files(ours, "main", {"README.md": b"hi"}, "readme")
+    c = browser("member")
+    session = c.session
+    session[SESSION_PROJECT_KEY] = "acme"
+    session.save()
+
+    for url in ("/hub/globex/prefs", "/hub/globex/prefs/tree/main/data", "/hub/globex/prefs/commits/main",
+                f"/hub/globex/prefs/compare/{first.pk}...{second.pk}", "/hub/globex/prefs/preview/main/data/train.jsonl", "/hub/globex/env"):
+        page = c.get(url)
+        assert page.status_code == 200, url
+        html = page.content.decode()
+        assert '<span class="role">(viewer)</span>' in html and "(member)" not in html, url
+        assert '<option value="globex" selected>' in html, url
+    html = c.get("/hub/globex/prefs").content.decode()
+    assert "use it in a run of project globex as <code>prefs@main</code> (not in a run of acme: a run uses only its own project's repos)." in html
+    assert "and a Studio token of project globex:" in html
+    html = c.get("/hub/globex/env").content.decode()
+    assert "Use it in a GRPO run of project globex as <code>config.environment_id</code> <code>env@main</code> (not in a run of acme" in html
+
+    # the current project's own repo is as it was: the member's role, the ref a run of acme takes
+    html = c.get("/hub/acme/prefs").content.decode()
+    assert '<span class="role">(member)</span>' in html and "use it in a run as <code>prefs@main</code>." in html
+    assert "not in a run of" not in html and "a Studio token:" in html

@@ -98,3 +98,27 @@ def test_a_bad_value_comes_back_beside_its_field_and_a_good_ask_polls_for_its_an
     assert "The cat is red." in polled and "5 tokens · 0.25 s · cpu (on the CPU: the Studio machine has no GPU)" in polled
     assert "hx-trigger" not in polled  # answered: the poll stops
     assert "The cat is red." in client.get(f"/training/runs/{run.pk}/try/").content.decode()  # kept across reloads
+
+
+def test_polling_an_answer_the_run_never_had_says_it_has_none_and_a_pruned_one_may_have_been_deleted(api, project, other_project, users, runs_dir):  # noqa: F811
+    # Another run's answer id said "Run 1 keeps no answer 7: it keeps its newest 20", as if run 1 had had it.
+    from tests.test_playground import ASK
+    from training.playground import KEPT_GENERATIONS
+
+    run = trained_run(project, users["owner"], runs_dir)
+    theirs = trained_run(other_project, users["outsider"], runs_dir)
+    elsewhere = Generation.objects.create(run=theirs, created_by=users["outsider"], prompt="2+2", max_new_tokens=8, temperature=0.7)
+    client = client_for(users["owner"])
+
+    def gone(generation_id: int) -> str:
+        response = client.get(f"/training/runs/{run.pk}/generations/{generation_id}", HTTP_HX_REQUEST="true")
+        assert response.status_code == 286  # the poll stops
+        return re.search(r'role="alert">(.*?)</p>', response.content.decode(), re.S)[1].strip()
+
+    assert gone(elsewhere.pk) == f"Run {run.pk} has no answer {elsewhere.pk}."
+    ids = [api.post(f"/api/training-runs/{run.pk}/generate", {**ASK, "prompt": f"ask {i}"}).json()["id"] for i in range(KEPT_GENERATIONS + 1)]
+    assert not Generation.objects.filter(pk=ids[0]).exists()  # pruned: the run keeps its newest
+    for older in (ids[0], elsewhere.pk):  # older than its kept answers: its own once, or not (another project's is not looked up)
+        assert gone(older) == (f"Run {run.pk} has no answer {older}: it keeps only its newest {KEPT_GENERATIONS} answers, "
+                               "so if this was one of its own, it has been deleted.")
+    assert gone(ids[-1] + 1000) == f"Run {run.pk} has no answer {ids[-1] + 1000}."
