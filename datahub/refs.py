@@ -162,7 +162,8 @@ def ref_findings(project, base_model: str | None, config: dict | None, pinned: d
 def model_instead(repo: Repo, value: str) -> str:
     """What to load instead of a model ref without a model at its root. A run's branch takes only its
     run's checkpoints (datahub.services.refuse_run_branch: an upload is a 409), in folders: the run's
-    published model repo, or a merged checkpoint's folder, is the model it made."""
+    published model repo is the model it made (never its folder in STUDIO_RUNS_DIR, which a run may
+    not name: training.refs.studio_data)."""
     from datahub import services
 
     run = services.branch_run(repo, value.partition("@")[2]) if repo.type == RepoType.EXPERIMENT else None
@@ -170,8 +171,7 @@ def model_instead(repo: Repo, value: str) -> str:
         return f"push the folder save_pretrained wrote (config, weights and tokenizer) to {repo.name}"
     published = next(iter(services.published_repos(run)), None)
     model = f"{published.name}@main, the model repo it published" if published else "the model repo it publishes when it completes (on the Models page)"
-    return (f"it is run #{run.pk}'s branch, which holds that run's checkpoints in folders and takes no uploads: "
-            f"train from {model}, or on the local backend from a merged checkpoint's folder (its Location on the run's Checkpoints tab)")
+    return f"it is run #{run.pk}'s branch, which holds that run's checkpoints in folders and takes no uploads: train from {model}"
 
 
 MODEL_FIELDS = ("base_model", "config.distillation.teacher_model")  # refs the engine loads as a model

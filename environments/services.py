@@ -28,7 +28,7 @@ from datahub.datasets import RowNeeds
 from environments.declarations import DECLARATIONS, assignment, code, config_key_finding, declaration_findings, declared_config_findings, with_declarations
 from studio.errors import BadRequest, Finding, NotFound
 from training.engine.packages import CONFIG_METADATA
-from training.refs import inside_local_roots
+from training.refs import inside_local_roots, studio_data_problem
 
 log = logging.getLogger(__name__)
 CATALOGUE_DIR = Path(__file__).resolve().parent / "catalogue"
@@ -36,6 +36,8 @@ ENGINE_BUILTINS = {"builtin/arith": "Two-number addition with a dense per-digit 
 FIELD = "config.environment_id"
 MAIN_REF = "main"  # the one version of a built-in environment (builtin_ref_findings)
 CONFIG_FILE = "config.py"
+# What a CONFIG file path inside the Studio's own data (training.refs.studio_data) should be instead.
+FILE_INSTEAD = "push the file to the environment's repo and name it by its path there"
 SKIP_PARTS = {"__pycache__", ".git"}
 
 
@@ -293,6 +295,8 @@ def config_findings(reference: dict[str, Any] | None, config: dict[str, Any], fi
                 if root + now not in files:
                     findings.append(Finding(f"{field}.{key}", f"the package has no file {now!r} (it has {package_files_named(files, root)}): "
                                                               "name one of its files, or push the file to the repo first"))
+            elif problem := studio_data_problem(now, FILE_INSTEAD):
+                findings.append(Finding(f"{field}.{key}", problem))
             elif not readable_local_file(now):
                 findings.append(Finding(f"{field}.{key}", f"{now} is not a file on the Studio's machine that runs may read: name one of the package's files "
                                                           f"({was!r}), or push the file to the repo first"))
@@ -336,10 +340,16 @@ def local_file_findings(config: dict[str, Any] | None, field: str = FIELD) -> li
     extension, /data/maths.jsonl: not an absolute URL path such as /v1/completions): a PUT checked it
     when it was saved, but a file deleted, made unreadable or moved out of STUDIO_LOCAL_ROOTS since
     then started the run, which failed in the engine as the package loaded."""
-    return [config_key_finding(field, key, f"{value} is not a file on the Studio's machine that runs may read (deleted, unreadable or outside "
-                                           f"STUDIO_LOCAL_ROOTS since CONFIG was saved): put the file back, or set {key} to one of the package's files")
-            for key, value in (config or {}).items()
-            if isinstance(value, str) and PurePosixPath(value).is_absolute() and PurePosixPath(value).suffix and not readable_local_file(value)]
+    findings = []
+    for key, value in (config or {}).items():
+        if not (isinstance(value, str) and PurePosixPath(value).is_absolute() and PurePosixPath(value).suffix):
+            continue
+        if problem := studio_data_problem(value, FILE_INSTEAD):  # saved before CONFIG refused it
+            findings.append(config_key_finding(field, key, problem))
+        elif not readable_local_file(value):
+            findings.append(config_key_finding(field, key, f"{value} is not a file on the Studio's machine that runs may read (deleted, unreadable or outside "
+                                                           f"STUDIO_LOCAL_ROOTS since CONFIG was saved): put the file back, or set {key} to one of the package's files"))
+    return findings
 
 
 def declared(init: ast.Module | None) -> ast.Module | None:

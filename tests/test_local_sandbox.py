@@ -254,6 +254,9 @@ def test_a_sandboxed_submit_hides_the_studios_state_and_shows_the_runs_inputs(se
     code = {str(REPO_ROOT / "training"), str(REPO_ROOT / "environments"), sys.prefix}
     assert sorted(set(plan["read_only"]) - code) == sorted([demo, spec.resume_from, str(tmp_path / "data.jsonl")])
     assert str(REPO_ROOT) in plan["hide"] and str(REPO_ROOT / "training") in plan["read_only"]
+    with pytest.raises(BackendError, match=r"dataset\[0\]: .* is inside the Studio's own data"):
+        LocalBackend().submit(spec)  # another run's spec is no dataset: submit refuses the job outright
+    spec.dataset = spec.dataset[1:]
     job_id = LocalBackend().submit(spec)
     LocalBackend().stop(8, 1, job_id)
     assert (tmp_path / "runs" / "8" / "attempt-1" / "sandbox.json").is_file()

@@ -2,6 +2,7 @@
 or a local path (local backend only). `dataset` is a ref, `{ref, type}`, or a list of those."""
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,9 +79,99 @@ def dataset_entries(value: Any) -> list[DatasetEntry]:
     return [DatasetEntry(i["ref"], i.get("type")) if isinstance(i, dict) else DatasetEntry(i) for i in items]
 
 
+@dataclass(frozen=True)
+class Place:
+    path: Path  # resolved
+    what: str
+    folder: bool
+
+
+def studio_data() -> list[Place]:
+    """The Studio's own data on this machine: every run's folder, the Data Hub's storage, uploads and
+    checkouts, the database and secret files. No run may name them as a local path: a run reads
+    another run's model, or a Data Hub file, only through the Data Hub, which checks the project.
+    Not var/ as a whole: the demo's models and datasets, which runs name by path, lie in var/demo."""
+    from datahub.checkouts import checkout_root
+    from datahub.storage import hub_root
+
+    folders = [
+        (settings.STUDIO_RUNS_DIR, "run outputs, STUDIO_RUNS_DIR"),
+        (hub_root(), "Data Hub storage, DATAHUB_ROOT"),
+        (getattr(settings, "DATAHUB_STAGING_DIR", None) or hub_root() / "staging", "Data Hub uploads, DATAHUB_STAGING_DIR"),
+        (checkout_root(), "Data Hub checkouts, DATAHUB_CHECKOUT_DIR"),
+        *([(settings.MEDIA_ROOT, "uploads, MEDIA_ROOT")] if getattr(settings, "MEDIA_ROOT", "") else []),
+    ]
+    files = [Path(settings.VAR_DIR) / "demo-token", Path(str(settings.EMBEDDED_REDIS_SOCKET))]
+    if settings.REDIS_URL.startswith(("redis+socket://", "unix://")):
+        files.append(Path(settings.REDIS_URL.split("://", 1)[1].split("?", 1)[0]))
+    for database in settings.DATABASES.values():
+        if database["ENGINE"] == "django.db.backends.sqlite3":
+            name = Path(str(database["NAME"]))
+            files += [name, *(name.with_name(name.name + suffix) for suffix in ("-journal", "-wal", "-shm"))]
+    files += [Path(os.environ[key]) for key in ("SECRET_KEY_FILE", "STUDIO_ENCRYPTION_KEY_FILE") if os.environ.get(key)]
+    return ([Place(Path(folder).resolve(), what, True) for folder, what in folders]
+            + [Place(file.resolve(), "the Studio's database and secrets", False) for file in files])
+
+
+def studio_data_at(path: Path, places: list[Place] | None = None) -> tuple[str, str] | None:
+    """Whether `path` (links and `..` resolved) is inside the Studio's own data (`places`, by default
+    studio_data()), or holds some of it (a folder above it): ("inside" or "holds", what), else None."""
+    try:
+        resolved = path.expanduser().resolve()
+    except (OSError, RuntimeError):  # a loop of links: nothing a run could read either
+        return None
+    for place in studio_data() if places is None else places:
+        if resolved.is_relative_to(place.path):
+            return "inside", place.what
+        if place.path.is_relative_to(resolved):
+            return "holds", place.what
+    return None
+
+
+LINKS_LOOKED_AT = 10_000  # entries of a folder looked at for links; past them the sandbox still hides the data
+
+
+def studio_data_link(folder: Path) -> tuple[str, str] | None:
+    """A link in `folder` (at any depth) that leads into the Studio's own data: (its path, what), else
+    None. A model or dataset folder of links to another run's weights is that run's output too."""
+    if not folder.is_dir():
+        return None
+    seen, places = 0, studio_data()
+    for root, dirs, files in os.walk(folder):
+        for name in [*dirs, *files]:
+            seen += 1
+            entry = Path(root) / name
+            if entry.is_symlink() and (found := studio_data_at(entry, places)) is not None:
+                return str(entry), found[1]
+            if seen >= LINKS_LOOKED_AT:
+                return None
+    return None
+
+
+MODEL_INSTEAD = "a run's model is in the Data Hub as <project>/<model repo>@<commit>; use that"
+DATASET_INSTEAD = "push the files to a Data Hub dataset repo and use <project>/<dataset repo>@<commit>"
+
+
+def studio_data_problem(value: str, instead: str) -> str | None:
+    """Why a run may not read the local path `value`: it is, holds or links into the Studio's own
+    data (studio_data). The sentence ends with `instead` (MODEL_INSTEAD, DATASET_INSTEAD); None when it may."""
+    path = Path(value).expanduser()
+    found = studio_data_at(path)
+    if found is not None:
+        where, what = found
+        return f"{value} {'is inside' if where == 'inside' else 'holds'} the Studio's own data ({what}): {instead}"
+    link = studio_data_link(path)
+    if link is not None:
+        return f"{value} holds a link ({link[0]}) into the Studio's own data ({link[1]}): {instead}"
+    return None
+
+
 def inside_local_roots(path: Path) -> bool:
-    """Whether runs may read `path` (settings.STUDIO_LOCAL_ROOTS; none set: anywhere). Links and `..`
-    are resolved first, so neither leads out of a root."""
+    """Whether runs may read `path` (settings.STUDIO_LOCAL_ROOTS; none set: anywhere), never the
+    Studio's own data (studio_data_at). Links and `..` are resolved first, so neither leads out of a
+    root or into that data."""
+    if studio_data_at(path) is not None:
+        return False
     roots = settings.STUDIO_LOCAL_ROOTS
     return not roots or any(path.resolve().is_relative_to(root) for root in roots)
 

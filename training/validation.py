@@ -26,7 +26,18 @@ from training.forms import hub_model_files, hub_ref_tree
 from training.keys import is_number, json_findings, normalise_block
 from training.methods import NOT_YET_SUPPORTED, get_method
 from training.methods.base import Draft, TrainingMethod
-from training.refs import HUB_REF, check_dataset, check_ref, dataset_entries, inside_local_roots, local_model_dir, ref_kind
+from training.refs import (
+    DATASET_INSTEAD,
+    HUB_REF,
+    MODEL_INSTEAD,
+    check_dataset,
+    check_ref,
+    dataset_entries,
+    inside_local_roots,
+    local_model_dir,
+    ref_kind,
+    studio_data_problem,
+)
 
 NAME_MAX = 200  # TrainingRun.name's column
 
@@ -62,6 +73,7 @@ def validate_draft(draft: Draft) -> Draft:
         draft.config = normalise_block(draft.config, {**method.trl_keys(), **method.known_keys()})
         findings += method.create_findings(draft)
         findings += foreign_ref_findings(draft)
+        findings += studio_data_findings(draft)
         findings += builtin_ref_findings(draft)
         findings += liger_findings(draft)
         findings += single_gpu_findings(draft)
@@ -384,19 +396,32 @@ def system_prompt_set(draft: Draft) -> bool:
     return bool(draft.config.get("system_prompt"))
 
 
+def local_paths(draft: Draft) -> list[tuple[str, str, bool]]:
+    """(field, value, is a model) of each local path the run's engine would read: the base model,
+    a DISTILL teacher, each dataset entry and a RULER run's prompts."""
+    models = [("base_model", draft.base_model)]
+    if draft.method == "distill" and isinstance(draft.config.get("distillation"), dict):
+        models.append(("config.distillation.teacher_model", draft.config["distillation"].get("teacher_model")))
+    datasets = [(f"dataset[{i}]" if isinstance(draft.dataset, list) else "dataset", e.ref) for i, e in enumerate(dataset_entries(draft.dataset))]
+    if isinstance(ruler_dataset(draft), str):
+        datasets.append(("config.ruler_task_args.dataset", ruler_dataset(draft)))  # its prompts, checked row by row like a dataset's
+    return [(field, value, field in dict(models)) for field, value in models + datasets if isinstance(value, str) and ref_kind(value) == "path"]
+
+
+def studio_data_findings(draft: Draft) -> list[Finding]:
+    """A local path into the Studio's own data (another project's run output, the Data Hub's blobs):
+    the engine would read it as the Studio's user, past every project check (400 at create and PATCH;
+    START refuses it too, in local_path_findings, for a run stored before)."""
+    return [Finding(field, problem) for field, value, is_model in local_paths(draft) if (problem := studio_data_problem(value, MODEL_INSTEAD if is_model else DATASET_INSTEAD))]
+
+
 def local_path_findings(draft: Draft, needs: RowNeeds | None = None, notices: list[Finding] | None = None,
                         checks: list[tuple[str, RowsCheck]] | None = None) -> list[Finding]:
     """A local path names a file on the Studio's machine: only the local backend can read it, and
     there it must be an absolute path to what the engine will load (a missing one would fail the run
     only after the job started). A dataset's rows are checked; what was not goes to `notices`, and
     each dataset entry's check to `checks` (its field and RowsCheck)."""
-    models = [("base_model", draft.base_model)]
-    if draft.method == "distill":
-        models.append(("config.distillation.teacher_model", (draft.config.get("distillation") or {}).get("teacher_model")))
-    datasets = [(f"dataset[{i}]" if isinstance(draft.dataset, list) else "dataset", e.ref) for i, e in enumerate(dataset_entries(draft.dataset))]
-    if isinstance(ruler_dataset(draft), str):
-        datasets.append(("config.ruler_task_args.dataset", ruler_dataset(draft)))  # its prompts, checked row by row like a dataset's
-    paths = [(field, value, field in dict(models)) for field, value in models + datasets if isinstance(value, str) and ref_kind(value) == "path"]
+    paths = local_paths(draft)
     backend = draft.compute.get("backend", "local")
     if backend != "local":
         return [
@@ -408,6 +433,8 @@ def local_path_findings(draft: Draft, needs: RowNeeds | None = None, notices: li
         path = Path(value).expanduser()
         if not path.is_absolute():
             findings.append(Finding(field, f"{value} is a relative path: give the absolute path on the Studio's machine (e.g. /data/models/my-model)"))
+        elif problem := studio_data_problem(value, MODEL_INSTEAD if is_model else DATASET_INSTEAD):  # a run stored before create refused it
+            findings.append(Finding(field, problem))
         elif not inside_local_roots(path):
             roots = ", ".join(str(root) for root in settings.STUDIO_LOCAL_ROOTS)
             findings.append(Finding(field, f"{value} is outside the folders this Studio lets runs read ({roots}): put it under one of them, or push it to the Data Hub and use repo@ref"))

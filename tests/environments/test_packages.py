@@ -432,6 +432,20 @@ def test_a_config_put_naming_an_absolute_data_file_needs_a_file_runs_may_read(ap
     assert api.put("/api/environments/abs-maths/config", {"config": {**before["config"], "data_file": str(own)}}).status_code == 200
 
 
+def test_a_config_put_naming_a_file_in_another_runs_folder_is_refused(api, project, settings, tmp_path):
+    # The engine would read another project's run output past every project check.
+    settings.STUDIO_RUNS_DIR = tmp_path / "runs"
+    theirs = tmp_path / "runs" / "1" / "attempt-1" / "output" / "rows.jsonl"
+    theirs.parent.mkdir(parents=True)
+    theirs.write_text('{"question": "1+1?", "answer": "2"}\n')
+    api.post("/api/environments/fork", {"catalogue": "gsm-maths", "name": "runs-maths"})
+    before = api.get("/api/environments/runs-maths/config").json()
+    error = assert_error(api.put("/api/environments/runs-maths/config", {"config": {**before["config"], "data_file": str(theirs)}}), 400, "config.data_file")
+    assert error["errors"][0]["message"] == (f"{theirs} is inside the Studio's own data (run outputs, STUDIO_RUNS_DIR): "
+                                             "push the file to the environment's repo and name it by its path there"), error
+    assert api.get("/api/environments/runs-maths/config").json()["commit"] == before["commit"]
+
+
 @pytest.mark.parametrize("init", [
     b"try:\n    from .local import CONFIG\nexcept ImportError:\n    CONFIG = {'n': 8}\n\n\ndef load_environment(**kwargs):\n    return kwargs['n']\n",
     b"import os\n\nif os.environ.get('FAST'):\n    CONFIG = {'n': 8}\n\n\ndef load_environment(**kwargs):\n    return kwargs['n']\n",

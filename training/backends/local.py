@@ -31,6 +31,7 @@ from training.backends.local_runner import WAITING_NAME
 from training.compute import accelerators_of
 from training.engine.launch import engine_argv
 from training.engine.reporter import SPOOL_NAME
+from training.refs import DATASET_INSTEAD, MODEL_INSTEAD, ref_kind, studio_data, studio_data_at, studio_data_problem
 
 ENV_ALLOW_LIST = (
     "PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "LD_LIBRARY_PATH",
@@ -155,23 +156,37 @@ def sandbox_warning() -> str | None:
             "allow user namespaces or set STUDIO_LOCAL_SANDBOX=required (README: Security)")
 
 
+def named_reads(job: JobSpec) -> list[tuple[str, str]]:
+    """(field, value) of each local path of `job` that its run named: the base model, a teacher, a
+    RULER run's prompts and each dataset entry not from the Data Hub. Not what the Studio staged (the
+    environment's package, the step a resumed run continues from)."""
+    config = job.config or {}
+    distillation, ruler = config.get("distillation"), config.get("ruler_task_args")
+    named = [("base_model", job.base_model),
+             ("config.distillation.teacher_model", distillation.get("teacher_model") if isinstance(distillation, dict) else None),
+             ("config.ruler_task_args.dataset", ruler.get("dataset") if isinstance(ruler, dict) else None),
+             *((f"dataset[{i}]", entry.get("path")) for i, entry in enumerate(job.dataset) if not entry.get("data_hub"))]
+    return [(field, value) for field, value in named if isinstance(value, str) and ref_kind(value) == "path"]
+
+
+def studio_data_reads(job: JobSpec) -> list[str]:
+    """The named reads of `job` that lead into the Studio's own data (training.refs.studio_data), each
+    as `field: why`. START refuses such a run; submit refuses a job that has one all the same (a run
+    stored before that check, a path that became a link since), sandbox or none."""
+    return [f"{field}: {problem}" for field, value in named_reads(job)
+            if (problem := studio_data_problem(value, MODEL_INSTEAD if field in ("base_model", "config.distillation.teacher_model") else DATASET_INSTEAD))]
+
+
 def sandbox_plan(job: JobSpec, directory: Path) -> dict:
     """What the engine of `job` may see (training/backends/sandbox.py): the Studio's private folders and
     files and its checkout hidden, then the engine's code, its run's folder (read-write) and the local
     paths its spec reads (read-only) bound back; a path that would show a hidden secret, another run's
-    spec or the Data Hub's storage is not."""
-    from datahub.storage import hub_root
-
+    spec or the Data Hub's storage is not, nor one the run named inside the Studio's own data (another
+    run's output: only a step the Studio resumes from is shown)."""
+    places = studio_data()
     runs, var = Path(settings.STUDIO_RUNS_DIR).resolve(), Path(settings.VAR_DIR).resolve()
-    hub = [hub_root().resolve(), Path(getattr(settings, "DATAHUB_STAGING_DIR", None) or hub_root() / "staging").resolve()]
-    files = [var / "demo-token", Path(str(settings.EMBEDDED_REDIS_SOCKET)).resolve()]
-    if settings.REDIS_URL.startswith(("redis+socket://", "unix://")):
-        files.append(Path(settings.REDIS_URL.split("://", 1)[1].split("?", 1)[0]).resolve())
-    for database in settings.DATABASES.values():
-        if database["ENGINE"] == "django.db.backends.sqlite3":
-            name = Path(str(database["NAME"])).resolve()
-            files += [name, *(name.with_name(name.name + suffix) for suffix in ("-journal", "-wal", "-shm"))]
-    files += [Path(os.environ[key]).resolve() for key in ("SECRET_KEY_FILE", "STUDIO_ENCRYPTION_KEY_FILE") if os.environ.get(key)]
+    hub = [place.path for place in places if place.folder and place.path != runs]  # the Data Hub's storage, uploads, checkouts
+    files = [place.path for place in places if not place.folder]
     hidden = [runs, var, *hub, REPO_ROOT]  # the checkout too: a studio.env beside the code
     own = directory.parent.resolve()  # the run's folder: its attempts, staged environment, cache
     # The engine's code and the catalogue's packages, and the virtualenv when it lies in the checkout.
@@ -181,14 +196,13 @@ def sandbox_plan(job: JobSpec, directory: Path) -> dict:
         if any(secret.is_relative_to(path) for secret in [*files, *hidden]) or any(path.is_relative_to(h) for h in hub):
             return False
         parts = path.relative_to(runs).parts if path.is_relative_to(runs) else None
-        # Another run's folder only below an attempt's output (a resumed step, a trained model): never a spec.
+        # Another run's folder only below an attempt's output (the step it resumes from): never a spec.
         return parts is None or path.is_relative_to(own) or (len(parts) > 3 and parts[1].startswith("attempt-") and parts[2] == "output")
 
-    config, environment = job.config or {}, job.environment or {}
-    reads = [job.base_model, (config.get("distillation") or {}).get("teacher_model"), (config.get("ruler_task_args") or {}).get("dataset"),
-             environment.get("path"), (environment.get("ruler_dataset") or {}).get("path"), job.resume_from,
-             *(entry.get("path") for entry in job.dataset if not entry.get("data_hub"))]
-    paths = [Path(p).resolve() for p in reads if isinstance(p, str) and p.startswith("/")]
+    environment = job.environment or {}
+    staged = [environment.get("path"), (environment.get("ruler_dataset") or {}).get("path"), job.resume_from]
+    paths = [Path(p).resolve() for p in staged if isinstance(p, str) and p.startswith("/")]
+    paths += [Path(p).resolve() for _, p in named_reads(job) if p.startswith("/") and studio_data_at(Path(p), places) is None]
     return {"hide": [str(p) for p in hidden], "hide_files": [str(p) for p in files], "read_write": [str(own)],
             "read_only": [*map(str, code), *(str(p) for p in paths if may_show(p))], "cwd": str(REPO_ROOT),
             "pid_file": str(directory / "engine.pid")}
@@ -303,6 +317,8 @@ class LocalBackend(Backend):
         return local_image_has(module)
 
     def submit(self, job: JobSpec) -> str:
+        if refused := studio_data_reads(job):
+            raise BackendError("the run names the Studio's own data as a local path, which no engine reads: " + "; ".join(refused))
         directory = run_dir(job.run_id, job.attempt)
         directory.mkdir(parents=True, exist_ok=True)
         for folder in (directory.parent, directory):
