@@ -8,12 +8,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
 from django.core.management import call_command
 from django.test import Client
 from django.urls import reverse
 
 from datahub import commits, repos
 from studio.models import ApiToken, AuditEvent, Membership
+from studio.services import add_member
 from tests.conftest import Api
 
 SECRET_VALUE = "sk-audit-do-not-log-9f3a"
@@ -132,6 +134,17 @@ CASES = {
     "tag deleted (API)": Case(lambda w: repos.create_tag(hub_repo(w), "v1", "main"),
                               lambda w: ok(w.api.delete("/api/hub/repos/audit-data/tags/v1")), "deleted", "tag", "v1", "owner", "token"),
     "files uploaded (API)": Case(nothing, upload, "uploaded", "repo", "audit-data", "owner", "token"),
+    "files uploaded (page)": Case(hub_repo, lambda w: ok(w.browser.post("/hub/acme/audit-data/upload", {
+        "files": [SimpleUploadedFile("a.txt", b"a"), SimpleUploadedFile("b.txt", b"b")], "branch": "main", "message": ""}), 302),
+        "uploaded", "repo", "audit-data", "owner", "session"),
+    "file deleted (page)": Case(lambda w: commits.commit_files(hub_repo(w), "main", {"train.jsonl": b"{}\n"}),
+                                lambda w: ok(w.browser.post("/hub/acme/audit-data/delete/main/train.jsonl"), 302),
+                                "files_deleted", "repo", "audit-data", "owner", "session"),
+    "branch deleted (page)": Case(lambda w: repos.create_branch(hub_repo(w), "dev", "main"),
+                                  lambda w: ok(w.browser.post("/hub/acme/audit-data/branches/dev/delete"), 302),
+                                  "deleted", "branch", "dev", "owner", "session"),
+    "repo deleted (page)": Case(hub_repo, lambda w: ok(w.browser.post("/hub/acme/audit-data/delete", {"confirm": "audit-data"}), 302),
+                                "deleted", "repo", "audit-data", "owner", "session"),
     "file deleted (API)": Case(lambda w: commits.commit_files(hub_repo(w), "main", {"train.jsonl": b"{}\n"}),
                                lambda w: ok(w.api.delete("/api/hub/repos/audit-data/files", {"branch": "main", "paths": ["train.jsonl"]})),
                                "files_deleted", "repo", "audit-data", "owner", "token"),
@@ -188,7 +201,7 @@ def test_a_secrets_value_and_a_tokens_plaintext_are_in_no_audit_event(api, proje
 
 
 def test_a_role_given_again_and_a_revoked_token_revoked_again_record_nothing(project, users, tokens):
-    from studio.services import add_member, revoke_api_token
+    from studio.services import revoke_api_token
 
     last = AuditEvent.objects.order_by("-id").values_list("id", flat=True).first() or 0
     add_member(project, users["member"], "member")
@@ -197,3 +210,13 @@ def test_a_role_given_again_and_a_revoked_token_revoked_again_record_nothing(pro
     assert revoke_api_token(token) is False
     assert list(AuditEvent.objects.filter(id__gt=last).values_list("action", flat=True)) == ["revoked"]
     assert Membership.objects.get(project=project, user=users["member"]).role == "member"
+
+
+def test_the_details_say_what_changed(api, project, users):
+    add_member(project, users["viewer"], "member")
+    upload(World(api, Client(), Client(), project, users))
+    role = AuditEvent.objects.get(action="role_changed")
+    assert role.details == {"role": "member", "previous_role": "viewer"} and role.target_id == str(project.memberships.get(user=users["viewer"]).pk)
+    uploaded = AuditEvent.objects.get(action="uploaded")
+    head = repos.resolve(repos.find_repo(project, "audit-data"), "main")
+    assert uploaded.details == {"branch": "main", "commit": head.pk, "paths": ["train.jsonl"], "path_count": 1}
