@@ -116,7 +116,7 @@ def create_repo(request: HttpRequest):
     project = who.require_project()
     who.require_write(project)
     payload = parse_body(request, RepoIn)
-    return 201, repo_out(repos.create_repo(project, payload.name, payload.type, who.user, payload.description))
+    return 201, repo_out(services.create_repo(project, payload.name, payload.type, who.user, payload.description))
 
 
 @router.get("/repos/{name}", response=RepoOut)

@@ -13,6 +13,9 @@ written by datahub.repos and datahub.commits):
 - delete_repo / delete_branch / delete_tag: a repo, branch or tag goes only while no live run
   uses it (repo_uses / ref_uses say how a run does).
 - delete_files: files or folders leave a branch as a new commit, except a run's branch.
+- create_repo: a person's new repo (the Studio's own repos are repos.get_or_create_repo's).
+Each of a person's changes here (and the upload sessions' commits, datahub.uploads) is recorded in
+the audit trail (studio.audit) once.
 - refuse_run_branch: the one rule for a person's writes to a run's branch (deleting it or its
   files, uploading to it); create_branch / create_tag keep run-<id> names for the runs.
 
@@ -40,7 +43,9 @@ from datahub.commits import FileSource, commit_blobs, commit_files, commit_files
 from datahub.models import Branch, Commit, Repo, RepoType, Tag, TreeEntry
 from datahub.repos import MAIN, get_or_create_repo
 from experiments.models import Experiment
+from studio import audit
 from studio.errors import ApiError, BadRequest, Conflict, Finding, counted
+from studio.models import AuditEvent
 
 log = logging.getLogger(__name__)
 
@@ -147,16 +152,34 @@ def refuse_run_branch(repo: Repo, name: str, what: str, keep: str) -> None:
                        [Finding("branch", f"{keep}, or delete run #{run.pk} first")])
 
 
+def create_repo(project, name: str, type: str = RepoType.MODEL, user=None, description: str = "") -> Repo:
+    """A person's new repo (repos.create_repo): the API's POST and the Data Hub's New repo."""
+    with transaction.atomic():
+        repo = repos.create_repo(project, name, type, user, description)
+        audit.record(AuditEvent.Action.CREATED, repo, user=user, details={"type": repo.type})
+    return repo
+
+
+def _ref_event(action: str, ref: Branch | Tag, repo: Repo, **details: Any) -> None:
+    audit.record(action, ref, project=repo.project, details={"repo": repo.full_name, **details})
+
+
 def create_branch(repo: Repo, name: str, from_ref: str, *, name_field: str = "branch", from_field: str = "ref") -> Branch:
     """A person's new branch (repos.create_branch), except a run-<id> name in an experiment's repo."""
     _refuse_run_ref_name(repo, name, name_field, "branch")
-    return repos.create_branch(repo, name, from_ref, name_field=name_field, from_field=from_field, exist_ok=False)
+    # After repos.create_branch's own transaction, not in one around it: its 409 for a branch made
+    # concurrently must not roll back what that other request made.
+    branch = repos.create_branch(repo, name, from_ref, name_field=name_field, from_field=from_field, exist_ok=False)
+    _ref_event(AuditEvent.Action.CREATED, branch, repo, head=branch.head_id)
+    return branch
 
 
 def create_tag(repo: Repo, name: str, ref: str, *, name_field: str = "tag") -> Tag:
     """A person's new tag (repos.create_tag), except a run-<id> name in an experiment's repo."""
     _refuse_run_ref_name(repo, name, name_field, "tag")
-    return repos.create_tag(repo, name, ref, name_field=name_field)
+    tag = repos.create_tag(repo, name, ref, name_field=name_field)  # as create_branch, outside its transaction
+    _ref_event(AuditEvent.Action.CREATED, tag, repo, commit=tag.commit_id)
+    return tag
 
 
 def _refuse_run_ref_name(repo: Repo, name: str, field: str, what: str) -> None:
@@ -179,9 +202,12 @@ def delete_branch(repo: Repo, name: str) -> None:
     with transaction.atomic():
         repos.lock_refs(repo)  # as delete_repo: the check and the delete under the repo's row lock
         # a branch that is not there (404) or the default branch (409) is repos.delete_branch's to say
-        if Branch.objects.filter(repo=repo, name=name).exclude(name=repo.default_branch).exists():
+        branch = Branch.objects.filter(repo=repo, name=name).exclude(name=repo.default_branch).first()
+        if branch is not None:
             _refuse_while_live_runs_use(repo, lambda run: ref_uses(run, repo, name), f"Branch {name!r} of {repo.full_name}", "the branch", "branch")
         repos.delete_branch(repo, name)
+        if branch is not None:  # else repos.delete_branch refused
+            _ref_event(AuditEvent.Action.DELETED, branch, repo, head=branch.head_id)
 
 
 def delete_files(repo: Repo, branch: str, paths: list[str], author=None, message: str = "", parent: str | None = None) -> Commit:
@@ -197,7 +223,19 @@ def delete_files(repo: Repo, branch: str, paths: list[str], author=None, message
     is when it starts, and deleting the file START refused is how such a run is fixed."""
     refuse_run_branch(repo, branch, "its files cannot be deleted", "keep them")
     cleaned = [repos.clean_path(path.removesuffix("/"), f"paths[{i}]") for i, path in enumerate(paths)]
-    return commit_blobs(repo, branch, {}, message, author, delete=cleaned, parent=parent, delete_field="paths")
+    with transaction.atomic():
+        commit = commit_blobs(repo, branch, {}, message, author, delete=cleaned, parent=parent, delete_field="paths")
+        audit.record(AuditEvent.Action.FILES_DELETED, repo, user=author, details=commit_details(branch, commit, cleaned))
+    return commit
+
+
+AUDITED_PATHS = 20
+
+
+def commit_details(branch: str, commit: Commit, paths: list[str]) -> dict[str, Any]:
+    """An audit event's details for a commit of `paths`: the first AUDITED_PATHS of them (an upload
+    may hold thousands; the commit lists them all)."""
+    return {"branch": branch, "commit": commit.pk, "paths": paths[:AUDITED_PATHS], "path_count": len(paths)}
 
 
 def delete_tag(repo: Repo, name: str) -> None:
@@ -205,9 +243,12 @@ def delete_tag(repo: Repo, name: str) -> None:
     delete_branch."""
     with transaction.atomic():
         repos.lock_refs(repo)
-        if Tag.objects.filter(repo=repo, name=name).exists():  # else repos.delete_tag's 404
+        tag = Tag.objects.filter(repo=repo, name=name).first()
+        if tag is not None:  # else repos.delete_tag's 404
             _refuse_while_live_runs_use(repo, lambda run: ref_uses(run, repo, name), f"Tag {name!r} of {repo.full_name}", "the tag", "tag")
         repos.delete_tag(repo, name)
+        if tag is not None:
+            _ref_event(AuditEvent.Action.DELETED, tag, repo, commit=tag.commit_id)
 
 
 def delete_repo(repo: Repo) -> None:
@@ -227,6 +268,7 @@ def delete_repo(repo: Repo) -> None:
         _refuse_while_live_runs_use(repo, lambda run: repo_uses(run, repo), repo.full_name, "the repo", "name", trained_from_note(repo))
         _refuse_while_runs_commit_to(repo)
         _refuse_while_runs_publish_to(repo)
+        audit.record(AuditEvent.Action.DELETED, repo, details={"type": repo.type})  # while it has its pk
         repos.delete_repo(repo)
         # hub_repo names the repo that exists (provision_experiment_repo sets it again on the
         # experiment's next run), so the Experiments list and API never link to a deleted repo.

@@ -23,7 +23,9 @@ from django.utils import timezone
 
 from datahub import commits, repos, services, storage
 from datahub.models import Commit, Repo, TreeEntry, UploadFile, UploadSession
+from studio import audit
 from studio.errors import BadRequest, Conflict, Finding, InsufficientStorage, NotFound
+from studio.models import AuditEvent
 
 UNFINISHED = (UploadSession.State.OPEN, UploadSession.State.COMMITTING)
 
@@ -247,7 +249,10 @@ def commit_upload(session: UploadSession, user, message: str | None = None) -> C
                                               f"\"parent\": \"{exc.head}\" (the branch's head now) or no parent, send the files to it and commit "
                                               f"it; then DELETE this one (/api/hub/uploads/{session.pk})")]) from exc
         raise
-    UploadSession.objects.filter(pk=session.pk).update(state=UploadSession.State.COMMITTED, commit=commit, updated_at=timezone.now())
+    with transaction.atomic():
+        UploadSession.objects.filter(pk=session.pk).update(state=UploadSession.State.COMMITTED, commit=commit, updated_at=timezone.now())
+        audit.record(AuditEvent.Action.UPLOADED, session.repo, project=session.project, user=user,
+                     details=services.commit_details(session.branch, commit, [f.path for f in files]))
     discard_staged([session.pk])
     return commit
 

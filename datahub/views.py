@@ -2,7 +2,7 @@
 commits and branches, the diff of two commits' file lists, and a dataset file's preview. Served under /hub/
 next to the HF-compatible API, with the Hub's own URL shapes (/hub/<project>/<repo>/tree/<rev>).
 
-Writers also get five forms, each the API's own path: New repo (RepoIn, repos.create_repo),
+Writers also get five forms, each the API's own path: New repo (RepoIn, services.create_repo),
 Upload files (UploadIn, uploads.upload_files: the upload-session steps), a file's Delete
 (FilesDeleteIn, services.delete_files), a branch's Delete (services.delete_branch) and Delete of
 the repo (services.delete_repo). A refused form answers 303 to its page, which shows the findings
@@ -24,7 +24,7 @@ from django.views.decorators.http import require_GET
 
 from datahub import archives, commits, datasets, services, uploads
 from datahub.models import Branch, Commit, Repo, RepoType, Tag, TreeEntry
-from datahub.repos import MAIN, branches_of, clean_path, create_repo, entry, history, natural_key, resolve, tree, under
+from datahub.repos import MAIN, branches_of, clean_path, entry, history, natural_key, resolve, tree, under
 from datahub.schemas import FilesDeleteIn, RepoIn, UploadIn
 from datahub.services import publishing_runs
 from studio.api import validate_data
@@ -88,13 +88,13 @@ NEW_REPO_FIELDS = {"name", "type"}
 @studio_page
 @form_action("datahub:repos")
 def repo_create(request: HttpRequest) -> HttpResponse:
-    """New repo: RepoIn and repos.create_repo, as POST /api/hub/repos."""
+    """New repo: RepoIn and services.create_repo, as POST /api/hub/repos."""
     actor = web_actor(request)
     project = actor.require_writable_project()
     values = {"name": request.POST.get("name", "").strip(), "type": request.POST.get("type", "")}
     try:
         payload = validate_data(RepoIn, values)
-        repo = create_repo(project, payload.name, payload.type, request.user, payload.description)
+        repo = services.create_repo(project, payload.name, payload.type, request.user, payload.description)
     except ApiError as exc:
         return refuse_form(request, reverse("datahub:repos"), "new_repo", form_errors(exc, NEW_REPO_FIELDS), values)
     messages.success(request, f"Created {repo.type} repo {isolated(repo.full_name)}: upload its files below.")

@@ -26,7 +26,9 @@ from django.conf import settings
 
 from datahub.datasets import RowNeeds
 from environments.declarations import DECLARATIONS, assignment, code, config_key_finding, declaration_findings, declared_config_findings, with_declarations
+from studio import audit
 from studio.errors import BadRequest, Finding, NotFound
+from studio.models import AuditEvent
 from training.engine.packages import CONFIG_METADATA
 from training.refs import inside_local_roots, studio_data_problem
 
@@ -768,7 +770,9 @@ def fork(project, catalogue_name: str, name: str | None = None, config: dict[str
     path, content = edited_config_file(files, merged)
     files[path] = content
     repo = create_repo(project, repo_name, RepoType.ENVIRONMENT, user=user, description=f"Forked from {entry.environment_id}")
+    # commit_files stores the blobs outside any transaction; the event follows the commit
     commit = commit_files(repo, "main", files, message=f"Fork {entry.environment_id} from the Studio catalogue", author=user)
+    audit.record(AuditEvent.Action.CREATED, repo, user=user, details={"type": repo.type, "forked_from": entry.environment_id, "commit": commit.pk})
     return {"repo": repo.name, "environment_id": f"{repo.name}@main", "commit": commit.pk, "forked_from": entry.environment_id, "config": merged}
 
 
@@ -843,4 +847,6 @@ def update_config(project, name: str, config: dict[str, Any], user=None) -> dict
         raise BadRequest("This CONFIG does not fit the environment (a PUT replaces the whole CONFIG).", wrong)
     path, content = edited_config_file(files, config)
     commit = commit_files(repo, "main", {path: content}, message="Edit CONFIG", author=user)
+    # the keys alone: a CONFIG value may be a path or an address the trail need not repeat
+    audit.record(AuditEvent.Action.PATCHED, repo, user=user, details={"file": path, "commit": commit.pk, "config_keys": sorted(config)})
     return {"repo": repo.name, "environment_id": f"{repo.name}@main", "commit": commit.pk, "config": config}

@@ -8,8 +8,9 @@ from datahub.models import Repo, RepoType
 from datahub.repos import EXPERIMENT_PREFIX
 from datahub.services import provision_experiment_repo
 from experiments.models import Experiment
+from studio import audit
 from studio.errors import BadRequest, Conflict, Finding
-from studio.models import Project
+from studio.models import AuditEvent, Project
 from studio.parsing import ascii_int, control_character, hidden_character_problem
 
 DEFAULT_EXPERIMENT = "default"
@@ -45,6 +46,7 @@ def create_experiment(project: Project, name: str) -> Experiment:
     try:
         with transaction.atomic():
             experiment = Experiment.objects.create(project=project, name=name, slug=slug)
+            audit.record(AuditEvent.Action.CREATED, experiment, details={"slug": slug})
     except IntegrityError as exc:
         # Names are told apart by their slug: "bad name?" clashes with "bad name!", which the list shows by name.
         existing = Experiment.objects.filter(project=project, slug=slug).values_list("name", flat=True).first() or slug

@@ -1,10 +1,10 @@
 from __future__ import annotations
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.db import transaction
 
 from studio.models import ApiToken, AuditEvent, Membership, Plan, Project, ProjectSecret
-from studio.services import remove_member, revoke_member_tokens
+from studio.services import add_member, delete_secret, remove_member, revoke_api_token
 
 
 @admin.register(Plan)
@@ -15,6 +15,8 @@ class PlanAdmin(admin.ModelAdmin):
 class MembershipInline(admin.TabularInline):
     model = Membership
     extra = 1
+    fields = ("user", "role", "joined_at", "last_used_at")
+    readonly_fields = ("joined_at", "last_used_at")  # the services keep them
 
 
 @admin.register(Project)
@@ -24,36 +26,46 @@ class ProjectAdmin(admin.ModelAdmin):
     inlines = [MembershipInline]
 
     def save_formset(self, request, form, formset, change) -> None:
-        """A member taken out here (a deleted row, or a row given to another user) loses their
-        tokens for the project, as remove_member does: a later re-invite must not revive them."""
+        """The Membership inline's rows go through the services, as any other change of members:
+        a member taken out here (a deleted row, or a row given to another user) loses their tokens
+        for the project (remove_member: a later re-invite must not revive them), and each addition,
+        removal and role change is in the audit trail once."""
         if formset.model is not Membership:
             return super().save_formset(request, form, formset, change)
         with transaction.atomic():
             memberships = formset.save(commit=False)
             for gone in formset.deleted_objects:
                 remove_member(gone.project, gone.user)
-            for row in formset.forms:
-                if row.instance.pk and "user" in row.changed_data and row not in formset.deleted_forms:
-                    revoke_member_tokens(row.instance.project, row.initial["user"])
             for membership in memberships:
-                membership.save()
+                row = next(row for row in formset.forms if row.instance is membership)
+                if membership.pk and "user" in row.changed_data:  # the row given to another user
+                    previous = Membership.objects.get(pk=membership.pk)
+                    remove_member(previous.project, previous.user)
+                    membership.pk = None
+                add_member(membership.project, membership.user, membership.role)
             formset.save_m2m()
 
 
 @admin.register(ApiToken)
 class ApiTokenAdmin(admin.ModelAdmin):
-    list_display = ("prefix", "user", "project", "created_at", "last_used_at", "revoked_at")
-    readonly_fields = ("prefix", "token_hash", "created_at", "last_used_at")
+    """Read-only but for the "Revoke selected tokens" action (revoke_api_token, which the audit
+    trail records): a token is not moved, renamed, revived or deleted here."""
+
+    list_display = ("prefix", "name", "user", "project", "created_at", "last_used_at", "revoked_at")
+    readonly_fields = ("project", "user", "name", "prefix", "token_hash", "created_at", "last_used_at", "revoked_at")
     list_select_related = ("user", "project")
+    actions = ["revoke"]
 
     def has_add_permission(self, request) -> bool:
         return False  # tokens are made with `createapitoken`, which shows the plaintext once
 
-    def get_readonly_fields(self, request, obj=None) -> tuple[str, ...]:
-        # An existing token's plaintext is already out there: given to another user or project, it
-        # would act there for whoever holds it, and the audit log would credit the new user. To move
-        # access, revoke the token (revoked at) and make a new one.
-        return (*self.readonly_fields, "user", "project") if obj is not None else tuple(self.readonly_fields)
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False  # revoke instead: the row says who held the token, for the audit trail
+
+    @admin.action(description="Revoke selected tokens")
+    def revoke(self, request, queryset) -> None:
+        revoked = sum(revoke_api_token(token) for token in queryset.select_related("user", "project"))
+        self.message_user(request, f"Revoked {revoked} token(s); {queryset.count() - revoked} already were.", messages.SUCCESS)
 
 
 @admin.register(ProjectSecret)
@@ -64,6 +76,14 @@ class ProjectSecretAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request) -> bool:
         return False  # values are written through the API; the admin never shows them
+
+    def delete_model(self, request, obj) -> None:
+        delete_secret(obj.project, obj.name)  # audited, as the API's DELETE
+
+    def delete_queryset(self, request, queryset) -> None:
+        with transaction.atomic():
+            for secret in queryset.select_related("project"):
+                delete_secret(secret.project, secret.name)
 
 
 @admin.register(AuditEvent)

@@ -49,8 +49,9 @@ def _who(request: HttpRequest | None, user: Any) -> tuple[Any, str, str | None]:
     return user, "anonymous", ip
 
 
-def record(action: str, target: Any, *, project: Any = None, user: Any = None, details: dict | None = None) -> AuditEvent:
-    """Note that the current actor did `action` to `target` (a model instance)."""
+def record(action: str, target: Any, *, project: Any = None, user: Any = None, name: str | None = None, details: dict | None = None) -> AuditEvent:
+    """Note that the current actor did `action` to `target` (a model instance), named `name` (else its
+    `name` field). `details` is shown to anyone who reads the trail: never a secret's value or a token."""
     who, via, ip = _who(_request.get(), user)
     project = project if project is not None else getattr(target, "project", None)
     return AuditEvent.objects.create(
@@ -63,6 +64,6 @@ def record(action: str, target: Any, *, project: Any = None, user: Any = None, d
         action=action,
         target_type=target._meta.model_name,
         target_id=str(target.pk),
-        target_name=str(getattr(target, "name", "") or "")[:200],
+        target_name=str(name if name is not None else getattr(target, "name", "") or "")[:200],
         details=details or {},
     )

@@ -97,6 +97,13 @@ class AuditEvent(models.Model):
         STOPPED = "stopped"
         PATCHED = "patched"
         DELETED = "deleted"
+        UPDATED = "updated"  # a secret's value replaced
+        ADDED = "added"  # a member
+        REMOVED = "removed"
+        ROLE_CHANGED = "role_changed"
+        REVOKED = "revoked"  # an API token
+        UPLOADED = "uploaded"  # files committed to a Data Hub branch
+        FILES_DELETED = "files_deleted"
 
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")

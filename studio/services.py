@@ -54,12 +54,18 @@ def set_plan(project: Project, plan: Plan | None) -> Project:
     return project
 
 
+@transaction.atomic
 def add_member(project: Project, user, role: str) -> Membership:
+    """Make `user` a member of `project` with `role`, or give a member that role."""
     if role not in Role.values:
         raise BadRequest(errors=[Finding("role", f"role must be one of {', '.join(Role.values)}")])
+    before = Membership.objects.select_for_update().filter(project=project, user=user).values_list("role", flat=True).first()
     member, joined = Membership.objects.update_or_create(project=project, user=user, defaults={"role": role})
     if joined:  # tokens left from an earlier membership, however it ended, are shown revoked
         revoke_member_tokens(project, user)
+        audit.record(AuditEvent.Action.ADDED, member, project=project, name=user.get_username(), details={"role": role})
+    elif before != role:
+        audit.record(AuditEvent.Action.ROLE_CHANGED, member, project=project, name=user.get_username(), details={"role": role, "previous_role": before})
     return member
 
 
@@ -68,8 +74,12 @@ def remove_member(project: Project, user) -> None:
     """Take `user` out of `project` and revoke every token they hold for it. authenticate_token
     refuses a token while its user is no member; without the revocation, adding them back (a
     re-invite) would bring back every token they ever had there."""
-    Membership.objects.filter(project=project, user=user).delete()
-    revoke_member_tokens(project, user)
+    member = Membership.objects.select_for_update().filter(project=project, user=user).first()
+    if member is not None:
+        member.delete()
+    revoked = revoke_member_tokens(project, user)
+    if member is not None:
+        audit.record(AuditEvent.Action.REMOVED, member, project=project, name=user.get_username(), details={"role": member.role, "tokens_revoked": revoked})
 
 
 def revoke_member_tokens(project: Project, user) -> int:
@@ -83,8 +93,10 @@ def remember_project(user, project: Project) -> None:
     Membership.objects.filter(user=user, project=project).update(last_used_at=timezone.now())
 
 
+@transaction.atomic
 def create_api_token(user, project: Project, *, name: str = "") -> tuple[ApiToken, str]:
-    """Make a token for `user` in `project`; returns the row and the plaintext (shown once)."""
+    """Make a token for `user` in `project`; returns the row and the plaintext (shown once; the
+    audit trail keeps its prefix, as the admin shows it)."""
     if not Membership.objects.filter(project=project, user=user).exists():
         raise BadRequest(errors=[Finding("user", f"{user} is not a member of project {project.slug}")])
     limit = ApiToken._meta.get_field("name").max_length
@@ -94,6 +106,7 @@ def create_api_token(user, project: Project, *, name: str = "") -> tuple[ApiToke
     token = ApiToken.objects.create(
         project=project, user=user, name=name, prefix=plaintext[:10], token_hash=crypto.hash_token(plaintext)
     )
+    audit.record(AuditEvent.Action.CREATED, token, details={"user": user.get_username(), "prefix": token.prefix})
     return token, plaintext
 
 
@@ -115,23 +128,32 @@ def authenticate_token(plaintext: str) -> ApiToken | None:
     return token
 
 
-def revoke_api_token(token: ApiToken) -> None:
-    ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+@transaction.atomic
+def revoke_api_token(token: ApiToken) -> bool:
+    """Revoke `token`; False if it already was."""
+    if not ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=timezone.now()):
+        return False
+    audit.record(AuditEvent.Action.REVOKED, token, project=token.project, details={"user": token.user.get_username(), "prefix": token.prefix})
+    return True
 
 
 SECRET_VALUE_MAX = 65_536
 
 
+@transaction.atomic
 def set_secret(project: Project, name: str, value: str) -> ProjectSecret:
+    """Store `value` under `name`, replacing any earlier value. The audit trail says which; it
+    never holds the value."""
     if not SECRET_NAME.match(name or ""):
         raise BadRequest(errors=[Finding("name", "a secret name starts with a letter and has letters, digits, _ . - (max 100)")])
     if not isinstance(value, str) or value == "":
         raise BadRequest(errors=[Finding("value", "give the secret's value as a non-empty string")])
     if len(value) > SECRET_VALUE_MAX:
         raise BadRequest(errors=[Finding("value", f"a secret's value has at most {SECRET_VALUE_MAX} characters (API keys and tokens are far shorter); this one has {len(value)}")])
-    secret, _ = ProjectSecret.objects.update_or_create(
+    secret, created = ProjectSecret.objects.update_or_create(
         project=project, name=name, defaults={"ciphertext": crypto.encrypt(value)}
     )
+    audit.record(AuditEvent.Action.CREATED if created else AuditEvent.Action.UPDATED, secret, project=project)
     return secret
 
 
