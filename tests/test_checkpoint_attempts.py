@@ -194,7 +194,7 @@ def test_merge_takes_the_attempt_that_saved_the_step(api, two_attempts):
     run, first, second = two_attempts
     r = api.post(f"/api/training-runs/{run.pk}/checkpoints/5/merge?attempt=1")
     assert r.status_code == 202, r.content
-    assert r.json() == {"run": run.pk, "step": 5, "attempt": 1, "queued": True}
+    assert r.json() == {"run": run.pk, "step": 5, "attempt": 1, "queued": True, "notice": ""}
     first.refresh_from_db()
     second.refresh_from_db()
     assert first.merge_requested_at is not None and second.merge_requested_at is None

@@ -1,8 +1,8 @@
 from __future__ import annotations
 
 from django.contrib import admin
-from django.db import transaction
 
+from studio.queue import send_after_commit
 from training.models import BackendConnection, GpuPrice, TrainingRun
 
 
@@ -29,7 +29,8 @@ class BackendConnectionAdmin(admin.ModelAdmin):
 
         super().save_model(request, obj, form, change)
         # One real call to the backend, from a worker (never in this request).
-        transaction.on_commit(lambda: verify_backend_connection.delay(obj.pk))
+        # A broker that is down leaves it unchecked (logged): the save itself is done.
+        send_after_commit(verify_backend_connection, obj.pk)
 
 
 @admin.register(GpuPrice)

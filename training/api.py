@@ -281,8 +281,9 @@ def merge_checkpoint(request: HttpRequest, run_id: int, step: int, query: Query[
     saved it. The merged weights appear as a `merged` checkpoint of that attempt."""
     run = get_run_for(actor(request), run_id, write=True)
     checkpoint = checkpoints.checkpoint_of(run, step, query.attempt)
-    checkpoints.request_merge(run, checkpoint)
-    return 202, {"run": run.pk, "step": step, "attempt": checkpoint.attempt, "queued": True}
+    unsent = checkpoints.request_merge(run, checkpoint).unsent
+    return 202, {"run": run.pk, "step": step, "attempt": checkpoint.attempt, "queued": not unsent,
+                 "notice": checkpoints.MERGE_UNSENT if unsent else ""}
 
 
 @router.post("/{int:run_id}/generate", response={202: GenerationOut, 409: ErrorOut}, openapi_extra=body_schema(GenerateIn))

@@ -18,6 +18,7 @@ from datahub.refs import PINNED_THINGS, gone_pins, hub_env, is_hub_ref, pin_dele
 from datahub.services import create_run_branch, kept_run_repo, record_checkpoint, run_branch_gone
 from studio import crypto
 from studio.errors import BadRequest, Conflict, Finding, counted
+from studio.queue import Sending, send_after_commit
 from training.backends.local import REPO_ROOT, checkpoint_dir, engine_env
 from training.compute import trained_precision
 from training.methods.base import MAX_STEPS, lora_enabled
@@ -131,9 +132,11 @@ def steps_past(config: dict, step: int) -> dict:
 
 
 @transaction.atomic
-def request_merge(run: TrainingRun, checkpoint: Checkpoint) -> None:
+def request_merge(run: TrainingRun, checkpoint: Checkpoint) -> Sending:
     """Queue the merge of a LoRA checkpoint into the base; the merged weights are committed to the
-    run's branch as a `merged` checkpoint. Under the run's row lock, as a DELETE checks for merges."""
+    run's branch as a `merged` checkpoint. Under the run's row lock, as a DELETE checks for merges.
+    Its `.unsent` (read on return) is True when the task queue could not be reached: then nothing is
+    marked Merging…, and the caller says MERGE_UNSENT."""
     from training.tasks import merge_checkpoint
 
     locked_run(run)
@@ -150,7 +153,10 @@ def request_merge(run: TrainingRun, checkpoint: Checkpoint) -> None:
     marked = Checkpoint.objects.filter(Q(merge_requested_at__isnull=True) | Q(merge_requested_at__lte=merge_mark_expired()), pk=checkpoint.pk).update(merge_requested_at=timezone.now())
     if not marked:
         raise Conflict(f"Step {checkpoint.step} of run {run.pk} is being merged: it appears under Checkpoints as merged when done.")
-    transaction.on_commit(lambda: merge_checkpoint.delay(checkpoint.pk))
+    return send_after_commit(merge_checkpoint, checkpoint.pk, on_unsent=lambda: Checkpoint.objects.filter(pk=checkpoint.pk).update(merge_requested_at=None))
+
+
+MERGE_UNSENT = "The task queue (Redis) cannot be reached, so the merge was not started: press Merge again once it is back."
 
 
 def branch_gone_for_merge(run: TrainingRun, checkpoint: Checkpoint) -> bool:

@@ -41,6 +41,8 @@ class ErrorCode(models.TextChoices):
 
 
 class TrainingRun(models.Model):
+    # Not stored: what START or STOP says beside the run it answers (services.QUEUE_DOWN_*), "" for nothing.
+    queue_notice = ""
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="runs")
     experiment = models.ForeignKey(Experiment, on_delete=models.PROTECT, related_name="runs")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
@@ -134,6 +136,9 @@ class RunAttempt(models.Model):
     # the run cannot be deleted in between (services.delete_blockers). Per attempt: a task still
     # stopping an earlier attempt's job must hold a DELETE, and its end must not free a later one's.
     stop_requested_at = models.DateTimeField(null=True, blank=True)
+    # The job id (maybe "") of a stop_backend_job task that could not be sent (the broker was down when
+    # STOP committed); the reconciler sends it again (services.resend_stop). Null: nothing waits.
+    unsent_stop_job = models.CharField(max_length=200, null=True, blank=True)
     claimed_at = models.DateTimeField(auto_now_add=True)
     # When its engine started the run's work (the run went running; status.transition): the run's own
     # started_at is its first attempt's. Null while it provisions, and for an attempt that never ran.

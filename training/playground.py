@@ -32,6 +32,7 @@ from datahub.refs import gone_pins, is_hub_ref, pin_deleted
 from datahub.services import checkpoint_prefix, experiment_repo_name, is_earlier_merge, run_branch_name
 from studio.celery import answers_queue
 from studio.errors import ApiError, BadRequest, Conflict, Finding
+from studio.queue import send_after_commit
 from training.backends.local import REPO_ROOT, checkpoint_dir, engine_env, local_gpu_devices, slots_dir
 from training.backends.local_runner import try_slots, waiting_before
 from training.checkpoints import die_with_parent
@@ -230,8 +231,19 @@ def request_generation(run: TrainingRun, user, ask: dict[str, Any]) -> Generatio
     Generation.objects.filter(run=run).exclude(pk__in=kept).delete()
     from training.tasks import generate_answer
 
-    transaction.on_commit(lambda: generate_answer.delay(generation.pk))
+    send_after_commit(generate_answer, generation.pk, on_unsent=lambda: unsent_answer(generation))
     return generation
+
+
+QUEUE_DOWN_ANSWER = "the task queue (Redis) could not be reached, so no worker got it: ask again once it is back"
+
+
+def unsent_answer(generation: Generation) -> None:
+    """Fail an ask whose task the broker did not take (nothing would send it again), here and on the
+    object request_generation answers with."""
+    generation.status, generation.finished_at, generation.error = Generation.State.FAILED, timezone.now(), QUEUE_DOWN_ANSWER
+    Generation.objects.filter(pk=generation.pk, status=Generation.State.QUEUED).update(
+        status=generation.status, finished_at=generation.finished_at, error=generation.error)
 
 
 def generate(generation_id: int) -> None:

@@ -28,7 +28,7 @@ from training.backends.base import PollResult
 from training.backends.connections import connection_for
 from training.compute import accelerators_of
 from training.engine.spec import heartbeat_timeout
-from training.models import ACTIVE_STATUSES, BackendConnection, ErrorCode, GpuPrice, LogLine, Status, TrainingRun, clip_log_line
+from training.models import ACTIVE_STATUSES, BackendConnection, ErrorCode, GpuPrice, LogLine, RunAttempt, Status, TrainingRun, clip_log_line
 from training.services import INGEST_TOKEN_PREFIX, add_log, backoff_seconds, fail, mark_stopping, record_attempt, submit_attempt
 
 log = logging.getLogger(__name__)
@@ -77,6 +77,11 @@ def runs_to_redispatch() -> list[int]:
     """Started runs no worker has claimed (a lost task, a worker down): dispatch them again."""
     cutoff = timezone.now() - timedelta(seconds=settings.STUDIO_REDISPATCH_AFTER_SECONDS)
     return list(TrainingRun.objects.filter(status=Status.QUEUED, start_requested_at__lt=cutoff).values_list("pk", flat=True)[:500])
+
+
+def stops_to_resend() -> list[int]:
+    """Attempts whose STOP could not send its stop_backend_job task (the broker was down): send it now."""
+    return list(RunAttempt.objects.filter(unsent_stop_job__isnull=False).values_list("pk", flat=True)[:100])
 
 
 # ---- poll one run ------------------------------------------------------------------------------

@@ -78,10 +78,18 @@ class RunOut(Schema):
     parent: int | None = Field(None, description="The run this one was resumed from")
     resumed_from_step: int | None = None
     resumed_from_attempt: int | None = Field(None, description="The attempt of the parent run that saved resumed_from_step")
+    notice: str = Field("", description="A sentence to show beside the status, \"\" for none: START or STOP is recorded but the task "
+                                        "queue was unreachable, or a START no worker has picked up for 30 s or more")
 
     @staticmethod
     def resolve_project(obj) -> str:
         return obj.project.slug
+
+    @staticmethod
+    def resolve_notice(obj) -> str:
+        from training.services import run_notice
+
+        return run_notice(obj)
 
     @staticmethod
     def resolve_cost(obj) -> Decimal:
@@ -159,7 +167,8 @@ class MergeOut(Schema):
     run: int
     step: int
     attempt: int = Field(description="The attempt whose saved step is merged")
-    queued: bool
+    queued: bool = Field(description="false when the task queue could not be reached: nothing was started (notice says so)")
+    notice: str = ""
 
 
 # Attempts are stored as PostgreSQL integers, as steps are.

@@ -27,6 +27,7 @@ from studio import audit, crypto
 from studio.errors import BadRequest, Conflict, Finding, NotFound, PaymentRequired, Unprocessable, counted
 from studio.models import AuditEvent, Project
 from studio.parsing import isolated
+from studio.queue import send, send_after_commit
 from training import status as status_service
 from training.backends import get_backend
 from training.backends.base import BackendError, BackendUnavailable, JobSpec
@@ -306,9 +307,17 @@ def start_run(run: TrainingRun) -> TrainingRun:
             status_service.transition(run.pk, Status.QUEUED, note="restarted")
         TrainingRun.objects.filter(pk=run.pk).update(start_requested_at=timezone.now(), pinned=resumed_pins(run, pin_refs(run)))
         audit.record(AuditEvent.Action.STARTED, run, details={"previous_status": run.status})
-        transaction.on_commit(lambda: dispatch_run.delay(run.pk))
+        sending = send_after_commit(dispatch_run, run.pk)
     run.refresh_from_db()
+    if sending.unsent:  # the reconciler dispatches a START no worker claimed (runs_to_redispatch)
+        run.queue_notice = QUEUE_DOWN_START
     return run
+
+
+QUEUE_DOWN_START = ("START is recorded, but the task queue (Redis) cannot be reached: the run starts once it can be "
+                    "reached again and a worker picks it up. Nothing more to do here; STOP withdraws it.")
+QUEUE_DOWN_STOP = ("The run is cancelled, but the task queue (Redis) cannot be reached: its backend job is stopped "
+                   "once it can be reached again (the reconciler sends the stop).")
 
 
 def resumed_pins(run: TrainingRun, pinned: dict) -> dict:
@@ -349,9 +358,51 @@ def stop_run(run: TrainingRun) -> TrainingRun:
         mark_stopping(run)
         attempt, job_id = run.attempt, run.backend_job_id
         transaction.on_commit(lambda: signal_stop(run, attempt, job_id))
-        transaction.on_commit(lambda: stop_backend_job.delay(run.pk, attempt, job_id))
+        sending = send_after_commit(stop_backend_job, run.pk, attempt, job_id, on_unsent=lambda: keep_unsent_stop(run.pk, attempt, job_id))
     run.refresh_from_db()
+    if sending.unsent:
+        run.queue_notice = QUEUE_DOWN_STOP
     return run
+
+
+def keep_unsent_stop(run_id: int, attempt: int, job_id: str) -> None:
+    """Record a stop_backend_job task the broker did not take, for the reconciler to send (resend_stop):
+    without it the job would run on at its backend, and its stop mark would hold a DELETE for hours."""
+    RunAttempt.objects.filter(run_id=run_id, attempt=attempt).update(unsent_stop_job=job_id)
+
+
+def resend_stop(attempt_pk: int) -> None:
+    """Send a stop_backend_job task that STOP could not send (keep_unsent_stop); kept when it fails again."""
+    from training.tasks import stop_backend_job
+
+    row = RunAttempt.objects.filter(pk=attempt_pk, unsent_stop_job__isnull=False).values_list("run_id", "attempt", "unsent_stop_job").first()
+    if row is None:
+        return
+    run_id, attempt, job_id = row
+    if send(stop_backend_job, run_id, attempt, job_id):
+        RunAttempt.objects.filter(pk=attempt_pk, unsent_stop_job=job_id).update(unsent_stop_job=None)
+
+
+# A START waits this long for a worker to claim it before the run page and the API ask whether one runs.
+UNCLAIMED_NOTICE_AFTER = timedelta(seconds=30)
+
+
+def unclaimed_notice(run: TrainingRun, now=None) -> str:
+    """For a START no worker has claimed for UNCLAIMED_NOTICE_AFTER: ask whether the worker runs (with
+    none, nothing else would say so: the reconciler that dispatches again runs on it too). "" otherwise."""
+    if run.status != Status.QUEUED or run.start_requested_at is None:
+        return ""
+    waited = (now or timezone.now()) - run.start_requested_at
+    if waited < UNCLAIMED_NOTICE_AFTER:
+        return ""
+    return (f"No worker has picked this run up for {int(waited.total_seconds())} s: is the Studio's worker running? "
+            "(make studio starts it; production: README's worker command)")
+
+
+def run_notice(run: TrainingRun) -> str:
+    """What the run page and RunOut.notice say beside the run's status: START's or STOP's own notice, else
+    a START that waits on a worker."""
+    return run.queue_notice or unclaimed_notice(run)
 
 
 def withdraw_start(run: TrainingRun) -> TrainingRun:

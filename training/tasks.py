@@ -44,7 +44,8 @@ def reconcile_runs() -> None:
     silence_from = reconciler.passes_resumed_at()
     for step, run_ids in ((partial(reconciler.reconcile_run, silence_from=silence_from), reconciler.runs_to_reconcile()),
                           (reconciler.resubmit, reconciler.runs_to_resubmit()),
-                          (services.dispatch, reconciler.runs_to_redispatch())):
+                          (services.dispatch, reconciler.runs_to_redispatch()),
+                          (services.resend_stop, reconciler.stops_to_resend())):
         for run_id in run_ids:
             try:
                 step(run_id)

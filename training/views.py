@@ -222,6 +222,7 @@ def status_context(request: HttpRequest, run: TrainingRun, actor=None, error: Ap
     error_obj = run.error or {}
     return {
         "run": run,
+        "run_notice": services.run_notice(run),
         "live": is_live(run),
         "state": page_state(run),
         "poll": STATUS_POLL[page_phase(run)],
@@ -1146,6 +1147,8 @@ def _status_response(request: HttpRequest, run: TrainingRun, actor, error: ApiEr
     if not request.htmx:
         if error is not None:
             messages.error(request, error.detail + "".join(f" {f.field}: {f.message}" for f in error.errors))
+        elif run.queue_notice:
+            messages.warning(request, run.queue_notice)
         return redirect("training:run", run_id=run.pk)
     response = status_answer(request, status_context(request, run, actor, error))
     response.headers["HX-Trigger"] = "run-changed"
@@ -1214,9 +1217,11 @@ def merge_checkpoint(request: HttpRequest, run_id: int, step: int) -> HttpRespon
     run = get_run_for(web_actor(request), run_id, write=True)
     try:
         checkpoint = checkpoints.checkpoint_of(run, step, posted_attempt(request))
-        checkpoints.request_merge(run, checkpoint)
-        messages.info(request, f"Merge of step {step} (attempt {checkpoint.attempt}) into the base requested: the table below says Merging… until it is done, "
-                               "then lists it as a merged checkpoint.")
+        if checkpoints.request_merge(run, checkpoint).unsent:
+            messages.warning(request, checkpoints.MERGE_UNSENT)
+        else:
+            messages.info(request, f"Merge of step {step} (attempt {checkpoint.attempt}) into the base requested: the table below says Merging… until it is done, "
+                                   "then lists it as a merged checkpoint.")
     except ApiError as exc:
         messages.error(request, exc.detail)
     return redirect("training:run_tab", run_id=run.pk, tab="checkpoints")
