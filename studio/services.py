@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from studio import audit, crypto
 from studio.errors import BadRequest, Finding, NotFound
-from studio.models import ApiToken, AuditEvent, Membership, Plan, Project, ProjectSecret, Role
+from studio.models import RESERVED_PROJECT_SLUGS, ApiToken, AuditEvent, Membership, Plan, Project, ProjectSecret, Role
 
 TOKEN_PREFIX = "stu"
 # \Z, not $: $ also matches before a trailing newline, and "KEY\n" was stored as a secret name.
@@ -29,10 +29,6 @@ def create_plan(name: str, *, includes_training: bool = True, max_concurrent_run
 
 
 PROJECT_SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}\Z")
-# A project's Data Hub pages are /hub/<slug>/<repo> (datahub.hf_urls), beside routes whose first
-# segment is a word of their own: /hub/api/… (the Hub read API), /hub/datasets/<ns>/<repo>/resolve/…
-# and /hub/new. A project of such a slug would have pages no URL reaches.
-RESERVED_PROJECT_SLUGS = frozenset({"api", "datasets", "new"})
 
 
 @transaction.atomic
