@@ -145,11 +145,20 @@ def secret_exists(project: Project, name: str) -> bool:
 
 
 def reveal_secret(project: Project, name: str) -> str:
-    """The plaintext, for handing to a backend or a judge at dispatch time. Never log or return it."""
+    """The plaintext, for handing to a backend or a judge at dispatch time. Never log or return it.
+
+    crypto.UndecryptableSecret, naming the secret to set again, when STUDIO_ENCRYPTION_KEY changed
+    since it was saved."""
     secret = ProjectSecret.objects.filter(project=project, name=name).first() if SECRET_NAME.match(name or "") else None
     if secret is None:
         raise NotFound(f"No secret named {name!r} in this project.")
-    return crypto.decrypt(secret.ciphertext)
+    try:
+        return crypto.decrypt(secret.ciphertext)
+    except crypto.UndecryptableSecret as exc:
+        raise crypto.UndecryptableSecret(
+            f"the project secret {name!r} cannot be decrypted: STUDIO_ENCRYPTION_KEY changed since it was saved; "
+            f"set it again (Settings → Secrets, or PUT /api/secrets/{name}), or put the old key back"
+        ) from exc
 
 
 def get_user(username: str):

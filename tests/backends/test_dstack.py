@@ -231,6 +231,22 @@ def test_start_with_a_wrong_token_is_422(api, project, dstack_connection):
     assert "refused the token" in json.dumps(start_422(api, "compute.backend"))
 
 
+def test_start_after_the_encryption_key_changed_is_422_naming_the_secret_to_set_again(api, dstack_connection, settings):
+    # It was a 500: the token secret could not be decrypted and the ValueError escaped the check.
+    settings.STUDIO_ENCRYPTION_KEY += "-rotated"
+    message = json.dumps(start_422(api, "compute.backend"))
+    assert "'dstack-token'" in message and "STUDIO_ENCRYPTION_KEY changed" in message and "set it again" in message
+
+
+def test_the_connection_check_after_the_encryption_key_changed_records_which_secret_to_set_again(dstack_connection, settings):
+    from training.backends.verify import verify_connection
+
+    settings.STUDIO_ENCRYPTION_KEY += "-rotated"
+    error = verify_connection(dstack_connection.pk)
+    dstack_connection.refresh_from_db()
+    assert "'dstack-token'" in error and "set it again" in error and dstack_connection.last_check_error == error
+
+
 def test_start_with_an_unknown_region_is_422(api, dstack_connection):
     dstack_connection.regions = ["us-east-1", "eu-west-1"]
     dstack_connection.save()
