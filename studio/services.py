@@ -128,6 +128,7 @@ def set_secret(project: Project, name: str, value: str) -> ProjectSecret:
     secret, _ = ProjectSecret.objects.update_or_create(
         project=project, name=name, defaults={"ciphertext": crypto.encrypt(value)}
     )
+    _recheck_connections_naming(project, name)
     return secret
 
 
@@ -138,6 +139,15 @@ def delete_secret(project: Project, name: str) -> None:
         raise NotFound(f"No secret named {name!r} in this project.")
     audit.record(AuditEvent.Action.DELETED, secret, project=project)
     secret.delete()
+    _recheck_connections_naming(project, name)
+
+
+def _recheck_connections_naming(project: Project, name: str) -> None:
+    # A backend connection's last check complained about this secret (or passed with its old value).
+    # Imported here: training builds on studio, not the other way round.
+    from training.backends.verify import recheck_connections_naming
+
+    recheck_connections_naming(project, name)
 
 
 def secret_exists(project: Project, name: str) -> bool:
