@@ -119,7 +119,7 @@ class ModalBackend(Backend):
             return asyncio.run(asyncio.wait_for(go(), seconds))
         except BackendError:
             raise
-        except (asyncio.TimeoutError, TimeoutError) as exc:
+        except TimeoutError as exc:
             raise BackendUnavailable(no_answer(seconds)) from exc
         except Exception as exc:  # noqa: BLE001 - every SDK failure gets a Studio meaning
             raise translate(exc) from exc
