@@ -20,11 +20,15 @@ def encrypt(plaintext: str) -> bytes:
     return _fernet(settings.STUDIO_ENCRYPTION_KEY).encrypt(plaintext.encode())
 
 
+class UndecryptableSecret(ValueError):
+    """A stored secret this key cannot read: STUDIO_ENCRYPTION_KEY changed since it was saved."""
+
+
 def decrypt(ciphertext: bytes) -> str:
     try:
         return _fernet(settings.STUDIO_ENCRYPTION_KEY).decrypt(bytes(ciphertext)).decode()
     except InvalidToken as exc:
-        raise ValueError("secret cannot be decrypted: STUDIO_ENCRYPTION_KEY changed since it was saved") from exc
+        raise UndecryptableSecret("secret cannot be decrypted: STUDIO_ENCRYPTION_KEY changed since it was saved") from exc
 
 
 def hash_token(token: str) -> str:

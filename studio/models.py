@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
 
@@ -18,8 +19,22 @@ class Plan(models.Model):
         return self.name
 
 
+# A project's Data Hub pages are /hub/<slug>/<repo> (datahub.hf_urls), beside routes whose first
+# segment is a word of their own: /hub/api/… (the Hub read API), /hub/datasets/<ns>/<repo>/resolve/…
+# and /hub/new. A project of such a slug would have pages no URL reaches.
+RESERVED_PROJECT_SLUGS = frozenset({"api", "datasets", "new"})
+
+
+def validate_unreserved_slug(slug: str) -> None:
+    """The model's own check, so the admin (and any ModelForm) refuses what create_project refuses."""
+    if slug in RESERVED_PROJECT_SLUGS:
+        raise ValidationError(f"{slug!r} cannot be a project slug: /hub/{slug}/ is one of the Studio's own URLs. "
+                              f"Choose another slug, e.g. {slug}-team; {', '.join(sorted(RESERVED_PROJECT_SLUGS))} "
+                              f"are kept for the Studio's URLs.")
+
+
 class Project(models.Model):
-    slug = models.SlugField(max_length=64, unique=True)
+    slug = models.SlugField(max_length=64, unique=True, validators=[validate_unreserved_slug])
     name = models.CharField(max_length=200, blank=True)
     plan = models.ForeignKey(Plan, null=True, blank=True, on_delete=models.PROTECT, related_name="projects")
     members = models.ManyToManyField(settings.AUTH_USER_MODEL, through="Membership", related_name="projects")

@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from studio import audit, crypto
 from studio.errors import BadRequest, Finding, NotFound
-from studio.models import ApiToken, AuditEvent, Membership, Plan, Project, ProjectSecret, Role
+from studio.models import RESERVED_PROJECT_SLUGS, ApiToken, AuditEvent, Membership, Plan, Project, ProjectSecret, Role
 
 TOKEN_PREFIX = "stu"
 # \Z, not $: $ also matches before a trailing newline, and "KEY\n" was stored as a secret name.
@@ -29,10 +29,6 @@ def create_plan(name: str, *, includes_training: bool = True, max_concurrent_run
 
 
 PROJECT_SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}\Z")
-# A project's Data Hub pages are /hub/<slug>/<repo> (datahub.hf_urls), beside routes whose first
-# segment is a word of their own: /hub/api/… (the Hub read API), /hub/datasets/<ns>/<repo>/resolve/…
-# and /hub/new. A project of such a slug would have pages no URL reaches.
-RESERVED_PROJECT_SLUGS = frozenset({"api", "datasets", "new"})
 
 
 @transaction.atomic
@@ -154,6 +150,7 @@ def set_secret(project: Project, name: str, value: str) -> ProjectSecret:
         project=project, name=name, defaults={"ciphertext": crypto.encrypt(value)}
     )
     audit.record(AuditEvent.Action.CREATED if created else AuditEvent.Action.UPDATED, secret, project=project)
+    _recheck_connections_naming(project, name)
     return secret
 
 
@@ -164,6 +161,15 @@ def delete_secret(project: Project, name: str) -> None:
         raise NotFound(f"No secret named {name!r} in this project.")
     audit.record(AuditEvent.Action.DELETED, secret, project=project)
     secret.delete()
+    _recheck_connections_naming(project, name)
+
+
+def _recheck_connections_naming(project: Project, name: str) -> None:
+    # A backend connection's last check complained about this secret (or passed with its old value).
+    # Imported here: training builds on studio, not the other way round.
+    from training.backends.verify import recheck_connections_naming
+
+    recheck_connections_naming(project, name)
 
 
 def secret_exists(project: Project, name: str) -> bool:
@@ -171,11 +177,20 @@ def secret_exists(project: Project, name: str) -> bool:
 
 
 def reveal_secret(project: Project, name: str) -> str:
-    """The plaintext, for handing to a backend or a judge at dispatch time. Never log or return it."""
+    """The plaintext, for handing to a backend or a judge at dispatch time. Never log or return it.
+
+    crypto.UndecryptableSecret, naming the secret to set again, when STUDIO_ENCRYPTION_KEY changed
+    since it was saved."""
     secret = ProjectSecret.objects.filter(project=project, name=name).first() if SECRET_NAME.match(name or "") else None
     if secret is None:
         raise NotFound(f"No secret named {name!r} in this project.")
-    return crypto.decrypt(secret.ciphertext)
+    try:
+        return crypto.decrypt(secret.ciphertext)
+    except crypto.UndecryptableSecret as exc:
+        raise crypto.UndecryptableSecret(
+            f"the project secret {name!r} cannot be decrypted: STUDIO_ENCRYPTION_KEY changed since it was saved; "
+            f"set it again (Settings → Secrets, or PUT /api/secrets/{name}), or put the old key back"
+        ) from exc
 
 
 def get_user(username: str):

@@ -196,13 +196,17 @@ REDIS_URL = env("REDIS_URL") or f"redis+socket://{EMBEDDED_REDIS_SOCKET}"
 if not REDIS_URL.startswith(("redis://", "rediss://", "redis+socket://", "unix://")):
     raise ImproperlyConfigured(f"REDIS_URL={REDIS_URL!r} must start with redis://, rediss:// or redis+socket://")
 
-# The cache (rate-limit counters, finished runs' metric series) lives in the same Redis, so every
-# web process sees the same counters.
+# The cache (rate-limit counters, finished runs' metric series, the reconciler's marks) lives in the
+# same Redis, so every web process sees the same counters. Its keys carry the Studio's queue and
+# database name: two Studios sharing one Redis database (each with its own queue) must not share a
+# login budget or a reconciler's last pass.
+CELERY_TASK_DEFAULT_QUEUE = env("CELERY_QUEUE", "studio")
+CACHE_KEY_PREFIX = env("CACHE_KEY_PREFIX") or f"studio:{CELERY_TASK_DEFAULT_QUEUE}:{DATABASES['default']['NAME']}"
 CACHES = {
     "default": {
         "BACKEND": "django.core.cache.backends.redis.RedisCache",
         "LOCATION": "unix://" + REDIS_URL.removeprefix("redis+socket://") if REDIS_URL.startswith("redis+socket://") else REDIS_URL,
-        "KEY_PREFIX": env("CACHE_KEY_PREFIX", "studio"),
+        "KEY_PREFIX": CACHE_KEY_PREFIX,
         "TIMEOUT": 300,
         "OPTIONS": {"socket_connect_timeout": 2, "socket_timeout": 2},
     }
@@ -217,7 +221,6 @@ CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
-CELERY_TASK_DEFAULT_QUEUE = env("CELERY_QUEUE", "studio")
 # Try it's answers go to "<CELERY_QUEUE>-answers", served by a worker of their own (studio.celery.route_task).
 CELERY_TASK_ROUTES = ("studio.celery.route_task",)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True

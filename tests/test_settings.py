@@ -17,7 +17,7 @@ SETTINGS_VARS = (
     "DEBUG", "SECRET_KEY", "SECRET_KEY_FILE", "STUDIO_ENCRYPTION_KEY", "STUDIO_ENCRYPTION_KEY_FILE", "DATABASE_URL",
     "DATABASE_URL_FILE", "REDIS_URL", "REDIS_URL_FILE", "ALLOWED_HOSTS", "DB_CONN_MAX_AGE", "STUDIO_STOP_GRACE_SECONDS",
     "STUDIO_LOCAL_ROOTS", "STUDIO_LOCAL_MAX_CPU_JOBS", "STUDIO_PUBLIC_URL", "STUDIO_RUNS_DIR",
-    "STUDIO_VAR_DIR",
+    "STUDIO_VAR_DIR", "CELERY_QUEUE", "CACHE_KEY_PREFIX",
 )
 PRODUCTION = {"DEBUG": "0", "SECRET_KEY": "s" * 50, "STUDIO_ENCRYPTION_KEY": "e" * 32}
 PRINT = "import django; django.setup(); from django.conf import settings as s; print(repr({attr}))"
@@ -175,3 +175,28 @@ def test_management_commands_need_the_encryption_key_as_the_readme_says():
     assert result.returncode != 0 and "STUDIO_ENCRYPTION_KEY is not set" in result.stderr, result.stderr[-2000:]
     production_env = readme_section("Administration").split("In production, give them the server's environment", 1)[1].split(")", 1)[0]
     assert all(f"`{name}`" in production_env for name in ("SECRET_KEY", "STUDIO_ENCRYPTION_KEY", "DATABASE_URL", "REDIS_URL"))
+
+
+def test_two_studios_on_one_redis_database_get_two_cache_prefixes():
+    # One Studio's login budget and reconciler marks must not be the other's: the prefix follows the queue
+    # (and the database), and CACHE_KEY_PREFIX still overrides it.
+    shared = {**PRODUCTION, "REDIS_URL": "redis://cache:6379/0"}
+    code = PRINT.format(attr="s.CACHES['default']['KEY_PREFIX']")
+    first = boot({**shared, "DATABASE_URL": "postgres://u:p@db/team_a", "CELERY_QUEUE": "team-a"}, code)
+    second = boot({**shared, "DATABASE_URL": "postgres://u:p@db/team_b", "CELERY_QUEUE": "team-b"}, code)
+    same_db = boot({**shared, "DATABASE_URL": "postgres://u:p@db/team_a", "CELERY_QUEUE": "team-b"}, code)
+    assert first.returncode == second.returncode == same_db.returncode == 0, first.stderr[-2000:] + second.stderr[-2000:]
+    assert len({first.stdout, second.stdout, same_db.stdout}) == 3
+    override = boot({**shared, "CELERY_QUEUE": "team-a", "CACHE_KEY_PREFIX": "mine"}, code)
+    assert override.stdout.strip() == repr("mine")
+
+
+@pytest.mark.parametrize("variable", ["GUNICORN_WORKERS", "GUNICORN_THREADS", "GUNICORN_TIMEOUT", "GUNICORN_MAX_REQUESTS"])
+def test_a_bad_gunicorn_number_stops_it_with_one_line_naming_the_variable(variable):
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("GUNICORN_", "PYTEST"))}
+    result = subprocess.run([sys.executable, "-m", "gunicorn", "-c", "studio/gunicorn.conf.py", "--check-config", "studio.wsgi:application"],
+                            cwd=REPO, env={**clean, variable: "two"}, capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()], result.stderr[-2000:]
+    assert result.stderr.startswith(f"{variable}='two' is not an integer: give a whole number, e.g. ")

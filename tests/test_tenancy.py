@@ -417,3 +417,20 @@ def test_ingest_accepts_only_the_runs_current_attempt_token(world, tokens):
     assert snapshot() == before
     assert Api(Client(), token).post(f"/api/ingest/runs/{running}", batch).status_code == 200
     assert LogLine.objects.filter(run_id=running, line="hi").exists()
+
+
+@pytest.mark.parametrize("slug", ["api", "datasets", "new"])
+def test_the_admin_refuses_a_reserved_project_slug_on_add_and_on_rename(project, slug):
+    # createproject refused these; the admin took them, making a project whose Data Hub pages no URL reaches.
+    from studio.models import Project
+
+    client = admin_client()
+    added = client.post("/admin/studio/project/add/", {"slug": slug, "name": "x", "plan": "", "memberships-TOTAL_FORMS": 0,
+                                                       "memberships-INITIAL_FORMS": 0, "memberships-MIN_NUM_FORMS": 0,
+                                                       "memberships-MAX_NUM_FORMS": 1000})
+    assert added.status_code == 200 and "kept for the Studio&#x27;s URLs" in added.content.decode()
+    renamed = client.post(f"/admin/studio/project/{project.pk}/change/", {**admin_memberships_post(project, []), "slug": slug})
+    assert renamed.status_code == 200 and "kept for the Studio&#x27;s URLs" in renamed.content.decode()
+    assert not Project.objects.filter(slug=slug).exists()
+    project.refresh_from_db()
+    assert project.slug != slug

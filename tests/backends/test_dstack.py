@@ -231,6 +231,50 @@ def test_start_with_a_wrong_token_is_422(api, project, dstack_connection):
     assert "refused the token" in json.dumps(start_422(api, "compute.backend"))
 
 
+def test_start_after_the_encryption_key_changed_is_422_naming_the_secret_to_set_again(api, dstack_connection, settings):
+    # It was a 500: the token secret could not be decrypted and the ValueError escaped the check.
+    settings.STUDIO_ENCRYPTION_KEY += "-rotated"
+    message = json.dumps(start_422(api, "compute.backend"))
+    assert "'dstack-token'" in message and "STUDIO_ENCRYPTION_KEY changed" in message and "set it again" in message
+
+
+def test_the_connection_check_after_the_encryption_key_changed_records_which_secret_to_set_again(dstack_connection, settings):
+    from training.backends.verify import verify_connection
+
+    settings.STUDIO_ENCRYPTION_KEY += "-rotated"
+    error = verify_connection(dstack_connection.pk)
+    dstack_connection.refresh_from_db()
+    assert "'dstack-token'" in error and "set it again" in error and dstack_connection.last_check_error == error
+
+
+@pytest.fixture
+def eager_tasks():
+    """Celery runs a queued task in this process (the worker's code, without a worker subprocess)."""
+    from studio.celery import app
+
+    app.conf.task_always_eager = True
+    yield
+    app.conf.task_always_eager = False
+
+
+def test_setting_or_deleting_a_secret_a_connection_names_checks_the_connection_again(api, project, dstack_connection, dstack_server,
+                                                                                    django_capture_on_commit_callbacks, eager_tasks):
+    # The admin kept showing a check's complaint after the secret it named was set: only saving the connection checked it.
+    BackendConnection = type(dstack_connection)
+    BackendConnection.objects.filter(pk=dstack_connection.pk).update(last_check_error="the dstack server refused the token")
+    with django_capture_on_commit_callbacks(execute=True):
+        assert api.put("/api/secrets/dstack-token", {"value": dstack_server.token}).status_code in (200, 204)
+    dstack_connection.refresh_from_db()
+    assert dstack_connection.last_check_error == "" and dstack_connection.last_checked_at is not None
+    with django_capture_on_commit_callbacks(execute=True):
+        assert api.delete("/api/secrets/dstack-token").status_code in (200, 204)
+    dstack_connection.refresh_from_db()
+    assert "credentials are not configured" in dstack_connection.last_check_error
+    with django_capture_on_commit_callbacks(execute=True) as queued:
+        assert api.put("/api/secrets/unrelated", {"value": "x"}).status_code in (200, 204)
+    assert queued == []  # a secret no connection names checks nothing
+
+
 def test_start_with_an_unknown_region_is_422(api, dstack_connection):
     dstack_connection.regions = ["us-east-1", "eu-west-1"]
     dstack_connection.save()

@@ -119,6 +119,38 @@ def test_start_reports_the_last_failed_verification(api, modal_connection):
     assert "refused the credentials" in str(body)
 
 
+@pytest.mark.django_db
+def test_the_connection_check_after_the_encryption_key_changed_names_the_secret_and_start_says_it(api, modal_connection, settings):
+    # The check raised a ValueError in the worker and left last_check_error stale; START then said nothing of it.
+    from training.backends.verify import verify_connection
+
+    settings.STUDIO_ENCRYPTION_KEY += "-rotated"
+    error = verify_connection(modal_connection.pk)
+    assert "'modal-token-id'" in error and "STUDIO_ENCRYPTION_KEY changed" in error and "set it again" in error
+    run_id = api.post("/api/training-runs", modal_body()).json()["id"]
+    body = assert_error(api.post(f"/api/training-runs/{run_id}/start"), 422, "compute.backend")
+    assert "'modal-token-id'" in str(body)
+
+
+@pytest.mark.django_db
+def test_a_connection_check_modal_does_not_answer_says_what_was_asked_how_long_and_what_to_check(modal_connection, monkeypatch):
+    # It said only "Modal did not answer in time (timeout)". Modal's cloud cannot run here: make_client is the boundary.
+    from training.backends.verify import verify_connection
+
+    async def hangs(self, token_id, token_secret):
+        import asyncio
+
+        await asyncio.sleep(3600)
+
+    monkeypatch.setattr(ModalBackend, "make_client", hangs)
+    BackendConnection.objects.filter(pk=modal_connection.pk).update(request_timeout_seconds=1)
+    error = verify_connection(modal_connection.pk)
+    assert "api.modal.com" in error and "within 1 s" in error and "request_timeout_seconds" in error
+    assert "token id and secret" in error and "HTTPS_PROXY" in error and "status.modal.com" in error
+    modal_connection.refresh_from_db()
+    assert modal_connection.last_check_error == error
+
+
 # ---- status mapping through the real FunctionCall API, fake gRPC stub -------------------------
 
 class FakeStub:

@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 
+from studio.crypto import UndecryptableSecret
 from studio.errors import Finding
 from studio.services import reveal_secret, secret_exists
 from training.backends.base import BackendError, JobSpec
@@ -57,7 +58,11 @@ def secret_value(conn: BackendConnection, field: str, what: str) -> str:
             f"{label(conn.backend)} credentials are not configured for project {conn.project.slug}: "
             f"store the {what} as a project secret and name it in the connection's {field}"
         )
-    return reveal_secret(conn.project, name)
+    try:
+        return reveal_secret(conn.project, name)
+    except UndecryptableSecret as exc:
+        # A BackendError: START's 422 on compute.backend and the connection check name the secret.
+        raise BackendError(f"the {label(conn.backend)} connection's {what} cannot be read: {exc}") from exc
 
 
 def connection_findings(project, backend: str, compute: dict, secret_fields: dict[str, str]) -> tuple[BackendConnection | None, list[Finding]]:

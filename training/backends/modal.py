@@ -16,6 +16,7 @@ import logging
 from typing import Any
 
 import modal
+import modal.config
 import modal.exception
 
 from studio.errors import Finding
@@ -51,6 +52,15 @@ def translate(exc: BaseException) -> BackendError:
     if isinstance(exc, (modal.exception.ConnectionError, OSError)):
         return BackendUnavailable(f"Modal cannot be reached: {exc}")
     return BackendError(f"Modal: {type(exc).__name__}: {exc}")
+
+
+def no_answer(seconds: float) -> str:
+    """What a call that timed out tells an operator: what was asked, how long we waited, what to check."""
+    api = " or ".join(str(modal.config.config.get("server_url") or "https://api.modal.com").split(","))
+    return (f"Modal's API ({api}) did not answer within {seconds:g} s (the connection's request_timeout_seconds): "
+            f"check the connection's token id and secret (wrong ones can go unanswered rather than refused), that this "
+            f"machine reaches {api} (a firewall, or a proxy: HTTPS_PROXY), and Modal's status at https://status.modal.com; "
+            f"on a slow network raise request_timeout_seconds")
 
 
 def result_of(output: Any) -> PollResult:
@@ -104,10 +114,13 @@ class ModalBackend(Backend):
             finally:
                 await client.close.aio()  # its connections and background tasks end with the call, not at exit
 
+        seconds = timeout or conn.request_timeout_seconds
         try:
-            return asyncio.run(asyncio.wait_for(go(), timeout or conn.request_timeout_seconds))
+            return asyncio.run(asyncio.wait_for(go(), seconds))
         except BackendError:
             raise
+        except TimeoutError as exc:
+            raise BackendUnavailable(no_answer(seconds)) from exc
         except Exception as exc:  # noqa: BLE001 - every SDK failure gets a Studio meaning
             raise translate(exc) from exc
 

@@ -2,6 +2,8 @@
 connection so START can report it without calling the backend from the web request."""
 from __future__ import annotations
 
+from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from training.backends.base import BackendError
@@ -21,3 +23,13 @@ def verify_connection(connection_id: int) -> str:
         error = str(exc)
     BackendConnection.objects.filter(pk=conn.pk).update(last_checked_at=timezone.now(), last_check_error=error[:2000])
     return error
+
+
+def recheck_connections_naming(project, secret_name: str) -> None:
+    """Queue a check, after commit, of each of the project's connections that names the secret: the
+    last check's answer (shown in the admin and at START) was about the old value or its absence."""
+    from training.tasks import verify_backend_connection
+
+    named = BackendConnection.objects.filter(project=project).filter(Q(token_secret=secret_name) | Q(token_id_secret=secret_name))
+    for connection_id in named.values_list("pk", flat=True):
+        transaction.on_commit(lambda connection_id=connection_id: verify_backend_connection.delay(connection_id))
