@@ -131,12 +131,13 @@ def studio_data_at(path: Path, places: list[Place] | None = None) -> tuple[str, 
 LINKS_LOOKED_AT = 10_000  # entries of a folder looked at for links; past them the sandbox still hides the data
 
 
-def studio_data_link(folder: Path) -> tuple[str, str] | None:
-    """A link in `folder` (at any depth) that leads into the Studio's own data: (its path, what), else
-    None. A model or dataset folder of links to another run's weights is that run's output too."""
+def studio_data_link(folder: Path, places: list[Place] | None = None) -> tuple[str, str] | None:
+    """A link in `folder` (at any depth) that leads into the Studio's own data (`places`, by default
+    studio_data()): (its path, what), else None. A model or dataset folder of links to another run's
+    weights is that run's output too."""
     if not folder.is_dir():
         return None
-    seen, places = 0, studio_data()
+    seen, places = 0, studio_data() if places is None else places
     for root, dirs, files in os.walk(folder):
         for name in [*dirs, *files]:
             seen += 1
@@ -155,12 +156,12 @@ DATASET_INSTEAD = "push the files to a Data Hub dataset repo and use <project>/<
 def studio_data_problem(value: str, instead: str) -> str | None:
     """Why a run may not read the local path `value`: it is, holds or links into the Studio's own
     data (studio_data). The sentence ends with `instead` (MODEL_INSTEAD, DATASET_INSTEAD); None when it may."""
-    path = Path(value).expanduser()
-    found = studio_data_at(path)
+    path, places = Path(value).expanduser(), studio_data()
+    found = studio_data_at(path, places)
     if found is not None:
         where, what = found
         return f"{value} {'is inside' if where == 'inside' else 'holds'} the Studio's own data ({what}): {instead}"
-    link = studio_data_link(path)
+    link = studio_data_link(path, places)
     if link is not None:
         return f"{value} holds a link ({link[0]}) into the Studio's own data ({link[1]}): {instead}"
     return None

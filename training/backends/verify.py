@@ -2,10 +2,10 @@
 connection so START can report it without calling the backend from the web request."""
 from __future__ import annotations
 
-from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from studio.queue import send_after_commit
 from training.backends.base import BackendError
 from training.models import BackendConnection
 
@@ -32,4 +32,4 @@ def recheck_connections_naming(project, secret_name: str) -> None:
 
     named = BackendConnection.objects.filter(project=project).filter(Q(token_secret=secret_name) | Q(token_id_secret=secret_name))
     for connection_id in named.values_list("pk", flat=True):
-        transaction.on_commit(lambda connection_id=connection_id: verify_backend_connection.delay(connection_id))
+        send_after_commit(verify_backend_connection, connection_id)
