@@ -252,5 +252,19 @@ def main_reporter(spec: Spec) -> Reporter:
     return Reporter(spec.ingest_url, spec.ingest_token, heartbeat_interval=heartbeat_interval(spec.config))
 
 
+def exit_rank(code: int) -> None:
+    """Leave a data-parallel rank's process at once, once its reports are closed and its output
+    written. Interpreter teardown destroys torch's C++ objects (the DDP reducer still holding the
+    gloo group after destroy_process_group, its worker threads) in no set order, and now and then
+    aborts a rank that had completed (SIGABRT, "terminate called without an active exception"):
+    torchrun then failed the run (CI saw it at stop 26, after destroy_process_group alone)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_code = main()
+    if this_rank().world > 1:
+        exit_rank(exit_code)
+    raise SystemExit(exit_code)
