@@ -6,7 +6,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.conf import settings
 
@@ -151,6 +151,32 @@ def studio_data_link(folder: Path, places: list[Place] | None = None) -> tuple[s
 
 MODEL_INSTEAD = "a run's model is in the Data Hub as <project>/<model repo>@<commit>; use that"
 DATASET_INSTEAD = "push the files to a Data Hub dataset repo and use <project>/<dataset repo>@<commit>"
+
+
+class LocalRead(NamedTuple):
+    field: str
+    value: str
+    is_model: bool
+
+    @property
+    def instead(self) -> str:
+        return MODEL_INSTEAD if self.is_model else DATASET_INSTEAD
+
+
+def local_reads(method: str, base_model: Any, config: dict[str, Any], datasets: list[tuple[str, Any]]) -> list[LocalRead]:
+    """Each local path a run's engine reads, the one list for START's checks (validation) and the
+    local backend's sandbox and submit check: the base model, a DISTILL teacher, the dataset entries
+    given as (field, value), and a RULER run's prompts. A field added to one place only would let a
+    path past the other's check."""
+    reads: list[tuple[str, Any, bool]] = [("base_model", base_model, True)]
+    distillation = config.get("distillation")
+    if method == "distill" and isinstance(distillation, dict):
+        reads.append(("config.distillation.teacher_model", distillation.get("teacher_model"), True))
+    reads += [(field, value, False) for field, value in datasets]
+    ruler = config.get("ruler_task_args") if method == "grpo" and config.get("rl_mode") == "ruler" else None
+    if isinstance(ruler, dict):  # its prompts, checked row by row like a dataset's
+        reads.append(("config.ruler_task_args.dataset", ruler.get("dataset"), False))
+    return [LocalRead(field, value, is_model) for field, value, is_model in reads if isinstance(value, str) and ref_kind(value) == "path"]
 
 
 def studio_data_problem(value: str, instead: str) -> str | None:

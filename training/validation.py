@@ -30,11 +30,13 @@ from training.refs import (
     DATASET_INSTEAD,
     HUB_REF,
     MODEL_INSTEAD,
+    LocalRead,
     check_dataset,
     check_ref,
     dataset_entries,
     inside_local_roots,
     local_model_dir,
+    local_reads,
     ref_kind,
     studio_data_problem,
 )
@@ -396,23 +398,17 @@ def system_prompt_set(draft: Draft) -> bool:
     return bool(draft.config.get("system_prompt"))
 
 
-def local_paths(draft: Draft) -> list[tuple[str, str, bool]]:
-    """(field, value, is a model) of each local path the run's engine would read: the base model,
-    a DISTILL teacher, each dataset entry and a RULER run's prompts."""
-    models = [("base_model", draft.base_model)]
-    if draft.method == "distill" and isinstance(draft.config.get("distillation"), dict):
-        models.append(("config.distillation.teacher_model", draft.config["distillation"].get("teacher_model")))
+def local_paths(draft: Draft) -> list[LocalRead]:
+    """Each local path the run's engine would read (training.refs.local_reads)."""
     datasets = [(f"dataset[{i}]" if isinstance(draft.dataset, list) else "dataset", e.ref) for i, e in enumerate(dataset_entries(draft.dataset))]
-    if isinstance(ruler_dataset(draft), str):
-        datasets.append(("config.ruler_task_args.dataset", ruler_dataset(draft)))  # its prompts, checked row by row like a dataset's
-    return [(field, value, field in dict(models)) for field, value in models + datasets if isinstance(value, str) and ref_kind(value) == "path"]
+    return local_reads(draft.method, draft.base_model, draft.config, datasets)
 
 
 def studio_data_findings(draft: Draft) -> list[Finding]:
     """A local path into the Studio's own data (another project's run output, the Data Hub's blobs):
     the engine would read it as the Studio's user, past every project check (400 at create and PATCH;
     START refuses it too, in local_path_findings, for a run stored before)."""
-    return [Finding(field, problem) for field, value, is_model in local_paths(draft) if (problem := studio_data_problem(value, MODEL_INSTEAD if is_model else DATASET_INSTEAD))]
+    return [Finding(read.field, problem) for read in local_paths(draft) if (problem := studio_data_problem(read.value, read.instead))]
 
 
 def local_path_findings(draft: Draft, needs: RowNeeds | None = None, notices: list[Finding] | None = None,

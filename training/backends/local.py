@@ -31,7 +31,7 @@ from training.backends.local_runner import WAITING_NAME
 from training.compute import accelerators_of
 from training.engine.launch import engine_argv
 from training.engine.reporter import SPOOL_NAME
-from training.refs import DATASET_INSTEAD, MODEL_INSTEAD, ref_kind, studio_data, studio_data_at, studio_data_problem
+from training.refs import LocalRead, local_reads, studio_data, studio_data_at, studio_data_problem
 
 ENV_ALLOW_LIST = (
     "PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "LD_LIBRARY_PATH",
@@ -156,25 +156,19 @@ def sandbox_warning() -> str | None:
             "allow user namespaces or set STUDIO_LOCAL_SANDBOX=required (README: Security)")
 
 
-def named_reads(job: JobSpec) -> list[tuple[str, str]]:
-    """(field, value) of each local path of `job` that its run named: the base model, a teacher, a
-    RULER run's prompts and each dataset entry not from the Data Hub. Not what the Studio staged (the
-    environment's package, the step a resumed run continues from)."""
-    config = job.config or {}
-    distillation, ruler = config.get("distillation"), config.get("ruler_task_args")
-    named = [("base_model", job.base_model),
-             ("config.distillation.teacher_model", distillation.get("teacher_model") if isinstance(distillation, dict) else None),
-             ("config.ruler_task_args.dataset", ruler.get("dataset") if isinstance(ruler, dict) else None),
-             *((f"dataset[{i}]", entry.get("path")) for i, entry in enumerate(job.dataset) if not entry.get("data_hub"))]
-    return [(field, value) for field, value in named if isinstance(value, str) and ref_kind(value) == "path"]
+def named_reads(job: JobSpec) -> list[LocalRead]:
+    """Each local path of `job` that its run named (training.refs.local_reads), its dataset entries
+    not from the Data Hub. Not what the Studio staged (the environment's package, the step a resumed
+    run continues from)."""
+    datasets = [(f"dataset[{i}]", entry.get("path")) for i, entry in enumerate(job.dataset) if not entry.get("data_hub")]
+    return local_reads(job.method, job.base_model, job.config or {}, datasets)
 
 
 def studio_data_reads(job: JobSpec) -> list[str]:
     """The named reads of `job` that lead into the Studio's own data (training.refs.studio_data), each
     as `field: why`. START refuses such a run; submit refuses a job that has one all the same (a run
     stored before that check, a path that became a link since), sandbox or none."""
-    return [f"{field}: {problem}" for field, value in named_reads(job)
-            if (problem := studio_data_problem(value, MODEL_INSTEAD if field in ("base_model", "config.distillation.teacher_model") else DATASET_INSTEAD))]
+    return [f"{read.field}: {problem}" for read in named_reads(job) if (problem := studio_data_problem(read.value, read.instead))]
 
 
 def sandbox_plan(job: JobSpec, directory: Path) -> dict:
@@ -202,7 +196,7 @@ def sandbox_plan(job: JobSpec, directory: Path) -> dict:
     environment = job.environment or {}
     staged = [environment.get("path"), (environment.get("ruler_dataset") or {}).get("path"), job.resume_from]
     paths = [Path(p).resolve() for p in staged if isinstance(p, str) and p.startswith("/")]
-    paths += [Path(p).resolve() for _, p in named_reads(job) if p.startswith("/") and studio_data_at(Path(p), places) is None]
+    paths += [Path(read.value).resolve() for read in named_reads(job) if read.value.startswith("/") and studio_data_at(Path(read.value), places) is None]
     return {"hide": [str(p) for p in hidden], "hide_files": [str(p) for p in files], "read_write": [str(own)],
             "read_only": [*map(str, code), *(str(p) for p in paths if may_show(p))], "cwd": str(REPO_ROOT),
             "pid_file": str(directory / "engine.pid")}
