@@ -26,7 +26,7 @@ from datahub import repos, storage
 from datahub.models import Branch, Commit, Repo, RepoType, Tag, TreeEntry
 from studio import crypto
 from studio.auth import StudioAuth
-from studio.errors import ApiError, BadRequest, Finding, NotFound, Unauthorized
+from studio.errors import TOKENS_PAGE, ApiError, BadRequest, Finding, NotFound, Unauthorized
 from studio.ratelimit import refuse_bad_credentials
 
 LFS_POINTER_SIZE = 134
@@ -111,7 +111,7 @@ def reader_for(request: HttpRequest) -> Reader:
         raise HubError(401, None, exc.detail, message_header="Invalid credentials in Authorization header") from None
     if actor is not None:
         return Reader(frozenset(actor.scoped_project_ids()))
-    raise HubError(401, None, "Authentication required: set HF_TOKEN to a Studio API token.")
+    raise HubError(401, None, f"Authentication required: set HF_TOKEN to a Studio API token (make one in {TOKENS_PAGE}).")
 
 
 def ingest_reader(request: HttpRequest, token: str) -> Reader:

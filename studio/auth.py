@@ -9,7 +9,7 @@ from django.db.models import F
 from django.http import HttpRequest
 from ninja.utils import check_csrf
 
-from studio.errors import Forbidden, NotFound, Unauthorized
+from studio.errors import TOKENS_PAGE, Forbidden, NotFound, Unauthorized
 from studio.models import ApiToken, Membership, Project
 from studio.ratelimit import count_auth_attempt, login_scope, refund_auth_attempt, refuse_bad_credentials
 from studio.services import authenticate_token
@@ -90,10 +90,12 @@ class RateLimitedModelBackend(ModelBackend):
         return user
 
 
-# Only a Studio administrator makes tokens (manage.py createapitoken; the admin's API tokens lists and
-# revokes them): a project owner has no way to.
+# A member makes and revokes their own tokens on the Settings → API tokens page; a Studio administrator
+# can too (manage.py createapitoken; the admin's API tokens lists and revokes them).
 BAD_TOKEN = ("This API token is not valid: it is mistyped, was revoked, or its user is no longer a member of its "
-             "project. Ask a Studio administrator for a new one (they make it with manage.py createapitoken).")
+             f"project. Make a new one in {TOKENS_PAGE}, or ask a Studio administrator for one (they make it with "
+             "manage.py createapitoken).")
+MALFORMED_TOKEN = f"Send the API token as Authorization: Bearer <token> (make one in {TOKENS_PAGE})."
 
 
 class StudioAuth:
@@ -104,7 +106,7 @@ class StudioAuth:
     # What /api/openapi.json states (ninja reads it from an auth callable; without it the document
     # said no operation needs credentials, and /api/docs had no way to send a token).
     openapi_security_schema = {"type": "http", "scheme": "bearer",
-                               "description": "A project API token (manage.py createapitoken); a logged-in browser session works too"}
+                               "description": "A project API token (Settings → API tokens, or manage.py createapitoken); a logged-in browser session works too"}
 
     def __call__(self, request: HttpRequest) -> Actor | None:
         header = request.headers.get("Authorization", "")
@@ -112,7 +114,7 @@ class StudioAuth:
             # The token first: an address over its failure budget gets 429 for a bad one only (studio/ratelimit.py).
             scheme, _, plaintext = header.partition(" ")
             if scheme.lower() != "bearer" or not plaintext.strip():
-                refuse_bad_credentials(request, Unauthorized("Send the API token as Authorization: Bearer <token>."))
+                refuse_bad_credentials(request, Unauthorized(MALFORMED_TOKEN))
             token = authenticate_token(plaintext.strip())
             if token is None:
                 refuse_bad_credentials(request, Unauthorized(BAD_TOKEN))

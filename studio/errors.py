@@ -36,9 +36,14 @@ class BadRequest(ApiError):
     status = 400
 
 
+# Where a signed-in user makes and revokes their own API tokens (studio/token_views.py); the 401s name it.
+TOKENS_PAGE = "Settings → API tokens (/settings/api-tokens/)"
+
+
 class Unauthorized(ApiError):
     status = 401
-    default_detail = "Authentication required: send Authorization: Bearer <token> or log in."
+    default_detail = (f"Authentication required: send Authorization: Bearer <token> or log in. Make a token in {TOKENS_PAGE}, "
+                      "or ask a Studio administrator for one.")
 
 
 class PaymentRequired(ApiError):

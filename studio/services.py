@@ -98,6 +98,8 @@ def create_api_token(user, project: Project, *, name: str = "") -> tuple[ApiToke
     limit = ApiToken._meta.get_field("name").max_length
     if len(name) > limit:
         raise BadRequest(errors=[Finding("name", f"a token's name has at most {limit} characters; this one has {len(name)}")])
+    if "\x00" in name:  # PostgreSQL cannot store it: a 500 otherwise
+        raise BadRequest(errors=[Finding("name", "a token's name cannot contain a NUL character (\\u0000): remove it")])
     plaintext = crypto.new_token(TOKEN_PREFIX)
     token = ApiToken.objects.create(
         project=project, user=user, name=name, prefix=plaintext[:10], token_hash=crypto.hash_token(plaintext)

@@ -4,7 +4,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
 from datahub import views as datahub_views
-from studio import views
+from studio import token_views, views
 
 urlpatterns = [
     path("", views.home, name="home"),
@@ -13,6 +13,9 @@ urlpatterns = [
     path("projects/switch", views.switch_project, name="switch_project"),
     path("models/", datahub_views.models_page, name="models"),
     path("settings/billing/", views.billing, name="billing"),
+    path("settings/api-tokens/", token_views.api_tokens_page, name="api_tokens"),
+    path("settings/api-tokens/new", token_views.create_token, name="api_token_create"),
+    path("settings/api-tokens/<int:token_id>/revoke", token_views.revoke_token, name="api_token_revoke"),
     path("", include("training.web_urls")),
     path("experiments/", include("experiments.web_urls")),
 ]

@@ -161,6 +161,10 @@ CASES = {
     "member removed (admin)": Case(nothing, lambda w: admin_members(w, without(w, "viewer")), "removed", "membership", "viewer", "root", "session"),
     "token created (createapitoken)": Case(nothing, lambda w: call_command("createapitoken", "member", project="acme", name="ci", stdout=open("/dev/null", "w")),
                                            "created", "apitoken", "ci", "", "system"),
+    "token created (page)": Case(nothing, lambda w: ok(w.browser.post(reverse("api_token_create"), {"name": "ci"}), 200),
+                                 "created", "apitoken", "ci", "owner", "session"),
+    "token revoked (page)": Case(new_token, lambda w: ok(w.browser.post(reverse("api_token_revoke", args=[ApiToken.objects.get(name="ci").pk])), 302),
+                                 "revoked", "apitoken", "ci", "owner", "session"),
     "token revoked (admin)": Case(new_token, lambda w: ok(w.root.post("/admin/studio/apitoken/", {
         "action": "revoke", "_selected_action": [ApiToken.objects.get(name="ci").pk]}), 302), "revoked", "apitoken", "ci", "root", "session"),
 }

@@ -12,7 +12,7 @@ import pytest
 from django.test import Client
 
 from experiments.models import Experiment
-from studio.auth import BAD_TOKEN
+from studio.auth import BAD_TOKEN, MALFORMED_TOKEN
 from studio.crypto import hash_token
 from studio.models import ApiToken, ProjectSecret
 from studio.services import add_member, authenticate_token, create_api_token, create_plan, remove_member, revoke_api_token, set_plan, set_secret
@@ -207,7 +207,7 @@ def test_plan_without_training_is_402_after_403(case, persona, free_world, clien
 def test_malformed_authorization_header_is_401(header, world):
     response = Client().get("/api/training-runs", HTTP_AUTHORIZATION=header)
     assert_error(response, 401)
-    assert response.json()["detail"] in ("Send the API token as Authorization: Bearer <token>.", BAD_TOKEN)
+    assert response.json()["detail"] in (MALFORMED_TOKEN, BAD_TOKEN)
 
 
 def test_revoked_token_is_401(world, tokens):
@@ -216,11 +216,20 @@ def test_revoked_token_is_401(world, tokens):
     assert assert_error(Api(Client(), tokens["member"]).get("/api/training-runs"), 401)["detail"] == BAD_TOKEN
 
 
-def test_a_bad_token_is_told_to_ask_an_administrator_who_can_make_tokens(world):
-    # It said "Ask a project owner for a new one": owners cannot make tokens, only a Studio administrator.
+def test_a_bad_token_is_told_where_to_make_a_new_one(world):
+    # It said "Ask a project owner for a new one": owners could not make tokens. Now every member can,
+    # on Settings → API tokens, and a Studio administrator still can.
     detail = assert_error(Api(Client(), "st_not-a-token").get("/api/training-runs"), 401)["detail"]
     assert detail == ("This API token is not valid: it is mistyped, was revoked, or its user is no longer a member of its project. "
-                      "Ask a Studio administrator for a new one (they make it with manage.py createapitoken).")
+                      "Make a new one in Settings → API tokens (/settings/api-tokens/), or ask a Studio administrator for one "
+                      "(they make it with manage.py createapitoken).")
+
+
+def test_a_missing_or_malformed_token_is_told_where_to_make_one(world):
+    missing = assert_error(Client().get("/api/training-runs"), 401)["detail"]
+    malformed = assert_error(Client().get("/api/training-runs", HTTP_AUTHORIZATION="Token abc"), 401)["detail"]
+    for detail in (missing, malformed):
+        assert "Settings → API tokens (/settings/api-tokens/)" in detail, detail
 
 
 def test_token_of_removed_member_is_401(world, tokens, project, users):

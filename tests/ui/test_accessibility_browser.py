@@ -235,8 +235,9 @@ def test_table_scroll_boxes_are_named_regions_a_keyboard_can_scroll(owner_page, 
     startable_run(project, users, "listed")
     repos.create_repo(project, "some-data", "dataset")
     studio_services.set_secret(project, "HF_TOKEN", "hf_x")
+    studio_services.create_api_token(users["owner"], project, name="laptop")
     page = owner_page
-    for url in ("/training/", "/hub/", "/settings/secrets/"):
+    for url in ("/training/", "/hub/", "/settings/secrets/", "/settings/api-tokens/"):
         page.goto(url)
         boxes = page.evaluate(TABLE_BOXES)
         assert boxes, url

@@ -99,6 +99,7 @@ def test_a_stale_token_on_a_full_page_form_links_to_a_fresh_copy_not_a_reload(pr
     ("/projects/switch", "/experiments/"),
     ("/environments/fork", "/environments/"),
     ("/settings/secrets/set", "/settings/secrets/"),
+    ("/settings/api-tokens/new", "/settings/api-tokens/"),
     ("/training/runs/1/checkpoints/5/resume", "/training/runs/1/checkpoints/"),
 ])
 def test_a_plain_form_post_after_logout_returns_to_the_form_page(client, action, form_page):

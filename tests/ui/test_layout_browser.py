@@ -4,6 +4,8 @@ ellipsis (the full name in a title), and the run list's filter controls match an
 Screenshots land in var/test-artifacts/ui/<test name>/."""
 from __future__ import annotations
 
+import re
+
 import pytest
 from playwright.sync_api import expect
 
@@ -115,7 +117,7 @@ def tour(data) -> list[str]:
             + [f"/training/runs/{sft.pk}/{tab}/" for tab in ("overview", "configuration", "datasets", "checkpoints", "lineage", "repository")]
             + [f"/training/runs/{grpo.pk}/{tab}/" for tab in ("overview", "configuration", "environment", "rollouts", "repository")]
             + ["/experiments/", f"/experiments/{data['experiment'].pk}/", "/models/", "/environments/", "/environments/my-maths/",
-               "/settings/billing/", "/settings/secrets/"])
+               "/settings/billing/", "/settings/secrets/", "/settings/api-tokens/"])
 
 
 def test_every_page_fits_the_viewport(sized, studio_data):
@@ -223,3 +225,15 @@ def test_environment_tab_wraps_a_pinned_commit(sized, project, users):
     page.goto(f"/training/runs/{run.pk}/environment/")
     expect(page.get_by_test_id("environment-pin")).to_contain_text("c0ffee" * 6 + "abcd")
     assert_fits(page, width, "environment tab")
+
+
+def test_a_new_api_tokens_answer_fits_with_its_token_and_curl_example(sized, project):
+    width, page = sized
+    page.goto("/settings/api-tokens/")
+    page.get_by_label("Name").fill("laptop")
+    page.get_by_role("button", name="Make token").click()
+    token = page.get_by_role("textbox", name="Token", exact=True)
+    expect(token).to_have_value(re.compile(r"^stu_"))
+    expect(page.locator("pre.code")).to_contain_text(token.input_value())
+    page.shot("new-token")
+    assert_fits(page, width, "new API token")

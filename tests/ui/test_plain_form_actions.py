@@ -13,8 +13,10 @@ pytestmark = pytest.mark.django_db
     ("/hub/acme/my-data/delete", "/hub/acme/my-data"),
     ("/environments/fork", "/environments/"),
     ("/settings/secrets/set", "/settings/secrets/"),
+    ("/settings/api-tokens/new", "/settings/api-tokens/"),
     # Actions whose form is sent by htmx too: a GET of one is no 405 with an empty body either.
     ("/settings/secrets/delete", "/settings/secrets/"),
+    ("/settings/api-tokens/1/revoke", "/settings/api-tokens/"),
     ("/experiments/create", "/experiments/"),
     ("/environments/maze/config", "/environments/maze/"),
     ("/hub/acme/my-data/upload", "/hub/acme/my-data"),

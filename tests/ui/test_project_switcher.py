@@ -48,7 +48,7 @@ def test_from_a_page_of_one_object_it_lands_on_the_section_list_of_the_new_proje
 
 def test_from_a_list_or_project_wide_page_it_stays_there(project, owner_of_both):
     for page in ("/training/?status=running", "/training/new/?method=grpo", "/experiments/", "/hub/", "/environments/",
-                 "/models/", "/settings/secrets/", "/settings/billing/"):
+                 "/models/", "/settings/secrets/", "/settings/billing/", "/settings/api-tokens/"):
         assert switch(owner_of_both, page) == page
         assert owner_of_both.get(page).status_code == 200, page
 
