@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
-from django.db import OperationalError
+from django.db import Error, InterfaceError, OperationalError
 from django.http import Http404, HttpRequest, HttpResponse
 from ninja import NinjaAPI, Schema
 from ninja.errors import AuthenticationError, HttpError, ValidationError
@@ -23,8 +23,8 @@ from pydantic import BaseModel, Field
 from pydantic import ValidationError as PydanticValidationError
 
 from studio.auth import Actor, StudioAuth
+from studio.database import database_unavailable
 from studio.errors import ApiError, BadRequest, Finding, NotFound, PayloadTooLarge, Unauthorized, UnsupportedMediaType
-from studio.sqlite import database_busy
 
 S = TypeVar("S", bound=BaseModel)  # a ninja Schema, or a plain pydantic model (training.schemas.IngestBatchIn)
 
@@ -321,12 +321,16 @@ def on_body_too_large(request: HttpRequest, exc: RequestDataTooBig) -> HttpRespo
 
 
 @api.exception_handler(OperationalError)
-def on_database_error(request: HttpRequest, exc: OperationalError) -> HttpResponse:
-    """SQLite still locked by other writers after the busy timeout: a 503 to send again, not a 500."""
-    busy = database_busy(exc)
-    if busy is None:
+def on_database_error(request: HttpRequest, exc: Error) -> HttpResponse:
+    """SQLite still locked by other writers after the busy timeout, or a database the Studio cannot
+    reach: a 503 to send again, not a 500. Any other database error is raised as it was."""
+    unavailable = database_unavailable(exc)
+    if unavailable is None:
         raise exc
-    return on_api_error(request, busy)
+    return on_api_error(request, unavailable)
+
+
+api.add_exception_handler(InterfaceError, on_database_error)  # psycopg's "the connection is closed"
 
 
 def on_not_found(request: HttpRequest, exc: Http404) -> HttpResponse:
@@ -338,6 +342,7 @@ api.add_exception_handler(Http404, on_not_found)
 
 def register_routers() -> None:
     from experiments.api import router as experiments_router
+    from studio.health_api import router as health_router
     from studio.secrets_api import router as secrets_router
     from training.api import router as runs_router
     from training.ingest import router as ingest_router
@@ -348,6 +353,7 @@ def register_routers() -> None:
     api.add_router("/ingest", ingest_router)
     api.add_router("/hub", "datahub.api.router")
     api.add_router("/environments", "environments.api.router")
+    api.add_router("/health", health_router)
 
 
 register_routers()

@@ -16,10 +16,13 @@ from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooMany
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.http.multipartparser import MultiPartParser
 from django.shortcuts import render
+from django.template.loader import render_to_string
 from django.utils.datastructures import ImmutableList
 from django.utils.encoding import force_str
 
 from datahub.storage import disk_full, disk_full_error
+from studio.database import UNREACHABLE_ADVICE, database_unreachable
+from studio.errors import ApiError
 from studio.ratelimit import TooManyRequests
 from studio.sqlite import database_busy
 from studio.views import bad_request, too_many_log_ins
@@ -78,10 +81,11 @@ class ApiErrorShapeMiddleware:
         return response
 
 
-class DatabaseBusyMiddleware:
-    """A page or form whose write found the database busy past its wait (studio.sqlite.database_busy)
-    is the 503 page with Retry-After, not a 500: htmx's error banner shows its card, which says to
-    send it again. (The API answers its own, in its shape: studio.api.on_database_error.)"""
+class DatabaseUnavailableMiddleware:
+    """A page or form whose database is busy past its wait (studio.sqlite.database_busy) or cannot be
+    reached (studio.database.database_unreachable) is the 503 page with Retry-After, not a 500: htmx's
+    error banner shows its card, which says to send it again. (The API answers its own, in its shape:
+    studio.api.on_database_error.)"""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]):
         self.get_response = get_response
@@ -91,13 +95,24 @@ class DatabaseBusyMiddleware:
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
         busy = database_busy(exception)
-        if busy is None:
+        if busy is not None:
+            advice = f"wait {busy.retry_after} s, then send it again (press the button again, or reload the page)"
+            return with_headers(render(request, "503.html", {"detail": busy.detail, "advice": advice}, status=busy.status), busy)
+        unreachable = database_unreachable(exception)
+        if unreachable is None:
             return None
-        advice = f"wait {busy.retry_after} s, then send it again (press the button again, or reload the page)"
-        response = render(request, "503.html", {"detail": busy.detail, "advice": advice}, status=busy.status)
-        for name, value in busy.headers().items():
-            response[name] = value
-        return response
+        advice = (f"reload the page in {unreachable.retry_after} s, or press the button again; if it stays, tell the Studio's "
+                  f"administrator to {UNREACHABLE_ADVICE}")
+        # Rendered without the request: the header's user, projects and messages would ask the database again.
+        page = render_to_string("503.html", {"title": "Database unreachable", "heading": "The Studio cannot reach its database",
+                                             "detail": unreachable.detail, "advice": advice})
+        return with_headers(HttpResponse(page, status=unreachable.status), unreachable)
+
+
+def with_headers(response: HttpResponse, error: ApiError) -> HttpResponse:
+    for name, value in error.headers().items():
+        response[name] = value
+    return response
 
 
 class FormParseMiddleware:

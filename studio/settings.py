@@ -118,7 +118,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
-    "studio.middleware.DatabaseBusyMiddleware",
+    "studio.middleware.DatabaseUnavailableMiddleware",
 ]
 
 ROOT_URLCONF = "studio.urls"
@@ -339,6 +339,8 @@ if not DEBUG:
     SECURE_HSTS_INCLUDE_SUBDOMAINS = envbool("SECURE_HSTS_INCLUDE_SUBDOMAINS", True)
     SECURE_HSTS_PRELOAD = envbool("SECURE_HSTS_PRELOAD", True)
     SECURE_SSL_REDIRECT = envbool("SECURE_SSL_REDIRECT", True)
-    SECURE_REDIRECT_EXEMPT = [r"^api/ingest/", r"^hub/"]
+    # A load balancer's or Kubernetes' probe asks the web server itself, over plain HTTP: its answers
+    # carry no secret, and a redirect would read as a failure.
+    SECURE_REDIRECT_EXEMPT = [r"^api/ingest/", r"^hub/", r"^healthz$", r"^api/health$"]
     if envbool("SECURE_PROXY_SSL_HEADER", False):
         SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")

@@ -10,6 +10,7 @@ urlpatterns = [
     # Pages without a <link rel="icon"> (the admin's, Django's) make the browser ask for /favicon.ico:
     # a 404 there is a console error on every admin page.
     path("favicon.ico", views.favicon),
+    path("healthz", views.healthz),
     path("admin/", admin.site.urls),
     path("api", views.api_root),
     path("api/", api.urls),

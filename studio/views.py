@@ -21,7 +21,7 @@ from django.urls import Resolver404, resolve
 from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.csrf import csrf_exempt
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_POST, require_safe
 from django_htmx.http import HttpResponseClientRedirect
 
 from studio import services
@@ -272,6 +272,14 @@ def api_root(request: HttpRequest) -> HttpResponse:
     if request.method in ("GET", "HEAD"):
         return redirect("/api/")
     return JsonResponse({"detail": "There is no endpoint at /api: the API's endpoints are under /api/, listed at /api/docs.", "errors": []}, status=404)
+
+
+@require_safe
+def healthz(request: HttpRequest) -> HttpResponse:
+    """Liveness, for a load balancer or Kubernetes' livenessProbe: the web process answers. It asks
+    nothing else (no database, session or Redis), so an outage of those does not have every web
+    process restarted; /api/health says what is down (studio.health)."""
+    return JsonResponse({"status": "ok"})
 
 
 @login_required

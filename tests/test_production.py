@@ -110,6 +110,14 @@ def test_plain_http_redirects_to_https_but_ingest_is_exempt(gunicorn_server):
     assert set(ingest.json()) == {"detail", "errors"}
 
 
+def test_health_probes_answer_over_plain_http(gunicorn_server):
+    """A load balancer or Kubernetes asks gunicorn itself, over plain HTTP: a 301 would read as down."""
+    url, _ = gunicorn_server
+    assert requests.get(f"{url}/healthz", allow_redirects=False, timeout=10).json() == {"status": "ok"}
+    ready = requests.get(f"{url}/api/health", allow_redirects=False, timeout=10)
+    assert ready.status_code == 200 and ready.json()["checks"]["database"]["ok"], ready.content[:500]
+
+
 def test_https_pages_send_hsts_secure_cookies_and_csrf(gunicorn_server):
     url, _ = gunicorn_server
     page = requests.get(f"{url}/login/", headers={"X-Forwarded-Proto": "https"}, allow_redirects=False, timeout=10)

@@ -101,16 +101,27 @@ def claim_for_reconcile(run_id: int, now) -> bool:
 PASS_KEY, RESUMED_KEY = "reconciler:last-pass", "reconciler:resumed-at"
 
 
+def pass_gap_seconds() -> float:
+    """How long without a periodic pass means the passes stopped (three beat intervals): beat, the
+    worker or Redis was down, not a pass that merely ran late."""
+    return 3 * float(settings.CELERY_BEAT_SCHEDULE["reconcile-runs"]["schedule"])
+
+
+def last_pass_at():
+    """When the last periodic pass began, or None when none is recorded (raises when Redis, which
+    keeps it, cannot be reached)."""
+    return cache.get(PASS_KEY)
+
+
 def passes_resumed_at(now=None):
     """When the periodic passes resumed after a gap of over three intervals, or now if that cannot be
     read: the Studio (web, beat, worker or Redis) was down, so an engine's reports could not land;
     a heartbeat deadline counts from then. Without it a Studio down for longer than
     heartbeat_timeout_seconds failed, and killed, every run that kept training through the outage."""
     now = now or timezone.now()
-    gap = 3 * float(settings.CELERY_BEAT_SCHEDULE["reconcile-runs"]["schedule"])
     try:
-        last, resumed = cache.get(PASS_KEY), cache.get(RESUMED_KEY)
-        if last is None or resumed is None or (now - last).total_seconds() > gap:
+        last, resumed = last_pass_at(), cache.get(RESUMED_KEY)
+        if last is None or resumed is None or (now - last).total_seconds() > pass_gap_seconds():
             resumed = now
             cache.set(RESUMED_KEY, resumed, None)
         cache.set(PASS_KEY, now, None)
