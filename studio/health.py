@@ -10,6 +10,8 @@ what to start or check, and never name a URL, a host or a password."""
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections import Counter
 from dataclasses import asdict, dataclass
 from datetime import datetime
@@ -29,6 +31,7 @@ log = logging.getLogger(__name__)
 
 BROKER_TIMEOUT_S = 1.0
 WORKER_TIMEOUT_S = 1.0
+FRESH_S = 5.0  # an answer is reused this long: /api/health takes no token, and each check costs up to seconds
 
 
 @dataclass(frozen=True)
@@ -121,7 +124,31 @@ def check_reconciler(now: datetime) -> Check:
     return Check(True, f"The reconciler's last pass began {age:.0f} s ago (one every {interval:g} s).")
 
 
+_last: tuple[float, Health] | None = None
+_lock = threading.Lock()
+
+
 def health() -> Health:
+    """The Studio's health, checked at most once every FRESH_S per process: a probe, or anyone (it
+    takes no token), asking many times at once waits for one check and shares its answer, rather than
+    each holding a web worker for a broadcast to the Celery workers."""
+    global _last
+    with _lock:
+        if _last is not None and time.monotonic() - _last[0] < FRESH_S:
+            return _last[1]
+        found = check_all()
+        _last = (time.monotonic(), found)
+        return found
+
+
+def forget() -> None:
+    """Drop the kept answer: the next health() checks again."""
+    global _last
+    with _lock:
+        _last = None
+
+
+def check_all() -> Health:
     checks = {"database": check_database(), "broker": check_broker()}
     if checks["broker"].ok:
         workers = workers_by_queue()

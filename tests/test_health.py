@@ -24,6 +24,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from studio import health as studio_health
 from studio.celery import app
 from studio.database import database_unavailable
 from tests.conftest import celery_worker, free_port, wait_for
@@ -34,7 +35,13 @@ from training import reconciler
 CHECKS = {"database", "broker", "worker", "answers_worker", "reconciler"}
 
 
+@pytest.fixture(autouse=True)
+def fresh_health():
+    studio_health.forget()  # an answer is kept FRESH_S: each test checks its own world
+
+
 def health(client: Client) -> tuple[int, dict]:
+    studio_health.forget()
     response = client.get("/api/health")
     assert response["Content-Type"].startswith("application/json"), response.content[:300]
     body = response.json()
@@ -154,6 +161,18 @@ def test_health_names_a_reconciler_pass_older_than_three_intervals_as_stale(clie
     cache.set(reconciler.PASS_KEY, timezone.now() - timedelta(seconds=5), None)
     check = health(client)[1]["checks"]["reconciler"]
     assert check["ok"] and re.fullmatch(r"The reconciler's last pass began [5-7] s ago \(one every 15 s\)\.", check["detail"])
+
+
+@pytest.mark.django_db
+def test_health_answers_asked_within_seconds_of_each_other_share_one_check(client, no_pass_recorded):
+    """It takes no token: a flood of asks must not each hold a web worker for the workers' broadcast."""
+    first = health(client)[1]["checks"]["reconciler"]
+    assert not first["ok"]
+    cache.set(reconciler.PASS_KEY, timezone.now(), None)
+    began = time.monotonic()
+    kept = [client.get("/api/health").json()["checks"]["reconciler"] for _ in range(5)]
+    assert kept == [first] * 5 and time.monotonic() - began < studio_health.WORKER_TIMEOUT_S  # no broadcast waited on
+    assert health(client)[1]["checks"]["reconciler"]["ok"]  # checked again once forgotten (FRESH_S later)
 
 
 @pytest.mark.django_db
