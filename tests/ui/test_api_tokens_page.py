@@ -45,7 +45,7 @@ def test_the_list_shows_the_members_own_tokens_never_a_hash(project, users, toke
     for other in ApiToken.objects.exclude(pk=mine.pk):
         assert other.prefix not in html
     assert not [t for t in ApiToken.objects.values_list("token_hash", flat=True) if t in html]
-    assert 'aria-current="page">Settings → API tokens' in html
+    assert 'aria-current="page">Settings</a>' in html and 'aria-current="page">API tokens</a>' in html  # the nav's entry, the settings tab
 
 
 def test_an_owner_lists_every_token_of_the_project_with_its_user_and_no_other_projects(project, users, tokens, django_assert_max_num_queries):
