@@ -4,6 +4,7 @@ run endpoints, and real responses validate against the schemas the document give
 from __future__ import annotations
 
 import json
+import re
 
 import jsonschema
 import pytest
@@ -165,3 +166,25 @@ def test_the_upload_and_ingest_bodies_are_documented_with_their_nested_models(sp
     assert resolve_pointer(spec, files["items"]["$ref"])["title"] == "UploadFileIn"
     for model in ("IngestMetric", "IngestRollout", "IngestCheckpoint", "IngestError"):
         assert spec["components"]["schemas"][model]["type"] == "object", model
+
+
+def test_no_two_api_schemas_share_a_name(spec):
+    """The document names each schema by its class name only: a second class of the same name (in
+    another app) silently replaced the first one's schema in it, and every operation using the first
+    was documented with the other's fields (the health endpoint's CheckOut did so to environments')."""
+    from pydantic import BaseModel
+
+    apps = {"studio", "training", "datahub", "experiments", "environments"}
+    modules: dict[str, set[str]] = {}
+    pending = [BaseModel]
+    while pending:
+        for cls in pending.pop().__subclasses__():
+            pending.append(cls)
+            if cls.__module__.split(".")[0] in apps:
+                modules.setdefault(cls.__name__, set()).add(f"{cls.__module__}.{cls.__qualname__}")
+    # The schemas a $ref points at: a query's model (a pagination's Input) is flattened into parameters,
+    # and its left-over component is used by nothing.
+    documented = set(re.findall(r'"#/components/schemas/([^"]+)"', json.dumps(spec)))
+    shared = {name: sorted(where) for name, where in modules.items() if len(where) > 1 and name in documented}
+    assert not shared, f"rename one of each: {shared}"
+    assert {"HealthCheckOut", "CheckOut", "RunOut"} <= set(modules) & documented
