@@ -681,15 +681,6 @@ def restates(detail: str, message: str) -> bool:
     return len(said.split()) >= 3 and said in detail.replace("'", "").casefold()  # a clause, not a field name that the detail mentions
 
 
-def publish_failure(run) -> str:
-    """Why the run's newest final or merged weights were not published (publish_failed), else ""."""
-    from training.models import Checkpoint
-
-    failed = (Checkpoint.objects.filter(run_id=run.pk, kind__in=MODEL_KINDS).exclude(commit="")
-              .order_by("-created_at", "-pk").values_list("publish_error", flat=True).first())
-    return failed or ""
-
-
 def checkpoint_label(checkpoint, prefix: str) -> str:
     """How commit messages and the run's log name a checkpoint: "step 4", "final (step 4)", and a Merge a
     person asked for, beside step 4's files, "merge of step 4" (it was named as the step itself)."""
@@ -823,13 +814,9 @@ def published_model(run) -> tuple[Repo | None, str, str]:
     """The model repo the run's final or merged weights were published to (published_repos, as the
     Models page pairs them), or None; once that repo was deleted, its full name (model_repo_deleted),
     so a reader is told it went rather than that the run published nothing; and why its newest weights
-    were not published (publish_failure), when a Data Hub rule refused them: such a repo was never
+    were not published (publish_failed), when a Data Hub rule refused them: such a repo was never
     made, so it is not "deleted"."""
-    repo = next(iter(published_repos(run)), None)
-    if repo is not None:
-        return repo, "", ""
-    failed = publish_failure(run)
-    return None, model_repo_full_name(run) if not failed and model_repo_deleted(run) else "", failed
+    return published_models([run])[run.pk]
 
 
 def publish_model(run, checkpoint) -> Commit | None:
@@ -853,6 +840,43 @@ def publish_model(run, checkpoint) -> Commit | None:
     if repo.description != summary:
         Repo.objects.filter(pk=repo.pk).update(description=summary)
     return commit_files(repo, MAIN, files, message=PUBLISH_MESSAGE.format(kind=checkpoint.kind, run=run.pk, step=checkpoint.step), author=run.created_by)
+
+
+def published_models(runs) -> dict[int, tuple[Repo | None, str, str]]:
+    """published_model of each run, in a few queries for them all (the run list's page): the model
+    repos published_repos would find, their publish commits, and the committed final and merged
+    checkpoints that model_repo_deleted and the newest one's publish_error read, with the run's last step."""
+    from django.db.models import Max, OuterRef, Subquery
+
+    from training.models import Checkpoint
+
+    runs = list(runs)
+    if not runs:
+        return {}
+    wanted = {run.pk: run.project_id for run in runs}
+    named = Q()
+    for run in runs:
+        named |= Q(project_id=run.project_id, name__endswith=f"-run{run.pk}")
+    candidates: dict[int, list[Repo]] = {}
+    for repo in Repo.objects.filter(named, type=RepoType.MODEL).select_related("project").order_by("-created_at"):
+        match = MODEL_REPO_RE.search(repo.name)
+        run_id = int(match[1]) if match else None
+        if run_id is not None and wanted.get(run_id) == repo.project_id and len(candidates.setdefault(run_id, [])) < 20:  # published_repos' newest 20
+            candidates[run_id].append(repo)
+    published = publishing_runs([repo for repos_of in candidates.values() for repo in repos_of])
+    last_step = Checkpoint.objects.filter(run_id=OuterRef("run_id")).values("run_id").annotate(last=Max("step")).values("last")
+    models: dict[int, list] = {}
+    for checkpoint in (Checkpoint.objects.filter(run_id__in=wanted, kind__in=MODEL_KINDS).exclude(commit="")
+                       .annotate(last_step=Subquery(last_step)).order_by("-created_at", "-pk")):
+        models.setdefault(checkpoint.run_id, []).append(checkpoint)
+    found: dict[int, tuple[Repo | None, str, str]] = {}
+    for run in runs:
+        repo = next(iter(sorted((r for r in candidates.get(run.pk, []) if r.pk in published), key=lambda r: r.name != model_repo_name(run))), None)
+        kept = models.get(run.pk, [])
+        failed = kept[0].publish_error if kept else ""
+        deleted = repo is None and not failed and any(not c.publish_error and not is_earlier_merge(c, c.last_step) for c in kept)
+        found[run.pk] = (repo, model_repo_full_name(run) if deleted else "", failed if repo is None else "")
+    return found
 
 
 def model_repo_deleted(run, checkpoint=None) -> bool:

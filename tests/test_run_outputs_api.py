@@ -10,7 +10,9 @@ import tarfile
 from datetime import datetime
 
 import pytest
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 
 from datahub import services as hub
 from datahub.models import Branch
@@ -21,17 +23,26 @@ from training.models import Checkpoint, LogLine, MetricPoint, Status, TrainingRu
 
 
 @pytest.fixture
-def trained(project, users, tmp_path, settings) -> TrainingRun:
-    """A completed run that saved step 1 and its final weights (step 2) in its own folder, neither committed yet."""
+def train(project, users, tmp_path, settings):
+    """A completed run of `name` that saved step 1 and its final weights (step 2) in its own folder, neither committed yet."""
     settings.STUDIO_RUNS_DIR = tmp_path / "runs"
-    run = services.create_run(project, users["owner"], name="My SFT Run", method="sft", base_model="org/base", dataset="org/my-data")
-    TrainingRun.objects.filter(pk=run.pk).update(status=Status.COMPLETED, attempt=1)
-    for kind, step, folder in (("checkpoint", 1, "checkpoint-1"), ("final", 2, "final")):
-        weights = run_dir(run.pk, 1) / "output" / folder
-        weights.mkdir(parents=True)
-        (weights / "model.safetensors").write_bytes(f"weights of step {step}".encode())
-        Checkpoint.objects.create(run=run, attempt=1, step=step, kind=kind, path=str(weights))
-    return TrainingRun.objects.get(pk=run.pk)
+
+    def make(name: str) -> TrainingRun:
+        run = services.create_run(project, users["owner"], name=name, method="sft", base_model="org/base", dataset="org/my-data")
+        TrainingRun.objects.filter(pk=run.pk).update(status=Status.COMPLETED, attempt=1)
+        for kind, step, folder in (("checkpoint", 1, "checkpoint-1"), ("final", 2, "final")):
+            weights = run_dir(run.pk, 1) / "output" / folder
+            weights.mkdir(parents=True)
+            (weights / "model.safetensors").write_bytes(f"weights of step {step}".encode())
+            Checkpoint.objects.create(run=run, attempt=1, step=step, kind=kind, path=str(weights))
+        return TrainingRun.objects.get(pk=run.pk)
+
+    return make
+
+
+@pytest.fixture
+def trained(train) -> TrainingRun:
+    return train("My SFT Run")
 
 
 def commit_all(run: TrainingRun) -> None:
@@ -61,8 +72,39 @@ def test_get_run_names_the_model_repo_it_published_and_says_once_that_was_delete
     assert api.client.get(f"/api/hub/repos/{name}/download", {"path": "model.safetensors"}, HTTP_AUTHORIZATION=f"Bearer {api.token}").status_code == 200
     assert api.delete(f"/api/hub/repos/{name}").status_code == 204
     assert api.get(f"/api/training-runs/{trained.pk}").json()["published_model"] == {"name": name, "full_name": f"acme/{name}", "commit": None, "deleted": True, "error": ""}
-    # the list keeps its fields (no per-run repo lookups)
-    assert "published_model" not in api.get("/api/training-runs").json()["items"][0]
+    # the list's item says the same
+    assert api.get("/api/training-runs").json()["items"][0]["published_model"] == {"name": name, "full_name": f"acme/{name}", "commit": None, "deleted": True, "error": ""}
+
+
+def list_queries(api) -> tuple[int, dict[int, dict | None]]:
+    with CaptureQueriesContext(connection) as ctx:
+        body = api.get("/api/training-runs", limit=100).json()
+    return len(ctx.captured_queries), {item["id"]: item["published_model"] for item in body["items"]}
+
+
+def test_the_run_list_names_each_runs_published_model_as_its_detail_does_in_the_same_queries(api, project, train):
+    from datahub import repos
+
+    trainings = [train(f"run {i}") for i in range(2)]
+    api.get("/api/training-runs")  # the token's last_used_at write happens once a minute: not on the pinned calls
+    few, shown = list_queries(api)
+    assert shown == dict.fromkeys(shown)  # nothing published yet
+    published, deleted, refused, untrained = train("published"), train("deleted"), train("refused"), train("never trained")
+    repos.create_repo(project, hub.model_repo_name(refused).upper(), "dataset")  # a Data Hub rule refuses its model repo (a name clash)
+    for run in (published, deleted, refused, *trainings):
+        commit_all(run)
+    assert api.delete(f"/api/hub/repos/{hub.model_repo_name(deleted)}").status_code == 204
+    Checkpoint.objects.filter(run=untrained).delete()
+    queries, shown = list_queries(api)
+    assert queries <= few + 2  # the heads of the published repos and their publish commits: once for the page
+    for run in (published, deleted, refused, untrained, *trainings):
+        assert shown[run.pk] == api.get(f"/api/training-runs/{run.pk}").json()["published_model"], run.name
+    assert shown[published.pk]["commit"] and shown[deleted.pk]["deleted"] and "already has a repo" in shown[refused.pk]["error"]
+    assert shown[untrained.pk] is None
+    more = [train(f"more {i}") for i in range(3)]
+    for run in more:
+        commit_all(run)
+    assert list_queries(api)[0] == queries
 
 
 def test_checkpoints_name_their_data_hub_folder_and_its_archive(api, trained):
@@ -93,7 +135,7 @@ def test_checkpoints_name_their_data_hub_folder_and_its_archive(api, trained):
 def test_metrics_tell_a_key_the_run_never_reported_from_its_own(api, trained):
     MetricPoint.objects.bulk_create([MetricPoint(run=trained, key="loss", step=s, value=v) for s, v in ((1, 2.5), (2, 1.25))])
     body = api.get(f"/api/training-runs/{trained.pk}/metrics", keys="loss,nope").json()
-    assert body == {"series": {"loss": [[1, 2.5], [2, 1.25]], "nope": []}, "known_keys": ["loss"], "unknown": ["nope"]}
+    assert body == {"series": {"loss": [[1, 2.5], [2, 1.25]], "nope": []}, "known_keys": ["loss"], "unknown": ["nope"], "last_step": 2}
     assert api.get(f"/api/training-runs/{trained.pk}/metrics").json()["unknown"] == []
 
 

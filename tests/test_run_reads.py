@@ -198,12 +198,13 @@ def test_list_query_count_does_not_grow_with_runs(api, project, django_assert_ma
     make_runs(project, 20, experiment=sweep)
     make_runs(project, 20, method="grpo", status=Status.RUNNING)
     assert count_list_queries(api) == few
-    # token, membership, count, page: 4, whatever the number of runs.
-    with django_assert_max_num_queries(4):
+    # token, membership, count, page, and for the page's published_model its model repos and final
+    # checkpoints: 6, whatever the number of runs.
+    with django_assert_max_num_queries(6):
         assert api.get("/api/training-runs", limit=100).json()["count"] == 42
     last = api.get("/api/training-runs", limit=10).json()["items"][-1]["id"]
-    # and by after, the run it pages after: 5.
-    with django_assert_max_num_queries(5):
+    # and by after, the run it pages after: 7.
+    with django_assert_max_num_queries(7):
         assert len(api.get("/api/training-runs", limit=100, after=last).json()["items"]) == 32
 
 
@@ -243,7 +244,8 @@ def test_metrics_without_keys_returns_every_series(api, metric_run):
 
 def test_metrics_answers_every_key_asked_for_with_an_empty_series_when_it_has_no_points(api, metric_run):
     # A chart that asks for loss and a metric the engine has not reported yet gets both keys back.
-    assert api.get(f"/api/training-runs/{metric_run.pk}/metrics", keys="nope").json() == {"series": {"nope": []}, "known_keys": ["kd_loss", "loss", "reward"], "unknown": ["nope"]}
+    assert api.get(f"/api/training-runs/{metric_run.pk}/metrics", keys="nope").json() == {"series": {"nope": []}, "known_keys": ["kd_loss", "loss", "reward"],
+                                                                                         "unknown": ["nope"], "last_step": None}
     series = api.get(f"/api/training-runs/{metric_run.pk}/metrics", keys="kd_loss,nope,kd_loss").json()["series"]
     assert list(series) == ["kd_loss", "nope"] and series["nope"] == [] and len(series["kd_loss"]) == 10
 
@@ -256,6 +258,51 @@ def test_metrics_max_points_two_keeps_first_and_last(api, metric_run):
 @pytest.mark.parametrize("max_points", ["1", "0", "-3", "lots", "100001"])
 def test_metrics_with_bad_max_points_is_400(api, metric_run, max_points):
     assert_error(api.get(f"/api/training-runs/{metric_run.pk}/metrics", keys="loss", max_points=max_points), 400, "max_points")
+
+
+def test_metrics_after_step_returns_only_later_points_and_the_last_step_to_follow_with(api, metric_run):
+    body = api.get(f"/api/training-runs/{metric_run.pk}/metrics", after_step=20).json()
+    # reward has no point after step 20: left out, as a key without points is without keys
+    assert set(body["series"]) == {"loss", "kd_loss"} and body["known_keys"] == ["kd_loss", "loss", "reward"]
+    assert body["series"]["kd_loss"] == [[21, 21.0], [24, 24.0], [27, 27.0]]
+    assert [s for s, _ in body["series"]["loss"]] == list(range(21, 500)) and body["last_step"] == 499
+    # with keys, every key asked for, [] for one without later points
+    asked = api.get(f"/api/training-runs/{metric_run.pk}/metrics", keys="reward,kd_loss", after_step=24).json()
+    assert asked["series"] == {"kd_loss": [[27, 27.0]], "reward": []} and asked["last_step"] == 27
+    # nothing since: the given after_step back, to ask with again
+    assert api.get(f"/api/training-runs/{metric_run.pk}/metrics", after_step=499).json() | {"known_keys": []} == {
+        "series": {}, "known_keys": [], "unknown": [], "last_step": 499}
+
+
+def test_a_live_runs_metrics_are_followed_from_each_answers_last_step(api, run):
+    MetricPoint.objects.bulk_create([MetricPoint(run=run, key="loss", step=step, value=float(step)) for step in range(1, 4)])
+    first = api.get(f"/api/training-runs/{run.pk}/metrics").json()
+    assert first["series"] == {"loss": [[1, 1.0], [2, 2.0], [3, 3.0]]} and first["last_step"] == 3
+    MetricPoint.objects.bulk_create([MetricPoint(run=run, key=key, step=4, value=0.5) for key in ("loss", "eval_loss")])
+    since = api.get(f"/api/training-runs/{run.pk}/metrics", after_step=first["last_step"]).json()
+    assert since["series"] == {"eval_loss": [[4, 0.5]], "loss": [[4, 0.5]]} and since["last_step"] == 4
+    # An ended run's answers are cached: one after a step is not the whole series'.
+    TrainingRun.objects.filter(pk=run.pk).update(status=Status.COMPLETED)
+    assert len(api.get(f"/api/training-runs/{run.pk}/metrics", keys="loss").json()["series"]["loss"]) == 4
+    assert api.get(f"/api/training-runs/{run.pk}/metrics", keys="loss", after_step=2).json()["series"]["loss"] == [[3, 3.0], [4, 0.5]]
+
+
+@pytest.mark.parametrize("gaps", [False, True])
+def test_metrics_after_step_downsample_the_later_points_among_themselves(api, run, gaps):
+    """Both SQL paths: a dense series (a bucket is a range of steps) and one with gaps and a repeated step (the walk)."""
+    from training.metrics import downsample
+
+    steps = [s for s in range(300) if not gaps or s % 7] + ([150] if gaps else [])
+    MetricPoint.objects.bulk_create([MetricPoint(run=run, key="loss", step=s, value=float(s % 13)) for s in steps])
+    later = sorted((s, float(s % 13)) for s in steps if s > 100)
+    got = api.get(f"/api/training-runs/{run.pk}/metrics", keys="loss", after_step=100, max_points=10).json()
+    assert got["series"]["loss"] == [[s, pytest.approx(v)] for s, v in downsample(later, 10)]
+    assert got["series"]["loss"][0][0] == later[0][0] and got["last_step"] == 299  # the first and last later points as they are
+
+
+@pytest.mark.parametrize("after_step", ["-1", "x", "1.5", str(2**31)])
+def test_metrics_with_bad_after_step_is_400_naming_it(api, metric_run, after_step):
+    assert_error(api.get(f"/api/training-runs/{metric_run.pk}/metrics", after_step=after_step), 400, "after_step")
 
 
 # ---- logs ----------------------------------------------------------------------------------------
@@ -442,6 +489,59 @@ def test_checkpoints_list_in_step_order(api, run):
     body = api.get(f"/api/training-runs/{run.pk}/checkpoints").json()
     assert [(c["step"], c["kind"], c["attempt"], c["path"]) for c in body] == [(100, "checkpoint", 1, "/out/checkpoint-100"), (200, "final", 2, "/out/final")]
     assert all(c["created_at"] for c in body)
+
+
+def test_checkpoints_carry_the_metrics_reported_at_their_step(api, run):
+    TrainingRun.objects.filter(pk=run.pk).update(attempt=1)
+    MetricPoint.objects.bulk_create([MetricPoint(run=run, key="loss", step=s, value=10.0 - s / 100) for s in range(1, 201)]
+                                    + [MetricPoint(run=run, key="eval_loss", step=100, value=1.5)])
+    for step in (100, 150, 250):
+        Checkpoint.objects.create(run=run, attempt=1, step=step, path=f"/out/checkpoint-{step}")
+    body = api.get(f"/api/training-runs/{run.pk}/checkpoints").json()
+    assert [(c["step"], c["metrics"]) for c in body] == [(100, {"eval_loss": 1.5, "loss": 9.0}), (150, {"loss": 8.5}), (250, {})]
+
+
+def test_checkpoint_metrics_are_one_query_however_many_checkpoints(api, run):
+    TrainingRun.objects.filter(pk=run.pk).update(attempt=1)
+    MetricPoint.objects.bulk_create([MetricPoint(run=run, key=key, step=s, value=float(s)) for s in range(1, 401) for key in ("loss", "grad_norm")])
+
+    def count() -> int:
+        with CaptureQueriesContext(connection) as ctx:
+            body = api.get(f"/api/training-runs/{run.pk}/checkpoints").json()
+        assert all(c["metrics"] == {"grad_norm": float(c["step"]), "loss": float(c["step"])} for c in body)
+        return len(ctx.captured_queries)
+
+    Checkpoint.objects.bulk_create([Checkpoint(run=run, attempt=1, step=s, path=f"/out/checkpoint-{s}") for s in (10, 20)])
+    api.get(f"/api/training-runs/{run.pk}/checkpoints")  # the token's last_used_at write happens once a minute: not on the pinned calls
+    few = count()
+    Checkpoint.objects.bulk_create([Checkpoint(run=run, attempt=1, step=s, path=f"/out/checkpoint-{s}") for s in range(30, 400, 10)])
+    assert count() == few
+
+
+def test_checkpoints_of_an_earlier_start_have_no_metrics_and_a_spot_retrys_keep_theirs(api, run):
+    # Attempt 1 failed; START again wiped its points, and attempt 2 reported its own at the same step.
+    TrainingRun.objects.filter(pk=run.pk).update(attempt=2, interruptions=0)
+    MetricPoint.objects.create(run=run, key="loss", step=100, value=2.0)
+    Checkpoint.objects.create(run=run, attempt=1, step=100, path="/out/1/checkpoint-100")
+    Checkpoint.objects.create(run=run, attempt=2, step=100, path="/out/2/checkpoint-100")
+    body = api.get(f"/api/training-runs/{run.pk}/checkpoints").json()
+    assert [(c["attempt"], c["metrics"]) for c in body] == [(1, {}), (2, {"loss": 2.0})]
+    # Attempt 2 is instead a spot retry of attempt 1 (one START): attempt 1's step is of the same series.
+    TrainingRun.objects.filter(pk=run.pk).update(interruptions=1)
+    body = api.get(f"/api/training-runs/{run.pk}/checkpoints").json()
+    assert [(c["attempt"], c["metrics"]) for c in body] == [(1, {"loss": 2.0}), (2, {"loss": 2.0})]
+
+
+def test_the_checkpoints_tab_shows_each_steps_loss(api, run, users):
+    TrainingRun.objects.filter(pk=run.pk).update(attempt=1, status=Status.COMPLETED)
+    MetricPoint.objects.create(run=run, key="loss", step=100, value=1.23456)
+    Checkpoint.objects.create(run=run, attempt=1, step=100, path="/out/checkpoint-100")
+    Checkpoint.objects.create(run=run, attempt=1, step=120, kind="final", path="/out/final")
+    browser = Client()
+    browser.force_login(users["viewer"])
+    page = browser.get(f"/training/runs/{run.pk}/checkpoints/").content.decode()
+    assert '<th scope="col">Loss</th>' in page
+    assert 'data-testid="loss-checkpoint-100-attempt-1">1.2346</td>' in page and 'data-testid="loss-final-120-attempt-1">—</td>' in page
 
 
 # ---- reads of another project's run -------------------------------------------------------------

@@ -54,10 +54,13 @@ pages = ["/training/", "/training/new/", f"{r}/", f"{r}/status", f"{r}/live", f"
          "/experiments/", f"/experiments/{e}/", f"/experiments/{e}/?metric=loss&runs={run.pk}", "/hub/", "/hub/pages/base", "/hub/pages/base/tree/v1", f"/hub/pages/base/tree/{pinned.pk}",
          "/hub/pages/base/commits/main", "/hub/pages/data/preview/main/train.jsonl", "/hub/pages/experiment-sweep",
          f"/hub/pages/experiment-sweep/tree/run-{run.pk}", f"/hub/pages/experiment-sweep/commits/run-{run.pk}"]
-reads = ["/api/training-runs", f"/api/training-runs/{run.pk}", f"/api/training-runs/{run.pk}/metrics", f"/api/training-runs/{run.pk}/logs",
+reads = ["/api/training-runs", f"/api/training-runs/{run.pk}", f"/api/training-runs/{run.pk}/metrics", f"/api/training-runs/{run.pk}/metrics?after_step=5", f"/api/training-runs/{run.pk}/logs",
          f"/api/training-runs/{run.pk}/checkpoints", f"/api/training-runs/{run.pk}/attempts", f"/api/training-runs/{run.pk}/rollouts",
          f"/api/training-runs/{run.pk}/fit", f"/api/training-runs/{grpo.pk}/rollouts", "/api/experiments", f"/api/experiments/{e}/compare", "/api/hub/repos", "/api/hub/repos/base/branches", "/api/hub/repos/base/tags",
          "/api/hub/repos/base/commits", "/api/hub/repos/base/files", "/api/hub/repos/data/preview?path=train.jsonl"]
+# the SQL of the newer reads, on SQLite: metrics after a step, and each checkpoint's metrics at its step
+assert api.get(f"/api/training-runs/{run.pk}/metrics?after_step=15&max_points=3").json()["series"]["loss"][0][0] == 16
+assert [c["metrics"] for c in api.get(f"/api/training-runs/{run.pk}/checkpoints").json()] == [{"loss": 1 / 3}, {"loss": 1 / 5}]
 print(json.dumps({**{url: client.get(url, HTTP_HX_REQUEST="true").status_code for url in pages}, **{url: api.get(url).status_code for url in reads}}))
 """
 
@@ -69,5 +72,5 @@ def test_every_page_and_read_of_a_run_with_data_hub_refs_answers_200_on_sqlite(t
     done = subprocess.run([sys.executable, "manage.py", "shell", "-c", SCRIPT], cwd=REPO_ROOT, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-5000:]
     statuses = json.loads(done.stdout.strip().splitlines()[-1])
-    assert len(statuses) == 48
+    assert len(statuses) == 49
     assert {url: status for url, status in statuses.items() if status != 200} == {}, done.stderr[-5000:]

@@ -50,8 +50,10 @@ from training.schemas import (
     RunCreateIn,
     RunDetailOut,
     RunFilters,
+    RunListOut,
     RunOut,
     RunPatchIn,
+    with_published_models,
 )
 
 router = Router(tags=["training-runs"])
@@ -77,6 +79,10 @@ class RunPagination(Pagination):
                                            "(or the next offset)")
 
     def paginate_queryset(self, queryset: QuerySet[TrainingRun], pagination: Any, request: HttpRequest, **params: Any) -> dict[str, Any]:
+        page = self.page(queryset, pagination, request, **params)
+        return {**page, "items": with_published_models(page["items"])}
+
+    def page(self, queryset: QuerySet[TrainingRun], pagination: Any, request: HttpRequest, **params: Any) -> dict[str, Any]:
         if pagination.after is None:
             page = super().paginate_queryset(queryset, pagination, request, **params)
             items = list(page["items"])
@@ -89,13 +95,14 @@ class RunPagination(Pagination):
         return {"items": rows[: pagination.limit], "count": self._items_count(queryset), "has_more": len(rows) > pagination.limit}
 
 
-@router.get("", response=list[RunOut])
+@router.get("", response=list[RunListOut])
 @paginate(RunPagination)
 def list_runs(request: HttpRequest, filters: Query[RunFilters]):
     """The project's runs, newest first, filtered. A page by `limit` and `offset`, or by `after`: the
     runs after a run of your previous page (its last), so that runs created or deleted meanwhile
     neither repeat nor skip a run; `has_more` says whether another page follows. An `after` run that
-    is not in the project's runs (deleted since) is a 400 naming after."""
+    is not in the project's runs (deleted since) is a 400 naming after. Each run comes with the model
+    repo it published (published_model, as GET .../{id} has it), looked up once for the page."""
     who = actor(request)
     project = who.require_project()
     runs = runs_for(who).filter(project=project).select_related("project", "experiment", "resume_checkpoint")
@@ -172,10 +179,14 @@ def run_fit(request: HttpRequest, run_id: int):
 
 @router.get("/{int:run_id}/metrics", response=MetricsOut)
 def run_metrics(request: HttpRequest, run_id: int, query: Query[MetricsQuery]):
+    """The run's series by key, each downsampled to max_points; with after_step, only the points of
+    later steps, and last_step to ask with next, to follow a live run without reading it all again."""
     run = get_run_for(actor(request), run_id)
     keys = [k.strip() for k in query.keys.split(",") if k.strip()] if query.keys else None
     known = metrics.metric_keys([run.pk])
-    return {"series": metrics.series(run, keys, query.max_points), "known_keys": known, "unknown": sorted(set(keys or []) - set(known))}
+    series = metrics.series(run, keys, query.max_points, query.after_step)
+    last_step = max((points[-1][0] for points in series.values() if points), default=query.after_step)
+    return {"series": series, "known_keys": known, "unknown": sorted(set(keys or []) - set(known)), "last_step": last_step}
 
 
 @router.get("/{int:run_id}/rollouts", response=list[RolloutOut])
@@ -234,11 +245,15 @@ def run_log_text(request: HttpRequest, run_id: int, query: Query[LogTextQuery]):
 
 @router.get("/{int:run_id}/checkpoints", response=list[CheckpointOut])
 def run_checkpoints(request: HttpRequest, run_id: int):
+    """The run's saved steps, in step order: where each one's files are on the Data Hub, and the
+    metrics the run reported at its step."""
     run = get_run_for(actor(request), run_id)
     saved = list(Checkpoint.objects.filter(run=run))
     repo = hub.kept_run_repo(run)  # None once the experiment repo went, with the run's branch and its commits
     last_step = max((c.step for c in saved), default=0)
+    values = metrics.at_checkpoints(run, saved)
     for c in saved:
+        c.metrics = values[c.pk]
         if repo is not None and c.commit:
             c.hub_repo, c.hub_repo_name, c.hub_branch, c.hub_path = repo.full_name, repo.name, hub.run_branch_name(run), hub.branch_folder(c, last_step)
     return saved

@@ -8,7 +8,7 @@ import hashlib
 from django.core.cache import cache
 from django.db import connection
 
-from training.models import TERMINAL_STATUSES, MetricPoint, TrainingRun
+from training.models import TERMINAL_STATUSES, Checkpoint, MetricPoint, TrainingRun
 
 CACHE_SECONDS = 3600
 
@@ -64,7 +64,7 @@ NEXT_SQL = """(SELECT id FROM {table}
 WALK_SQL = """
 WITH RECURSIVE walk(i, before_step, before_id, step, id) AS (
     SELECT 0, step, id - 1, step, id FROM (
-        SELECT step, id FROM {table} WHERE run_id = %(run_id)s AND key = %(key)s ORDER BY step, id LIMIT 1
+        SELECT step, id FROM {table} WHERE run_id = %(run_id)s AND key = %(key)s {step_filter} ORDER BY step, id LIMIT 1
     ) AS first
     UNION ALL
     -- the last point alone (with max_points <= 2 the inner points between are left out)
@@ -94,7 +94,7 @@ ORDER BY i
 STATS_SQL = """
 SELECT key, count(*), min(step), max(step)
 FROM {table}
-WHERE run_id = %(run_id)s {key_filter}
+WHERE run_id = %(run_id)s {key_filter} {step_filter}
 GROUP BY key
 """
 DENSE_SQL = """
@@ -114,20 +114,22 @@ ORDER BY i
 """
 
 
-def series(run: TrainingRun, keys: list[str] | None, max_points: int) -> dict[str, list[tuple[int, float]]]:
-    """A finished run's series do not change until it is restarted (which changes its status) or a
-    late batch lands (which moves last_heartbeat_at), so they are cached under a key made of both."""
+def series(run: TrainingRun, keys: list[str] | None, max_points: int, after_step: int | None = None) -> dict[str, list[tuple[int, float]]]:
+    """With after_step, the points of later steps alone, downsampled among themselves (the buckets
+    of a full read span other points). A finished run's series do not change until it is restarted
+    (which changes its status) or a late batch lands (which moves last_heartbeat_at), so they are
+    cached under a key made of both."""
     cache_key = None
     if run.status in TERMINAL_STATUSES:
         version = f"{run.pk}:{run.created_at.timestamp()}:{run.attempt}:{run.status}:{run.last_heartbeat_at and run.last_heartbeat_at.timestamp()}"
-        cache_key = "metrics:" + hashlib.sha256(f"{version}:{max_points}:{','.join(sorted(keys or []))}".encode()).hexdigest()
+        cache_key = "metrics:" + hashlib.sha256(f"{version}:{max_points}:{after_step}:{','.join(sorted(keys or []))}".encode()).hexdigest()
         try:
             cached = cache.get(cache_key)
         except Exception:  # noqa: BLE001 - the cache is an optimisation: Redis down must not fail a read
             cached, cache_key = None, None
         if cached is not None:
             return cached
-    result = series_in_sql(run.pk, keys, max_points)
+    result = series_in_sql(run.pk, keys, max_points, after_step)
     if keys:  # every key asked for is in the answer: one not reported (yet) is an empty series, not a missing one
         result = {key: result.get(key, []) for key in sorted(set(keys))}
     if cache_key is not None:
@@ -138,6 +140,9 @@ def series(run: TrainingRun, keys: list[str] | None, max_points: int) -> dict[st
     return result
 
 
+STEP_FILTER = "AND step > %(after_step)s"
+
+
 def key_in(keys: list[str], params: dict) -> str:
     """`AND key IN (...)` with one named parameter a key: SQLite has no `= ANY(array)`."""
     names = [f"key{i}" for i in range(len(keys))]
@@ -145,14 +150,17 @@ def key_in(keys: list[str], params: dict) -> str:
     return "AND key IN (" + ", ".join(f"%({n})s" for n in names) + ")"
 
 
-def series_in_sql(run_id: int, keys: list[str] | None, max_points: int) -> dict[str, list[tuple[int, float]]]:
-    """The run's series by key (all keys when none are named; a key with no points is left out)."""
+def series_in_sql(run_id: int, keys: list[str] | None, max_points: int, after_step: int | None = None) -> dict[str, list[tuple[int, float]]]:
+    """The run's series by key (all keys when none are named; a key with no points is left out), of
+    the steps after after_step when it is given. Both SQL paths read that range alone: its bounds are
+    in STATS_SQL, and the walk starts from its first point."""
     table = MetricPoint._meta.db_table
-    params: dict = {"run_id": run_id}
+    params: dict = {"run_id": run_id, "after_step": after_step}
     key_filter = key_in(sorted(set(keys)), params) if keys else ""
+    step_filter = STEP_FILTER if after_step is not None else ""
     grouped: dict[str, list[tuple[int, float]]] = {}
     with connection.cursor() as cursor:
-        cursor.execute(STATS_SQL.format(table=table, key_filter=key_filter), params)
+        cursor.execute(STATS_SQL.format(table=table, key_filter=key_filter, step_filter=step_filter), params)
         stats = sorted(cursor.fetchall())
         for key, n, lo, hi in stats:
             if n == hi - lo + 1:
@@ -161,16 +169,16 @@ def series_in_sql(run_id: int, keys: list[str] | None, max_points: int) -> dict[
                 cursor.execute(DENSE_SQL.format(table=table, mean=MEAN_SQL), {"run_id": run_id, "key": key, "lo": lo, "hi": hi, "m": n - 2,
                                                                              "inner": inner, "buckets": buckets, "every": int(every)})
             else:
-                cursor.execute(walk_sql(table), walk_params(run_id, key, n, max_points))
+                cursor.execute(walk_sql(table, step_filter), {**walk_params(run_id, key, n, max_points), "after_step": after_step})
             grouped[key] = [(int(step), value) for step, value in cursor.fetchall()]
     return {key: grouped[key] for key in sorted(grouped)}
 
 
-def walk_sql(table: str) -> str:
+def walk_sql(table: str, step_filter: str = "") -> str:
     def after(offset: str) -> str:
         return NEXT_SQL.format(table=table, offset=offset)
 
-    return WALK_SQL.format(table=table, mean=MEAN_SQL, last=after("%(last)s"), short=after("%(short)s"), long=after("%(long)s"))
+    return WALK_SQL.format(table=table, mean=MEAN_SQL, step_filter=step_filter, last=after("%(last)s"), short=after("%(short)s"), long=after("%(long)s"))
 
 
 def walk_params(run_id: int, key: str, n: int, max_points: int) -> dict[str, int | str]:
@@ -209,3 +217,42 @@ def metric_keys(run_ids: list[int]) -> list[str]:
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return [key for (key,) in cursor.fetchall()]
+
+
+# Each key's value at each of a few steps, in one query: the keys walk down the index as KEYS_SQL's do,
+# then one index probe a (key, step); of repeated steps (a spot retry that resumed before them), the
+# newest point, which the later attempt reported.
+AT_STEPS_SQL = """
+WITH RECURSIVE walk(key) AS (
+    SELECT (SELECT key FROM {table} WHERE run_id = %(run_id)s ORDER BY key LIMIT 1)
+    UNION ALL
+    SELECT (SELECT key FROM {table} WHERE run_id = %(run_id)s AND key > walk.key ORDER BY key LIMIT 1) FROM walk WHERE key IS NOT NULL
+)
+SELECT point.step, point.key, point.value
+FROM walk JOIN {table} AS point ON point.run_id = %(run_id)s AND point.key = walk.key AND point.step IN ({steps})
+ORDER BY point.step, point.key, point.id
+"""
+
+
+def values_at(run_id: int, steps: set[int]) -> dict[int, dict[str, float]]:
+    """step → {key: value} of the metrics the run reported at each of `steps` (a step without any is left out)."""
+    if not steps:
+        return {}
+    params: dict = {"run_id": run_id} | {f"step{i}": step for i, step in enumerate(sorted(steps))}
+    sql = AT_STEPS_SQL.format(table=MetricPoint._meta.db_table, steps=", ".join(f"%({name})s" for name in params if name != "run_id"))
+    found: dict[int, dict[str, float]] = {}
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        for step, key, value in cursor.fetchall():
+            found.setdefault(step, {})[key] = value
+    return found
+
+
+def at_checkpoints(run: TrainingRun, saved: list[Checkpoint]) -> dict[int, dict[str, float]]:
+    """checkpoint pk → {key: value}: the metrics the run reported at each checkpoint's step, in one
+    query for them all. A run's points are not kept by attempt, and a restart (START again) wipes them:
+    a checkpoint of an attempt before the last START's first (start_attempt) gets {}, not the points a
+    later attempt reported at the same step."""
+    current = [c for c in saved if c.attempt >= run.start_attempt]
+    found = values_at(run.pk, {c.step for c in current})
+    return {c.pk: found.get(c.step, {}) if c.attempt >= run.start_attempt else {} for c in saved}

@@ -40,6 +40,16 @@ class ErrorCode(models.TextChoices):
     TRAINING_ERROR = "training_error"
 
 
+class AttemptOutcome(models.TextChoices):
+    """How an attempt ended: the run's terminal status, or interrupted (a spot interruption retried in
+    the next attempt)."""
+
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    INTERRUPTED = "interrupted"
+
+
 class TrainingRun(models.Model):
     # Not stored: what START or STOP says beside the run it answers (services.QUEUE_DOWN_*), "" for nothing.
     queue_notice = ""
@@ -143,6 +153,13 @@ class RunAttempt(models.Model):
     # When its engine started the run's work (the run went running; status.transition): the run's own
     # started_at is its first attempt's. Null while it provisions, and for an attempt that never ran.
     started_at = models.DateTimeField(null=True, blank=True)
+    # How and when it ended (status.end_attempt): as the run ended (completed, failed with error_code,
+    # cancelled), or interrupted when the reconciler retried a spot interruption in a new attempt. Null
+    # while it is the run's live attempt, and for attempts that ended before the Studio recorded this
+    # (migration 0018 backfilled the attempt each ended run ended with).
+    ended_at = models.DateTimeField(null=True, blank=True)
+    outcome = models.CharField(max_length=16, choices=AttemptOutcome.choices, null=True, blank=True)
+    error_code = models.CharField(max_length=32, blank=True, default="")
 
     class Meta:
         ordering = ["attempt"]

@@ -28,7 +28,7 @@ from training.backends.base import PollResult
 from training.backends.connections import connection_for
 from training.compute import accelerators_of
 from training.engine.spec import heartbeat_timeout
-from training.models import ACTIVE_STATUSES, BackendConnection, ErrorCode, GpuPrice, LogLine, RunAttempt, Status, TrainingRun, clip_log_line
+from training.models import ACTIVE_STATUSES, AttemptOutcome, BackendConnection, ErrorCode, GpuPrice, LogLine, RunAttempt, Status, TrainingRun, clip_log_line
 from training.services import INGEST_TOKEN_PREFIX, add_log, backoff_seconds, fail, mark_stopping, record_attempt, submit_attempt
 
 log = logging.getLogger(__name__)
@@ -339,6 +339,7 @@ def retry_after_interruption(run: TrainingRun, result: PollResult) -> None:
             return  # stopped, or another pass already retried it
         if current.status == Status.RUNNING:
             status_service.transition(run.pk, Status.PROVISIONING, note=f"{result.message}: retrying from the last checkpoint")
+        status_service.end_attempt(run.pk, current.attempt, AttemptOutcome.INTERRUPTED, now)
         TrainingRun.objects.filter(pk=run.pk).update(
             attempt=F("attempt") + 1, ingest_token_hash=crypto.hash_token(token), backend_job_id="", interruptions=F("interruptions") + 1,
             provisioning_since=now, worker_up_at=None, submit_started_at=now, last_heartbeat_at=now,

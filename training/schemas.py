@@ -2,15 +2,18 @@ from __future__ import annotations
 
 from datetime import datetime
 from decimal import Decimal
+from functools import reduce
+from operator import or_
 from typing import Annotated, Any, Literal
 from urllib.parse import quote, urlencode
 
+from django.db.models import Q
 from ninja import Schema
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator
 from pydantic_core import PydanticCustomError
 
-from datahub.models import Branch
-from datahub.services import model_repo_full_name, model_repo_name, published_model
+from datahub.models import Branch, Repo
+from datahub.services import model_repo_full_name, model_repo_name, published_model, published_models
 from studio.parsing import control_character
 from training.backends.local import shown_path
 from training.methods import NOT_YET_SUPPORTED
@@ -117,24 +120,53 @@ class PublishedModelOut(Schema):
                                        "the repo was never made, and the files are on the run's branch. \"\" when published or deleted")
 
 
+PUBLISHED_MODEL = ("The model repo its final (or merged) weights were published to, as the run page's Overview names it; null until "
+                   "it published one. Its saved steps are on its experiment's repo: GET .../checkpoints gives each one's hub_* fields")
+
+
 class RunDetailOut(RunOut):
     """GET /api/training-runs/{id}: the run, and where its outputs are."""
 
-    published_model: PublishedModelOut | None = Field(
-        description="The model repo its final (or merged) weights were published to, as the run page's Overview names it; null until "
-                    "it published one. Its saved steps are on its experiment's repo: GET .../checkpoints gives each one's hub_* fields")
+    published_model: PublishedModelOut | None = Field(description=PUBLISHED_MODEL)
 
     @staticmethod
     def resolve_published_model(obj) -> dict[str, Any] | None:
         repo, deleted, failed = published_model(obj)
-        if repo is not None:
-            head = Branch.objects.filter(repo=repo, name=repo.default_branch).values_list("head_id", flat=True).first()
-            return {"name": repo.name, "full_name": repo.full_name, "commit": head, "deleted": False}
-        if deleted:
-            return {"name": deleted.partition("/")[2], "full_name": deleted, "commit": None, "deleted": True}
-        if failed:
-            return {"name": model_repo_name(obj), "full_name": model_repo_full_name(obj), "commit": None, "deleted": False, "error": failed}
-        return None
+        head = Branch.objects.filter(repo=repo, name=repo.default_branch).values_list("head_id", flat=True).first() if repo else None
+        return published_model_out(obj, repo, deleted, failed, head)
+
+
+class RunListOut(RunOut):
+    """An item of GET /api/training-runs: the run, with the model repo it published as its detail has it."""
+
+    published_model: PublishedModelOut | None = Field(description=PUBLISHED_MODEL)
+
+    @staticmethod
+    def resolve_published_model(obj) -> dict[str, Any] | None:
+        return obj.published  # with_published_models looked them up for the whole page
+
+
+def with_published_models(runs: list[TrainingRun]) -> list[TrainingRun]:
+    """The runs, each with `published`: its published_model answer, looked up for them all at once (a
+    lookup a run made the list's queries grow with its page)."""
+    found = published_models(runs)
+    repos = [repo for repo, _, _ in found.values() if repo is not None]
+    heads = dict(Branch.objects.filter(reduce(or_, (Q(repo=r, name=r.default_branch) for r in repos))).values_list("repo_id", "head_id")) if repos else {}
+    for run in runs:
+        repo, deleted, failed = found[run.pk]
+        run.published = published_model_out(run, repo, deleted, failed, heads.get(repo.pk) if repo else None)
+    return runs
+
+
+def published_model_out(run: TrainingRun, repo: Repo | None, deleted: str, failed: str, head: str | None) -> dict[str, Any] | None:
+    """PublishedModelOut of a run's published_model (repo, deleted, failed) and its repo's head commit."""
+    if repo is not None:
+        return {"name": repo.name, "full_name": repo.full_name, "commit": head, "deleted": False}
+    if deleted:
+        return {"name": deleted.partition("/")[2], "full_name": deleted, "commit": None, "deleted": True}
+    if failed:
+        return {"name": model_repo_name(run), "full_name": model_repo_full_name(run), "commit": None, "deleted": False, "error": failed}
+    return None
 
 
 class RunFilters(Schema):
@@ -153,7 +185,11 @@ class RunFilters(Schema):
 
 class MetricsQuery(Schema):
     keys: str | None = Field(None, description="Comma-separated metric keys; all keys when absent")
-    max_points: int = Field(1000, ge=2, le=100_000)
+    max_points: int = Field(1000, ge=2, le=100_000, description="The most points a series comes with: a longer one is downsampled to bucket "
+                                                                 "means, its first and last points kept. With after_step, the points after "
+                                                                 "that step are downsampled among themselves (not as a full read buckets them)")
+    after_step: int | None = Field(None, ge=0, le=2**31 - 1, description="Only the points of later steps, to follow a live run: each "
+                                                                         "answer's last_step is the after_step of the next")
 
 
 class MetricsOut(Schema):
@@ -161,6 +197,9 @@ class MetricsOut(Schema):
     known_keys: list[str] = Field(description="Every key the run has reported so far (with or without keys), sorted")
     unknown: list[str] = Field(description="The keys asked for that the run has not reported: not yet while it trains (a key can come later, "
                                            "e.g. eval_loss at the first eval), never once it has ended (status): check the spelling against known_keys")
+    last_step: int | None = Field(description="The highest step in this answer's series: the after_step that asks for only the points "
+                                              "reported since; the given after_step when the answer has none (null without one). A point "
+                                              "that lands later with a step at or below it (a retried batch) is not in the next answer")
 
 
 class MergeOut(Schema):
@@ -239,6 +278,10 @@ class CheckpointOut(Schema):
                                                    "or checkpoints/step-<n>/merged for a Merge of a saved step")
     archive_url: str | None = Field(None, description="The folder as one .tar, each file under its path in the repo: "
                                                       "GET /api/hub/repos/{hub_repo_name}/archive?ref={commit}&path={hub_path}, with the same token")
+    metrics: dict[str, float] = Field(default_factory=dict, description="{key: value} of the metrics the run reported at this step "
+                                                                         "(loss, and eval_loss at an eval step...); {} for none, and for a "
+                                                                         "checkpoint of an attempt before the run's last START, whose "
+                                                                         "metrics that START wiped")
 
     @staticmethod
     def resolve_commit(obj) -> str | None:
@@ -315,6 +358,18 @@ class AttemptOut(Schema):
     system_prompt: str | None = Field(description="GRPO: the system prompt its engine reported it put before each prompt (the config's, "
                                                   "RULER's criteria, or one the environment package sets itself); \"\" for none, "
                                                   "null until its engine reports one")
+    ended_at: datetime | None = Field(description="When it ended (see outcome); null while it is the run's live attempt, and for an "
+                                                  "attempt that ended before the Studio recorded this (all but an ended run's current one)")
+    outcome: Literal["completed", "failed", "cancelled", "interrupted"] | None = Field(
+        description="How it ended: completed, failed or cancelled as the run ended with it; interrupted when a spot interruption was "
+                    "retried in the next attempt. null while it provisions or runs, and for an attempt that ended before the Studio "
+                    "recorded outcomes (only an ended run's current attempt was backfilled)")
+    error_code: str | None = Field(description="A failed attempt's error code (the run's error.code as it failed: oom, heartbeat_timeout, ...); "
+                                               "null for any other outcome")
+
+    @staticmethod
+    def resolve_error_code(obj) -> str | None:
+        return obj.error_code or None if obj.outcome == "failed" else None
 
 
 # Steps are stored as PostgreSQL integers; a larger one must be a 400, not an overflow at INSERT.

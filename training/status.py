@@ -1,10 +1,12 @@
 """The one owner of run status transitions (the contract's status machine)."""
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.db import transaction
 from django.utils import timezone
 
-from training.models import TERMINAL_STATUSES, LogLine, RunAttempt, Status, TrainingRun
+from training.models import TERMINAL_STATUSES, AttemptOutcome, LogLine, RunAttempt, Status, TrainingRun
 
 ALLOWED: dict[str, frozenset[str]] = {
     Status.QUEUED: frozenset({Status.PROVISIONING}),
@@ -58,6 +60,8 @@ def transition(run_id: int, target: str, *, attempt: int | None = None, error: d
             run.progress, fields = {k: v for k, v in run.progress.items() if k != "eta_s"}, fields + ["progress"]
     if target == Status.FAILED:
         run.error, fields = error or {"code": "training_error", "message": "the run failed", "log_tail": []}, fields + ["error"]
+    if target in TERMINAL_STATUSES:
+        end_attempt(run.pk, run.attempt, AttemptOutcome(target), now, run.error.get("code", "") if target == Status.FAILED else "")
     if target == Status.QUEUED:
         # A restart ends the old attempt's ingest token now, not when a worker dispatches the next
         # attempt: until then a left-over engine would write into the series the restart wiped.
@@ -67,3 +71,10 @@ def transition(run_id: int, target: str, *, attempt: int | None = None, error: d
     run.save(update_fields=fields)
     LogLine.objects.create(run=run, attempt=run.attempt, line=f"[studio] status → {target}" + (f": {note}" if note else ""))
     return run
+
+
+def end_attempt(run_id: int, attempt: int, outcome: str, at: datetime, error_code: str = "") -> None:
+    """Record how the run's attempt ended: the run's terminal status (transition), or interrupted (the
+    reconciler's retry of a spot interruption): an AttemptOutcome. Once: an attempt ends one way."""
+    RunAttempt.objects.filter(run_id=run_id, attempt=attempt, outcome__isnull=True).update(
+        outcome=outcome, ended_at=at, error_code=str(error_code or "")[: RunAttempt._meta.get_field("error_code").max_length])

@@ -643,11 +643,12 @@ def checkpoints_context(run: TrainingRun, writable: bool) -> dict[str, Any]:
     # What Resume and Merge would refuse (409), said beside their disabled buttons: the same checks, per attempt.
     resume_blocked = {attempt: "; ".join(f.message for f in checkpoints.resume_blockers(run, attempt)) for attempt in lora_of} if writable else {}
     merge_blocked = {attempt: checkpoints.merge_blocker(run, attempt, not branch_gone) for attempt in lora_of if lora_of[attempt]} if writable else {}
+    values = metrics.at_checkpoints(run, saved)
     rows = []
     for c in saved:
         prefix = prefixes[c.pk]
         row: dict[str, Any] = {"c": c, "twin": twins[(c.kind, c.step)] > 1, "merged": (c.attempt, c.step) in merged, "merging": c.pk in merging,
-                               "lora": lora_of[c.attempt], "path": shown_path(c),
+                               "lora": lora_of[c.attempt], "path": shown_path(c), "loss": values[c.pk].get("loss"),
                                "resume_blocked": resume_blocked.get(c.attempt, ""), "merge_blocked": merge_blocked.get(c.attempt, "")}
         if branch_gone:
             row["download_note"] = "deleted with its repo"

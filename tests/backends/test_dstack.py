@@ -162,6 +162,9 @@ def test_a_spot_interruption_retries_from_the_last_checkpoint_within_the_budget(
     assert sorted(studio_runs_on_server(dstack_api, run.pk)) == sorted([first_job, run.backend_job_id])
     # The retry is an attempt of its own, with the settings of the START it retries (the run cannot be edited meanwhile).
     assert [(a.attempt, a.config, a.compute) for a in RunAttempt.objects.filter(run=run)] == [(1, run.config, run.compute), (2, run.config, run.compute)]
+    # The lost attempt ended interrupted; the retry is still going.
+    assert [(a["attempt"], a["outcome"], a["ended_at"] is not None) for a in api.get(f"/api/training-runs/{run.pk}/attempts").json()] == [
+        (1, "interrupted", True), (2, None, False)]
 
     # The budget (1) is spent: the next interruption fails the run.
     TrainingRun.objects.filter(pk=run.pk).update(status=Status.RUNNING)
@@ -169,6 +172,8 @@ def test_a_spot_interruption_retries_from_the_last_checkpoint_within_the_budget(
     reconciler.apply_poll(run, PollResult("interrupted", ErrorCode.CAPACITY_UNAVAILABLE, "dstack lost the machine (interrupted_by_no_capacity)"))
     run.refresh_from_db()
     assert run.status == Status.FAILED and run.error["code"] == "CAPACITY_UNAVAILABLE" and "budget of 1" in run.error["message"]
+    assert [(a["outcome"], a["error_code"]) for a in api.get(f"/api/training-runs/{run.pk}/attempts").json()] == [
+        ("interrupted", None), ("failed", "CAPACITY_UNAVAILABLE")]
     get_backend("dstack").stop(run.pk, run.attempt, run.backend_job_id)
 
 
