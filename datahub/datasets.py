@@ -190,15 +190,24 @@ def _json_rows(fh, size: int) -> Iterator[tuple[int, Any]]:
             yield 1, RowError(f"the file is not valid UTF-8 ({_byte(bad)} on line {on_line}): save it as UTF-8")
             return
         try:
-            rows = json.loads(whole)
+            rows = json.loads(whole, object_pairs_hook=_unique_keys)
+        except DuplicateKey as exc:
+            yield 1, RowError(f'the file has an object with the key "{exc.key}" twice (JSON keeps the last one, so the first is lost): keep one of them')
+            return
+        except RecursionError:
+            yield 1, RowError(f"the file nests lists and objects too deep to read: the trainer reads at most {MAX_NESTING} levels; flatten its rows")
+            return
         except ValueError as exc:
             yield 1, RowError(f"the file is not valid JSON ({exc})")
             return
-        if size <= limit:  # no row of it can be larger
-            yield from enumerate(rows, start=1)
-            return
+        walk = whole.count("[") + whole.count("{") > MAX_NESTING or SURROGATE_ESCAPE.search(whole)
         for number, row in enumerate(rows, start=1):
-            yield number, RowTooLarge(row_size, limit) if (row_size := _json_size(row)) > limit else row
+            if walk and (problem := _value_problem(row)):
+                yield number, RowError(problem)
+            elif size > limit and (row_size := _json_size(row)) > limit:  # size <= limit: no row of it can be larger
+                yield number, RowTooLarge(row_size, limit)
+            else:
+                yield number, row
         return
     for number, line in enumerate(_lines(first, text, limit), start=1 + blank_lines):
         if isinstance(line, RowTooLarge):
@@ -211,9 +220,84 @@ def _json_rows(fh, size: int) -> Iterator[tuple[int, Any]]:
             yield number, RowError(f"not valid UTF-8 ({_byte(bad)} at column {bad.start() + 1}): save the file as UTF-8")
             continue
         try:
-            yield number, json.loads(line)
+            yield number, parse_row(line)
         except ValueError as exc:
             yield number, RowError(_line_problem(line, exc))
+
+
+# The lists and objects a row may nest, itself counted: the engine's reader (pyarrow, through
+# datasets) fails the whole file on a 64th ("Recursion level in ArrowSchema struct exceeded"), and
+# json gives up on some thousand with a RecursionError that failed the check (a 500) instead.
+MAX_NESTING = 63
+# A JSON escape of a surrogate: a pair (\ud83d\ude00) is one character; one alone is no text, and
+# the engine's reader refuses the file for it ("The surrogate pair in string is invalid").
+SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+TOO_DEEP = (f"the row nests lists and objects more than {MAX_NESTING} levels deep (itself counted): the trainer's reader "
+            "refuses the whole file for it; flatten the row")
+
+
+class DuplicateKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    row = dict(pairs)
+    if len(row) < len(pairs):
+        seen: set[str] = set()
+        raise DuplicateKey(next(key for key, _ in pairs if key in seen or seen.add(key)))  # type: ignore[func-returns-value]
+    return row
+
+
+def parse_row(text: str) -> Any:
+    """One JSON value, as json.loads reads it, or a RowError for what the engine's reader would fail the
+    whole file on (nesting past MAX_NESTING, a lone surrogate escape) or read otherwise than it looks
+    (a key given twice: the last one wins, and the first is silently lost)."""
+    try:
+        value = json.loads(text, object_pairs_hook=_unique_keys)
+    except DuplicateKey as exc:
+        return RowError(f'the key "{exc.key}" appears twice in one object (JSON keeps the last one, so the first is lost): keep one of them')
+    except RecursionError:
+        return RowError(TOO_DEEP)
+    problem = None
+    if text.count("[") + text.count("{") > MAX_NESTING or SURROGATE_ESCAPE.search(text):  # else neither can be: no walk
+        problem = _value_problem(value)
+    return RowError(problem) if problem else value
+
+
+def _value_problem(value: Any) -> str | None:
+    """Nesting past MAX_NESTING or a lone surrogate in `value` (walked without recursion)."""
+    pending, deepest = [(value, 1)], 0
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, str):
+            if LONE_SURROGATE.search(item) and _lone(item):
+                return (f"a string holds a lone surrogate escape ({_escaped(item)}), which is no character: the trainer's reader "
+                        "refuses the whole file for it; fix that \\u escape or drop it")
+            continue
+        if not isinstance(item, (list, dict)):
+            continue
+        deepest = max(deepest, depth)
+        if deepest > MAX_NESTING:
+            return TOO_DEEP
+        children = [*item.keys(), *item.values()] if isinstance(item, dict) else item
+        pending += [(child, depth + 1) for child in children]
+    return None
+
+
+def _lone(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _escaped(text: str) -> str:
+    bad = LONE_SURROGATE.search(text)
+    return f"\\u{ord(bad.group()):04x}" if bad else "?"
 
 
 # What errors="surrogateescape" decodes a byte that is not UTF-8 to: U+DC80 to U+DCFF (no UTF-8 text
@@ -235,6 +319,9 @@ def _line_problem(line: str, exc: ValueError) -> str:
     row (line 2 being past its newline when the row is cut short), not the file's lines."""
     if not isinstance(exc, json.JSONDecodeError):
         return f"not valid JSON ({exc})"
+    if exc.msg.startswith("Invalid control character"):  # json's msg ends "at", meant for its own position
+        return (f"not valid JSON at column {exc.pos + 1}: a control character (a raw tab, carriage return or line break) "
+                "inside a string; write it as \\t, \\r or \\n")
     if exc.pos >= len(line.rstrip("\r\n")):
         return f"not valid JSON: the line ends before the value is complete ({exc.msg})"
     return f"not valid JSON at column {exc.pos + 1} ({exc.msg})"
@@ -339,6 +426,9 @@ def _messages_problem(messages: Any, key: str = "messages", need_assistant: bool
             return f'"{key}"[{i}].role must be one of {", ".join(ROLES)} (got {reprlib.repr(msg.get("role"))})'
         if not isinstance(msg.get("content"), str) and not msg.get("tool_calls"):
             return f'"{key}"[{i}].content must be text'
+        if msg["role"] == "assistant" and isinstance(msg.get("content"), str) and not msg["content"].strip() and not msg.get("tool_calls"):
+            return (f'"{key}"[{i}].content is empty: an assistant message with no text (and no tool_calls) would teach the model '
+                    "to answer nothing; write its answer or drop the message")
     if need_assistant and not any(m.get("role") == "assistant" for m in messages):
         return f'"{key}" has no assistant message to learn from'
     return None
@@ -696,7 +786,7 @@ def local_check(path: Path, method: str, field: str, needs: RowNeeds | None = No
 
 
 # Bumped when the rules change, so a commit's result cached under the old ones is not used.
-CACHE_VERSION = 5
+CACHE_VERSION = 6
 
 
 def cached_check(key: str, check: Callable[[], RowsCheck]) -> RowsCheck:

@@ -354,6 +354,23 @@ def test_dataset_shapes_are_accepted(api):
         assert r.json()["dataset"] == dataset
 
 
+@pytest.mark.parametrize("kind", ["eval", "bogus", "", 3])
+def test_a_dataset_entry_of_no_known_type_is_refused_at_create(api, kind):
+    # It was stored, and refused only at START (or, for "prompt_completion" on chat rows, trained on as chat).
+    body = assert_refused(api, 400, "dataset[1].type", dataset=["org/a", {"ref": "org/b", "type": kind}])
+    said = next(e["message"] for e in body["errors"] if e["field"] == "dataset[1].type")
+    assert said == f"type is one of sft, chat, text, prompt_completion, preference, prompts (got {json.dumps(kind)}), or leave it out", said
+
+
+@pytest.mark.parametrize("value", ["ds/sft_missing37.jsonl", "data.jsonl", "train.CSV", "org/rows.parquet", "x.json"])
+def test_a_relative_data_file_path_is_refused_not_read_as_an_hf_id(api, value):
+    # It passed as an HF id, and the run failed after its job started: "Couldn't reach 'ds/sft_missing37.jsonl' on the Hub".
+    body = assert_refused(api, 400, "dataset", dataset=value)
+    said = body["errors"][0]["message"]
+    assert said.startswith(f'"{value}" reads as a Hugging Face id, yet names a ') and "give the file's absolute path" in said, said
+    assert create(api, dataset="org/jsonl-rows").status_code == 201  # an id that merely mentions a format is one
+
+
 ZERO_WEIGHTS = {"teacher_model": "org/teacher", "kd_weight": 0, "ce_weight": 0}
 
 

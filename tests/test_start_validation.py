@@ -618,9 +618,10 @@ def test_grpo_on_one_gpu_refuses_more_blocks_than_it_can_share(api, config):
 
 @pytest.mark.parametrize("method, config", [("sft", {}), ("distill", {"distillation": {"teacher_model": "org/t"}})])
 def test_a_dataset_entry_of_a_type_sft_does_not_train_on_is_refused(api, method, config):
-    # {"type": "eval"} was trained on: the engine joins every entry into the training rows.
-    run_id = make_run(api, method=method, config=config, dataset=[{"ref": "org/data"}, {"ref": "org/held-out", "type": "eval"}])
+    # {"type": "preference"} was trained on: the engine joins every entry into the training rows. (A type
+    # that is none of DATASET_TYPES, such as "eval", is refused at create: tests/test_create_validation.py.)
+    run_id = make_run(api, method=method, config=config, dataset=[{"ref": "org/data"}, {"ref": "org/held-out", "type": "preference"}])
     body = assert_start_refused(api, run_id, 422, "dataset[1].type")
     said = next(e["message"] for e in body["errors"] if e["field"] == "dataset[1].type")
-    assert 'set type to sft, chat, text, prompt_completion or leave it out (got "eval")' in said, said
+    assert 'set type to sft, chat, text, prompt_completion or leave it out (got "preference")' in said, said
     assert "dataset[0].type" not in [e["field"] for e in body["errors"]]

@@ -2,6 +2,7 @@
 or a local path (local backend only). `dataset` is a ref, `{ref, type}`, or a list of those."""
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -15,6 +16,9 @@ from studio.errors import Finding
 # \Z, not $: $ also matches before a trailing newline ("org/model\n" was accepted and stored).
 HUB_REF = re.compile(r"^(?:(?P<project>[a-z0-9][a-z0-9-]*)/)?(?P<repo>[A-Za-z0-9][A-Za-z0-9._-]*)@(?P<ref>[A-Za-z0-9][A-Za-z0-9._/-]*)\Z")
 HF_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?\Z")
+# A relative path to a data file ("data/train.jsonl") passes for an HF id, which the engine then looked
+# for on the Hub and failed on after the job started.
+DATA_FILE = re.compile(r"\.(jsonl|json|csv|parquet)\Z", re.IGNORECASE)
 DATASET_TYPES = ("sft", "chat", "text", "prompt_completion", "preference", "prompts")
 
 
@@ -46,6 +50,9 @@ def check_ref(field: str, value: Any) -> list[Finding]:
         return [Finding(field, f'"{value}" is not a Data Hub ref: write [project/]repo@ref, e.g. my-data@main')]
     if kind == "hf" and not HF_ID.match(value):
         return [Finding(field, f'"{value}" is not an HF id (org/name), a Data Hub ref (repo@ref) or an absolute path')]
+    if kind == "hf" and (file := DATA_FILE.search(value)):
+        return [Finding(field, f'"{value}" reads as a Hugging Face id, yet names a {file.group(1).lower()} file: give the file\'s absolute path '
+                               "on the Studio's machine (local backend), or push it to the Data Hub and use repo@ref")]
     return []
 
 
@@ -64,8 +71,8 @@ def check_dataset(value: Any) -> list[Finding]:
             findings += [Finding(f"{field}.{k}", "unknown key: a dataset entry has ref and type") for k in sorted(unknown)]
             findings += check_ref(f"{field}.ref", item.get("ref"))
             kind = item.get("type")
-            if kind is not None and not (isinstance(kind, str) and kind.strip()):
-                findings.append(Finding(f"{field}.type", f"type must be a string such as {', '.join(DATASET_TYPES)}"))
+            if kind is not None and kind not in DATASET_TYPES:
+                findings.append(Finding(f"{field}.type", f"type is one of {', '.join(DATASET_TYPES)} (got {json.dumps(kind)}), or leave it out"))
         else:
             findings += check_ref(field, item)
     return findings

@@ -12,7 +12,7 @@ from typing import Any
 
 from django.conf import settings
 
-from datahub.datasets import RULER, RowNeeds, RowsCheck, entries_findings, local_check
+from datahub.datasets import RULER, SHAPE_LABELS, RowNeeds, RowsCheck, entries_findings, local_check
 from datahub.models import Repo
 from datahub.refs import dataset_findings, dataset_refs, ref_findings, ruler_dataset_findings, run_refs
 from environments.services import builtin_ref_findings, dataset_row_needs, environment_findings
@@ -151,7 +151,26 @@ def start_findings(draft: Draft) -> list[Finding]:
     findings += template_findings(draft, checks, model_file_reader(draft.project, draft.base_model))
     fields = [field.removesuffix(".ref") for field, _ in dataset_refs(draft.dataset)]  # the entries' order, local and Data Hub alike
     findings += entries_findings(sorted(checks, key=lambda check: fields.index(check[0])), draft.method)
+    findings += declared_type_findings(draft, checks, {f.field for f in findings})
     draft.memo["notices"] = notices
+    return findings
+
+
+def declared_type_findings(draft: Draft, checks: list[tuple[str, RowsCheck]], refused: set[str]) -> list[Finding]:
+    """A dataset entry whose type names another shape than its rows have ({"type": "prompt_completion"}
+    on chat rows): the engine reads each entry by its rows, not its type, so the run trained on
+    something else than the entry said, and nothing told. A type the method refuses (in `refused`) is
+    not said twice."""
+    types = {field.removesuffix(".ref"): entry.type for (field, _), entry in zip(dataset_refs(draft.dataset), dataset_entries(draft.dataset), strict=False)}
+    findings = []
+    for field, check in checks:
+        declared = types.get(field)
+        if declared not in SHAPE_LABELS or check.shape is None or check.shape[1] == declared or f"{field}.type" in refused:
+            continue
+        path, shape, columns = check.shape
+        findings.append(Finding(f"{field}.type", (
+            f'type says {SHAPE_LABELS[declared]} rows, and the rows of {path} are {SHAPE_LABELS[shape]} (columns: {", ".join(columns)}): '
+            f'the run trains on an entry as its rows are, whatever its type; set type to "{shape}", or leave it out')))
     return findings
 
 

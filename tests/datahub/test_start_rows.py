@@ -195,3 +195,80 @@ def test_files_named_like_an_evaluation_split_are_said_beside_start():
     assert [n.message for n in check.notices] == [
         "data/validation-00000-of-00001.jsonl is named like an evaluation split, and a run trains on every data file of its dataset: "
         "move evaluation files to another branch or repo if they are not for training"]
+
+
+def nested(depth: int) -> str:
+    """A row whose meta nests `depth` lists inside each other (the row itself is one more level)."""
+    return '{"prompt": "q", "completion": "a", "meta": ' + "[" * depth + "]" * depth + "}"
+
+
+@pytest.mark.parametrize(("name", "line", "says"), [
+    ("deep62.jsonl", nested(62), None),
+    ("deep63.jsonl", nested(63), "the row nests lists and objects more than 63 levels deep (itself counted)"),
+    ("surrogate.jsonl", '{"prompt": "\\ud800x", "completion": "a"}', "a string holds a lone surrogate escape (\\ud800), which is no character"),
+    ("pair.jsonl", '{"prompt": "\\ud83d\\ude00", "completion": "a"}', None),
+])
+def test_a_row_the_engines_reader_fails_the_file_on_is_refused_naming_it(tmp_path, monkeypatch, name, line, says):
+    """Both passed START and failed the run with "DatasetGenerationError: An error occurred while generating
+    the dataset" (pyarrow: "Recursion level in ArrowSchema struct exceeded", "The surrogate pair in string is invalid")."""
+    import datasets as hf_datasets
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setattr(hf_datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")
+    data = (json.dumps({"prompt": "q", "completion": "a"}) + "\n" + line + "\n").encode()
+    (tmp_path / name).write_bytes(data)
+    findings = [f.message for f in datasets.rows_findings([source(name, data)], "sft", "dataset")]
+    load = lambda: hf_datasets.load_dataset("json", data_files=str(tmp_path / name), split="train", cache_dir=str(tmp_path / "cache")).to_list()  # noqa: E731
+    if says is None:
+        assert len(load()) == 2 and not findings, findings
+    else:
+        with pytest.raises(hf_datasets.exceptions.DatasetGenerationError):
+            load()
+        assert [m.startswith(f"row 2: {says}") for m in findings] == [True], findings
+
+
+def test_a_row_nested_thousands_deep_is_a_422_and_its_runs_pages_open(api, project, browser):
+    # json's RecursionError escaped the check: START, the file's preview and the run's own pages were 500s.
+    files = {"train.jsonl": (json.dumps({"prompt": "q", "completion": "a"}) + "\n" + nested(5000) + "\n").encode()}
+    assert start_refused(api, project, files) == ["row 2: the row nests lists and objects more than 63 levels deep (itself counted): "
+                                                 "the trainer's reader refuses the whole file for it; flatten the row"]
+    assert preview_problems(api, "train.jsonl")[0]["row"] == 2
+    run_id = TrainingRun.objects.latest("pk").pk
+    for url in (reverse("training:run", args=[run_id]), reverse("training:run_tab", args=[run_id, "datasets"]), reverse("training:edit", args=[run_id])):
+        assert browser("owner").get(url).status_code == 200, url
+
+
+def test_a_key_given_twice_in_a_row_is_refused_naming_it(api, project):
+    # The row read as its last "messages" ("oops"), and the finding said its messages were not a list: the user saw a good list.
+    row = '{"messages": ' + json.dumps(CHAT["messages"]) + ', "messages": "oops"}'
+    messages = start_refused(api, project, {"train.jsonl": jsonl([CHAT]) + row.encode() + b"\n"})
+    assert messages == ['row 2: the key "messages" appears twice in one object (JSON keeps the last one, so the first is lost): keep one of them']
+    one_file = datasets.rows_findings([source("t.json", b'[{"text": "a", "text": "b"}]')], "sft", "dataset")
+    assert [f.message for f in one_file] == ['row 1: the file has an object with the key "text" twice (JSON keeps the last one, so the first is lost): keep one of them']
+
+
+def test_an_assistant_message_with_no_text_is_refused_as_an_empty_completion_is(api, project):
+    # An empty "completion" was refused, an empty assistant message trained: the model learnt to answer nothing.
+    empty = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": " "}]}
+    calls = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+                          {"role": "tool", "content": "1"}, {"role": "assistant", "content": "one"}]}
+    messages = start_refused(api, project, {"train.jsonl": jsonl([CHAT, calls, empty])})
+    assert messages == ['row 3: "messages"[1].content is empty: an assistant message with no text (and no tool_calls) would teach the model '
+                        "to answer nothing; write its answer or drop the message"], messages
+
+
+def test_a_raw_control_character_in_a_string_is_named_with_its_column():
+    # The message ended "(Invalid control character at)": json's text, cut from its own position.
+    findings = datasets.rows_findings([source("t.jsonl", b'{"text": "a\tb"}\n')], "sft", "dataset")
+    assert [f.message for f in findings] == ["row 1: not valid JSON at column 12: a control character (a raw tab, carriage return or line "
+                                             "break) inside a string; write it as \\t, \\r or \\n"]
+
+
+def test_an_entry_typed_as_another_shape_than_its_rows_is_refused(api, project):
+    # {"type": "prompt_completion"} on chat rows trained as chat: the type was ignored without a word.
+    messages = start_refused(api, project, {"train.jsonl": jsonl([CHAT] * 2)}, "dataset.type", dataset={"ref": "rows@main", "type": "prompt_completion"})
+    assert messages == ['type says prompt/completion rows, and the rows of train.jsonl are chat messages (messages) (columns: messages): the run '
+                        'trains on an entry as its rows are, whatever its type; set type to "chat", or leave it out'], messages
+    run_id = TrainingRun.objects.latest("pk").pk
+    assert api.patch(f"/api/training-runs/{run_id}", {"dataset": {"ref": "rows@main", "type": "chat"}}).status_code == 200
+    assert api.post(f"/api/training-runs/{run_id}/start").status_code == 202
