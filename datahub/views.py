@@ -455,6 +455,9 @@ def dataset_preview(request: HttpRequest, namespace: str, name: str, revision: s
         "tab": "preview", "revision": revision, "commit": commit, "preview": preview,
         "shape_label": datasets.SHAPE_LABELS.get(preview["shape"], preview["shape"]),
         "preview_rows": preview_cells(preview),
+        # The rows between the table's first and last that it lacks: those that could not be read (said above).
+        "unread": [p["row"] for p in preview["problems"] if preview["row_numbers"] and preview["row_numbers"][0] < p["row"] < preview["row_numbers"][-1]
+                   and p["row"] not in preview["row_numbers"]],
         # A file without a single row: START's own sentence, naming the file (as START does in a dataset of several).
         "no_rows": "" if preview["rows"] or preview["problems"] else datasets.no_rows(f"{preview['path']} "),
         **repo_context(request, repo),

@@ -75,6 +75,18 @@ def test_compare_page_of_refs_with_dots(browser, project):
     assert reverse("datahub:compare", args=["acme", "prefs", "v1.0", "dev.2"]) == "/hub/acme/prefs/compare/v1.0...dev.2"
 
 
+def test_the_preview_table_says_which_rows_it_shows_and_which_it_could_not_read(browser, project):
+    # It said "First 4 rows" over rows 1 to 5, row 3 (not JSON) being said above it: a user counted a row missing.
+    repo = repos.create_repo(project, "prefs", "dataset")
+    good = jsonl([{"prompt": "q", "chosen": "a", "rejected": "b"}] * 2)
+    commits.commit_files(repo, "main", {"t.jsonl": good + b"{not json\n" + good, "ok.jsonl": good}, "data")
+    c = browser("viewer")
+    caption = re.search(r'<caption data-testid="preview-caption">([^<]*)</caption>', c.get("/hub/acme/prefs/preview/main/t.jsonl").content.decode())
+    assert caption.group(1) == "Rows 1 to 5, but for row 3, which could not be read (above)", caption.group(1)
+    caption = re.search(r'<caption data-testid="preview-caption">([^<]*)</caption>', c.get("/hub/acme/prefs/preview/main/ok.jsonl").content.decode())
+    assert caption.group(1) == "Rows 1 to 2"
+
+
 def test_tree_page_offers_preview_only_where_the_preview_works(browser, project):
     """Dot-folders and dot-files are not dataset files (data_entries, and what the trainer reads)."""
     repo = repos.create_repo(project, "prefs", "dataset")
