@@ -22,6 +22,7 @@ from training.backends import get_backend
 from training.chat_templates import template_findings
 from training.compute import GPU_MEMORY_GIB, accelerators_of, check_compute, normalise_compute, precision_findings
 from training.engine import fit, liger
+from training.engine.spec import EVAL_METHODS
 from training.forms import hub_model_files, hub_ref_tree
 from training.keys import EVAL_KEYS, is_number, json_findings, normalise_block
 from training.methods import NOT_YET_SUPPORTED, get_method
@@ -35,6 +36,7 @@ from training.refs import (
     check_dataset,
     check_ref,
     dataset_entries,
+    entry_fields,
     inside_local_roots,
     local_model_dir,
     local_reads,
@@ -161,7 +163,6 @@ def start_findings(draft: Draft) -> list[Finding]:
     return findings
 
 
-EVAL_METHODS = ("sft", "dpo")  # the methods whose engine evaluates held-out rows
 # What a method without held-out evaluation offers instead, for the finding that refuses its eval keys.
 EVAL_INSTEAD = {
     "grpo": "GRPO learns from rewards on its own rollouts, which the run's reward metrics chart as it trains; remove it",
@@ -441,7 +442,7 @@ def system_prompt_set(draft: Draft) -> bool:
 
 def local_paths(draft: Draft) -> list[LocalRead]:
     """Each local path the run's engine would read (training.refs.local_reads)."""
-    datasets = [(f"dataset[{i}]" if isinstance(draft.dataset, list) else "dataset", e.ref) for i, e in enumerate(dataset_entries(draft.dataset))]
+    datasets = [(field, entry.ref) for field, entry in entry_fields(draft.dataset)]
     return local_reads(draft.method, draft.base_model, draft.config, datasets)
 
 

@@ -89,7 +89,7 @@ def _load_one(ref: DatasetRef, where: str, log: Callable[[str], None]) -> Any:
 
 
 def _warn_eval_split(files: list[str], where: str, log: Callable[[str], None]) -> None:
-    warning = eval_split_warning(files, f"{where}")
+    warning = eval_split_warning(files, where)
     if warning:
         log(f"warning: {warning}")
 
@@ -234,8 +234,9 @@ def load_eval_rows(spec: Spec, train: Any, log: Callable[[str], None]) -> tuple[
     an eval dataset loads as the training dataset does, and must have the training rows' shape."""
     if spec.eval_datasets:
         held = load_rows(spec.eval_datasets, name="eval_dataset")
-        if row_format(held, "eval_dataset") != row_format(train):
-            raise SpecError(f"eval_dataset: its rows are {row_format(held, 'eval_dataset')} rows and the training rows are {row_format(train)}: "
+        held_format, train_format = row_format(held, "eval_dataset"), row_format(train)
+        if held_format != train_format:
+            raise SpecError(f"eval_dataset: its rows are {held_format} rows and the training rows are {train_format}: "
                             "give evaluation rows of the training rows' shape")
         log(f"eval: {len(held)} rows (from {', '.join(eval_source(ref) for ref in spec.eval_datasets)})")
         return train, held

@@ -59,6 +59,7 @@ ENGINE_KEYS = {
     "per_device_eval_batch_size",
 }
 EVAL_SPLIT_MAX = 0.5  # at most half the rows held out: the rest must still train
+EVAL_METHODS = ("sft", "dpo")  # the methods that evaluate held-out rows
 
 # seed 000: heartbeat_timeout means the worker really stopped (default 300 s). A healthy engine posts at
 # least every heartbeat_interval_seconds, so a deadline needs room for one late or lost heartbeat (twice the
@@ -281,7 +282,7 @@ def _validate_eval(method: str, config: dict[str, Any], eval_datasets: list[Data
     """Held-out evaluation is SFT's and DPO's: one source of eval rows, a split of at most half."""
     w = "config."
     split = config.get("eval_split")
-    if method not in ("sft", "dpo") and (eval_datasets or any(config.get(k) is not None for k in ("eval_split", "eval_steps", "per_device_eval_batch_size"))):
+    if method not in EVAL_METHODS and (eval_datasets or any(config.get(k) is not None for k in ("eval_split", "eval_steps", "per_device_eval_batch_size"))):
         raise SpecError(f"{w}eval_split: held-out evaluation is for SFT and DPO runs, not {method.upper()}")
     if split is not None and eval_datasets:
         raise SpecError(f"{w}eval_split: give eval_split or eval_dataset, not both")
