@@ -758,6 +758,9 @@ class RowsCheck:
     # the run's other dataset entries must agree with (entries_findings).
     shape: tuple[str, str, list[str]] | None = None
     forms: tuple[str, int, tuple[bool, ...]] | None = None
+    # How many rows the dataset has, when every one was read (None past DATAHUB_VALIDATE_MAX_ROWS, or
+    # when the check stopped early): what an eval_split holds out of (training.validation.eval_findings).
+    rows: int | None = None
 
 
 def method_check(commit: Commit, method: str, field: str, needs: RowNeeds | None = None, system_prompt: bool = False) -> RowsCheck:
@@ -786,7 +789,7 @@ def local_check(path: Path, method: str, field: str, needs: RowNeeds | None = No
 
 
 # Bumped when the rules change, so a commit's result cached under the old ones is not used.
-CACHE_VERSION = 6
+CACHE_VERSION = 7
 
 
 def cached_check(key: str, check: Callable[[], RowsCheck]) -> RowsCheck:
@@ -799,11 +802,11 @@ def cached_check(key: str, check: Callable[[], RowsCheck]) -> RowsCheck:
         cached = None
     if cached is not None:
         return RowsCheck([Finding(f, m) for f, m in cached["findings"]], [Finding(f, m) for f, m in cached["notices"]],
-                         cached["shape"], cached["forms"])
+                         cached["shape"], cached["forms"], cached["rows"])
     result = check()
     with suppress(Exception):
         cache.set(key, {"findings": [(f.field, f.message) for f in result.findings], "notices": [(f.field, f.message) for f in result.notices],
-                        "shape": result.shape, "forms": result.forms}, 3600)
+                        "shape": result.shape, "forms": result.forms, "rows": result.rows}, 3600)
     return result
 
 
@@ -837,6 +840,7 @@ def check_rows(sources: list[Source], method: str, field: str, needs: RowNeeds |
         notices.append(Finding(field, split.removeprefix(f"{field}: ")))
     first_shape: tuple[str, str, list[str]] | None = None  # the dataset's first file with a shape: its path, shape and columns
     first_form: tuple[str, FirstRowForm] | None = None  # the dataset's first file with a good row: its path, and that row's forms
+    rows: int | None = 0  # rows read, every file's; None once a file's rows past max_rows go unread
     for entry in sources:
         where = f"{entry.path} " if len(sources) > 1 else ""
         shape = None
@@ -849,10 +853,13 @@ def check_rows(sources: list[Source], method: str, field: str, needs: RowNeeds |
         csv_forms = CsvColumnForms() if file_format(entry.path) == "csv" and method != RULER else None
         for number, row in iter_rows(entry):
             if number > max_rows:
+                rows = None
                 notices.append(Finding(field, f"only the first {max_rows:,} rows of {entry.path} were checked before START (DATAHUB_VALIDATE_MAX_ROWS): "
                                               "a problem in a later row fails the run when the trainer reaches it; check the rest of the file, "
                                               "or ask the Studio's administrator to raise the limit"))
                 break
+            if rows is not None:
+                rows += 1
             if shape is None and isinstance(row, dict):
                 shape, refusal = _file_shape(row, method, entry.path, len(sources) > 1, set_aside)
                 if refusal is None and first_shape is not None and shape != first_shape[1]:
@@ -894,7 +901,7 @@ def check_rows(sources: list[Source], method: str, field: str, needs: RowNeeds |
         findings += [f for f, _ in pending]
         if shape is None and not findings:
             findings.append(Finding(field, no_rows(where)))
-    return RowsCheck(findings, notices, first_shape, _first_forms(first_form))
+    return RowsCheck(findings, notices, first_shape, _first_forms(first_form), rows)
 
 
 def _first_forms(first_form: tuple[str, FirstRowForm] | None) -> tuple[str, int, tuple[bool, ...]] | None:

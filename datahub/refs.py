@@ -20,7 +20,7 @@ from typing import Any
 from datahub.models import Commit, Repo, RepoType, TreeEntry
 from datahub.repos import RefNotFound, find_repo, resolve
 from studio.errors import Finding, Unprocessable
-from training.refs import HUB_REF  # one grammar for [project/]repo@ref, shared with the create-time type check
+from training.refs import EVAL_DATASET, HUB_REF  # one grammar for [project/]repo@ref, shared with the create-time type check
 
 # `builtin/<name>@<ref>` names a catalogue environment (environments app), not a project's repo.
 RESERVED_NAMESPACES = frozenset({"builtin"})
@@ -66,7 +66,7 @@ def resolved(repo: Repo, ref: str) -> Commit | None:
 
 
 # What a pinned field holds, for a finding that says it is gone: base_model, dataset, dataset[1], ...
-PINNED_THINGS = {"base_model": "base model", "dataset": "dataset", "config.distillation.teacher_model": "teacher model",
+PINNED_THINGS = {"base_model": "base model", "dataset": "dataset", EVAL_DATASET: "eval dataset", "config.distillation.teacher_model": "teacher model",
                  "config.environment_id": "environment", "config.ruler_task_args.dataset": "dataset"}
 
 
@@ -114,6 +114,7 @@ def _run_refs(base_model: str | None, dataset: Any, config: dict | None) -> list
     if isinstance(base_model, str) and "@" in base_model:
         out.append(("base_model", base_model))
     out += [(f, v) for f, v in dataset_refs(dataset) if "@" in v]
+    out += [(f, v) for f, v in dataset_refs(config.get("eval_dataset"), EVAL_DATASET) if "@" in v]
     teacher = (config.get("distillation") or {}).get("teacher_model") if isinstance(config.get("distillation"), dict) else None
     if isinstance(teacher, str) and "@" in teacher:
         out.append(("config.distillation.teacher_model", teacher))
@@ -126,14 +127,15 @@ def _run_refs(base_model: str | None, dataset: Any, config: dict | None) -> list
     return out
 
 
-def dataset_refs(dataset: Any) -> list[tuple[str, str]]:
-    """(field, ref) of each dataset entry: `dataset`, `dataset.ref`, `dataset[i]` or `dataset[i].ref`."""
+def dataset_refs(dataset: Any, name: str = "dataset") -> list[tuple[str, str]]:
+    """(field, ref) of each entry of the dataset field `name` (dataset, config.eval_dataset):
+    `dataset`, `dataset.ref`, `dataset[i]` or `dataset[i].ref`."""
     if dataset is None:
         return []
     items = dataset if isinstance(dataset, list) else [dataset]
     out = []
     for i, item in enumerate(items):
-        base = f"dataset[{i}]" if isinstance(dataset, list) else "dataset"
+        base = f"{name}[{i}]" if isinstance(dataset, list) else name
         if isinstance(item, dict) and isinstance(item.get("ref"), str):
             out.append((f"{base}.ref", item["ref"]))
         elif isinstance(item, str):
@@ -144,9 +146,11 @@ def dataset_refs(dataset: Any) -> list[tuple[str, str]]:
 def ref_findings(project, base_model: str | None, config: dict | None, pinned: dict | None = None) -> list[Finding]:
     """422 findings for the non-dataset Data Hub refs of a run (base model, teacher, environment,
     RULER dataset) that do not resolve; `pinned`: the commits they were pinned to before (parse_ref).
-    dataset_findings covers `dataset`, ruler_dataset_findings the RULER dataset's rows."""
+    dataset_findings covers `dataset` and the eval dataset, ruler_dataset_findings the RULER dataset's rows."""
     findings: list[Finding] = []
     for field, value in run_refs(base_model, None, config):
+        if field.startswith(EVAL_DATASET):
+            continue
         try:
             repo, commit = parse_ref(project, value, field, (pinned or {}).get(field))
         except Unprocessable as exc:
@@ -241,16 +245,17 @@ def _set_field(fields: dict[str, Any], path: str, value: str) -> None:
 
 
 def dataset_findings(project, method: str, dataset, needs=None, notices: list[Finding] | None = None,
-                     checks: list | None = None, system_prompt: bool = False, pinned: dict | None = None) -> list[Finding]:
+                     checks: list | None = None, system_prompt: bool = False, pinned: dict | None = None, name: str = "dataset") -> list[Finding]:
     """Pre-start checks of a run's Data Hub datasets: the ref resolves to a dataset repo, and every row has what the
     method trains on, and what `needs` (datasets.RowNeeds) adds (findings name the row and field,
     e.g. `row 57: "chosen" is empty`). What was not checked (datasets.RowsCheck.notices) goes to `notices`,
     each entry's check to `checks` (its field and datasets.RowsCheck). `system_prompt`: the run sets one.
-    `pinned`: the commits the entries were pinned to before (parse_ref)."""
+    `pinned`: the commits the entries were pinned to before (parse_ref). `name`: the field that holds
+    the dataset (dataset, config.eval_dataset), which the findings name."""
     from datahub import datasets
 
     findings: list[Finding] = []
-    for field, value in dataset_refs(dataset):
+    for field, value in dataset_refs(dataset, name):
         if not is_hub_ref(value):
             continue
         try:
@@ -300,23 +305,30 @@ def engine_inputs(run, ingest_token: str) -> dict[str, Any]:
     Refs that are not Data Hub refs pass through unchanged."""
     pinned = run.pinned or {}
     base = pinned.get("base_model")
-    items = run.dataset if isinstance(run.dataset, list) else ([run.dataset] if run.dataset is not None else [])
-    datasets_out = []
-    for i, item in enumerate(items):
-        field = f"dataset[{i}]" if isinstance(run.dataset, list) else "dataset"
-        ref, kind = (item.get("ref"), item.get("type")) if isinstance(item, dict) else (item, None)
-        pin = pinned.get(field) or pinned.get(f"{field}.ref")
-        # data_hub: the engine trains on every data file of the commit, the files START checked.
-        datasets_out.append({"path": pin["repo"], "type": kind, "revision": pin["commit"], "data_hub": True} if pin
-                            else {"path": ref, "type": kind, "revision": None})
     env = hub_env(ingest_token) if pinned else {}
     return {
         "base_model": base["repo"] if base else run.base_model,
         "base_model_revision": base["commit"] if base else None,
-        "dataset": datasets_out,
+        "dataset": engine_datasets(run.dataset, pinned),
+        "eval_dataset": engine_datasets((run.config or {}).get("eval_dataset"), pinned, EVAL_DATASET),
         "teacher_model": pinned.get("config.distillation.teacher_model"),
         "env": env,
     }
+
+
+def engine_datasets(value: Any, pinned: dict, name: str = "dataset") -> list[dict[str, Any]]:
+    """The entries of the dataset field `name` as the engine's spec lists them: a pinned Data Hub ref
+    as its repo at its commit, anything else as it is."""
+    items = value if isinstance(value, list) else ([value] if value is not None else [])
+    out = []
+    for i, item in enumerate(items):
+        field = f"{name}[{i}]" if isinstance(value, list) else name
+        ref, kind = (item.get("ref"), item.get("type")) if isinstance(item, dict) else (item, None)
+        pin = pinned.get(field) or pinned.get(f"{field}.ref")
+        # data_hub: the engine trains on every data file of the commit, the files START checked.
+        out.append({"path": pin["repo"], "type": kind, "revision": pin["commit"], "data_hub": True} if pin
+                   else {"path": ref, "type": kind, "revision": None})
+    return out
 
 
 def trained_from(base_model: str | None, dataset: Any, config: dict | None, pinned: dict | None) -> str:
@@ -324,7 +336,8 @@ def trained_from(base_model: str | None, dataset: Any, config: dict | None, pinn
     repo and short commit START pinned it to (`base_model chain-dpo@v1 = demo/chain-dpo@002e8003a1b2`),
     as the environment's line names the package it staged; an HF id or a local path as it is."""
     teacher = (config or {}).get("distillation") if isinstance((config or {}).get("distillation"), dict) else None
-    fields = [("base_model", base_model), *dataset_refs(dataset), ("config.distillation.teacher_model", (teacher or {}).get("teacher_model"))]
+    fields = [("base_model", base_model), *dataset_refs(dataset), *dataset_refs((config or {}).get("eval_dataset"), EVAL_DATASET),
+              ("config.distillation.teacher_model", (teacher or {}).get("teacher_model"))]
     parts = []
     for field, value in fields:
         if not value:

@@ -82,6 +82,8 @@ def test_every_local_path_field_is_refused_at_create_and_patch(api, beta_output,
         (sft_body(method="grpo", dataset=None, config={"rl_mode": "ruler", "ruler_task_args": {"dataset": str(data), "system_prompt": "Be kind"},
                                                        "judge": {"mode": "external", "endpoint": "http://judge", "api_key_secret": "k"}}),
          "config.ruler_task_args.dataset"),
+        (sft_body(config={"eval_dataset": str(data)}), "config.eval_dataset"),
+        (sft_body(config={"eval_dataset": ["org/held", {"ref": str(data), "type": "chat"}]}), "config.eval_dataset[1]"),
         (sft_body(dataset=str(var / "hub")), "dataset"),  # the Data Hub's blobs
         (sft_body(dataset=str(var)), "dataset"),  # a folder above them all
     ]
@@ -139,3 +141,23 @@ def test_the_local_backend_never_hands_an_engine_the_studios_own_data(settings, 
     with pytest.raises(BackendError, match=r"base_model: .* is inside the Studio's own data .*; dataset\[0\]: "):
         LocalBackend().submit(spec)
     assert not (Path(settings.STUDIO_RUNS_DIR) / "8").exists()
+
+
+def test_the_local_backend_reads_an_eval_dataset_path_as_it_reads_the_dataset(settings, beta_output, tmp_path):
+    # config.eval_dataset is one of the run's local reads (training.refs.local_reads): refused into the
+    # Studio's own data at submit, and shown to the sandboxed engine read-only elsewhere.
+    from training.backends.local import LocalBackend, sandbox_plan
+
+    settings.STUDIO_LOCAL_SANDBOX = "auto"
+    held = tmp_path / "held.jsonl"
+    held.write_text("{}\n")
+    fine = JobSpec(run_id=9, attempt=1, method="sft", base_model="org/base", dataset=[{"path": "org/data"}],
+                   config={"eval_dataset": [str(held)]}, compute={}, ingest_url="http://127.0.0.1:9/none", ingest_token="ing_x",
+                   eval_dataset=[{"path": str(held)}])
+    assert str(held.resolve()) in sandbox_plan(fine, Path(settings.STUDIO_RUNS_DIR) / "9" / "attempt-1")["read_only"]
+    inside = str(beta_output / "model.safetensors")
+    spec = JobSpec(run_id=8, attempt=1, method="sft", base_model="org/base", dataset=[{"path": "org/data"}],
+                   config={"eval_dataset": inside}, compute={}, ingest_url="http://127.0.0.1:9/none", ingest_token="ing_x",
+                   eval_dataset=[{"path": inside}])
+    with pytest.raises(BackendError, match=r"config\.eval_dataset: .* is inside the Studio's own data"):
+        LocalBackend().submit(spec)

@@ -28,20 +28,26 @@ def demo_folder(root: Path, tiny_models: dict[str, str]) -> Path:
     return demo
 
 
+def every_body(demo: Path) -> list[dict]:
+    return [json.loads(raw.replace("'$DEMO'", str(demo))) for block in BLOCKS for raw in re.findall(r"create '(\{.*?\})'\)", block, re.S)]
+
+
 def bodies(demo: Path) -> dict[str, dict]:
-    found = [json.loads(raw.replace("'$DEMO'", str(demo))) for block in BLOCKS for raw in re.findall(r"create '(\{.*?\})'\)", block, re.S)]
-    return {body["method"]: body for body in found}
+    """Each method's first body (a later one shows a feature: held-out evaluation)."""
+    found: dict[str, dict] = {}
+    for body in every_body(demo):
+        found.setdefault(body["method"], body)
+    return found
 
 
 def test_the_readme_gives_a_body_for_every_method_and_each_can_start(api, tmp_path, tiny_models):
     demo = demo_folder(tmp_path, tiny_models)
-    examples = bodies(demo)
-    assert sorted(examples) == ["distill", "dpo", "grpo", "sft"]
-    for method, body in examples.items():
+    assert sorted(bodies(demo)) == ["distill", "dpo", "grpo", "sft"]
+    for body in every_body(demo):
         r = api.post("/api/training-runs", body)
-        assert r.status_code == 201, (method, r.content)
+        assert r.status_code == 201, (body["name"], r.content)
         run = TrainingRun.objects.get(pk=r.json()["id"])
-        assert [(f.field, f.message) for f in services.start_blockers(run)] == [], method
+        assert [(f.field, f.message) for f in services.start_blockers(run)] == [], body["name"]
 
 
 @pytest.mark.django_db(transaction=True)

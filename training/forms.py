@@ -45,9 +45,12 @@ COMMON_FIELDS = {
 }
 # Every method's but GRPO's, which refuses them (training/methods/grpo.py UNUSED_BY_GRPO): its form hides them.
 EPOCH_BATCH_FIELDS = {"config.num_epochs": "float", "config.per_device_train_batch_size": "int", "config.gradient_accumulation_steps": "int"}
+# Held-out evaluation, SFT's and DPO's (training.validation.EVAL_METHODS): one eval dataset ref here; a
+# list of them, or {ref, type}, in the YAML box.
+EVAL_FIELDS = {"config.eval_split": "float", "config.eval_dataset": "str", "config.eval_steps": "int"}
 METHOD_FIELDS: dict[str, dict[str, str]] = {
-    "sft": {"config.packing": "tristate"},
-    "dpo": {"config.loss.type": "str", "config.loss.dpo_beta": "float", "config.loss.reference_free": "bool",
+    "sft": {"config.packing": "tristate", **EVAL_FIELDS},
+    "dpo": {**EVAL_FIELDS, "config.loss.type": "str", "config.loss.dpo_beta": "float", "config.loss.reference_free": "bool",
             "config.loss.target_margin": "float", "config.loss.length_norm": "bool", "config.loss.span_mask": "bool"},
     "distill": {"config.distillation.teacher_model": "str", "config.distillation.top_k": "int", "config.distillation.temperature": "float",
                 "config.distillation.kd_weight": "float", "config.distillation.ce_weight": "float", "config.packing": "tristate"},
@@ -351,6 +354,8 @@ def shown_value(name: str, kind: str, value: Any) -> Any:
         return True if value is True else None  # an unticked box posts nothing: a stored false stays in the YAML box
     if kind == "tristate":
         return ("true" if value else "false") if isinstance(value, bool) else None
+    if isinstance(value, (list, dict)):
+        return None  # a list of eval datasets, say: the YAML box shows it
     text = "" if value is None else str(value)
     if name in SELECT_CHOICES and text not in {key for key, _ in SELECT_CHOICES[name] if key}:
         return None

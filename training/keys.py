@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 from studio.errors import Finding
+from training.engine.spec import EVAL_SPLIT_MAX
 
 
 def is_number(value: Any) -> TypeGuard[int | float]:
@@ -142,3 +143,17 @@ POSITIVE = Key("number", minimum=0, hint="a positive number")
 BOOL = Key("bool")
 TEXT = Key("str", nullable=True)
 PRECISIONS = ("bf16", "fp32", "fp8", "nvfp4")  # the engine's (training/engine/spec.py): fp16 trains nowhere here
+
+# Held-out evaluation (SFT and DPO; GRPO and DISTILL refuse them at START: training.validation.eval_findings).
+EVAL_KEYS: dict[str, Key] = {
+    # Rows to evaluate on, in the forms of the run's `dataset` (a ref, {ref, type}, or a list of them):
+    # checked row by row, pinned at START and read by the engine as the dataset is.
+    "eval_dataset": Key("any", nullable=True, hint="a dataset in the forms of `dataset`: repo@ref, an HF id, a local path, {ref, type} or a list of them"),
+    # The fraction of the training rows held out instead, drawn with the run's seed before packing.
+    "eval_split": Key("number", minimum=0, positive=True, maximum=EVAL_SPLIT_MAX, nullable=True,
+                      hint=f"a fraction of the training rows greater than 0 and at most {EVAL_SPLIT_MAX} (e.g. 0.1)"),
+    # Evaluate every N optimizer steps; default about 10 evaluations over the run, and at every save.
+    "eval_steps": Key("int", minimum=1, maximum=10**8, nullable=True),
+    # Rows per device in an evaluation batch (DPO: rows, two a pair); default the training batch.
+    "per_device_eval_batch_size": Key("int", minimum=1, maximum=65_536, nullable=True),
+}

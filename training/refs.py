@@ -56,13 +56,17 @@ def check_ref(field: str, value: Any) -> list[Finding]:
     return []
 
 
-def check_dataset(value: Any) -> list[Finding]:
+EVAL_DATASET = "config.eval_dataset"  # the held-out rows' field: a dataset in the forms of `dataset`
+
+
+def check_dataset(value: Any, name: str = "dataset") -> list[Finding]:
+    """`value` as the field `name` (dataset, config.eval_dataset) holds a dataset: a ref, {ref, type} or a list of them."""
     if value is None:
         return []
     items = value if isinstance(value, list) else [value]
-    prefix = (lambda i: f"dataset[{i}]") if isinstance(value, list) else (lambda i: "dataset")
+    prefix = (lambda i: f"{name}[{i}]") if isinstance(value, list) else (lambda i: name)
     if isinstance(value, list) and not value:
-        return [Finding("dataset", "give at least one dataset, or leave dataset out")]
+        return [Finding(name, f"give at least one dataset, or leave {name.removeprefix('config.')} out")]
     findings: list[Finding] = []
     for index, item in enumerate(items):
         field = prefix(index)
@@ -76,6 +80,11 @@ def check_dataset(value: Any) -> list[Finding]:
         else:
             findings += check_ref(field, item)
     return findings
+
+
+def entry_fields(value: Any, name: str = "dataset") -> list[tuple[str, DatasetEntry]]:
+    """(field, entry) of each entry of the dataset field `name`: `dataset`, or `dataset[i]` in a list."""
+    return [(f"{name}[{i}]" if isinstance(value, list) else name, entry) for i, entry in enumerate(dataset_entries(value))]
 
 
 def dataset_entries(value: Any) -> list[DatasetEntry]:
@@ -173,13 +182,16 @@ class LocalRead(NamedTuple):
 def local_reads(method: str, base_model: Any, config: dict[str, Any], datasets: list[tuple[str, Any]]) -> list[LocalRead]:
     """Each local path a run's engine reads, the one list for START's checks (validation) and the
     local backend's sandbox and submit check: the base model, a DISTILL teacher, the dataset entries
-    given as (field, value), and a RULER run's prompts. A field added to one place only would let a
-    path past the other's check."""
+    given as (field, value), the eval dataset's entries (config.eval_dataset), and a RULER run's
+    prompts. A field added to one place only would let a path past the other's check."""
     reads: list[tuple[str, Any, bool]] = [("base_model", base_model, True)]
     distillation = config.get("distillation")
     if method == "distill" and isinstance(distillation, dict):
         reads.append(("config.distillation.teacher_model", distillation.get("teacher_model"), True))
     reads += [(field, value, False) for field, value in datasets]
+    held_out = config.get("eval_dataset")
+    if not check_dataset(held_out, EVAL_DATASET):  # a stored run's config passed it; anything else is no path to read
+        reads += [(field, entry.ref, False) for field, entry in entry_fields(held_out, EVAL_DATASET)]
     ruler = config.get("ruler_task_args") if method == "grpo" and config.get("rl_mode") == "ruler" else None
     if isinstance(ruler, dict):  # its prompts, checked row by row like a dataset's
         reads.append(("config.ruler_task_args.dataset", ruler.get("dataset"), False))

@@ -485,7 +485,7 @@ def job_spec(run: TrainingRun, token: str) -> JobSpec:
         config = {**config, "distillation": {**config["distillation"], "teacher_model": f"{teacher['repo']}@{teacher['commit']}"}}
     return JobSpec(
         run_id=run.pk, attempt=run.attempt, method=run.method, base_model=inputs["base_model"],
-        base_model_revision=inputs["base_model_revision"], dataset=inputs["dataset"], config=config, compute=run.compute,
+        base_model_revision=inputs["base_model_revision"], dataset=inputs["dataset"], eval_dataset=inputs["eval_dataset"], config=config, compute=run.compute,
         ingest_url=f"{settings.STUDIO_PUBLIC_URL}/api/ingest/runs/{run.pk}", ingest_token=token,
         resume_from=resume_path(run.resume_checkpoint, run.backend_name) if run.resume_checkpoint_id else None,
         environment=job_environment(run), env={**inputs["env"], **judge_env(run)},

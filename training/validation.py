@@ -22,18 +22,21 @@ from training.backends import get_backend
 from training.chat_templates import template_findings
 from training.compute import GPU_MEMORY_GIB, accelerators_of, check_compute, normalise_compute, precision_findings
 from training.engine import fit, liger
+from training.engine.spec import EVAL_METHODS
 from training.forms import hub_model_files, hub_ref_tree
-from training.keys import is_number, json_findings, normalise_block
+from training.keys import EVAL_KEYS, is_number, json_findings, normalise_block
 from training.methods import NOT_YET_SUPPORTED, get_method
 from training.methods.base import Draft, TrainingMethod
 from training.refs import (
     DATASET_INSTEAD,
+    EVAL_DATASET,
     HUB_REF,
     MODEL_INSTEAD,
     LocalRead,
     check_dataset,
     check_ref,
     dataset_entries,
+    entry_fields,
     inside_local_roots,
     local_model_dir,
     local_reads,
@@ -71,6 +74,7 @@ def validate_draft(draft: Draft) -> Draft:
     findings += check_dataset(draft.dataset)
     findings += check_compute(draft.compute)
     findings += method.check_types(draft.config)
+    findings += check_dataset(draft.config.get("eval_dataset"), EVAL_DATASET)
     if not findings:
         draft.config = normalise_block(draft.config, {**method.trl_keys(), **method.known_keys()})
         findings += method.create_findings(draft)
@@ -146,12 +150,16 @@ def start_findings(draft: Draft) -> list[Finding]:
     if draft.project is not None:
         findings += ref_findings(draft.project, draft.base_model, draft.config, draft.pinned)
         findings += dataset_findings(draft.project, draft.method, draft.dataset, needs, notices, checks, system_prompt_set(draft), draft.pinned)
+        if evaluates(draft.method):
+            findings += dataset_findings(draft.project, draft.method, draft.config.get("eval_dataset"), None, notices, None,
+                                         system_prompt_set(draft), draft.pinned, EVAL_DATASET)
         findings += ruler_dataset_findings(draft.project, ruler_dataset(draft), notices)
         findings += bare_repo_name_findings(draft)
     findings += template_findings(draft, checks, model_file_reader(draft.project, draft.base_model))
     fields = [field.removesuffix(".ref") for field, _ in dataset_refs(draft.dataset)]  # the entries' order, local and Data Hub alike
     findings += entries_findings(sorted(checks, key=lambda check: fields.index(check[0])), draft.method)
     findings += declared_type_findings(draft, checks, {f.field for f in findings})
+    findings += eval_findings(draft, checks)
     draft.memo["notices"] = notices
     return findings
 
@@ -172,6 +180,40 @@ def declared_type_findings(draft: Draft, checks: list[tuple[str, RowsCheck]], re
             f'type says {SHAPE_LABELS[declared]} rows, and the rows of {path} are {SHAPE_LABELS[shape]} (columns: {", ".join(columns)}): '
             f'the run trains on an entry as its rows are, whatever its type; set type to "{shape}", or leave it out')))
     return findings
+
+
+# What a method without held-out evaluation offers instead, for the finding that refuses its eval keys.
+EVAL_INSTEAD = {
+    "grpo": "GRPO learns from rewards on its own rollouts, which the run's reward metrics chart as it trains; remove it",
+    "distill": "DISTILL has no held-out evaluation yet; remove it, or evaluate the distilled model in an SFT run of its own",
+}
+
+
+def evaluates(method: str) -> bool:
+    return method in EVAL_METHODS
+
+
+def eval_findings(draft: Draft, checks: list[tuple[str, RowsCheck]]) -> list[Finding]:
+    """Held-out evaluation that cannot run (422): eval keys on a method that does not evaluate, both
+    sources of eval rows at once, or an eval_split that holds out no row of a dataset whose rows the
+    Studio counted (`checks`: the training entries' row checks; an HF id's rows it cannot count, and
+    the engine refuses such a split itself)."""
+    config = draft.config
+    given = [key for key in EVAL_KEYS if config.get(key) is not None]
+    if not evaluates(draft.method):
+        return [Finding(f"config.{key}", f"{draft.method.upper()} does not evaluate held-out rows: {EVAL_INSTEAD[draft.method]}") for key in given]
+    split = config.get("eval_split")
+    if split is not None and config.get("eval_dataset") is not None:
+        why = "give eval_split (a fraction of the training rows held out) or eval_dataset (rows of their own), not both"
+        return [Finding("config.eval_split", why), Finding(EVAL_DATASET, why)]
+    rows = [check.rows for _, check in checks]
+    if split is None or not rows or None in rows or len(rows) != len(dataset_entries(draft.dataset)):
+        return []
+    total = sum(row for row in rows if row is not None)
+    if int(total * split) < 1:
+        return [Finding("config.eval_split", f"{split} of the dataset's {total} rows holds out no row: set eval_split to at least "
+                                             f"{1 / total if total else 1:.3g}, or give an eval_dataset")]
+    return []
 
 
 def start_notices(draft: Draft) -> list[Finding]:
@@ -419,7 +461,7 @@ def system_prompt_set(draft: Draft) -> bool:
 
 def local_paths(draft: Draft) -> list[LocalRead]:
     """Each local path the run's engine would read (training.refs.local_reads)."""
-    datasets = [(f"dataset[{i}]" if isinstance(draft.dataset, list) else "dataset", e.ref) for i, e in enumerate(dataset_entries(draft.dataset))]
+    datasets = [(field, entry.ref) for field, entry in entry_fields(draft.dataset)]
     return local_reads(draft.method, draft.base_model, draft.config, datasets)
 
 

@@ -120,10 +120,17 @@ def chart_series(run_id: int, keys: list[str], max_points: int = MAX_POINTS) -> 
     return metrics.series_in_sql(run_id, keys, max_points) if keys else {}
 
 
+# A run with held-out rows (config eval_split / eval_dataset) reports this at its eval steps: drawn
+# beside the training loss, on the same axes, where overfitting shows as the two curves parting.
+EVAL_LOSS = "eval_loss"
+
+
 def run_charts(run: TrainingRun) -> list[dict[str, Any]]:
     spec = CHARTS.get(run.method, CHARTS["sft"])
-    keys = sorted({k for _, ks in spec + GPU_CHARTS for k in ks})
+    keys = sorted({k for _, ks in spec + GPU_CHARTS for k in ks} | {EVAL_LOSS})
     data = chart_series(run.pk, keys)
+    if data.get(EVAL_LOSS):
+        spec = [(title, [*ks, EVAL_LOSS]) if "loss" in ks else (title, ks) for title, ks in spec]
     spec = spec + [(title, ks) for title, ks in GPU_CHARTS if any(data.get(k) for k in ks)]
     charts = []
     for i, (title, ks) in enumerate(spec):

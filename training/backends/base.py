@@ -27,6 +27,8 @@ class JobSpec:
     cache_dir: str | None = None  # set by a backend whose disk outlives an attempt (local): the engine reuses work there
     environment: dict[str, Any] | None = None  # GRPO: the staged environment package (environments.services.job_environment)
     env: dict[str, str] = field(default_factory=dict)
+    # config.eval_dataset's entries as `dataset`'s are: a pinned Data Hub ref at its commit (data_hub).
+    eval_dataset: list[dict[str, Any]] = field(default_factory=list)
 
     def as_engine_spec(self) -> dict[str, Any]:
         spec = asdict(self)

@@ -50,6 +50,8 @@ def build_config(config_cls: type, ctx: Context, **method_kwargs: Any) -> Any:
     }
     if c.get("learning_rate") is not None:
         kwargs["learning_rate"] = float(c["learning_rate"])
+    if spec.evaluates:
+        kwargs.update(eval_arguments(c))
     if c.get("use_liger"):
         # Capability decides (CUDA, the package, the model type); a liger that cannot run is off, with a reason.
         from .liger import engine_choice
@@ -82,6 +84,41 @@ def build_config(config_cls: type, ctx: Context, **method_kwargs: Any) -> Any:
         else:
             ctx.reporter.log(f"config.{key}: not a {config_cls.__name__} field; ignored")
     return config_cls(**kwargs)
+
+
+EVALUATIONS_PER_RUN = 10  # eval_steps' default: about this many evaluations over the run
+
+
+def eval_arguments(c: dict[str, Any]) -> dict[str, Any]:
+    """TRL's evaluation settings for a run with held-out rows: every eval_steps optimizer steps, by
+    default about EVALUATIONS_PER_RUN times over the run (a fraction of the run's steps, which TRL
+    reads so, when the run is sized by epochs), at each save too (EvalAtSaves), and at its last step
+    (transformers' DefaultFlowCallback). The eval batch is the train batch unless set."""
+    if c.get("eval_steps"):
+        every: float = int(c["eval_steps"])
+    elif c.get("max_steps"):
+        every = max(1, -(-int(c["max_steps"]) // EVALUATIONS_PER_RUN))
+    else:
+        every = 1 / EVALUATIONS_PER_RUN
+    return {
+        "eval_strategy": "steps",
+        "eval_steps": every,
+        "per_device_eval_batch_size": int(c.get("per_device_eval_batch_size") or c.get("per_device_train_batch_size") or 1),
+    }
+
+
+class EvalAtSaves(TrainerCallback):
+    """Evaluates at every checkpoint as well, when eval_steps is the default: a checkpoint a user may
+    resume or publish then has its eval_loss beside it."""
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if control.should_save:
+            control.should_evaluate = True
+        return control
+
+
+def eval_callbacks(spec: Spec) -> list[TrainerCallback]:
+    return [EvalAtSaves()] if spec.evaluates and not spec.config.get("eval_steps") else []
 
 
 # A packed batch's real tokens per row (each row's, before its padding tail): for counting, never the model.

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from .spec import DatasetRef, SpecError
+from .spec import DatasetRef, Spec, SpecError
 
 _EXT_TO_BUILDER = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 # CSV cells are text: a cell of one of these columns that starts with "[" is a JSON list inside the
@@ -42,7 +42,7 @@ EVAL_SPLIT = re.compile(r"(test|tests|validation|valid|val|eval|evaluation|dev)(
 
 def eval_split_files(files: Iterable[str]) -> list[str]:
     """The data files among `files` that are named like an evaluation split. Studio's dataset checks say
-    so before START, and the engine in the run's log: neither refuses them (a run has no eval split)."""
+    so before START, and the engine in the run's log: neither refuses them (held-out rows are the spec's eval_dataset)."""
     return [f for f in files if any(EVAL_SPLIT.match(part) for part in PurePosixPath(f).parts)]
 
 
@@ -65,36 +65,36 @@ def csv_cell(column: str, value: Any) -> Any:
     return value
 
 
-def _load_one(ref: DatasetRef, index: int, log: Callable[[str], None]) -> Any:
+def _load_one(ref: DatasetRef, where: str, log: Callable[[str], None]) -> Any:
     import datasets
 
     if ref.data_hub:
-        return _load_data_hub(ref, index, log)
+        return _load_data_hub(ref, where, log)
     path = Path(ref.path)
     if path.is_file():
         if path.suffix.lower() not in _EXT_TO_BUILDER:
-            raise SpecError(f"dataset[{index}].path: unsupported file type {path.suffix!r} (use .jsonl, .json, .parquet or .csv)")
-        return _load_files(path.parent, [path.name], index)
+            raise SpecError(f"{where}.path: unsupported file type {path.suffix!r} (use .jsonl, .json, .parquet or .csv)")
+        return _load_files(path.parent, [path.name], where)
     if path.is_dir():
         files = data_files(p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file())
         if files:
-            _warn_eval_split(files, index, log)
-            return _load_files(path, files, index)
+            _warn_eval_split(files, where, log)
+            return _load_files(path, files, where)
         return datasets.load_from_disk(str(path))
     if path.is_absolute() or ref.path.startswith("."):
-        raise SpecError(f"dataset[{index}].path: {ref.path!r} does not exist")
+        raise SpecError(f"{where}.path: {ref.path!r} does not exist")
     # Anything else is a Hugging Face dataset id, loaded as the Hub lays out its splits (its train
     # split); the container's HF cache/mirror decides whether it resolves.
     return datasets.load_dataset(ref.path, revision=ref.revision, split="train")
 
 
-def _warn_eval_split(files: list[str], index: int, log: Callable[[str], None]) -> None:
-    warning = eval_split_warning(files, f"dataset[{index}]")
+def _warn_eval_split(files: list[str], where: str, log: Callable[[str], None]) -> None:
+    warning = eval_split_warning(files, where)
     if warning:
         log(f"warning: {warning}")
 
 
-def _load_data_hub(ref: DatasetRef, index: int, log: Callable[[str], None]) -> Any:
+def _load_data_hub(ref: DatasetRef, where: str, log: Callable[[str], None]) -> Any:
     """A Data Hub dataset repo at its pinned commit, through the Studio's HF-compatible /hub
     (HF_ENDPOINT, HF_TOKEN): every data file of the commit, as a local folder of them loads. Not
     `load_dataset(repo)`: the Hub's split-by-file-name rule would train on train.jsonl alone, or
@@ -105,15 +105,15 @@ def _load_data_hub(ref: DatasetRef, index: int, log: Callable[[str], None]) -> A
     endpoint = os.environ.get("HF_ENDPOINT") or None
     files = data_files(HfApi(endpoint=endpoint).list_repo_files(ref.path, repo_type="dataset", revision=ref.revision))
     if not files:
-        raise SpecError(f"dataset[{index}].path: {ref.path}@{ref.revision} has no .jsonl, .json, .parquet or .csv file to train on")
-    _warn_eval_split(files, index, log)
+        raise SpecError(f"{where}.path: {ref.path}@{ref.revision} has no .jsonl, .json, .parquet or .csv file to train on")
+    _warn_eval_split(files, where, log)
     # Escaped: allow_patterns are fnmatch patterns, and a Data Hub path may hold *, ? or [.
     folder = snapshot_download(ref.path, repo_type="dataset", revision=ref.revision, endpoint=endpoint,
                                allow_patterns=[glob.escape(f) for f in files])
-    return _load_files(Path(folder), files, index)
+    return _load_files(Path(folder), files, where)
 
 
-def _load_files(folder: Path, files: list[str], index: int) -> Any:
+def _load_files(folder: Path, files: list[str], where: str) -> Any:
     """The rows of `files` (relative to `folder`), in order: the files of one format one after another,
     and a dataset of several formats is those parts one after another, in the order each format first
     appears. Each file loads on its own and the files join by column name, a column one file lacks
@@ -135,7 +135,7 @@ def _load_files(folder: Path, files: list[str], index: int) -> Any:
                 link.symlink_to(path.absolute())
                 path = link
             groups.setdefault(_EXT_TO_BUILDER[path.suffix.lower()], []).append((f, str(path)))
-        parts = [_parse_csv_cells(_load_csv(path), index, f) if builder == "csv"
+        parts = [_parse_csv_cells(_load_csv(path), where, f) if builder == "csv"
                  # Escaped: datasets reads data_files as glob patterns, and a name may hold *, ? or [.
                  else datasets.load_dataset(builder, data_files=[glob.escape(path)], split="train")
                  for builder, named in groups.items() for f, path in named]
@@ -144,7 +144,7 @@ def _load_files(folder: Path, files: list[str], index: int) -> Any:
     try:
         return datasets.concatenate_datasets(_plain_strings(parts))
     except ValueError as exc:
-        raise SpecError(f"dataset[{index}].path: its files give the same column different types, so they cannot "
+        raise SpecError(f"{where}.path: its files give the same column different types, so they cannot "
                         f"train as one dataset ({exc}): give the column one type in every file") from None
 
 
@@ -160,7 +160,7 @@ def _load_csv(path: str) -> Any:
     return datasets.load_dataset("csv", data_files=[glob.escape(path)], split="train", features=features, keep_default_na=False)
 
 
-def _parse_csv_cells(dataset: Any, index: int, path: str) -> Any:
+def _parse_csv_cells(dataset: Any, where: str, path: str) -> Any:
     """CSV rows with the JSON lists in their cells parsed (csv_cell), as START checked them. A column
     whose cells are lists in some rows and text in others cannot be one column of the dataset (nor
     one kind of row to the trainer): a SpecError saying which file and column and what to do (START
@@ -172,7 +172,7 @@ def _parse_csv_cells(dataset: Any, index: int, path: str) -> Any:
             continue
         text = next((cell for cell in cells if isinstance(cell, str)), None)
         if text is not None:
-            raise SpecError(f"dataset[{index}].path: the {column!r} column of {path} holds JSON lists of messages in some cells and "
+            raise SpecError(f"{where}.path: the {column!r} column of {path} holds JSON lists of messages in some cells and "
                             f"plain text in others (e.g. {text[:40]!r}): write every {column} cell as a JSON list of "
                             '{role, content} messages, or every one as text')
         # Built whole rather than mapped batch by batch, so one column type covers every row's messages
@@ -213,18 +213,48 @@ def _plain_strings(parts: list[Any]) -> list[Any]:
     return [part if f == part.features else part.cast(f) for part, f in zip(parts, features, strict=True)]
 
 
-def load_rows(refs: list[DatasetRef], log: Callable[[str], None] = lambda line: None) -> Any:
-    """Every entry's rows as one table; `log` gets a warning for files named like an evaluation split."""
+def load_rows(refs: list[DatasetRef], log: Callable[[str], None] = lambda line: None, name: str = "dataset") -> Any:
+    """Every entry's rows as one table; `log` gets a warning for files named like an evaluation split.
+    `name`: the spec's field the entries came from (dataset, eval_dataset), for the errors."""
     import datasets
 
-    parts = [_load_one(ref, i, log) for i, ref in enumerate(refs)]
+    parts = [_load_one(ref, f"{name}[{i}]", log) for i, ref in enumerate(refs)]
     if len(parts) == 1:
         return parts[0]
     try:
         return datasets.concatenate_datasets(_plain_strings(parts))
     except ValueError as exc:
-        raise SpecError(f"dataset: its entries give the same column different types, so they cannot train as one dataset ({exc}): "
+        raise SpecError(f"{name}: its entries give the same column different types, so they cannot train as one dataset ({exc}): "
                         "give datasets whose columns hold the same kinds of values, or train on one") from None
+
+
+def load_eval_rows(spec: Spec, train: Any, log: Callable[[str], None]) -> tuple[Any, Any]:
+    """(training rows, held-out rows or None). eval_split holds out that fraction of the training rows,
+    drawn with the run's seed before anything packs them, so no packed row mixes eval and train rows;
+    an eval dataset loads as the training dataset does, and must have the training rows' shape."""
+    if spec.eval_datasets:
+        held = load_rows(spec.eval_datasets, name="eval_dataset")
+        held_format, train_format = row_format(held, "eval_dataset"), row_format(train)
+        if held_format != train_format:
+            raise SpecError(f"eval_dataset: its rows are {held_format} rows and the training rows are {train_format}: "
+                            "give evaluation rows of the training rows' shape")
+        log(f"eval: {len(held)} rows (from {', '.join(eval_source(ref) for ref in spec.eval_datasets)})")
+        return train, held
+    split = spec.config.get("eval_split")
+    if split is None:
+        return train, None
+    count = int(len(train) * float(split))
+    if count < 1:
+        raise SpecError(f"config.eval_split: {split} of {len(train)} rows holds out no row: raise eval_split to at least "
+                        f"{1 / len(train) if len(train) else 1:.3g}, give an eval_dataset, or remove eval_split")
+    parts = train.train_test_split(test_size=count, seed=spec.seed, shuffle=True)
+    log(f"eval: {count} rows (from eval_split {split}); {len(parts['train'])} rows train")
+    return parts["train"], parts["test"]
+
+
+def eval_source(ref: DatasetRef) -> str:
+    """An eval dataset entry as the log names it: repo@commit, an HF id or a path."""
+    return f"{ref.path}@{ref.revision}" if ref.revision else ref.path
 
 
 def detect_shape(columns: Any) -> str:
@@ -244,7 +274,7 @@ def detect_shape(columns: Any) -> str:
     return "unknown"
 
 
-def row_format(dataset: Any) -> str:
+def row_format(dataset: Any, name: str = "dataset") -> str:
     """'chat' (messages), 'text', 'prompt_completion' or 'preference': the shapes the trainers read."""
     cols = set(dataset.column_names)
     shape = detect_shape(cols)
@@ -252,7 +282,7 @@ def row_format(dataset: Any) -> str:
         return "text"
     if shape not in ("prompts", "unknown"):
         return shape
-    raise SpecError(f"dataset: rows need messages, text, prompt/completion or prompt/chosen/rejected columns; got {sorted(cols)}")
+    raise SpecError(f"{name}: rows need messages, text, prompt/completion or prompt/chosen/rejected columns; got {sorted(cols)}")
 
 
 def with_system_prompt(dataset: Any, system_prompt: str | None) -> Any:

@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from trl import DPOConfig, DPOTrainer
 
-from .common import Context, ServingConfigMixin, StudioCallback, TokenCountingMixin, build_config, train_and_finish
-from .data import load_rows, row_format, with_system_prompt_in_pairs
+from .common import Context, ServingConfigMixin, StudioCallback, TokenCountingMixin, build_config, eval_callbacks, train_and_finish
+from .data import load_eval_rows, load_rows, row_format, with_system_prompt_in_pairs
 from .fit import max_length
 from .modeling import load_policy, load_tokenizer
 from .spec import SpecError
@@ -118,6 +118,11 @@ class StudioDPOTrainer(TokenCountingMixin, ServingConfigMixin, DPOTrainer):
         return (loss, outputs) if return_outputs else loss
 
 
+def pairs(dataset: Any, system_prompt: str | None) -> Any:
+    """Preference rows as the trainer reads them: the pair's columns, with the run's system prompt."""
+    return with_system_prompt_in_pairs(dataset.select_columns(["prompt", "chosen", "rejected"]), system_prompt)
+
+
 def run(ctx: Context) -> None:
     spec = ctx.spec
     loss_options = dict(spec.cfg("loss", {}))
@@ -125,7 +130,9 @@ def run(ctx: Context) -> None:
     dataset = load_rows(spec.datasets, ctx.reporter.log)
     if row_format(dataset) != "preference":
         raise SpecError("dataset: DPO needs rows with prompt, chosen and rejected")
-    dataset = with_system_prompt_in_pairs(dataset.select_columns(["prompt", "chosen", "rejected"]), spec.cfg("system_prompt"))
+    dataset, held = load_eval_rows(spec, dataset, ctx.reporter.log)
+    dataset = pairs(dataset, spec.cfg("system_prompt"))
+    held = pairs(held, spec.cfg("system_prompt")) if held is not None else None
     ctx.reporter.log(
         f"dpo: {len(dataset)} pairs, beta={loss_options.get('dpo_beta', 0.1)}, "
         f"reference_free={bool(loss_options.get('reference_free'))}, "
@@ -137,6 +144,8 @@ def run(ctx: Context) -> None:
         beta=float(loss_options.get("dpo_beta") or 0.1),
         max_length=max_length(spec, ctx.reporter.log),
         per_device_train_batch_size=pairs_per_device(spec.cfg("per_device_train_batch_size", 2)),
+        **({"per_device_eval_batch_size": pairs_per_device(spec.cfg("per_device_eval_batch_size", spec.cfg("per_device_train_batch_size", 2)))}
+           if spec.evaluates else {}),
     )
     model = load_policy(spec, ctx.device, log=ctx.reporter.log)
     ref: list[Any] = []
@@ -144,8 +153,9 @@ def run(ctx: Context) -> None:
         model=model,
         args=args,
         train_dataset=dataset,
+        eval_dataset=held,
         processing_class=tokenizer,
-        callbacks=[StudioCallback(ctx, ref)],
+        callbacks=[StudioCallback(ctx, ref), *eval_callbacks(spec)],
         loss_options=loss_options,
     )
     ref.append(trainer)

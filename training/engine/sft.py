@@ -21,8 +21,18 @@ from typing import Any, cast
 import torch
 from trl import SFTConfig, SFTTrainer
 
-from .common import ROW_TOKENS, Context, ServingConfigMixin, StudioCallback, TokenCountingMixin, build_config, packed_positions, train_and_finish
-from .data import load_rows, row_format, with_system_prompt
+from .common import (
+    ROW_TOKENS,
+    Context,
+    ServingConfigMixin,
+    StudioCallback,
+    TokenCountingMixin,
+    build_config,
+    eval_callbacks,
+    packed_positions,
+    train_and_finish,
+)
+from .data import load_eval_rows, load_rows, row_format, with_system_prompt
 from .fit import max_length
 from .modeling import load_policy, load_tokenizer
 from .spec import SpecError
@@ -117,7 +127,9 @@ def build_trainer(ctx: Context) -> tuple[StudioSFTTrainer, Any]:
     fmt = row_format(dataset)
     if fmt == "preference":
         raise SpecError("dataset: preference rows (prompt/chosen/rejected) belong to a DPO run, not SFT")
+    dataset, held = load_eval_rows(spec, dataset, ctx.reporter.log)  # held out before packing: no packed row mixes the two
     dataset = with_system_prompt(dataset, spec.cfg("system_prompt"))
+    held = with_system_prompt(held, spec.cfg("system_prompt")) if held is not None else None
     packing = bool(spec.cfg("packing", True))
     adapter = "qlora" if spec.cfg("load_in_4bit") else "lora" if spec.use_lora else "full"
     ctx.reporter.log(f"sft: {len(dataset)} {fmt} rows, adapter={adapter}, packing={'on' if packing else 'off'}")
@@ -138,8 +150,9 @@ def build_trainer(ctx: Context) -> tuple[StudioSFTTrainer, Any]:
         model=model,
         args=args,
         train_dataset=dataset,
+        eval_dataset=held,
         processing_class=tokenizer,
-        callbacks=[StudioCallback(ctx, ref)],
+        callbacks=[StudioCallback(ctx, ref), *eval_callbacks(spec)],
     )
     ref.append(trainer)
     if packing:

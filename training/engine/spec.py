@@ -52,7 +52,14 @@ ENGINE_KEYS = {
     "gradient_checkpointing",
     "use_unsloth",
     "max_prompt_length",
+    # Held-out evaluation (SFT and DPO): the engine sets TRL's eval_strategy, eval_steps and eval batch from them.
+    "eval_dataset",
+    "eval_split",
+    "eval_steps",
+    "per_device_eval_batch_size",
 }
+EVAL_SPLIT_MAX = 0.5  # at most half the rows held out: the rest must still train
+EVAL_METHODS = ("sft", "dpo")  # the methods that evaluate held-out rows
 
 # seed 000: heartbeat_timeout means the worker really stopped (default 300 s). A healthy engine posts at
 # least every heartbeat_interval_seconds, so a deadline needs room for one late or lost heartbeat (twice the
@@ -139,7 +146,14 @@ class Spec:
     # A folder that outlives the attempt (the local backend's runs/<id>/cache), for work a restarted
     # run can reuse: DISTILL's teacher capture. None: everything goes under output_dir.
     cache_dir: Path | None = None
+    # Held-out rows to evaluate on (config.eval_dataset, pinned like `datasets`); empty without one.
+    eval_datasets: list[DatasetRef] = field(default_factory=list)
     raw: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def evaluates(self) -> bool:
+        """Whether the run evaluates held-out rows: an eval dataset, or an eval_split of its rows."""
+        return bool(self.eval_datasets) or self.config.get("eval_split") is not None
 
     def cfg(self, key: str, default: Any = None) -> Any:
         value = self.config.get(key)
@@ -225,6 +239,9 @@ def _validate_config(method: str, config: dict[str, Any]) -> None:
         batch = config.get("per_device_train_batch_size")
         if batch is not None and batch % 2:  # a number > 0: checked above
             raise SpecError(f"{w}per_device_train_batch_size: counts rows and a chosen/rejected pair is two, so DPO's batch must be even, got {batch}")
+        eval_batch = config.get("per_device_eval_batch_size")
+        if isinstance(eval_batch, int) and eval_batch % 2:
+            raise SpecError(f"{w}per_device_eval_batch_size: counts rows and a chosen/rejected pair is two, so DPO's batch must be even, got {eval_batch}")
     if method == "distill":
         dist = config.get("distillation")
         if not isinstance(dist, dict) or not dist.get("teacher_model"):
@@ -242,6 +259,39 @@ def _validate_config(method: str, config: dict[str, Any]) -> None:
             raise SpecError(f'{w}rl_mode: must be "environment" or "ruler", got {mode!r}')
 
 
+def _dataset_refs(method: str, raw: Any, name: str) -> list[DatasetRef]:
+    """The entries of the spec's `dataset` or `eval_dataset` list."""
+    raw = raw or []
+    if not isinstance(raw, list):
+        raise SpecError(f"{name}: expected a list of {{path, type, revision}}")
+    refs = []
+    for i, entry in enumerate(raw):
+        if not isinstance(entry, dict) or not isinstance(entry.get("path"), str) or not entry["path"]:
+            raise SpecError(f"{name}[{i}].path: is required")
+        dtype = entry.get("type")
+        if method == "dpo" and dtype not in (None, "preference"):
+            raise SpecError(f'{name}[{i}].type: DPO datasets are type "preference" or untyped, got {dtype!r}')
+        data_hub = entry.get("data_hub", False)
+        if not isinstance(data_hub, bool):
+            raise SpecError(f"{name}[{i}].data_hub: true for a Data Hub repo, false for a Hugging Face id; got {data_hub!r}")
+        refs.append(DatasetRef(entry["path"], dtype, entry.get("revision"), data_hub))
+    return refs
+
+
+def _validate_eval(method: str, config: dict[str, Any], eval_datasets: list[DatasetRef]) -> None:
+    """Held-out evaluation is SFT's and DPO's: one source of eval rows, a split of at most half."""
+    w = "config."
+    split = config.get("eval_split")
+    if method not in EVAL_METHODS and (eval_datasets or any(config.get(k) is not None for k in ("eval_split", "eval_steps", "per_device_eval_batch_size"))):
+        raise SpecError(f"{w}eval_split: held-out evaluation is for SFT and DPO runs, not {method.upper()}")
+    if split is not None and eval_datasets:
+        raise SpecError(f"{w}eval_split: give eval_split or eval_dataset, not both")
+    if split is not None and (isinstance(split, bool) or not isinstance(split, (int, float)) or not 0 < split <= EVAL_SPLIT_MAX):
+        raise SpecError(f"{w}eval_split: a fraction of the rows greater than 0 and at most {EVAL_SPLIT_MAX}, got {split!r}")
+    for key in ("eval_steps", "per_device_eval_batch_size"):
+        _number(config, key, w, positive=True)
+
+
 def parse_spec(data: dict[str, Any]) -> Spec:
     if not isinstance(data, dict):
         raise SpecError("spec: expected a JSON object")
@@ -255,23 +305,12 @@ def parse_spec(data: dict[str, Any]) -> Spec:
     config = data.get("config") or {}
     if not isinstance(config, dict):
         raise SpecError("config: expected an object")
-    raw_datasets = data.get("dataset") or []
-    if not isinstance(raw_datasets, list):
-        raise SpecError("dataset: expected a list of {path, type, revision}")
-    datasets = []
-    for i, entry in enumerate(raw_datasets):
-        if not isinstance(entry, dict) or not isinstance(entry.get("path"), str) or not entry["path"]:
-            raise SpecError(f"dataset[{i}].path: is required")
-        dtype = entry.get("type")
-        if method == "dpo" and dtype not in (None, "preference"):
-            raise SpecError(f'dataset[{i}].type: DPO datasets are type "preference" or untyped, got {dtype!r}')
-        data_hub = entry.get("data_hub", False)
-        if not isinstance(data_hub, bool):
-            raise SpecError(f"dataset[{i}].data_hub: true for a Data Hub repo, false for a Hugging Face id; got {data_hub!r}")
-        datasets.append(DatasetRef(entry["path"], dtype, entry.get("revision"), data_hub))
+    datasets = _dataset_refs(method, data.get("dataset"), "dataset")
+    eval_datasets = _dataset_refs(method, data.get("eval_dataset"), "eval_dataset")
     if method != "grpo" and not datasets:
         raise SpecError(f"dataset: {method.upper()} needs at least one dataset")
     _validate_config(method, config)
+    _validate_eval(method, config, eval_datasets)
     ingest = data.get("ingest")
     url = token = None
     if ingest is not None:
@@ -299,6 +338,7 @@ def parse_spec(data: dict[str, Any]) -> Spec:
         output_dir=Path(output_dir),
         resume_from=resume,
         cache_dir=Path(cache_dir) if cache_dir else None,
+        eval_datasets=eval_datasets,
         raw=data,
     )
 

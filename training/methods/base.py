@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 from studio.errors import Finding
 from training.engine.spec import HEARTBEAT_INTERVAL_DEFAULT, HEARTBEAT_TIMEOUT_DEFAULT, HEARTBEAT_TIMEOUT_FLOOR, STUDIO_MANAGED, studio_managed_value
-from training.keys import BOOL, INT0, INT1, POSITIVE, PRECISIONS, TEXT, Key, check_block, is_number, json_findings, shown  # noqa: F401 - re-exported for methods
+from training.keys import BOOL, EVAL_KEYS, INT0, INT1, POSITIVE, PRECISIONS, TEXT, Key, check_block, is_number, json_findings, shown  # noqa: F401 - re-exported for methods
 
 TRL_FIELDS_FILE = Path(__file__).with_name("trl_fields.json")
 
@@ -63,6 +63,7 @@ COMMON_KEYS: dict[str, Key] = {
     # GPU throughput levers (issue 8). "auto" checkpoints activations only when the fit check says memory needs it.
     "use_liger": BOOL,
     "gradient_checkpointing": Key("auto_bool"),
+    **EVAL_KEYS,  # SFT and DPO read them; GRPO and DISTILL refuse them at START, saying what to use instead
 }
 
 DEFAULT_LORA_RANK = 16
@@ -181,7 +182,8 @@ TRL_ABOVE_ZERO = {
     "repetition_penalty": "a number greater than 0 (default 1.0, no penalty)",
 }
 
-# The Studio trains without an evaluation split: settings that need one failed the run after it started.
+# Settings that need TRL's own evaluation, which the Studio does not run (its eval_split, eval_dataset and
+# eval_steps set eval_strategy itself): they failed the run after it started.
 NEEDS_EVAL = {
     "eval_strategy": lambda v: v != "no", "do_eval": bool, "load_best_model_at_end": bool,
     "lr_scheduler_type": lambda v: v == "reduce_lr_on_plateau",
@@ -223,7 +225,8 @@ class TrainingMethod:
             elif name in passthrough:
                 found = passthrough[name].check(f"config.{name}", value)
                 if not found and name in NEEDS_EVAL and NEEDS_EVAL[name](value):
-                    found = [Finding(f"config.{name}", f"{shown(value)} needs an evaluation split, and the Studio trains without one: remove it")]
+                    found = [Finding(f"config.{name}", f"{shown(value)} needs an evaluation split of TRL's own, which the Studio does not run: remove it "
+                                                       "(held-out evaluation is eval_split or eval_dataset, every eval_steps)")]
                 elif not found and (instead := studio_managed_value(name, value)):
                     found = [Finding(f"config.{name}", f"{shown(value)} is refused: {instead}")]
                 findings.extend(found)

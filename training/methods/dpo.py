@@ -48,9 +48,10 @@ class DPO(TrainingMethod):
         findings = []
         if not lora_enabled(config):
             findings.append(Finding("config.lora_rank", "DPO scores each pair against the frozen base, so it needs LoRA: set lora_rank (e.g. 16). For a full fine-tune use SFT."))
-        batch = config.get("per_device_train_batch_size")
-        if isinstance(batch, int) and batch % 2:
-            findings.append(Finding("config.per_device_train_batch_size", f"a chosen/rejected pair is two rows, so the batch must be even: use {even_batch_options(batch)}"))
+        for key in ("per_device_train_batch_size", "per_device_eval_batch_size"):
+            batch = config.get(key)
+            if isinstance(batch, int) and batch % 2:
+                findings.append(Finding(f"config.{key}", f"a chosen/rejected pair is two rows, so the batch must be even: use {even_batch_options(batch)}"))
         if loss.get("target_margin") is not None and loss.get("reference_free") is not True:
             findings.append(Finding("config.loss.target_margin", "target_margin is defined on the reference-free score: also set reference_free: true, or remove target_margin"))
         beta = loss.get("dpo_beta")
