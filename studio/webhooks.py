@@ -13,7 +13,6 @@ import hashlib
 import hmac
 import ipaddress
 import json
-import logging
 import secrets
 import socket
 import time
@@ -31,8 +30,6 @@ from studio import audit, crypto
 from studio.errors import BadRequest, Finding, NotFound
 from studio.models import SUBSCRIBABLE_EVENTS, AuditEvent, Project, Webhook, WebhookDelivery, WebhookEvent
 from studio.queue import send_after_commit
-
-log = logging.getLogger(__name__)
 
 SECRET_PREFIX = "whsec"
 TIMEOUT_S = 5

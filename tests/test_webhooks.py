@@ -450,3 +450,23 @@ def test_with_the_task_queue_down_the_delivery_says_it_was_not_sent(api, receive
     assert receiver.received == []
     delivery = WebhookDelivery.objects.get(webhook_id=hook["id"])
     assert delivery.attempts == 0 and delivery.next_try_at is None and "task queue (Redis) could not be reached" in delivery.last_error
+
+
+def test_the_page_reads_as_many_rows_in_as_many_queries_for_more_webhooks(api, users, receiver, sent):
+    from django.test.utils import CaptureQueriesContext
+
+    owner = Client()
+    owner.force_login(users["owner"])
+
+    def queries() -> int:
+        with CaptureQueriesContext(connection) as captured:
+            assert owner.get("/settings/webhooks/").status_code == 200
+        return len(captured)
+
+    with sent():
+        api.post(f"/api/webhooks/{add_hook(api, receiver.url)['id']}/test")
+    one = queries()
+    with sent():
+        for _ in range(3):
+            api.post(f"/api/webhooks/{add_hook(api, receiver.url)['id']}/test")
+    assert queries() == one
