@@ -344,12 +344,14 @@ def register_routers() -> None:
     from experiments.api import router as experiments_router
     from studio.health_api import router as health_router
     from studio.secrets_api import router as secrets_router
+    from studio.webhooks_api import router as webhooks_router
     from training.api import router as runs_router
     from training.ingest import router as ingest_router
 
     api.add_router("/experiments", experiments_router)
     api.add_router("/training-runs", runs_router)
     api.add_router("/secrets", secrets_router)
+    api.add_router("/webhooks", webhooks_router)
     api.add_router("/ingest", ingest_router)
     api.add_router("/hub", "datahub.api.router")
     api.add_router("/environments", "environments.api.router")

@@ -139,3 +139,63 @@ class AuditEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.created_at:%Y-%m-%d %H:%M:%S} {self.actor_name or 'system'} {self.action} {self.target_type} {self.target_id}"
+
+
+class WebhookEvent(models.TextChoices):
+    """What a webhook can be sent: the end of a run, one event per terminal status (PING is the
+    Send test button's, never subscribed to)."""
+
+    RUN_COMPLETED = "run.completed"
+    RUN_FAILED = "run.failed"
+    RUN_CANCELLED = "run.cancelled"
+    PING = "ping"
+
+
+SUBSCRIBABLE_EVENTS = (WebhookEvent.RUN_COMPLETED, WebhookEvent.RUN_FAILED, WebhookEvent.RUN_CANCELLED)
+
+
+def all_run_events() -> list[str]:
+    return [str(event) for event in SUBSCRIBABLE_EVENTS]
+
+
+class Webhook(models.Model):
+    """A URL told when a project's runs end. Its signing secret is encrypted at rest and shown once,
+    when the Studio makes it (studio/webhooks.py)."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="webhooks")
+    url = models.URLField(max_length=2000)
+    events = models.JSONField(default=all_run_events, help_text="The run.* events it is sent.")
+    secret_ciphertext = models.BinaryField()
+    active = models.BooleanField(default=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.project}: {self.url}"
+
+
+class WebhookDelivery(models.Model):
+    """One event sent (or being sent) to one webhook, with how its last try went. The newest
+    DELIVERIES_KEPT per webhook are kept."""
+
+    webhook = models.ForeignKey(Webhook, on_delete=models.CASCADE, related_name="deliveries")
+    event = models.CharField(max_length=32, choices=WebhookEvent.choices)
+    run_id = models.IntegerField(null=True, blank=True)
+    payload = models.JSONField()
+    attempts = models.PositiveIntegerField(default=0)
+    last_status_code = models.PositiveIntegerField(null=True, blank=True)
+    last_error = models.CharField(max_length=500, blank=True)
+    tries = models.JSONField(default=list, blank=True, help_text="[{at, status_code, error}] of each try.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+    next_try_at = models.DateTimeField(null=True, blank=True, help_text="When the next try is due; null once delivered or given up.")
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["webhook", "-created_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.event} → {self.webhook_id} ({self.attempts} tries)"

@@ -21,10 +21,10 @@ class Sending:
     unsent = False
 
 
-def send(task: Any, *args: Any) -> bool:
-    """task.delay(*args); False (logged) when the broker cannot be reached."""
+def send(task: Any, *args: Any, countdown: float | None = None) -> bool:
+    """task.delay(*args), or after `countdown` seconds; False (logged) when the broker cannot be reached."""
     try:
-        task.delay(*args)
+        task.apply_async(args, countdown=countdown) if countdown is not None else task.delay(*args)
     except OperationalError as exc:
         log.warning("could not send %s%r to the task queue: %s", task.name, args, exc)
         return False

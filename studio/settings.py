@@ -240,6 +240,12 @@ if not validate_host(_public_host, ALLOWED_HOSTS):
         f"STUDIO_PUBLIC_URL={STUDIO_PUBLIC_URL!r}: its host {_public_host!r} is not in ALLOWED_HOSTS={','.join(ALLOWED_HOSTS)}, "
         "so the engines' reports would be refused: add it to ALLOWED_HOSTS, or set STUDIO_PUBLIC_URL to an allowed host"
     )
+# Webhooks (Settings → Webhooks) are sent to https URLs only, unless this allows http (DEBUG does too).
+STUDIO_WEBHOOK_ALLOW_HTTP = envbool("STUDIO_WEBHOOK_ALLOW_HTTP", False)
+# A webhook URL whose host resolves to a loopback, private, link-local (cloud metadata) or otherwise
+# internal address is refused, at save and at send time: the Studio would be a way into its own
+# network. True allows them, for a Studio whose receivers are on its own network (and for the tests).
+STUDIO_WEBHOOK_ALLOW_PRIVATE = envbool("STUDIO_WEBHOOK_ALLOW_PRIVATE", False)
 # The Data Hub's blob storage on the local filesystem (STORAGES["datahub"] overrides it, e.g. S3).
 DATAHUB_ROOT = Path(env("DATAHUB_ROOT") or VAR_DIR / "hub")
 # Try it loads a Data Hub model (a run's base, or weights a remote job committed) from a checkout of

@@ -2,7 +2,7 @@
 
 Every operation gets a bounded number of generated requests (SCHEMATHESIS_EXAMPLES, default 25);
 path ids are mostly mapped onto rows that exist (a queued, a running, a failed and a completed run;
-a Data Hub repo; a secret) so the handlers past the 404 are reached too. The contract checked:
+a Data Hub repo; a secret; a webhook) so the handlers past the 404 are reached too. The contract checked:
 no response is a 5xx, and every 4xx body carries `detail` (a sentence) and `errors` (a list).
 
 Nothing fuzzed can train: the test runs inside a rolled-back transaction, where START's on_commit
@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, Phase, settings
 
 from studio import crypto
 from studio.services import set_secret
+from studio.webhooks import create_webhook
 from tests.conftest import sft_body
 from training.models import MetricPoint, Status, TrainingRun
 
@@ -52,8 +53,12 @@ def fuzz_world(db, project, users, tokens, api, monkeypatch, settings, tmp_path)
         run_ids.append(run_id)
     repo = api.post("/api/hub/repos", {"name": "fuzz-model", "type": "model"})
     set_secret(project, "JUDGE_KEY", "s3cret")
+    settings.STUDIO_WEBHOOK_ALLOW_PRIVATE = True
+    webhook, _ = create_webhook(project, "https://127.0.0.1/hook", None)
+    settings.STUDIO_WEBHOOK_ALLOW_PRIVATE = False
     return {"run_id": run_ids, "name": [repo.json().get("name", "fuzz-model") if repo.status_code < 300 else "fuzz-model", "JUDGE_KEY"],
-            "experiment_id": [TrainingRun.objects.get(pk=run_ids[0]).experiment_id]}  # the runs' (default) experiment: its comparison
+            "experiment_id": [TrainingRun.objects.get(pk=run_ids[0]).experiment_id],  # the runs' (default) experiment: its comparison
+            "webhook_id": [webhook.pk]}
 
 
 def load_schema():
@@ -109,6 +114,6 @@ def test_the_fuzzer_sees_every_endpoint():
     """A router that drops out of the schema would drop out of the fuzzing silently."""
     paths = {op.ok().path for op in schema.get_all_operations()}
     for expected in ("/api/training-runs", "/api/training-runs/{run_id}/start", "/api/ingest/runs/{run_id}", "/api/secrets/{name}", "/api/experiments",
-                     "/api/experiments/{experiment_id}/compare"):
+                     "/api/experiments/{experiment_id}/compare", "/api/webhooks/{webhook_id}/test"):
         assert expected in paths, sorted(paths)
 

@@ -2,10 +2,14 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
+from django.conf import settings
 from django.db import transaction
+from django.urls import reverse
 from django.utils import timezone
 
+from studio import webhooks
 from training.models import TERMINAL_STATUSES, AttemptOutcome, LogLine, RunAttempt, Status, TrainingRun
 
 ALLOWED: dict[str, frozenset[str]] = {
@@ -70,7 +74,24 @@ def transition(run_id: int, target: str, *, attempt: int | None = None, error: d
         fields += ["error", "started_at", "finished_at", "stage", "progress", "ingest_token_hash"]
     run.save(update_fields=fields)
     LogLine.objects.create(run=run, attempt=run.attempt, line=f"[studio] status → {target}" + (f": {note}" if note else ""))
+    if target in TERMINAL_STATUSES:
+        webhooks.run_ended(run.project_id, f"run.{target}", run.pk, lambda: webhook_data(run))
     return run
+
+
+def webhook_data(run: TrainingRun) -> dict[str, Any]:
+    """The `data` of a run.* webhook: what a receiver needs to act on the run's end, nothing secret
+    (the error's code and message, not its log tail). The model is the one published by now: a
+    run's final weights are published after it completes, so it is often still null."""
+    from datahub.services import published_model  # datahub builds on training's models
+
+    repo, _, _ = published_model(run)
+    return {
+        "run_id": run.pk, "name": run.name, "project": run.project.slug, "method": run.method, "status": run.status,
+        "error": {"code": run.error.get("code", ""), "message": run.error.get("message", "")} if run.error else None,
+        "published_model": repo.full_name if repo is not None else None,
+        "url": settings.STUDIO_PUBLIC_URL + reverse("training:run", args=[run.pk]),
+    }
 
 
 def end_attempt(run_id: int, attempt: int, outcome: str, at: datetime, error_code: str = "") -> None:

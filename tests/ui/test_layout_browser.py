@@ -13,6 +13,7 @@ from datahub import services as hub
 from environments import services as env_services
 from experiments.services import create_experiment
 from studio.services import set_secret
+from studio.webhooks import create_webhook, send_test
 from tests.ui.conftest import login
 from training import services
 from training import status as status_service
@@ -94,10 +95,23 @@ def lora_run_with_checkpoints(project, user, experiment=None) -> TrainingRun:
     return run
 
 
+def add_failing_webhook(project, settings) -> None:
+    """A webhook with a long URL nothing answers at, and its ping's delivery, tried (eagerly) and failed."""
+    from studio.celery import app
+
+    settings.STUDIO_WEBHOOK_ALLOW_PRIVATE = True
+    webhook, _ = create_webhook(project, "https://127.0.0.1:9/hooks/studio/team-notifications-for-the-nightly-training-runs?source=studio", None)
+    app.conf.task_always_eager = True
+    try:
+        send_test(webhook)
+    finally:
+        app.conf.task_always_eager = False
+
+
 @pytest.fixture
 def studio_data(project, users, settings, tmp_path):
     """What each page shows when it has content: runs of two methods (checkpoints, rollouts),
-    an experiment, a published model, a forked environment and a secret."""
+    an experiment, a published model, a forked environment, a secret and a webhook that failed."""
     settings.STUDIO_RUNS_DIR = tmp_path / "runs"
     owner = users["owner"]
     experiment = create_experiment(project, "tone sweep")
@@ -108,6 +122,7 @@ def studio_data(project, users, settings, tmp_path):
                                          reward=float(i == 2), advantage=0.5 if i == 2 else -0.1) for i in range(4)])
     env_services.fork(project, "gsm-maths", "my-maths", user=owner)
     set_secret(project, "OPENAI_API_KEY", "sk-test")
+    add_failing_webhook(project, settings)
     return {"sft": sft, "grpo": grpo, "experiment": experiment}
 
 
@@ -117,7 +132,7 @@ def tour(data) -> list[str]:
             + [f"/training/runs/{sft.pk}/{tab}/" for tab in ("overview", "configuration", "datasets", "checkpoints", "lineage", "repository")]
             + [f"/training/runs/{grpo.pk}/{tab}/" for tab in ("overview", "configuration", "environment", "rollouts", "repository")]
             + ["/experiments/", f"/experiments/{data['experiment'].pk}/", "/models/", "/environments/", "/environments/my-maths/",
-               "/settings/billing/", "/settings/secrets/", "/settings/api-tokens/"])
+               "/settings/billing/", "/settings/secrets/", "/settings/api-tokens/", "/settings/webhooks/"])
 
 
 def test_every_page_fits_the_viewport(sized, studio_data):

@@ -17,6 +17,10 @@ pytestmark = pytest.mark.django_db
     # Actions whose form is sent by htmx too: a GET of one is no 405 with an empty body either.
     ("/settings/secrets/delete", "/settings/secrets/"),
     ("/settings/api-tokens/1/revoke", "/settings/api-tokens/"),
+    ("/settings/webhooks/new", "/settings/webhooks/"),
+    ("/settings/webhooks/1/test", "/settings/webhooks/"),
+    ("/settings/webhooks/1/active", "/settings/webhooks/"),
+    ("/settings/webhooks/1/delete", "/settings/webhooks/"),
     ("/experiments/create", "/experiments/"),
     ("/environments/maze/config", "/environments/maze/"),
     ("/hub/acme/my-data/upload", "/hub/acme/my-data"),

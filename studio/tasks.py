@@ -1,0 +1,17 @@
+"""Celery tasks of the studio app: thin wrappers over studio.webhooks, each safe to run twice."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from studio import webhooks
+from studio.queue import send
+
+
+@shared_task(name="studio.tasks.deliver_webhook", soft_time_limit=30, time_limit=45)
+def deliver_webhook(delivery_id: int) -> None:
+    """One try of a delivery; the next (after a non-2xx answer or a connection error) is queued with
+    its countdown. A broker down by then leaves it recorded as failed, with its tries."""
+    delay = webhooks.attempt_delivery(delivery_id)
+    if delay is not None and not send(deliver_webhook, delivery_id, countdown=delay):
+        webhooks.record_unsent(delivery_id)

@@ -1,0 +1,264 @@
+"""Webhooks: the only functions that create, change and send them.
+
+A run that ends (training.status.transition) gets one WebhookDelivery per active webhook of its
+project that wants the event, made in the transition's transaction and handed to the task queue once
+it commits (studio.tasks.deliver_webhook). Each try POSTs the payload signed with the webhook's
+secret; a non-2xx answer or a connection error is tried again later (RETRY_DELAYS_S), and every try is
+recorded on the delivery.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import json
+import secrets
+import socket
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from studio import audit, crypto
+from studio.errors import BadRequest, Finding, NotFound
+from studio.models import SUBSCRIBABLE_EVENTS, AuditEvent, Project, Webhook, WebhookDelivery, WebhookEvent
+from studio.queue import send_after_commit
+
+SECRET_PREFIX = "whsec"
+TIMEOUT_S = 5
+# Waits before the 2nd to 5th try: five tries over about 31 minutes.
+RETRY_DELAYS_S = (60, 300, 600, 900)
+MAX_TRIES = len(RETRY_DELAYS_S) + 1
+DELIVERIES_KEPT = 50
+URL_MAX = Webhook._meta.get_field("url").max_length
+EVENT_NAMES = [str(event) for event in SUBSCRIBABLE_EVENTS]
+
+
+class UnsafeAddress(ValueError):
+    """A webhook URL whose host is, or resolves to, an address the Studio does not send to."""
+
+
+def unsafe_address(address: str) -> bool:
+    """Loopback, private, link-local (169.254.169.254, the clouds' metadata service), multicast,
+    reserved or unspecified: an address inside the Studio's own network, not a team's receiver."""
+    ip = ipaddress.ip_address(address.split("%")[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return not ip.is_global or ip.is_multicast
+
+
+def check_host(host: str, port: int) -> None:
+    """Raise UnsafeAddress unless every address `host` resolves to is a public one (or
+    STUDIO_WEBHOOK_ALLOW_PRIVATE allows any)."""
+    try:
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise UnsafeAddress(f"its host {host!r} cannot be resolved ({exc}): check the name") from exc
+    if settings.STUDIO_WEBHOOK_ALLOW_PRIVATE:
+        return
+    for *_, sockaddr in found:
+        if unsafe_address(str(sockaddr[0])):
+            raise UnsafeAddress(
+                f"its host {host!r} resolves to {sockaddr[0]}, a loopback, private or link-local address, which the "
+                "Studio does not send to: give a public URL (an administrator can allow private ones with "
+                "STUDIO_WEBHOOK_ALLOW_PRIVATE=1)"
+            )
+
+
+def validate_url(url: str) -> str:
+    """`url`, stripped, or a 400 naming `url` that says what to change."""
+    url = (url or "").strip()
+    allow_http = settings.DEBUG or settings.STUDIO_WEBHOOK_ALLOW_HTTP
+    schemes = "https or http" if allow_http else "https"
+    if not url or len(url) > URL_MAX or any(c.isspace() or ord(c) < 32 for c in url):
+        raise BadRequest("The webhook URL is not valid.", [Finding("url", f"give an {schemes} URL of at most {URL_MAX} characters, without spaces")])
+    try:
+        parts = urlsplit(url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as exc:
+        raise BadRequest("The webhook URL is not valid.", [Finding("url", f"{exc}: give a URL such as https://hooks.example.com/studio")]) from exc
+    if parts.scheme not in ("https", "http") or (parts.scheme == "http" and not allow_http):
+        raise BadRequest(
+            "The webhook URL is not valid.",
+            [
+                Finding(
+                    "url",
+                    "use an https:// URL (an administrator can allow http with STUDIO_WEBHOOK_ALLOW_HTTP=1)"
+                    if parts.scheme == "http"
+                    else f"use an {schemes}:// URL",
+                )
+            ],
+        )
+    if not parts.hostname:
+        raise BadRequest("The webhook URL is not valid.", [Finding("url", "give the receiver's host, e.g. https://hooks.example.com/studio")])
+    if parts.username or parts.password:
+        raise BadRequest(
+            "The webhook URL is not valid.",
+            [Finding("url", "remove the user name and password: the URL is shown to every member; check the Studio-Signature header instead")],
+        )
+    try:
+        check_host(parts.hostname, port)
+    except UnsafeAddress as exc:
+        raise BadRequest("The webhook URL is not allowed.", [Finding("url", str(exc))]) from exc
+    return url
+
+
+def validate_events(events: list[str] | None) -> list[str]:
+    """The run events asked for, in a fixed order; all of them when none are named."""
+    if events is None:
+        return list(EVENT_NAMES)
+    unknown = [
+        Finding(f"events[{i}]", f"unknown event {event!r}: choose among {', '.join(EVENT_NAMES)}") for i, event in enumerate(events) if event not in EVENT_NAMES
+    ]
+    if unknown:
+        raise BadRequest("The webhook asks for unknown events.", unknown)
+    if not events:
+        raise BadRequest("The webhook asks for no events.", [Finding("events", f"choose at least one of {', '.join(EVENT_NAMES)}, or leave it out for all")])
+    return [event for event in EVENT_NAMES if event in events]
+
+
+@transaction.atomic
+def create_webhook(project: Project, url: str, events: list[str] | None, *, user=None) -> tuple[Webhook, str]:
+    """Make a webhook; returns it and its signing secret (shown once: only its ciphertext is kept)."""
+    events, url = validate_events(events), validate_url(url)
+    secret = f"{SECRET_PREFIX}_{secrets.token_urlsafe(32)}"
+    webhook = Webhook.objects.create(project=project, url=url, events=events, secret_ciphertext=crypto.encrypt(secret), created_by=user)
+    audit.record(AuditEvent.Action.CREATED, webhook, name=url, details={"events": events})
+    return webhook, secret
+
+
+@transaction.atomic
+def set_webhook_active(webhook: Webhook, active: bool) -> Webhook:
+    """Pause or resume a webhook: a paused one is sent nothing (its pending tries are dropped)."""
+    if webhook.active != active:
+        webhook.active = active
+        webhook.save(update_fields=["active"])
+        audit.record(AuditEvent.Action.UPDATED, webhook, name=webhook.url, details={"active": active})
+    return webhook
+
+
+@transaction.atomic
+def delete_webhook(webhook: Webhook) -> None:
+    audit.record(AuditEvent.Action.DELETED, webhook, name=webhook.url)
+    webhook.delete()
+
+
+def find_webhook(project: Project, webhook_id: int) -> Webhook:
+    """The project's webhook `webhook_id`; another project's is a 404, as one that does not exist."""
+    webhook = Webhook.objects.filter(project=project, pk=webhook_id).first()
+    if webhook is None:
+        raise NotFound(f"No webhook {webhook_id} in project {project.slug}.")
+    return webhook
+
+
+def run_ended(project_id: int, event: str, run_id: int, data: Callable[[], dict[str, Any]]) -> None:
+    """Queue `event` of run `run_id` to each active webhook of the project that wants it, with the
+    payload's `data()` (asked only when one does). Call inside the transaction that ended the run:
+    the deliveries are made with it and sent once it commits."""
+    wanting = [webhook for webhook in Webhook.objects.filter(project_id=project_id, active=True) if event in webhook.events]
+    payload = data() if wanting else {}
+    for webhook in wanting:
+        queue_delivery(webhook, event, run_id, payload)
+
+
+@transaction.atomic
+def send_test(webhook: Webhook) -> WebhookDelivery:
+    """A "ping" delivery to `webhook`, paused or not: Send test checks the receiver."""
+    return queue_delivery(webhook, WebhookEvent.PING, None, {"project": webhook.project.slug, "webhook": webhook.pk})
+
+
+def queue_delivery(webhook: Webhook, event: str, run_id: int | None, data: dict[str, Any]) -> WebhookDelivery:
+    from studio.tasks import deliver_webhook  # the task module imports this one
+
+    delivery = WebhookDelivery.objects.create(webhook=webhook, event=event, run_id=run_id, payload={}, next_try_at=timezone.now())
+    delivery.payload = {"type": str(event), "id": str(delivery.pk), "created_at": delivery.created_at.isoformat(), "data": data}
+    delivery.save(update_fields=["payload"])
+    keep_newest_deliveries(webhook)
+    send_after_commit(deliver_webhook, delivery.pk, on_unsent=lambda: record_unsent(delivery.pk))
+    return delivery
+
+
+def keep_newest_deliveries(webhook: Webhook) -> None:
+    old = WebhookDelivery.objects.filter(webhook=webhook).order_by("-created_at", "-id").values_list("pk", flat=True)[DELIVERIES_KEPT:]
+    WebhookDelivery.objects.filter(pk__in=list(old)).delete()
+
+
+def record_unsent(delivery_id: int) -> None:
+    """The broker was down when the delivery was to be queued: say so on it, rather than leave it
+    looking as if it were on its way."""
+    WebhookDelivery.objects.filter(pk=delivery_id, delivered_at__isnull=True).update(
+        next_try_at=None, last_error="not sent: the Studio's task queue (Redis) could not be reached; use Send test to check the receiver"
+    )
+
+
+def signature(secret: str, timestamp: int, body: bytes) -> str:
+    """The Studio-Signature header: t=<unix time>,v1=<hex HMAC-SHA256 of "<t>.<body>">."""
+    mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
+    return f"t={timestamp},v1={mac}"
+
+
+def attempt_delivery(delivery_id: int) -> int | None:
+    """Try to deliver once; record the try. Returns the seconds to wait before the next try, or None
+    when there is none (delivered, given up, or nothing left to send). Safe to run twice: a delivered
+    or exhausted delivery is not sent again."""
+    delivery = WebhookDelivery.objects.select_related("webhook").filter(pk=delivery_id).first()
+    if delivery is None or delivery.delivered_at is not None or delivery.attempts >= MAX_TRIES:
+        return None
+    webhook = delivery.webhook
+    if not webhook.active and delivery.event != WebhookEvent.PING:
+        WebhookDelivery.objects.filter(pk=delivery.pk).update(next_try_at=None, last_error="not sent: the webhook is disabled")
+        return None
+    status_code, error, retry = post(webhook, delivery)
+    now = timezone.now()
+    attempts = delivery.attempts + 1
+    delay = RETRY_DELAYS_S[attempts - 1] if retry and attempts < MAX_TRIES else None
+    if error and retry and delay is None:
+        error = f"{error}; gave up after {attempts} tries"
+    WebhookDelivery.objects.filter(pk=delivery.pk).update(
+        attempts=attempts,
+        last_status_code=status_code,
+        last_error=error[:500],
+        tries=[*delivery.tries, {"at": now.isoformat(), "status_code": status_code, "error": error[:500]}],
+        delivered_at=now if not error else None,
+        next_try_at=now + timedelta(seconds=delay) if delay is not None else None,
+    )
+    return delay
+
+
+def post(webhook: Webhook, delivery: WebhookDelivery) -> tuple[int | None, str, bool]:
+    """POST the delivery: (status code, error sentence or "", whether to try again)."""
+    try:
+        secret = crypto.decrypt(webhook.secret_ciphertext)
+    except crypto.UndecryptableSecret:
+        return None, "not sent: its secret cannot be decrypted (STUDIO_ENCRYPTION_KEY changed): delete the webhook and add it again", False
+    parts = urlsplit(webhook.url)
+    try:
+        # Again at send time: the name may resolve elsewhere now than when the webhook was saved.
+        check_host(parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80))
+    except UnsafeAddress as exc:
+        return None, f"not sent: {exc}", False
+    body = json.dumps(delivery.payload, separators=(",", ":")).encode()
+    headers = {
+        "Content-Type": "application/json",
+        "User-Agent": "Studio-Webhooks/1",
+        "Studio-Signature": signature(secret, int(time.time()), body),
+        "Studio-Event": delivery.event,
+        "Studio-Delivery": str(delivery.pk),
+    }
+    try:
+        response = httpx.post(webhook.url, content=body, headers=headers, timeout=TIMEOUT_S, follow_redirects=False)
+    except httpx.TimeoutException:
+        return None, f"no answer within {TIMEOUT_S} s", True
+    except httpx.HTTPError as exc:
+        return None, f"could not connect: {exc}", True
+    if 200 <= response.status_code < 300:
+        return response.status_code, "", False
+    moved = " (redirects are not followed: give the final URL)" if response.is_redirect else ""
+    return response.status_code, f"the receiver answered {response.status_code}{moved}", True

@@ -1,0 +1,472 @@
+"""Webhooks: a run that ends is POSTed, signed, to its project's webhooks; a failed try is tried again
+and recorded; private addresses are refused; the secret is shown once; the roles hold.
+
+The receiver is a real HTTP server on 127.0.0.1 (STUDIO_WEBHOOK_ALLOW_PRIVATE lets the Studio send
+there), and the Celery task runs eagerly, in-process, once the transaction commits."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import re
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from django.db import connection
+from django.test import Client
+
+from studio import crypto, webhooks
+from studio.models import AuditEvent, Webhook, WebhookDelivery
+from tests.conftest import assert_error, sft_body
+from training.models import Status, TrainingRun
+
+pytestmark = pytest.mark.django_db
+
+
+@dataclass
+class Receiver:
+    """An HTTP server that records each POST and answers with the next of `statuses` (then 200)."""
+
+    statuses: list[int] = field(default_factory=list)
+    received: list[dict] = field(default_factory=list)
+    server: ThreadingHTTPServer | None = None
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        return f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+
+    def start(self) -> Receiver:
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server naming
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                receiver.received.append({"headers": dict(self.headers), "body": body, "path": self.path})
+                self.send_response(receiver.statuses.pop(0) if receiver.statuses else 200)
+                self.end_headers()
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+
+@pytest.fixture
+def receiver(settings):
+    settings.STUDIO_WEBHOOK_ALLOW_PRIVATE = settings.STUDIO_WEBHOOK_ALLOW_HTTP = True
+    receiver = Receiver().start()
+    yield receiver
+    assert receiver.server is not None
+    receiver.server.shutdown()
+    receiver.server.server_close()
+
+
+@pytest.fixture(autouse=True)
+def eager_celery():
+    from studio.celery import app
+
+    before = app.conf.task_always_eager
+    app.conf.task_always_eager = True
+    yield
+    app.conf.task_always_eager = before
+
+
+@pytest.fixture
+def sent(django_capture_on_commit_callbacks):
+    """A context in which what is queued after commit is sent (and delivered) as the block ends."""
+    return lambda: django_capture_on_commit_callbacks(execute=True)
+
+
+def verify(secret: str, headers: dict, body: bytes) -> bool:
+    """The receiver's check, as the README shows it."""
+    parts = dict(item.split("=", 1) for item in headers["Studio-Signature"].split(","))
+    expected = hmac.new(secret.encode(), f"{parts['t']}.".encode() + body, hashlib.sha256).hexdigest()
+    return hmac.compare_digest(expected, parts["v1"])
+
+
+def add_hook(api, url: str, **body) -> dict:
+    response = api.post("/api/webhooks", {"url": url, **body})
+    assert response.status_code == 201, response.content
+    return response.json()
+
+
+@pytest.fixture
+def live_run(api):
+    """A provisioning run on attempt 1 with its engine's ingest token, as dispatch leaves it."""
+    run_id = api.post("/api/training-runs", sft_body(name="nightly")).json()["id"]
+    token = crypto.new_token("ing")
+    TrainingRun.objects.filter(pk=run_id).update(status=Status.PROVISIONING, attempt=1, ingest_token_hash=crypto.hash_token(token))
+    return TrainingRun.objects.get(pk=run_id), token
+
+
+def report(run, token: str, batch_id: str, status: str, **extra):
+    """The engine's status report, through the ingest API."""
+    body = {"batch_id": batch_id, "metrics": [], "logs": [], "rollouts": [], "status": status, **extra}
+    response = Client().post(f"/api/ingest/runs/{run.pk}", data=json.dumps(body), content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert response.status_code == 200, response.content
+
+
+def test_a_completed_run_is_posted_once_signed_to_its_webhook(api, project, receiver, live_run, sent, settings):
+    hook = add_hook(api, receiver.url)
+    run, token = live_run
+    with sent():
+        report(run, token, "b1", "running")
+    assert receiver.received == []
+    with sent():
+        report(run, token, "b2", "completed")
+
+    [post] = receiver.received
+    assert verify(hook["secret"], post["headers"], post["body"])
+    payload = json.loads(post["body"])
+    delivery = WebhookDelivery.objects.get(webhook_id=hook["id"])
+    assert post["headers"]["Studio-Event"] == "run.completed" and post["headers"]["Studio-Delivery"] == str(delivery.pk)
+    assert post["headers"]["Content-Type"] == "application/json"
+    assert payload["type"] == "run.completed" and payload["id"] == str(delivery.pk) and payload["created_at"]
+    assert payload["data"] == {
+        "run_id": run.pk,
+        "name": "nightly",
+        "project": "acme",
+        "method": "sft",
+        "status": "completed",
+        "error": None,
+        "published_model": None,
+        "url": f"{settings.STUDIO_PUBLIC_URL}/training/runs/{run.pk}/",
+    }
+    assert delivery.attempts == 1 and delivery.last_status_code == 200 and delivery.delivered_at and delivery.next_try_at is None
+    # A signature made with another secret, or over another body, does not verify.
+    assert not verify("whsec_other", post["headers"], post["body"])
+    assert not verify(hook["secret"], post["headers"], post["body"].replace(b"nightly", b"daily"))
+
+
+def test_a_failed_run_sends_its_error_code_and_message_but_not_its_log(api, receiver, live_run, sent):
+    hook = add_hook(api, receiver.url)
+    run, token = live_run
+    with sent():
+        report(run, token, "b1", "failed", error={"code": "oom", "message": "CUDA out of memory", "log_tail": ["SECRET_TOKEN=abc"]})
+    [post] = receiver.received
+    assert verify(hook["secret"], post["headers"], post["body"])
+    data = json.loads(post["body"])["data"]
+    assert post["headers"]["Studio-Event"] == "run.failed"
+    assert data["status"] == "failed" and data["error"] == {"code": "oom", "message": "CUDA out of memory"}
+    assert b"SECRET_TOKEN" not in post["body"]
+
+
+def test_a_stopped_run_sends_run_cancelled(api, receiver, live_run, sent):
+    hook = add_hook(api, receiver.url)
+    run, token = live_run
+    report(run, token, "b1", "running")
+    with sent():
+        assert api.post(f"/api/training-runs/{run.pk}/stop").status_code == 200
+    [post] = receiver.received
+    assert post["headers"]["Studio-Event"] == "run.cancelled" and verify(hook["secret"], post["headers"], post["body"])
+    assert json.loads(post["body"])["data"]["status"] == "cancelled"
+
+
+def test_an_event_the_webhook_does_not_want_is_not_sent(api, receiver, live_run, sent):
+    failures_only = add_hook(api, receiver.url, events=["run.failed"])
+    disabled = add_hook(api, receiver.url)
+    assert api.patch(f"/api/webhooks/{disabled['id']}", {"active": False}).json()["active"] is False
+    run, token = live_run
+    with sent():
+        report(run, token, "b1", "completed")
+    assert receiver.received == []
+    assert not WebhookDelivery.objects.filter(webhook_id__in=[failures_only["id"], disabled["id"]]).exists()
+
+
+def test_a_500_is_tried_again_and_each_try_is_recorded(api, receiver, live_run, sent):
+    hook = add_hook(api, receiver.url)
+    receiver.statuses = [500, 503]
+    run, token = live_run
+    with sent():
+        report(run, token, "b1", "completed")
+    # Eagerly, the countdown is not waited for: the third try got the 200.
+    assert len(receiver.received) == 3
+    assert len({post["headers"]["Studio-Delivery"] for post in receiver.received}) == 1
+    delivery = WebhookDelivery.objects.get(webhook_id=hook["id"])
+    assert delivery.attempts == 3 and delivery.delivered_at and delivery.last_status_code == 200 and delivery.last_error == ""
+    assert [t["status_code"] for t in delivery.tries] == [500, 503, 200]
+    assert delivery.tries[0]["error"] == "the receiver answered 500"
+
+
+def test_a_receiver_that_keeps_failing_is_given_up_after_five_tries(api, receiver, live_run, sent):
+    hook = add_hook(api, receiver.url)
+    receiver.statuses = [500] * 10
+    run, token = live_run
+    with sent():
+        report(run, token, "b1", "completed")
+    assert len(receiver.received) == webhooks.MAX_TRIES == 5
+    delivery = WebhookDelivery.objects.get(webhook_id=hook["id"])
+    assert delivery.attempts == 5 and delivery.delivered_at is None and delivery.next_try_at is None
+    assert delivery.last_error == "the receiver answered 500; gave up after 5 tries"
+    listed = api.get(f"/api/webhooks/{hook['id']}/deliveries").json()
+    assert listed[0]["attempts"] == 5 and listed[0]["last_status_code"] == 500
+
+
+def test_a_redirect_is_not_followed(api, receiver, sent):
+    hook = add_hook(api, receiver.url)
+    receiver.statuses = [302] * 5
+    with sent():
+        assert api.post(f"/api/webhooks/{hook['id']}/test").status_code == 202
+    delivery = WebhookDelivery.objects.get(webhook_id=hook["id"])
+    assert delivery.last_status_code == 302 and "redirects are not followed" in delivery.last_error
+
+
+def test_send_test_pings_the_receiver(api, receiver, sent):
+    hook = add_hook(api, receiver.url)
+    with sent():
+        response = api.post(f"/api/webhooks/{hook['id']}/test")
+    assert response.status_code == 202 and response.json()["event"] == "ping"
+    [post] = receiver.received
+    assert post["headers"]["Studio-Event"] == "ping" and verify(hook["secret"], post["headers"], post["body"])
+    [listed] = api.get(f"/api/webhooks/{hook['id']}/deliveries").json()
+    assert listed["event"] == "ping" and listed["delivered_at"] and listed["attempts"] == 1
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://127.0.0.1:9/hook",
+        "https://localhost/hook",
+        "https://10.0.0.5/",
+        "https://169.254.169.254/latest/meta-data",
+        "https://[::1]/hook",
+        "https://[::ffff:127.0.0.1]/hook",
+        "https://192.168.1.1/",
+        "https://0.0.0.0/",
+    ],
+)
+def test_a_private_address_is_refused_without_the_setting(api, project, url):
+    body = assert_error(api.post("/api/webhooks", {"url": url}), 400, "url")
+    assert "STUDIO_WEBHOOK_ALLOW_PRIVATE" in body["errors"][0]["message"]
+    assert not Webhook.objects.filter(project=project).exists()
+
+
+def test_an_address_that_became_private_is_not_sent_to(api, receiver, sent, settings):
+    hook = add_hook(api, receiver.url)
+    settings.STUDIO_WEBHOOK_ALLOW_PRIVATE = False
+    with sent():
+        api.post(f"/api/webhooks/{hook['id']}/test")
+    assert receiver.received == []
+    delivery = WebhookDelivery.objects.get(webhook_id=hook["id"])
+    assert delivery.attempts == 1 and delivery.next_try_at is None and "resolves to 127.0.0.1" in delivery.last_error
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"url": "ftp://hooks.example.com/x"}, "url"),
+        ({"url": "not a url"}, "url"),
+        ({"url": "https://user:pw@hooks.example.com/x"}, "url"),
+        ({"url": "https://no-such-host.invalid/x"}, "url"),
+        ({"url": ""}, "url"),
+        ({}, "url"),
+        ({"url": "https://hooks.example.com/x", "events": ["run.finished"]}, "events[0]"),
+        ({"url": "https://hooks.example.com/x", "events": []}, "events"),
+        ({"url": "https://hooks.example.com/x", "secret": "mine"}, "secret"),
+    ],
+)
+def test_a_bad_webhook_is_400_naming_the_field(api, project, body, field):
+    assert_error(api.post("/api/webhooks", body), 400, field)
+    assert not Webhook.objects.filter(project=project).exists()
+
+
+def test_http_is_refused_unless_allowed(api, settings, receiver):
+    settings.DEBUG = settings.STUDIO_WEBHOOK_ALLOW_HTTP = False
+    body = assert_error(api.post("/api/webhooks", {"url": receiver.url}), 400, "url")
+    assert "STUDIO_WEBHOOK_ALLOW_HTTP" in body["errors"][0]["message"]
+    settings.DEBUG = True
+    assert api.post("/api/webhooks", {"url": receiver.url}).status_code == 201
+    settings.DEBUG, settings.STUDIO_WEBHOOK_ALLOW_HTTP = False, True
+    assert api.post("/api/webhooks", {"url": receiver.url}).status_code == 201
+
+
+def test_viewer_cannot_write_and_member_can(api, api_as, receiver):
+    hook = add_hook(api, receiver.url)
+    viewer = api_as("viewer")
+    assert [h["id"] for h in viewer.get("/api/webhooks").json()] == [hook["id"]]
+    assert viewer.get(f"/api/webhooks/{hook['id']}/deliveries").status_code == 200
+    assert_error(viewer.post("/api/webhooks", {"url": receiver.url}), 403)
+    assert_error(viewer.delete(f"/api/webhooks/{hook['id']}"), 403)
+    assert_error(viewer.post(f"/api/webhooks/{hook['id']}/test"), 403)
+    assert_error(viewer.patch(f"/api/webhooks/{hook['id']}", {"active": False}), 403)
+    assert Webhook.objects.filter(pk=hook["id"], active=True).exists()
+    assert api_as("member").delete(f"/api/webhooks/{hook['id']}").status_code == 204
+    assert not Webhook.objects.filter(pk=hook["id"]).exists()
+
+
+def test_another_projects_webhook_is_404(api, api_as, receiver):
+    hook = add_hook(api, receiver.url)
+    outsider = api_as("outsider")
+    assert outsider.get("/api/webhooks").json() == []
+    for response in (
+        outsider.get(f"/api/webhooks/{hook['id']}/deliveries"),
+        outsider.delete(f"/api/webhooks/{hook['id']}"),
+        outsider.post(f"/api/webhooks/{hook['id']}/test"),
+        outsider.patch(f"/api/webhooks/{hook['id']}", {"active": False}),
+    ):
+        assert_error(response, 404)
+    assert Webhook.objects.filter(pk=hook["id"], active=True).exists()
+
+
+def test_the_secret_is_shown_once_stored_encrypted_and_never_in_a_get(api, api_as, receiver, users):
+    hook = add_hook(api, receiver.url)
+    secret = hook["secret"]
+    assert secret.startswith("whsec_") and len(secret) > 40
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT secret_ciphertext FROM {Webhook._meta.db_table} WHERE id = %s", [hook["id"]])
+        raw = bytes(cursor.fetchone()[0])
+    assert secret.encode() not in raw and crypto.decrypt(raw) == secret
+    client = Client()
+    client.force_login(users["owner"])
+    reads = [
+        api.get("/api/webhooks"),
+        api.get(f"/api/webhooks/{hook['id']}/deliveries"),
+        api_as("viewer").get("/api/webhooks"),
+        client.get("/settings/webhooks/"),
+        api.get("/api/openapi.json"),
+    ]
+    for response in reads:
+        assert response.status_code == 200
+        assert secret not in response.content.decode()
+    assert "secret" not in api.get("/api/webhooks").json()[0]
+    event = AuditEvent.objects.get(target_type="webhook", action="created")
+    assert secret not in json.dumps(event.details) and event.target_name == receiver.url
+
+
+def test_create_and_delete_are_audited(api, receiver):
+    hook = add_hook(api, receiver.url)
+    api.delete(f"/api/webhooks/{hook['id']}")
+    assert list(AuditEvent.objects.filter(target_type="webhook").order_by("id").values_list("action", "actor_name")) == [
+        ("created", "owner"),
+        ("deleted", "owner"),
+    ]
+
+
+def test_only_the_newest_deliveries_are_kept(api, receiver, sent, monkeypatch):
+    monkeypatch.setattr(webhooks, "DELIVERIES_KEPT", 3)
+    hook = add_hook(api, receiver.url)
+    with sent():
+        for _ in range(5):
+            api.post(f"/api/webhooks/{hook['id']}/test")
+    kept = list(WebhookDelivery.objects.filter(webhook_id=hook["id"]).values_list("pk", flat=True))
+    assert len(kept) == 3 and max(kept) == WebhookDelivery.objects.filter(webhook_id=hook["id"]).latest("created_at").pk
+
+
+def test_the_page_lists_webhooks_and_their_deliveries(api, users, receiver, live_run, sent):
+    hook = add_hook(api, receiver.url)
+    receiver.statuses = [500] * 5
+    run, token = live_run
+    with sent():
+        report(run, token, "b1", "failed")
+    owner = Client()
+    owner.force_login(users["owner"])
+    page = owner.get("/settings/webhooks/").content.decode()
+    assert receiver.url in page and "run.failed" in page and f"run {run.pk}" in page
+    assert "the receiver answered 500; gave up after 5 tries" in page
+    assert "Send test" in page and "Disable" in page
+    assert 'href="/settings/webhooks/"' in owner.get("/settings/secrets/").content.decode()
+    viewer = Client()
+    viewer.force_login(users["viewer"])
+    read_only = viewer.get("/settings/webhooks/").content.decode()
+    assert receiver.url in read_only and "Send test" not in read_only and "Viewers cannot change webhooks" in read_only
+    assert viewer.post(f"/settings/webhooks/{hook['id']}/delete").status_code == 403
+    assert Webhook.objects.filter(pk=hook["id"]).exists()
+
+
+def test_the_page_adds_a_webhook_and_shows_its_secret_once(users, project, receiver, sent):
+    owner = Client()
+    owner.force_login(users["owner"])
+    response = owner.post("/settings/webhooks/new", {"url": receiver.url, "events": ["run.completed", "run.failed"]})
+    assert response.status_code == 200 and response["Cache-Control"].startswith("max-age=0")
+    hook = Webhook.objects.get()
+    secret = crypto.decrypt(hook.secret_ciphertext)
+    assert secret in response.content.decode() and hook.events == ["run.completed", "run.failed"]
+    assert secret not in owner.get("/settings/webhooks/").content.decode()
+    with sent():
+        assert owner.post(f"/settings/webhooks/{hook.pk}/test").status_code == 302
+    assert receiver.received[0]["headers"]["Studio-Event"] == "ping"
+    assert owner.post(f"/settings/webhooks/{hook.pk}/active", {"active": "0"}).status_code == 302
+    assert Webhook.objects.get().active is False
+    assert owner.post(f"/settings/webhooks/{hook.pk}/delete").status_code == 302
+    assert not Webhook.objects.exists()
+
+
+def test_the_page_refuses_a_private_url_beside_its_field(users, project):
+    from tests.conftest import refused_form_page
+
+    owner = Client()
+    owner.force_login(users["owner"])
+    page = refused_form_page(owner, "/settings/webhooks/new", {"url": "https://127.0.0.1/x", "events": ["run.completed"]}, "/settings/webhooks/")
+    assert "STUDIO_WEBHOOK_ALLOW_PRIVATE" in page and 'value="https://127.0.0.1/x"' in page
+    assert not Webhook.objects.exists()
+
+
+def test_the_readme_snippet_verifies_a_delivery(api, receiver, sent):
+    from tests.conftest import REPO_ROOT
+
+    section = (REPO_ROOT / "README.md").read_text().split("## Webhooks\n", 1)[1].split("\n## ", 1)[0]
+    [snippet] = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(snippet.strip().splitlines()) <= 10
+    namespace: dict = {}
+    exec(snippet, namespace)  # noqa: S102 - the README's own code, run as a receiver would
+    hook = add_hook(api, receiver.url)
+    with sent():
+        api.post(f"/api/webhooks/{hook['id']}/test")
+    [post] = receiver.received
+    assert namespace["verify"](hook["secret"], post["headers"]["Studio-Signature"], post["body"])
+    assert not namespace["verify"](hook["secret"], post["headers"]["Studio-Signature"], post["body"] + b" ")
+
+
+def test_a_receiver_that_cannot_be_reached_is_tried_again(api, receiver, sent):
+    from tests.conftest import free_port
+
+    hook = add_hook(api, f"http://127.0.0.1:{free_port()}/hook")
+    with sent():
+        api.post(f"/api/webhooks/{hook['id']}/test")
+    delivery = WebhookDelivery.objects.get(webhook_id=hook["id"])
+    assert delivery.attempts == webhooks.MAX_TRIES and delivery.delivered_at is None
+    assert all(t["status_code"] is None and t["error"].startswith("could not connect") for t in delivery.tries)
+
+
+def test_with_the_task_queue_down_the_delivery_says_it_was_not_sent(api, receiver, sent):
+    from studio.celery import app
+    from tests.test_queue_down import NOWHERE, point_broker_at
+
+    hook = add_hook(api, receiver.url)
+    kept, app.conf.task_always_eager = app.conf.broker_url, False
+    point_broker_at(NOWHERE)
+    try:
+        with sent():
+            response = api.post(f"/api/webhooks/{hook['id']}/test")
+    finally:
+        point_broker_at(kept)
+    assert response.status_code == 202
+    assert receiver.received == []
+    delivery = WebhookDelivery.objects.get(webhook_id=hook["id"])
+    assert delivery.attempts == 0 and delivery.next_try_at is None and "task queue (Redis) could not be reached" in delivery.last_error
+
+
+def test_the_page_reads_as_many_rows_in_as_many_queries_for_more_webhooks(api, users, receiver, sent):
+    from django.test.utils import CaptureQueriesContext
+
+    owner = Client()
+    owner.force_login(users["owner"])
+
+    def queries() -> int:
+        with CaptureQueriesContext(connection) as captured:
+            assert owner.get("/settings/webhooks/").status_code == 200
+        return len(captured)
+
+    with sent():
+        api.post(f"/api/webhooks/{add_hook(api, receiver.url)['id']}/test")
+    one = queries()
+    with sent():
+        for _ in range(3):
+            api.post(f"/api/webhooks/{add_hook(api, receiver.url)['id']}/test")
+    assert queries() == one
