@@ -29,7 +29,7 @@ from django.utils import timezone
 from studio import audit, crypto
 from studio.errors import BadRequest, Finding, NotFound
 from studio.models import SUBSCRIBABLE_EVENTS, AuditEvent, Project, Webhook, WebhookDelivery, WebhookEvent
-from studio.queue import send_after_commit
+from studio.queue import send, send_after_commit
 
 SECRET_PREFIX = "whsec"
 TIMEOUT_S = 5
@@ -192,10 +192,32 @@ def keep_newest_deliveries(webhook: Webhook) -> None:
 
 def record_unsent(delivery_id: int) -> None:
     """The broker was down when the delivery was to be queued: say so on it, rather than leave it
-    looking as if it were on its way."""
+    looking as if it were on its way. It stays due: the reconciler's first pass once the queue is
+    back sends it (deliveries_to_resend)."""
     WebhookDelivery.objects.filter(pk=delivery_id, delivered_at__isnull=True).update(
-        next_try_at=None, last_error="not sent: the Studio's task queue (Redis) could not be reached; use Send test to check the receiver"
+        next_try_at=timezone.now(), last_error="not sent yet: the Studio's task queue (Redis) could not be reached; it is sent once the queue is back"
     )
+
+
+# A try this late past its time never reached a worker (the queue was down, or its countdown was lost
+# with the broker's data): the reconciler queues it again. Longer than a busy worker's delay.
+RESEND_AFTER_S = 120
+
+
+def deliveries_to_resend(now=None) -> list[int]:
+    """Deliveries due over RESEND_AFTER_S ago, with tries left: their task never ran."""
+    late = (now or timezone.now()) - timedelta(seconds=RESEND_AFTER_S)
+    return list(WebhookDelivery.objects.filter(delivered_at__isnull=True, attempts__lt=MAX_TRIES, next_try_at__lt=late)
+                .order_by("next_try_at").values_list("pk", flat=True)[:100])
+
+
+def resend(delivery_id: int) -> None:
+    """Queue a late delivery's try again; it is due anew now, so the next pass leaves it alone until it
+    is late again. A duplicate try is harmless: a delivered one is not sent twice (attempt_delivery)."""
+    from studio.tasks import deliver_webhook
+
+    WebhookDelivery.objects.filter(pk=delivery_id).update(next_try_at=timezone.now())
+    send(deliver_webhook, delivery_id)
 
 
 def signature(secret: str, timestamp: int, body: bytes) -> str:

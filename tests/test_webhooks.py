@@ -12,6 +12,7 @@ import json
 import re
 import threading
 from dataclasses import dataclass, field
+from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -449,7 +450,17 @@ def test_with_the_task_queue_down_the_delivery_says_it_was_not_sent(api, receive
     assert response.status_code == 202
     assert receiver.received == []
     delivery = WebhookDelivery.objects.get(webhook_id=hook["id"])
-    assert delivery.attempts == 0 and delivery.next_try_at is None and "task queue (Redis) could not be reached" in delivery.last_error
+    assert delivery.attempts == 0 and "not sent yet: the Studio's task queue (Redis) could not be reached" in delivery.last_error
+    # It was left so ("use Send test"): the reconciler's first pass with the queue back sends it.
+    assert webhooks.deliveries_to_resend() == []  # not late yet: a worker may still take it
+    late = delivery.next_try_at + timedelta(seconds=webhooks.RESEND_AFTER_S + 1)
+    assert webhooks.deliveries_to_resend(late) == [delivery.pk]
+    app.conf.task_always_eager = True  # the task run in this process, as the other tests here do
+    webhooks.resend(delivery.pk)  # as training.tasks.reconcile_runs does
+    assert len(receiver.received) == 1
+    delivery.refresh_from_db()
+    assert delivery.attempts == 1 and delivery.delivered_at is not None and delivery.last_error == ""
+    assert webhooks.deliveries_to_resend(late) == []
 
 
 def test_the_page_reads_as_many_rows_in_as_many_queries_for_more_webhooks(api, users, receiver, sent):

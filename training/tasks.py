@@ -12,6 +12,7 @@ from functools import partial
 from celery import shared_task
 from celery.signals import worker_ready
 
+from studio import webhooks
 from training import playground, reconciler, services
 from training.backends.base import BackendUnavailable
 
@@ -45,7 +46,8 @@ def reconcile_runs() -> None:
     for step, run_ids in ((partial(reconciler.reconcile_run, silence_from=silence_from), reconciler.runs_to_reconcile()),
                           (reconciler.resubmit, reconciler.runs_to_resubmit()),
                           (services.dispatch, reconciler.runs_to_redispatch()),
-                          (services.resend_stop, reconciler.stops_to_resend())):
+                          (services.resend_stop, reconciler.stops_to_resend()),
+                          (webhooks.resend, webhooks.deliveries_to_resend())):
         for run_id in run_ids:
             try:
                 step(run_id)
