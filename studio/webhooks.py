@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 from django.conf import settings
@@ -54,22 +54,26 @@ def unsafe_address(address: str) -> bool:
     return not ip.is_global or ip.is_multicast
 
 
-def check_host(host: str, port: int) -> None:
-    """Raise UnsafeAddress unless every address `host` resolves to is a public one (or
-    STUDIO_WEBHOOK_ALLOW_PRIVATE allows any)."""
+def check_host(host: str, port: int) -> str:
+    """The address to connect to for `host`: raise UnsafeAddress unless every address it resolves to
+    is a public one (or STUDIO_WEBHOOK_ALLOW_PRIVATE allows any). An IPv4 one first, as most receivers
+    listen there."""
     try:
         found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError) as exc:
         raise UnsafeAddress(f"its host {host!r} cannot be resolved ({exc}): check the name") from exc
+    addresses = [str(sockaddr[0]) for *_, sockaddr in found]
+    chosen = next((a for a in addresses if ":" not in a), addresses[0])
     if settings.STUDIO_WEBHOOK_ALLOW_PRIVATE:
-        return
-    for *_, sockaddr in found:
-        if unsafe_address(str(sockaddr[0])):
+        return chosen
+    for address in addresses:
+        if unsafe_address(address):
             raise UnsafeAddress(
-                f"its host {host!r} resolves to {sockaddr[0]}, a loopback, private or link-local address, which the "
+                f"its host {host!r} resolves to {address}, a loopback, private or link-local address, which the "
                 "Studio does not send to: give a public URL (an administrator can allow private ones with "
                 "STUDIO_WEBHOOK_ALLOW_PRIVATE=1)"
             )
+    return chosen
 
 
 def validate_url(url: str) -> str:
@@ -261,13 +265,20 @@ def post(webhook: Webhook, delivery: WebhookDelivery) -> tuple[int | None, str, 
     except crypto.UndecryptableSecret:
         return None, "not sent: its secret cannot be decrypted (STUDIO_ENCRYPTION_KEY changed): delete the webhook and add it again", False
     parts = urlsplit(webhook.url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
     try:
         # Again at send time: the name may resolve elsewhere now than when the webhook was saved.
-        check_host(parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80))
+        address = check_host(parts.hostname or "", port)
     except UnsafeAddress as exc:
         return None, f"not sent: {exc}", False
+    # The POST goes to the address just checked, not to the name: looked up again as it connects, a
+    # name could answer with an internal address by then. The name is still the Host header, and what
+    # TLS sends (SNI) and checks the certificate against.
+    pinned = urlunsplit(parts._replace(netloc=f"[{address}]:{port}" if ":" in address else f"{address}:{port}"))
+    tls = {"sni_hostname": parts.hostname} if parts.scheme == "https" else {}
     body = json.dumps(delivery.payload, separators=(",", ":")).encode()
     headers = {
+        "Host": parts.netloc,  # no user name or password: validate_url refuses them
         "Content-Type": "application/json",
         "User-Agent": "Studio-Webhooks/1",
         "Studio-Signature": signature(secret, int(time.time()), body),
@@ -275,7 +286,8 @@ def post(webhook: Webhook, delivery: WebhookDelivery) -> tuple[int | None, str, 
         "Studio-Delivery": str(delivery.pk),
     }
     try:
-        response = httpx.post(webhook.url, content=body, headers=headers, timeout=TIMEOUT_S, follow_redirects=False)
+        with httpx.Client(timeout=TIMEOUT_S, follow_redirects=False) as client:
+            response = client.post(pinned, content=body, headers=headers, extensions=tls)
     except httpx.TimeoutException:
         return None, f"no answer within {TIMEOUT_S} s", True
     except httpx.HTTPError as exc:

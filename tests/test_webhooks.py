@@ -481,3 +481,30 @@ def test_the_page_reads_as_many_rows_in_as_many_queries_for_more_webhooks(api, u
         for _ in range(3):
             api.post(f"/api/webhooks/{add_hook(api, receiver.url)['id']}/test")
     assert queries() == one
+
+
+def test_a_try_goes_to_the_address_that_was_checked_not_to_a_second_lookup(api, receiver, sent, monkeypatch):
+    """DNS rebinding: the name was checked, then looked up again as httpx connected, so a name answering
+    with a public address and then an internal one reached the internal one. Only name resolution is
+    replaced here (getaddrinfo, the narrowest boundary): the first lookup of hooks.example.test gives
+    the receiver's address, any later one an address where nothing listens."""
+    import socket
+
+    port = receiver.server.server_address[1]
+    real, lookups = socket.getaddrinfo, []
+
+    def rebinding(host, *args, **kwargs):
+        if host != "hooks.example.test":
+            return real(host, *args, **kwargs)
+        lookups.append(host)
+        return real("127.0.0.1" if len(lookups) == 1 else "127.0.0.9", *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", rebinding)
+    hook = add_hook(api, f"http://hooks.example.test:{port}/hook")  # saving checks the name: lookup 1
+    lookups.clear()
+    with sent():
+        api.post(f"/api/webhooks/{hook['id']}/test")
+    assert lookups == ["hooks.example.test"]  # once, by the check before the try
+    (got,) = receiver.received
+    assert got["path"] == "/hook" and got["headers"]["Host"] == f"hooks.example.test:{port}"
+    assert WebhookDelivery.objects.get(webhook_id=hook["id"]).delivered_at is not None
