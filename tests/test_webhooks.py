@@ -372,6 +372,7 @@ def test_the_page_lists_webhooks_and_their_deliveries(api, users, receiver, live
     assert "the receiver answered 500; gave up after 5 tries" in page
     assert "Send test" in page and "Disable" in page
     assert 'href="/settings/webhooks/"' in owner.get("/settings/secrets/").content.decode()
+    assert 'aria-current="page">Settings</a>' in page and 'aria-current="page">Webhooks</a>' in page  # the top bar's entry, the tab
     viewer = Client()
     viewer.force_login(users["viewer"])
     read_only = viewer.get("/settings/webhooks/").content.decode()
