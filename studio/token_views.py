@@ -2,7 +2,7 @@
 revokes everyone's there, studio.queries.tokens_for), make one, revoke one. Tokens are made and
 revoked by studio.services, which write the audit trail. The plaintext is shown once, on the page
 that answers the POST that made it: it is never stored (only its hash is), not even in the session
-for a redirect's page, and that page is not cached."""
+for a redirect's page, and that page is not cached. Reloading it makes no second token (studio.once)."""
 from __future__ import annotations
 
 from typing import Any
@@ -14,7 +14,7 @@ from django.urls import reverse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
-from studio import services
+from studio import once, services
 from studio.errors import ApiError, NotFound
 from studio.models import ApiToken, Project, Role
 from studio.queries import tokens_for
@@ -36,6 +36,7 @@ def _context(request: HttpRequest, project: Project, **shown) -> dict:
         "errors": {},
         "name": "",
         "created": None,
+        "once": once.new_key(),
         **shown,
     }
 
@@ -57,6 +58,10 @@ def create_token(request: HttpRequest) -> HttpResponse:
     viewer's token reads and every write it sends is a 403 (Actor.require_write)."""
     project = web_actor(request).require_project()
     name = request.POST.get("name", "").strip()
+    if not once.first_send(request):  # a reload of the answer that showed the token
+        messages.info(request, "That form was sent before (the page that showed the new token was reloaded): its token was made "
+                               "then, and its value is shown only once. If you did not copy it, revoke it below and make another.")
+        return redirect("api_tokens")
     try:
         token, plaintext = services.create_api_token(request.user, project, name=name)
     except ApiError as exc:

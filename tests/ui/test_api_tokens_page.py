@@ -174,3 +174,19 @@ def test_making_and_revoking_on_the_page_is_audited_without_the_plaintext(projec
         ("revoked", "apitoken", str(token.pk), "member", "session", "acme"),
     ]
     assert all(plaintext not in str(e.details) and e.details["prefix"] == token.prefix for e in events)
+
+
+def test_reloading_the_answer_that_showed_a_token_makes_no_second_one(project, users):
+    # A reload sent the form again: a second token of the same name, and nothing said so.
+    client = client_for(users["member"])
+    key = re.search(r'name="once" value="([^"]+)"', client.get(PAGE).content.decode()).group(1)
+    first = client.post("/settings/api-tokens/new", {"name": "laptop", "once": key})
+    assert first.status_code == 200 and 'id="new-token"' in first.content.decode()
+    again = client.post("/settings/api-tokens/new", {"name": "laptop", "once": key}, follow=True)
+    page = again.content.decode()
+    assert again.redirect_chain == [(PAGE, 302)] and 'id="new-token"' not in page
+    assert "That form was sent before" in page and "revoke it below and make another" in page
+    assert ApiToken.objects.filter(user=users["member"], name="laptop").count() == 1
+    other = re.search(r'name="once" value="([^"]+)"', page).group(1)  # the page's next form has a key of its own
+    assert other != key and client.post("/settings/api-tokens/new", {"name": "laptop", "once": other}).status_code == 200
+    assert ApiToken.objects.filter(user=users["member"], name="laptop").count() == 2
