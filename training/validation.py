@@ -22,6 +22,7 @@ from training.backends import get_backend
 from training.chat_templates import template_findings
 from training.compute import GPU_MEMORY_GIB, accelerators_of, check_compute, normalise_compute, precision_findings
 from training.engine import fit, liger
+from training.engine.data import split_advice
 from training.engine.spec import EVAL_METHODS
 from training.forms import hub_model_files, hub_ref_tree
 from training.keys import EVAL_KEYS, is_number, json_findings, normalise_block
@@ -78,6 +79,7 @@ def validate_draft(draft: Draft) -> Draft:
     if not findings:
         draft.config = normalise_block(draft.config, {**method.trl_keys(), **method.known_keys()})
         findings += method.create_findings(draft)
+        findings += eval_key_findings(draft)
         findings += foreign_ref_findings(draft)
         findings += studio_data_findings(draft)
         findings += builtin_ref_findings(draft)
@@ -193,26 +195,36 @@ def evaluates(method: str) -> bool:
     return method in EVAL_METHODS
 
 
-def eval_findings(draft: Draft, checks: list[tuple[str, RowsCheck]]) -> list[Finding]:
-    """Held-out evaluation that cannot run (422): eval keys on a method that does not evaluate, both
-    sources of eval rows at once, or an eval_split that holds out no row of a dataset whose rows the
-    Studio counted (`checks`: the training entries' row checks; an HF id's rows it cannot count, and
-    the engine refuses such a split itself)."""
+def eval_key_findings(draft: Draft) -> list[Finding]:
+    """Eval keys that cannot work whatever the rows: on a method that does not evaluate, both sources of
+    eval rows at once, or eval_steps / per_device_eval_batch_size with neither (nothing would be
+    evaluated, without a word). 400 at create and PATCH, 422 at START for a run stored before."""
     config = draft.config
     given = [key for key in EVAL_KEYS if config.get(key) is not None]
     if not evaluates(draft.method):
         return [Finding(f"config.{key}", f"{draft.method.upper()} does not evaluate held-out rows: {EVAL_INSTEAD[draft.method]}") for key in given]
-    split = config.get("eval_split")
-    if split is not None and config.get("eval_dataset") is not None:
+    sources = [key for key in ("eval_split", "eval_dataset") if config.get(key) is not None]
+    if len(sources) == 2:
         why = "give eval_split (a fraction of the training rows held out) or eval_dataset (rows of their own), not both"
         return [Finding("config.eval_split", why), Finding(EVAL_DATASET, why)]
+    if not sources:
+        return [Finding(f"config.{key}", f"{key} sets how the run evaluates held-out rows, and it has none: add eval_split (e.g. 0.1) "
+                                         "or an eval_dataset, or remove it") for key in given]
+    return []
+
+
+def eval_findings(draft: Draft, checks: list[tuple[str, RowsCheck]]) -> list[Finding]:
+    """Held-out evaluation that cannot run (422): eval_key_findings, or an eval_split that holds out no
+    row of a dataset whose rows the Studio counted (`checks`: the training entries' row checks; an HF
+    id's rows it cannot count, and the engine refuses such a split itself)."""
+    findings = eval_key_findings(draft)
+    split = draft.config.get("eval_split")
     rows = [check.rows for _, check in checks]
-    if split is None or not rows or None in rows or len(rows) != len(dataset_entries(draft.dataset)):
-        return []
+    if findings or split is None or not rows or None in rows or len(rows) != len(dataset_entries(draft.dataset)):
+        return findings
     total = sum(row for row in rows if row is not None)
     if int(total * split) < 1:
-        return [Finding("config.eval_split", f"{split} of the dataset's {total} rows holds out no row: set eval_split to at least "
-                                             f"{1 / total if total else 1:.3g}, or give an eval_dataset")]
+        return [Finding("config.eval_split", f"{split} of the dataset's {total} rows holds out no row: {split_advice(total)}")]
     return []
 
 

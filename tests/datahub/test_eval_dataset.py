@@ -1,6 +1,6 @@
 """Held-out evaluation, the Studio's side: config.eval_dataset is checked row by row and pinned at START
-like `dataset`, and reaches the engine's spec at its commit; eval_split and the eval keys are refused
-(422) where the run could not evaluate."""
+like `dataset`, and reaches the engine's spec at its commit; the eval keys are refused where the run
+could not evaluate: at create (400) whatever the rows, at START (422) where the rows decide."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from datahub import commits, repos
 from tests.conftest import assert_error, sft_body
 from tests.datahub.conftest import jsonl
 from training import services
+from training.engine.data import split_advice
 from training.models import TrainingRun
 
 CHAT = [{"messages": [{"role": "user", "content": f"hi {i}"}, {"role": "assistant", "content": "hello"}]} for i in range(8)]
@@ -89,11 +90,34 @@ def test_an_unknown_eval_dataset_ref_is_422_naming_it(api, chat_data):
     assert [e["field"] for e in err["errors"]] == ["config.eval_dataset"], err
 
 
-def test_eval_split_and_eval_dataset_together_are_422_naming_both(api, chat_data, held):
-    run_id = create(api, config={"eval_dataset": "held@main", "eval_split": 0.25})
-    err = assert_error(start(api, run_id), 422)
+def test_eval_split_and_eval_dataset_together_are_400_at_create_and_422_for_a_run_stored_so(api, chat_data, held):
+    # They were a 201 at create, and refused only at START.
+    both = {"eval_dataset": "held@main", "eval_split": 0.25}
+    err = assert_error(api.post("/api/training-runs", sft_body(dataset="chat-data@main", config=both)), 400)
     assert {e["field"] for e in err["errors"]} == {"config.eval_split", "config.eval_dataset"}, err
     assert "not both" in err["errors"][0]["message"]
+    run_id = create(api, config={"eval_split": 0.25})
+    TrainingRun.objects.filter(pk=run_id).update(config={**TrainingRun.objects.get(pk=run_id).config, **both})  # stored before the rule
+    err = assert_error(start(api, run_id), 422)
+    assert {e["field"] for e in err["errors"]} == {"config.eval_split", "config.eval_dataset"}, err
+
+
+@pytest.mark.parametrize("key, value", [("eval_steps", 2), ("per_device_eval_batch_size", 2)])
+def test_an_eval_setting_without_eval_rows_is_refused_at_create(api, chat_data, key, value):
+    # It was taken, and the run trained to its end evaluating nothing, without a word.
+    err = assert_error(api.post("/api/training-runs", sft_body(dataset="chat-data@main", config={key: value})), 400, f"config.{key}")
+    assert err["errors"][0]["message"] == (f"{key} sets how the run evaluates held-out rows, and it has none: add eval_split (e.g. 0.1) "
+                                           "or an eval_dataset, or remove it")
+    assert create(api, config={key: value, "eval_split": 0.25})
+
+
+def test_the_smallest_eval_split_advised_holds_out_a_row():
+    # 1/64 was said as 0.0156, which holds out no row of 64 either: the advice is rounded up now.
+    assert split_advice(64) == "set eval_split to at least 0.0157, or give an eval_dataset"
+    assert split_advice(1) == "1 row is too few to hold any out: give an eval_dataset"
+    for rows in range(2, 20000):
+        advised = float(split_advice(rows).split("at least ")[1].split(",")[0])
+        assert int(rows * advised) >= 1 and advised <= 0.5, rows
 
 
 def test_an_eval_split_that_holds_out_no_row_is_422_with_the_row_count(api, chat_data):
@@ -112,10 +136,11 @@ def test_an_eval_split_that_holds_out_no_row_is_422_with_the_row_count(api, chat
         ("distill", {"config": {"distillation": {"teacher_model": "org/teacher"}, "eval_dataset": "chat-data@main"}}, "DISTILL has no held-out evaluation yet"),
     ],
 )
-def test_eval_keys_on_a_method_without_evaluation_are_422_saying_what_instead(api, chat_data, method, extra, says):
-    run_id = create(api, method=method, **extra)
+def test_eval_keys_on_a_method_without_evaluation_are_400_at_create_saying_what_instead(api, chat_data, method, extra, says):
+    # They were a 201 at create, and refused only at START.
+    r = api.post("/api/training-runs", sft_body(**{"dataset": "chat-data@main", "method": method, **extra}))
     key = next(k for k in ("eval_split", "eval_steps", "eval_dataset") if k in extra["config"])
-    err = assert_error(start(api, run_id), 422, f"config.{key}")
+    err = assert_error(r, 400, f"config.{key}")
     assert any(says in e["message"] for e in err["errors"] if e["field"] == f"config.{key}"), err
 
 

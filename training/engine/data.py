@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import glob
 import json
+import math
 import os
 import re
 import tempfile
@@ -12,7 +13,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from .spec import DatasetRef, Spec, SpecError
+from .spec import EVAL_SPLIT_MAX, DatasetRef, Spec, SpecError
 
 _EXT_TO_BUILDER = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 # CSV cells are text: a cell of one of these columns that starts with "[" is a JSON list inside the
@@ -245,11 +246,23 @@ def load_eval_rows(spec: Spec, train: Any, log: Callable[[str], None]) -> tuple[
         return train, None
     count = int(len(train) * float(split))
     if count < 1:
-        raise SpecError(f"config.eval_split: {split} of {len(train)} rows holds out no row: raise eval_split to at least "
-                        f"{1 / len(train) if len(train) else 1:.3g}, give an eval_dataset, or remove eval_split")
+        raise SpecError(f"config.eval_split: {split} of {len(train)} rows holds out no row: {split_advice(len(train))}, or remove eval_split")
     parts = train.train_test_split(test_size=count, seed=spec.seed, shuffle=True)
     log(f"eval: {count} rows (from eval_split {split}); {len(parts['train'])} rows train")
     return parts["train"], parts["test"]
+
+
+def split_advice(rows: int) -> str:
+    """What to set when eval_split holds out no row of `rows`: the smallest fraction that holds out one,
+    rounded up (1/64 = 0.015625 said as 0.0156 held out none again), or an eval_dataset when even
+    EVAL_SPLIT_MAX would not."""
+    if rows < 1 / EVAL_SPLIT_MAX:
+        return f"{rows} row{'s are' if rows != 1 else ' is'} too few to hold any out: give an eval_dataset"
+    digits = 2 - math.floor(math.log10(1 / rows))  # three significant digits
+    units = math.ceil(10**digits / rows)
+    while int(rows * (units / 10**digits)) < 1:  # as the engine counts it, in floats
+        units += 1
+    return f"set eval_split to at least {units / 10**digits:.{digits}f}".rstrip("0") + ", or give an eval_dataset"
 
 
 def eval_source(ref: DatasetRef) -> str:
