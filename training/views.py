@@ -47,7 +47,7 @@ from training.methods.base import lora_enabled
 from training.models import ACTIVE_STATUSES, TERMINAL_STATUSES, Checkpoint, Method, Rollout, RunAttempt, Status, TrainingRun
 from training.playground_views import try_context
 from training.queries import filter_rollouts, get_run_for, log_lines, log_rows_after, log_rows_before, log_text, runs_for, search_runs
-from training.refs import HUB_REF, dataset_entries, ref_kind
+from training.refs import EVAL_DATASET, HUB_REF, dataset_entries, entry_fields, ref_kind
 from training.suggestions import RefSuggestions
 from training.validation import start_notices
 
@@ -161,8 +161,9 @@ def tabs_for(run: TrainingRun) -> list[tuple[str, str]]:
 
 
 def dataset_rows(run: TrainingRun) -> list[dict[str, Any]]:
-    """The Datasets tab's rows (and the Lineage tab's data): the run's dataset entries, and a GRPO
-    RULER run's prompts dataset (config.ruler_task_args.dataset), each with its pin. Not a query."""
+    """The Datasets tab's rows (and the Lineage tab's data): the run's dataset entries, a GRPO RULER
+    run's prompts dataset (config.ruler_task_args.dataset) and the held-out rows' (config.eval_dataset),
+    each with its pin. Not a query."""
     rows = [{"role": "Dataset" + (f" {i + 1}" if i else ""), "ref": e.ref, "type": e.type or "—", "kind": ref_kind(e.ref), "field": dataset_field(run, i)}
             for i, e in enumerate(dataset_entries(run.dataset))]
     config = run.config or {}
@@ -170,6 +171,9 @@ def dataset_rows(run: TrainingRun) -> list[dict[str, Any]]:
     if run.method == Method.GRPO and config.get("rl_mode") == "ruler" and isinstance(ruler, dict) and isinstance(ruler.get("dataset"), str) and ruler["dataset"]:
         rows.append({"role": "Prompts (RULER task)", "ref": ruler["dataset"], "type": "prompts (ruler_task_args)", "kind": ref_kind(ruler["dataset"]),
                      "field": "config.ruler_task_args.dataset"})
+    held_out = entry_fields(config.get("eval_dataset"), EVAL_DATASET)
+    rows += [{"role": "Evaluation (held out)" + (f" {i + 1}" if i else ""), "ref": e.ref, "type": e.type or "—", "kind": ref_kind(e.ref), "field": field}
+             for i, (field, e) in enumerate(held_out)]
     return rows
 
 

@@ -56,3 +56,18 @@ def test_the_loss_chart_draws_eval_loss_beside_the_training_loss(project, users)
     chart = run_charts(run)[0]
     assert chart["title"] == "Training loss" and [s["label"] for s in chart["series"]] == ["loss", "eval_loss"]
     assert chart["x"] == [1, 2, 3, 4] and chart["series"][1]["values"] == [None, 2.3, None, 2.1]
+
+
+def test_the_datasets_tab_lists_the_held_out_rows_with_their_pin(project, users):
+    # It listed the training entries only, though the eval dataset was pinned at START and read by the run.
+    import re
+
+    run = services.create_run(project, users["owner"], name="held", method="sft", base_model="org/base", dataset="my-data@main",
+                              config={"eval_dataset": ["a@main", "b@main"]})
+    run.pinned = {"config.eval_dataset[1]": {"repo": "acme/b", "ref": "b@main", "commit": "c0ffee" * 6 + "abcd"}}
+    run.save(update_fields=["pinned"])
+    html = client_for(users["owner"]).get(f"/training/runs/{run.pk}/datasets/").content.decode()
+    rows = [re.sub(r"<[^>]+>", "|", row) for row in re.findall(r'<tr data-testid="dataset-entry">(.*?)</tr>', html, re.S)]
+    cells = [[c.strip() for c in row.split("|") if c.strip() and c.strip() != "(deleted)"] for row in rows]  # no such repos here
+    assert [c[:2] for c in cells] == [["my-data@main", "Dataset"], ["a@main", "Evaluation (held out)"], ["b@main", "Evaluation (held out) 2"]], cells
+    assert "c0ffee" * 6 + "abcd" in rows[2]
