@@ -31,6 +31,7 @@ def test_sft_with_eval_split_reports_eval_loss_at_the_eval_steps_and_at_the_end(
     assert [step for step, _ in metrics["eval_loss"]] == [2, 4, 5]  # every eval_steps, and once more at the last step
     assert all(value > 0 for _, value in metrics["eval_loss"])
     assert [step for step, _ in metrics["loss"]] == [1, 2, 3, 4, 5]  # the training loss is still its own series
+    assert "eval_num_tokens" not in metrics and "num_tokens" in metrics  # TRL's eval logs echo the training total
     assert any("eval: 16 rows (from eval_split 0.25); 48 rows train" in line for line in logs(ingest)), logs(ingest)
 
 

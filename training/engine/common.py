@@ -402,7 +402,7 @@ class StudioCallback(TrainerCallback):
             return  # the trainer's end-of-training summary: averages, and the last step's epoch again
         parts = []
         for key, value in logs.items():
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or key in NOT_METRICS:
                 continue
             self.ctx.reporter.metric(state.global_step, key, value)  # a NaN loss is logged, not charted
             parts.append(f"{key}={value:.5g}")
@@ -416,6 +416,11 @@ class StudioCallback(TrainerCallback):
     def _check_superseded(self) -> None:
         if self.ctx.reporter.superseded.is_set():
             raise Superseded("ingest refused this attempt's token; stopping")
+
+
+# What a trainer logs that is no figure of the run: TRL's SFT evaluation repeats the training token
+# total under eval_num_tokens, which charted as if evaluation had read that many tokens.
+NOT_METRICS = frozenset({"eval_num_tokens"})
 
 
 def train_and_finish(trainer: Any, ctx: Context, tokenizer: Any) -> None:
