@@ -94,11 +94,16 @@ def commit_files(repo: Repo, branch: str, files: Mapping[str, FileSource] | None
     `parent`, when given, must still be the head (optimistic concurrency, 409 otherwise).
     `delete` names files or folders of the head, as commit_blobs says.
     """
-    files = dict(files or {})
-    cleaned = {clean_path(p): src for p, src in files.items()}
+    cleaned = {clean_path(p): src for p, src in (files or {}).items()}
     removed = [clean_path(p, "delete") for p in delete]
-    blobs = {path: store_blob(src) for path, src in cleaned.items()}
-    return commit_blobs(repo, branch, blobs, message, author, removed, create_branch_from, parent)
+    return commit_blobs(repo, branch, store_blobs(cleaned), message, author, removed, create_branch_from, parent)
+
+
+def store_blobs(files: Mapping[str, FileSource]) -> dict[str, Blob]:
+    """{clean path: blob} of `files`, every path checked before any is stored: commit_blobs' `blobs`.
+    Slow I/O: call outside a transaction."""
+    cleaned = {clean_path(p): src for p, src in files.items()}
+    return {path: store_blob(src) for path, src in cleaned.items()}
 
 
 def commit_blobs(repo: Repo, branch: str, blobs: Mapping[str, Blob], message: str = "", author=None,

@@ -39,13 +39,13 @@ from django.db.models import Q
 from django.utils import timezone
 
 from datahub import refs, repos, run_record, storage
-from datahub.commits import FileSource, commit_blobs, commit_files, commit_files_on
+from datahub.commits import FileSource, commit_blobs, commit_files, commit_files_on, store_blobs
 from datahub.models import Branch, Commit, Repo, RepoType, Tag, TreeEntry
 from datahub.repos import MAIN, get_or_create_repo
 from experiments.models import Experiment
-from studio import audit
+from studio import audit, webhooks
 from studio.errors import ApiError, BadRequest, Conflict, Finding, counted
-from studio.models import AuditEvent
+from studio.models import AuditEvent, WebhookEvent
 
 log = logging.getLogger(__name__)
 
@@ -839,7 +839,33 @@ def publish_model(run, checkpoint) -> Commit | None:
     summary = f"{run.method} of {run.base_model or 'unknown'} (run #{run.pk})"
     if repo.description != summary:
         Repo.objects.filter(pk=repo.pk).update(description=summary)
-    return commit_files(repo, MAIN, files, message=PUBLISH_MESSAGE.format(kind=checkpoint.kind, run=run.pk, step=checkpoint.step), author=run.created_by)
+    blobs = store_blobs(files)  # outside the transaction: slow I/O
+    with transaction.atomic():
+        # The model.published deliveries are made in the commit's transaction: a publish that lands
+        # is told, once (publishing again commits nothing new, and tells nothing).
+        head = Branch.objects.filter(repo=repo, name=MAIN).values_list("head_id", flat=True).first()
+        commit = commit_blobs(repo, MAIN, blobs, message=PUBLISH_MESSAGE.format(kind=checkpoint.kind, run=run.pk, step=checkpoint.step), author=run.created_by)
+        if commit.pk != head:
+            webhooks.queue_event(run.project_id, WebhookEvent.MODEL_PUBLISHED, run.pk, lambda: model_published_data(run, repo, commit))
+    return commit
+
+
+def model_published_data(run, repo: Repo, commit: Commit) -> dict[str, Any]:
+    """The `data` of a model.published webhook: the run, and the model repo and commit its weights
+    are in now (what run.completed's published_model, sent before the publish, is mostly missing)."""
+    from django.conf import settings
+    from django.urls import reverse
+
+    return {
+        "run_id": run.pk,
+        "name": run.name,
+        "project": run.project.slug,
+        "method": run.method,
+        "model": repo.full_name,
+        "commit": commit.pk,
+        "url": run_record.run_url(run),
+        "model_url": settings.STUDIO_PUBLIC_URL + reverse("datahub:repo", args=[repo.project.slug, repo.name]),
+    }
 
 
 def published_models(runs) -> dict[int, tuple[Repo | None, str, str]]:

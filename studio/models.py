@@ -142,16 +142,18 @@ class AuditEvent(models.Model):
 
 
 class WebhookEvent(models.TextChoices):
-    """What a webhook can be sent: the end of a run, one event per terminal status (PING is the
-    Send test button's, never subscribed to)."""
+    """What a webhook can be sent: the end of a run, one event per terminal status; the publish of a
+    run's weights to its model repo, which comes after run.completed (PING is the Send test button's,
+    never subscribed to)."""
 
     RUN_COMPLETED = "run.completed"
     RUN_FAILED = "run.failed"
     RUN_CANCELLED = "run.cancelled"
+    MODEL_PUBLISHED = "model.published"
     PING = "ping"
 
 
-SUBSCRIBABLE_EVENTS = (WebhookEvent.RUN_COMPLETED, WebhookEvent.RUN_FAILED, WebhookEvent.RUN_CANCELLED)
+SUBSCRIBABLE_EVENTS = (WebhookEvent.RUN_COMPLETED, WebhookEvent.RUN_FAILED, WebhookEvent.RUN_CANCELLED, WebhookEvent.MODEL_PUBLISHED)
 
 
 def all_run_events() -> list[str]:
@@ -159,12 +161,12 @@ def all_run_events() -> list[str]:
 
 
 class Webhook(models.Model):
-    """A URL told when a project's runs end. Its signing secret is encrypted at rest and shown once,
-    when the Studio makes it (studio/webhooks.py)."""
+    """A URL told when a project's runs end and their models are published. Its signing secret is
+    encrypted at rest and shown once, when the Studio makes it (studio/webhooks.py)."""
 
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="webhooks")
     url = models.URLField(max_length=2000)
-    events = models.JSONField(default=all_run_events, help_text="The run.* events it is sent.")
+    events = models.JSONField(default=all_run_events, help_text="The events it is sent (SUBSCRIBABLE_EVENTS).")
     secret_ciphertext = models.BinaryField()
     active = models.BooleanField(default=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")

@@ -34,6 +34,7 @@ def _context(request: HttpRequest, project: Project, **shown) -> dict:
         "project": project,
         "webhooks": hooks,
         "event_names": webhooks.EVENT_NAMES,
+        "url_help": webhooks.accepted_urls(),
         "can_write": web_actor(request).can_write(project),
         "errors": {},
         "url": "",

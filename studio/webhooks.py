@@ -1,8 +1,9 @@
 """Webhooks: the only functions that create, change and send them.
 
-A run that ends (training.status.transition) gets one WebhookDelivery per active webhook of its
-project that wants the event, made in the transition's transaction and handed to the task queue once
-it commits (studio.tasks.deliver_webhook). Each try POSTs the payload signed with the webhook's
+A run that ends (training.status.transition), and a run whose weights are published to its model repo
+(datahub.services.publish_model), get one WebhookDelivery per active webhook of its project that wants
+the event, made in that transaction and handed to the task queue once it commits
+(studio.tasks.deliver_webhook). Each try POSTs the payload signed with the webhook's
 secret; a non-2xx answer or a connection error is tried again later (RETRY_DELAYS_S), and every try is
 recorded on the delivery.
 """
@@ -45,25 +46,39 @@ class UnsafeAddress(ValueError):
     """A webhook URL whose host is, or resolves to, an address the Studio does not send to."""
 
 
+def ip_of(address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """The address, without an IPv6 zone; an IPv4-mapped IPv6 one as the IPv4 address it maps."""
+    ip = ipaddress.ip_address(address.split("%")[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip
+
+
 def unsafe_address(address: str) -> bool:
     """Loopback, private, link-local (169.254.169.254, the clouds' metadata service), multicast,
     reserved or unspecified: an address inside the Studio's own network, not a team's receiver."""
-    ip = ipaddress.ip_address(address.split("%")[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+    ip = ip_of(address)
     return not ip.is_global or ip.is_multicast
 
 
 def check_host(host: str, port: int) -> str:
     """The address to connect to for `host`: raise UnsafeAddress unless every address it resolves to
-    is a public one (or STUDIO_WEBHOOK_ALLOW_PRIVATE allows any). An IPv4 one first, as most receivers
-    listen there."""
+    is a public one (STUDIO_WEBHOOK_ALLOW_PRIVATE allows loopback and private ones too, never a
+    link-local one). An IPv4 one first, as most receivers listen there."""
     try:
         found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError) as exc:
         raise UnsafeAddress(f"its host {host!r} cannot be resolved ({exc}): check the name") from exc
     addresses = [str(sockaddr[0]) for *_, sockaddr in found]
     chosen = next((a for a in addresses if ":" not in a), addresses[0])
+    for address in addresses:
+        # A receiver is never link-local: 169.254.0.0/16 and fe80::/10 hold the clouds' metadata
+        # service (169.254.169.254), whose answers carry the machine's credentials.
+        if ip_of(address).is_link_local:
+            raise UnsafeAddress(
+                f"its host {host!r} resolves to {address}, a link-local address (such as the clouds' metadata service), which the "
+                "Studio never sends to: give the receiver's own address or name"
+            )
     if settings.STUDIO_WEBHOOK_ALLOW_PRIVATE:
         return chosen
     for address in addresses:
@@ -74,6 +89,17 @@ def check_host(host: str, port: int) -> str:
                 "STUDIO_WEBHOOK_ALLOW_PRIVATE=1)"
             )
     return chosen
+
+
+def accepted_urls() -> str:
+    """What validate_url accepts on this Studio, in a sentence: the Add a webhook form's help."""
+    schemes = "An https or http URL" if settings.DEBUG or settings.STUDIO_WEBHOOK_ALLOW_HTTP else "An https URL"
+    where = (
+        "on the public internet or at a loopback or private address (never a link-local one)"
+        if settings.STUDIO_WEBHOOK_ALLOW_PRIVATE
+        else "on the public internet"
+    )
+    return f"{schemes} {where}; redirects are not followed."
 
 
 def validate_url(url: str) -> str:
@@ -132,10 +158,30 @@ def validate_events(events: list[str] | None) -> list[str]:
 def create_webhook(project: Project, url: str, events: list[str] | None, *, user=None) -> tuple[Webhook, str]:
     """Make a webhook; returns it and its signing secret (shown once: only its ciphertext is kept)."""
     events, url = validate_events(events), validate_url(url)
+    refuse_duplicate(project, url)
     secret = f"{SECRET_PREFIX}_{secrets.token_urlsafe(32)}"
     webhook = Webhook.objects.create(project=project, url=url, events=events, secret_ciphertext=crypto.encrypt(secret), created_by=user)
     audit.record(AuditEvent.Action.CREATED, webhook, name=url, details={"events": events})
     return webhook, secret
+
+
+def refuse_duplicate(project: Project, url: str) -> None:
+    """A 400 naming `url` when the project has a webhook to it already: two would send each event
+    twice, and their cards would look the same. Call in create_webhook's transaction: the project's
+    row lock makes two adds of one URL at once wait for each other."""
+    Project.objects.select_for_update().filter(pk=project.pk).first()
+    existing = Webhook.objects.filter(project=project, url=url).order_by("pk").first()
+    if existing is not None:
+        raise BadRequest(
+            "The project already has a webhook to this URL.",
+            [
+                Finding(
+                    "url",
+                    f"webhook {existing.pk} is sent to this URL already: use that one (enable it if it is disabled), "
+                    f"or delete webhook {existing.pk} first to add the URL with other events",
+                )
+            ],
+        )
 
 
 @transaction.atomic
@@ -162,10 +208,11 @@ def find_webhook(project: Project, webhook_id: int) -> Webhook:
     return webhook
 
 
-def run_ended(project_id: int, event: str, run_id: int, data: Callable[[], dict[str, Any]]) -> None:
+def queue_event(project_id: int, event: str, run_id: int, data: Callable[[], dict[str, Any]]) -> None:
     """Queue `event` of run `run_id` to each active webhook of the project that wants it, with the
-    payload's `data()` (asked only when one does). Call inside the transaction that ended the run:
-    the deliveries are made with it and sent once it commits."""
+    payload's `data()` (asked only when one does). Call inside the transaction that made the event
+    happen (the run's end, its model's publish): the deliveries are made with it and sent once it
+    commits."""
     wanting = [webhook for webhook in Webhook.objects.filter(project_id=project_id, active=True) if event in webhook.events]
     payload = data() if wanting else {}
     for webhook in wanting:

@@ -22,6 +22,7 @@ from django.test import Client
 from studio import crypto, webhooks
 from studio.models import AuditEvent, Webhook, WebhookDelivery
 from tests.conftest import assert_error, sft_body
+from tests.datahub.test_models_page import final_checkpoint  # noqa: F401 - the fixture is used by name
 from training.models import Status, TrainingRun
 
 pytestmark = pytest.mark.django_db
@@ -171,7 +172,7 @@ def test_a_stopped_run_sends_run_cancelled(api, receiver, live_run, sent):
 
 def test_an_event_the_webhook_does_not_want_is_not_sent(api, receiver, live_run, sent):
     failures_only = add_hook(api, receiver.url, events=["run.failed"])
-    disabled = add_hook(api, receiver.url)
+    disabled = add_hook(api, receiver.url + "?disabled")
     assert api.patch(f"/api/webhooks/{disabled['id']}", {"active": False}).json()["active"] is False
     run, token = live_run
     with sent():
@@ -235,7 +236,6 @@ def test_send_test_pings_the_receiver(api, receiver, sent):
         "https://127.0.0.1:9/hook",
         "https://localhost/hook",
         "https://10.0.0.5/",
-        "https://169.254.169.254/latest/meta-data",
         "https://[::1]/hook",
         "https://[::ffff:127.0.0.1]/hook",
         "https://192.168.1.1/",
@@ -284,7 +284,7 @@ def test_http_is_refused_unless_allowed(api, settings, receiver):
     settings.DEBUG = True
     assert api.post("/api/webhooks", {"url": receiver.url}).status_code == 201
     settings.DEBUG, settings.STUDIO_WEBHOOK_ALLOW_HTTP = False, True
-    assert api.post("/api/webhooks", {"url": receiver.url}).status_code == 201
+    assert api.post("/api/webhooks", {"url": receiver.url + "?second"}).status_code == 201
 
 
 def test_viewer_cannot_write_and_member_can(api, api_as, receiver):
@@ -479,8 +479,8 @@ def test_the_page_reads_as_many_rows_in_as_many_queries_for_more_webhooks(api, u
         api.post(f"/api/webhooks/{add_hook(api, receiver.url)['id']}/test")
     one = queries()
     with sent():
-        for _ in range(3):
-            api.post(f"/api/webhooks/{add_hook(api, receiver.url)['id']}/test")
+        for n in range(3):
+            api.post(f"/api/webhooks/{add_hook(api, f'{receiver.url}?n={n}')['id']}/test")
     assert queries() == one
 
 
@@ -509,3 +509,95 @@ def test_a_try_goes_to_the_address_that_was_checked_not_to_a_second_lookup(api, 
     (got,) = receiver.received
     assert got["path"] == "/hook" and got["headers"]["Host"] == f"hooks.example.test:{port}"
     assert WebhookDelivery.objects.get(webhook_id=hook["id"]).delivered_at is not None
+
+
+# ---- model.published ---------------------------------------------------------------------------------
+
+
+def test_a_published_model_is_posted_as_model_published_once(api, project, receiver, sent, settings, final_checkpoint):  # noqa: F811
+    """run.completed is sent before the run's weights are published, so its published_model is mostly
+    null: model.published, sent by the publish itself, names the model repo and its commit."""
+    from datahub.models import Repo
+    from datahub.repos import resolve
+    from datahub.services import commit_checkpoint
+
+    hook = add_hook(api, receiver.url)
+    assert "model.published" in hook["events"]  # all events by default
+    only_runs = add_hook(api, receiver.url + "?runs", events=["run.completed"])
+    run = final_checkpoint.run
+    with sent():
+        commit_checkpoint(final_checkpoint.pk)
+    [post] = receiver.received
+    assert post["path"] == "/hook" and post["headers"]["Studio-Event"] == "model.published"
+    assert verify(hook["secret"], post["headers"], post["body"])
+    repo = Repo.objects.get(project=project, name=f"my-sft-run-run{run.pk}")
+    assert json.loads(post["body"])["data"] == {
+        "run_id": run.pk,
+        "name": "My SFT Run",
+        "project": project.slug,
+        "method": "sft",
+        "model": repo.full_name,
+        "commit": resolve(repo, "main").pk,
+        "url": f"{settings.STUDIO_PUBLIC_URL}/training/runs/{run.pk}/",
+        "model_url": f"{settings.STUDIO_PUBLIC_URL}/hub/{project.slug}/{repo.name}",
+    }
+    assert not WebhookDelivery.objects.filter(webhook_id=only_runs["id"]).exists()
+    with sent():
+        commit_checkpoint(final_checkpoint.pk)  # a retry of the task: publishes nothing new
+    assert len(receiver.received) == 1 and WebhookDelivery.objects.filter(event="model.published").count() == 1
+
+
+# ---- one webhook per URL, told apart on the page ----------------------------------------------------
+
+
+def test_a_url_the_project_has_a_webhook_to_is_refused_naming_that_webhook(api, project, receiver, users):
+    first = add_hook(api, receiver.url)
+    body = assert_error(api.post("/api/webhooks", {"url": f"  {receiver.url} ", "events": ["run.failed"]}), 400, "url")
+    assert f"webhook {first['id']}" in body["errors"][0]["message"]
+    assert Webhook.objects.filter(project=project).count() == 1
+    second = add_hook(api, receiver.url + "?team=b")
+    owner = Client()
+    owner.force_login(users["owner"])
+    page = owner.get("/settings/webhooks/").content.decode()
+    for hook in (first, second):
+        assert f"Webhook {hook['id']}</span>" in page
+        assert f'aria-label="Delete webhook {hook["id"]} (' in page and f'aria-label="Send a test ping to webhook {hook["id"]} (' in page
+    labels = re.findall(r'aria-label="([^"]*)"', page)
+    assert len(labels) == len(set(labels)), labels
+
+
+# ---- what the form says it accepts, and link-local addresses --------------------------------------------
+
+
+def test_the_form_says_which_urls_this_studio_accepts(users, project, settings):
+    owner = Client()
+    owner.force_login(users["owner"])
+    settings.DEBUG = settings.STUDIO_WEBHOOK_ALLOW_HTTP = settings.STUDIO_WEBHOOK_ALLOW_PRIVATE = False
+    assert "An https URL on the public internet;" in owner.get("/settings/webhooks/").content.decode()
+    settings.STUDIO_WEBHOOK_ALLOW_HTTP = settings.STUDIO_WEBHOOK_ALLOW_PRIVATE = True
+    page = owner.get("/settings/webhooks/").content.decode()
+    assert "An https or http URL on the public internet or at a loopback or private address (never a link-local one);" in page
+
+
+@pytest.mark.parametrize(
+    "url", ["http://169.254.169.254/latest/meta-data/", "https://169.254.1.1/hook", "https://[fe80::1]/hook", "https://[::ffff:169.254.169.254]/hook"]
+)
+def test_a_link_local_address_is_refused_even_where_private_ones_are_allowed(api, project, receiver, url):
+    body = assert_error(api.post("/api/webhooks", {"url": url}), 400, "url")
+    assert "link-local" in body["errors"][0]["message"] and "STUDIO_WEBHOOK_ALLOW_PRIVATE" not in body["errors"][0]["message"]  # it would not help
+    assert not Webhook.objects.filter(project=project).exists()
+
+
+def test_a_name_that_became_link_local_is_not_sent_to(api, receiver, sent, monkeypatch):
+    import socket
+
+    port = receiver.server.server_address[1]
+    real, answer = socket.getaddrinfo, ["127.0.0.1"]
+    monkeypatch.setattr(socket, "getaddrinfo", lambda host, *a, **kw: real(answer[0] if host == "hooks.example.test" else host, *a, **kw))
+    hook = add_hook(api, f"http://hooks.example.test:{port}/hook")
+    answer[0] = "169.254.169.254"
+    with sent():
+        api.post(f"/api/webhooks/{hook['id']}/test")
+    assert receiver.received == []
+    delivery = WebhookDelivery.objects.get(webhook_id=hook["id"])
+    assert delivery.next_try_at is None and "169.254.169.254, a link-local address" in delivery.last_error

@@ -75,7 +75,7 @@ def transition(run_id: int, target: str, *, attempt: int | None = None, error: d
     run.save(update_fields=fields)
     LogLine.objects.create(run=run, attempt=run.attempt, line=f"[studio] status → {target}" + (f": {note}" if note else ""))
     if target in TERMINAL_STATUSES:
-        webhooks.run_ended(run.project_id, f"run.{target}", run.pk, lambda: webhook_data(run))
+        webhooks.queue_event(run.project_id, f"run.{target}", run.pk, lambda: webhook_data(run))
     return run
 
 
