@@ -305,16 +305,19 @@ def diff(request: HttpRequest, name: str):
 @router.get("/repos/{name}/preview", response=PreviewOut, openapi_extra=query_doc(
     ("ref", REF_SCHEMA, "a branch, tag or commit id (default: the default branch)"),
     ("path", {"type": "string"}, "the dataset file (default: the first one found)"),
-    ("limit", {"type": "integer", "minimum": 1, "maximum": 200, "default": 20}, "at most this many rows")))
+    ("limit", {"type": "integer", "minimum": 1, "maximum": 200, "default": 20}, "at most this many rows"),
+    ("after", {"type": "integer", "minimum": 0, "maximum": datasets.PREVIEW_AFTER_MAX, "default": 0},
+     "the rows after this row number: the answer's next_after, for the next page")))
 def preview(request: HttpRequest, name: str):
-    """The first rows of a dataset file and its detected shape."""
+    """A page of a dataset file's rows (the first ones, or those after `after`) and its detected shape."""
     repo = repo_or_404(request, name)
     commit = repos.resolve(repo, query_ref(request))
     path = request.GET.get("path")
     if path:
         path = repos.clean_path(path)
     limit = query_int(request, "limit", 20, 1, 200)
-    return {"commit": commit.pk, **datasets.preview(commit, path, limit or 20)}
+    after = query_int(request, "after", 0, 0, datasets.PREVIEW_AFTER_MAX)
+    return {"commit": commit.pk, **datasets.preview(commit, path, limit or 20, after or 0)}
 
 
 # ---- upload sessions ---------------------------------------------------------------------------

@@ -24,7 +24,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import suppress
 from dataclasses import dataclass
-from itertools import islice
+from itertools import dropwhile, islice
 from pathlib import Path
 from typing import Any, BinaryIO, cast
 
@@ -671,7 +671,12 @@ def cut_row(row: Any, number: int, cuts: list[dict[str, Any]]) -> Any:
     return cut(row, PREVIEW_ROW_CHARS if isinstance(row, dict) else PREVIEW_FIELD_CHARS, "")[0]
 
 
-def preview(commit: Commit, path: str | None = None, limit: int = 20) -> dict:
+PREVIEW_AFTER_MAX = 10_000_000  # a page's rows are read from the file's start: a bound on that read
+
+
+def preview(commit: Commit, path: str | None = None, limit: int = 20, after: int = 0) -> dict:
+    """The rows of a dataset file after row number `after` (a page: `limit` of them), its shape, and
+    what START would say of them; `next_after` is the `after` of the next page, None at the file's end."""
     entries = data_entries(commit)
     if path is not None:
         entries = [e for e in entries if e.path == path]
@@ -681,7 +686,9 @@ def preview(commit: Commit, path: str | None = None, limit: int = 20) -> dict:
     rows: list[Any] = []
     numbers: list[int] = []
     problems: list[dict[str, Any]] = []
-    for number, row in islice(iter_rows(chosen), limit):
+    read = list(islice(dropwhile(lambda item: item[0] <= after, iter_rows(chosen)), limit + 1))  # one more: is there a next page?
+    next_after = read[limit - 1][0] if len(read) > limit else None
+    for number, row in read[:limit]:
         if isinstance(row, RowError):
             problems.append({"row": number, "message": str(row)})
         else:
@@ -715,6 +722,7 @@ def preview(commit: Commit, path: str | None = None, limit: int = 20) -> dict:
         "problems": problems,
         "cut": cuts,
         "files": [e.path for e in entries] if path is None else [chosen.path],
+        "next_after": next_after,
     }
 
 

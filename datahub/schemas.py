@@ -102,6 +102,7 @@ class PreviewOut(Schema):
     columns: list[str]
     rows: list[Any] = Field(description="The rows, each cut to a few thousand characters of text (see cut)")
     row_numbers: list[int] = Field(description="Each of rows' own number, as problems number rows (a row that is a problem leaves a gap)")
+    next_after: int | None = Field(None, description="The after= of the next page (this page's last row number); null at the file's end")
     problems: list[dict[str, Any]]
     cut: list[PreviewCutOut] = Field(description="What the preview cut short to stay small, whatever the rows: each long string "
                                                  f"({PREVIEW_FIELD_CHARS:,} characters a field, {PREVIEW_ROW_CHARS:,} a row) and each "

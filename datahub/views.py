@@ -16,6 +16,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib import messages
+from django.core.exceptions import BadRequest as InvalidPage
 from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
@@ -29,7 +30,7 @@ from datahub.schemas import FilesDeleteIn, RepoIn, UploadIn
 from datahub.services import publishing_runs
 from studio.api import validate_data
 from studio.errors import ApiError, BadRequest, Finding, NotFound, counted
-from studio.parsing import isolated
+from studio.parsing import ascii_int, isolated
 from studio.views import errors_by_field, form_action, refuse_form, refused_forms, studio_page, web_actor
 
 
@@ -442,24 +443,30 @@ def preview_cells(preview: dict) -> list[tuple[int, list[str], list[tuple[Any, l
     return out
 
 
+PREVIEW_PAGE_ROWS = 50
+
+
 @studio_page
 @require_GET
 def dataset_preview(request: HttpRequest, namespace: str, name: str, revision: str, path: str) -> HttpResponse:
     repo = repo_for_page(request, namespace, name)
     commit = resolve(repo, revision)
+    after = ascii_int(request.GET.get("after", "0") or "0")
+    if after is None or not 0 <= after <= datasets.PREVIEW_AFTER_MAX:
+        raise InvalidPage(f"after is a row number from 0 to {datasets.PREVIEW_AFTER_MAX}")  # the 400 page (handler400)
     try:
-        preview = datasets.preview(commit, clean_path(path), 50)
+        preview = datasets.preview(commit, clean_path(path), PREVIEW_PAGE_ROWS, after)
     except ApiError as exc:
         raise NotFound(exc.detail) from exc
     return render(request, "datahub/repo.html", {
-        "tab": "preview", "revision": revision, "commit": commit, "preview": preview,
+        "tab": "preview", "revision": revision, "commit": commit, "preview": preview, "after": after,
         "shape_label": datasets.SHAPE_LABELS.get(preview["shape"], preview["shape"]),
         "preview_rows": preview_cells(preview),
         # The rows between the table's first and last that it lacks: those that could not be read (said above).
         "unread": [p["row"] for p in preview["problems"] if preview["row_numbers"] and preview["row_numbers"][0] < p["row"] < preview["row_numbers"][-1]
                    and p["row"] not in preview["row_numbers"]],
         # A file without a single row: START's own sentence, naming the file (as START does in a dataset of several).
-        "no_rows": "" if preview["rows"] or preview["problems"] else datasets.no_rows(f"{preview['path']} "),
+        "no_rows": "" if preview["rows"] or preview["problems"] or after else datasets.no_rows(f"{preview['path']} "),
         **repo_context(request, repo),
     })
 

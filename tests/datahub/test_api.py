@@ -180,7 +180,7 @@ HUB_QUERY_VALUES = {
     "/api/hub/repos/{name}/download": {"ref", "path"},
     "/api/hub/repos/{name}/archive": {"ref", "path"},
     "/api/hub/repos/{name}/diff": {"base", "head"},
-    "/api/hub/repos/{name}/preview": {"ref", "path", "limit"},
+    "/api/hub/repos/{name}/preview": {"ref", "path", "limit", "after"},
 }
 
 

@@ -209,3 +209,28 @@ def test_repo_pages_of_another_project_show_its_role_and_a_run_ref_that_works(br
     html = c.get("/hub/acme/prefs").content.decode()
     assert '<span class="role">(member)</span>' in html and "use it in a run as <code>prefs@main</code>." in html
     assert "not in a run of" not in html and "a Studio token:" in html
+
+
+def test_the_preview_pages_through_the_file(browser, api, project):
+    # Only the first 50 rows (the API's first 20 to 200) could be seen: a problem on row 537 had no page to look at.
+    repo = repos.create_repo(project, "prefs", "dataset")
+    rows = [{"prompt": f"q{i}", "chosen": "a", "rejected": "b"} for i in range(1, 121)]
+    rows[99] = {"prompt": "q100", "chosen": "same", "rejected": "same"}
+    commits.commit_files(repo, "main", {"t.jsonl": jsonl(rows)}, "data")
+    c = browser("viewer")
+    first = c.get("/hub/acme/prefs/preview/main/t.jsonl").content.decode()
+    assert 'href="?after=50" data-testid="preview-next"' in first and "Rows 1 to 50" in first
+    second = c.get("/hub/acme/prefs/preview/main/t.jsonl?after=50").content.decode()
+    assert "Rows 51 to 100" in second and 'href="?after=100"' in second and "Row 100: " in second
+    last = c.get("/hub/acme/prefs/preview/main/t.jsonl?after=100").content.decode()
+    assert "Rows 101 to 120" in last and "preview-next" not in last
+    past = c.get("/hub/acme/prefs/preview/main/t.jsonl?after=500").content.decode()
+    assert "No rows after row 500: the file ends before" in past and 'data-testid="no-rows"' not in past
+    assert c.get("/hub/acme/prefs/preview/main/t.jsonl?after=x").status_code == 400
+    page = api.client.get("/api/hub/repos/prefs/preview", {"path": "t.jsonl", "limit": 40, "after": 90}, **api._headers()).json()
+    assert page["row_numbers"] == list(range(91, 121))
+    assert page["next_after"] is None and [p["row"] for p in page["problems"]] == [100]
+    page = api.client.get("/api/hub/repos/prefs/preview", {"path": "t.jsonl", "limit": 20}, **api._headers()).json()
+    assert page["row_numbers"] == list(range(1, 21)) and page["next_after"] == 20
+    bad = api.client.get("/api/hub/repos/prefs/preview", {"path": "t.jsonl", "after": -1}, **api._headers())
+    assert bad.status_code == 400 and bad.json()["errors"][0]["field"] == "after"
