@@ -74,8 +74,7 @@ def list_webhooks(request: HttpRequest):
 @router.post("", response={201: WebhookCreatedOut}, openapi_extra=body_schema(WebhookIn))
 def create_webhook(request: HttpRequest):
     who = actor(request)
-    project = who.require_project()
-    who.require_write(project)
+    project = who.require_writable_project()
     payload = parse_body(request, WebhookIn)
     webhook, secret = webhooks.create_webhook(project, payload.url, payload.events, user=who.user)
     webhook.secret = secret
