@@ -87,6 +87,25 @@ def test_statuses_reported_while_a_batch_is_retried_all_arrive_in_order(ingest: 
     assert ingest.collect("metrics") == [{"step": 1, "key": "loss", "value": 1.0}]
 
 
+def test_stages_reported_before_a_batch_goes_out_all_arrive_in_order(ingest: IngestStub) -> None:
+    # The engine's setup can take less than one flush: "setup" and then "train" are both reported
+    # before the first batch is taken. The later stage must not replace the earlier one.
+    ingest.responses = [503]
+    rep = Reporter(ingest.url, TOKEN, flush_interval=0.05).start()
+    rep.log("loading")
+    assert _wait(lambda: len(ingest.attempts) >= 1)  # the first batch is being retried
+    rep.stage("setup")
+    rep.status("running")
+    rep.stage("train")
+    rep.metric(1, "loss", 1.0)
+    rep.stage("train")  # the same stage again seals nothing
+    assert rep.close(timeout=15)
+    assert ingest.scalars("stage") == ["setup", "train"]
+    assert ingest.scalars("status") == ["running"]
+    stages = [line for line in ingest.collect("logs") if line.startswith("stage:")]
+    assert stages == ["stage: setup", "stage: train", "stage: train"]
+
+
 def test_heartbeats_flow_without_any_data(ingest: IngestStub) -> None:
     rep = Reporter(ingest.url, TOKEN, flush_interval=0.05, heartbeat_interval=0.2).start()
     assert _wait(lambda: len(ingest.attempts) >= 3, timeout=5)

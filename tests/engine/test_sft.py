@@ -149,9 +149,12 @@ def test_the_engine_reports_running_as_it_starts_before_its_first_step_ends(tiny
     def first(found) -> int:
         return next(i for i, b in enumerate(batches) if found(b))
 
-    running = first(lambda b: b["status"] == "running")
-    assert batches[running]["stage"] == "setup"  # before the model and data are loaded
-    assert running < first(lambda b: b["stage"] == "train") < first(lambda b: b["metrics"]), [(b["status"], b["stage"], len(b["metrics"])) for b in batches]
+    running, setup = first(lambda b: b["status"] == "running"), first(lambda b: b["stage"] == "setup")
+    # Before the model and data are loaded: no later than the batch with the run's first log line.
+    loading = first(lambda b: any(line.startswith("run 1 attempt 1: sft") for line in b["logs"]))
+    train, stepped = first(lambda b: b["stage"] == "train"), first(lambda b: b["metrics"])
+    shape = [(b["status"], b["stage"], len(b["metrics"]), b["logs"][:2]) for b in batches]
+    assert max(running, setup) <= loading <= train <= stepped and running < stepped, shape
     # While the first step runs the run shows where it starts, with no speed or ETA yet.
     assert made[0] == {"step": 0, "max_steps": 2} and all("eta_s" in p for p in made[1:]), made
 

@@ -216,21 +216,26 @@ class Reporter:
         self.log(f"saved {kind} at step {step}: {path}")
 
     def stage(self, stage: str) -> None:
-        self._add("stage", stage)
+        with self._lock:
+            self._set_in_order("stage", stage)
         self.log(f"stage: {stage}")
 
     def status(self, status: str, error: dict[str, Any] | None = None) -> None:
         with self._lock:
-            if self._pending["status"] not in (None, status):
-                # A batch carries one status: seal the one holding the earlier status so both are sent,
-                # in order, instead of "completed" overwriting a "running" that has not gone out yet.
-                self._sealed.append(self._pending)
-                self._pending = self._empty()
-            self._pending["status"] = status
+            self._set_in_order("status", status)
             if error is not None:
                 self._pending["error"] = storable(error)  # its message may quote what failed
-            self._dirty = True
-            self._lock.notify_all()
+            self._lock.notify_all()  # a status goes out at once
+
+    def _set_in_order(self, key: str, value: str) -> None:
+        """Set the pending batch's status or stage (hold the lock). A batch carries one of each: seal the
+        one holding an earlier value so both are sent, in order, instead of "completed" overwriting a
+        "running" (or "train" a "setup") that has not gone out yet."""
+        if self._pending[key] not in (None, value):
+            self._sealed.append(self._pending)
+            self._pending = self._empty()
+        self._pending[key] = value
+        self._dirty = True
 
     def progress(self, progress: dict[str, Any]) -> None:
         self._add("progress", storable(progress))
