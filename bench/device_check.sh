@@ -49,7 +49,8 @@ for part in ${CHECK_PARTS:-bench liger tests}; do
         --confcutdir=tests/engine -o addopts="" \
         tests/engine/test_rollout.py tests/engine/test_fp8.py tests/engine/test_capture.py tests/engine/test_seed.py \
         tests/engine/test_packing.py tests/engine/test_perf.py tests/engine/test_merge.py \
-        tests/engine/test_sft.py tests/engine/test_grpo.py tests/engine/test_distill.py > "$OUT/gpu_tests.log" 2>&1
+        tests/engine/test_sft.py tests/engine/test_grpo.py tests/engine/test_distill.py \
+        tests/engine/test_eval.py tests/engine/test_archs.py > "$OUT/gpu_tests.log" 2>&1
       echo "exit $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.log" | tail -30 ;;
   esac
 done
