@@ -18,10 +18,10 @@ def _spec(tiny, out: Path, ingest: IngestStub, k: int = 16, **cfg):  # type: ign
 
 def test_distill_captures_sidecars_then_kd_loss_falls(tiny, ingest: IngestStub, tmp_path: Path) -> None:
     assert run_inprocess(_spec(tiny, tmp_path, ingest)) == 0
-    # The stages in order, as the log says them: `stage` itself is the latest value of a batch, so a
-    # capture shorter than the reporter's flush interval can leave it out (seen once in CI, on 2 busy CPUs).
+    # The stages in order, as the log says them and as reported: a capture shorter than the reporter's
+    # flush interval once lost "capture" to "train" in one batch (seen in CI, on 2 busy CPUs).
     assert [line.removeprefix("stage: ") for line in ingest.collect("logs") if line.startswith("stage: ")] == ["setup", "capture", "train"]
-    assert ingest.scalars("stage")[-1] == "train" and set(ingest.scalars("stage")) <= {"setup", "capture", "train"}
+    assert ingest.scalars("stage") == ["setup", "capture", "train"]
     # The capture is the run's work: "running" (as the engine starts) and the shards' progress are reported before training starts.
     first = {what: next(i for i, b in enumerate(ingest.batches) if b[key] == value) for what, key, value in (("running", "status", "running"), ("train", "stage", "train"))}
     assert first["running"] <= first["train"], first
