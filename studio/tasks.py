@@ -8,7 +8,7 @@ from studio import webhooks
 from studio.queue import send
 
 
-@shared_task(name="studio.tasks.deliver_webhook", soft_time_limit=30, time_limit=45)
+@shared_task(name="studio.tasks.deliver_webhook", soft_time_limit=30, time_limit=webhooks.TRY_TIME_LIMIT_S)
 def deliver_webhook(delivery_id: int) -> None:
     """One try of a delivery; the next (after a non-2xx answer or a connection error) is queued with
     its countdown. A broker down by then leaves it recorded as failed, with its tries."""

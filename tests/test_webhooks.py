@@ -17,11 +17,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from django.db import connection
+from django.db.models import F
 from django.test import Client
+from django.utils import timezone
 
 from studio import crypto, webhooks
 from studio.models import AuditEvent, Webhook, WebhookDelivery
-from tests.conftest import assert_error, sft_body
+from tests.conftest import assert_error, sft_body, wait_for
 from tests.datahub.test_models_page import final_checkpoint  # noqa: F401 - the fixture is used by name
 from training.models import Status, TrainingRun
 
@@ -30,11 +32,13 @@ pytestmark = pytest.mark.django_db
 
 @dataclass
 class Receiver:
-    """An HTTP server that records each POST and answers with the next of `statuses` (then 200)."""
+    """An HTTP server that records each POST and answers with the next of `statuses` (then 200); with
+    `hold` given, only once it is set (a slow receiver)."""
 
     statuses: list[int] = field(default_factory=list)
     received: list[dict] = field(default_factory=list)
     server: ThreadingHTTPServer | None = None
+    hold: threading.Event | None = None
 
     @property
     def url(self) -> str:
@@ -48,6 +52,8 @@ class Receiver:
             def do_POST(self) -> None:  # noqa: N802 - http.server naming
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 receiver.received.append({"headers": dict(self.headers), "body": body, "path": self.path})
+                if receiver.hold is not None:
+                    receiver.hold.wait(webhooks.TIMEOUT_S)
                 self.send_response(receiver.statuses.pop(0) if receiver.statuses else 200)
                 self.end_headers()
 
@@ -601,3 +607,54 @@ def test_a_name_that_became_link_local_is_not_sent_to(api, receiver, sent, monke
     assert receiver.received == []
     delivery = WebhookDelivery.objects.get(webhook_id=hook["id"])
     assert delivery.next_try_at is None and "169.254.169.254, a link-local address" in delivery.last_error
+
+
+def ping_delivery(project, receiver, **fields) -> WebhookDelivery:
+    """A ping queued to a webhook to the receiver, its task not run yet."""
+    hook, _ = webhooks.create_webhook(project, receiver.url, None)
+    return WebhookDelivery.objects.create(webhook=hook, event="ping", payload={"type": "ping"}, next_try_at=timezone.now(), **fields)
+
+
+def test_two_workers_on_one_try_post_it_once(transactional_db, project, receiver):
+    """A second task for the delivery (the reconciler's resend of a slow try, the broker handing the
+    task out again) runs while the first worker waits on the receiver: it finds the try claimed."""
+    delivery = ping_delivery(project, receiver)
+    receiver.hold = threading.Event()
+    delays: dict[str, int | None] = {}
+
+    def worker(name: str) -> None:
+        try:
+            delays[name] = webhooks.attempt_delivery(delivery.pk)
+        finally:
+            connection.close()
+
+    first = threading.Thread(target=worker, args=("first",))
+    first.start()
+    wait_for(lambda: receiver.received, 10, 0.05, message="the first worker's POST")
+    second = threading.Thread(target=worker, args=("second",))
+    second.start()
+    second.join(2)
+    receiver.hold.set()
+    first.join(10)
+    second.join(10)
+    assert len(receiver.received) == 1
+    assert delays == {"first": None, "second": None}
+    delivery.refresh_from_db()
+    assert delivery.attempts == 1 and len(delivery.tries) == 1 and delivery.delivered_at is not None and delivery.claimed_until is None
+
+
+def test_a_try_whose_worker_died_is_sent_once_its_claim_runs_out(project, receiver):
+    delivery = ping_delivery(project, receiver)
+    WebhookDelivery.objects.filter(pk=delivery.pk).update(next_try_at=timezone.now() - timedelta(seconds=webhooks.RESEND_AFTER_S + 1))
+    assert webhooks.claim_try(delivery.pk, timezone.now()) is not None  # a worker claims the try, and is killed mid-POST
+    assert webhooks.attempt_delivery(delivery.pk) is None  # the task handed out again while the claim holds
+    assert webhooks.deliveries_to_resend() == []  # late, but its try may still be in flight
+    assert receiver.received == []
+    # CLAIM_S later (the row's times moved back instead of the clock on):
+    WebhookDelivery.objects.filter(pk=delivery.pk).update(claimed_until=F("claimed_until") - timedelta(seconds=webhooks.CLAIM_S + 1))
+    assert webhooks.deliveries_to_resend() == [delivery.pk]
+    webhooks.resend(delivery.pk)  # as training.tasks.reconcile_runs does; the task runs in this process
+    assert len(receiver.received) == 1
+    delivery.refresh_from_db()
+    assert delivery.attempts == 1 and delivery.delivered_at is not None and delivery.claimed_until is None
+    assert webhooks.attempt_delivery(delivery.pk) is None and len(receiver.received) == 1  # a delivered one is not sent again
