@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import html
 import json
 import re
 import threading
@@ -403,6 +404,42 @@ def test_the_page_adds_a_webhook_and_shows_its_secret_once(users, project, recei
     assert Webhook.objects.get().active is False
     assert owner.post(f"/settings/webhooks/{hook.pk}/delete").status_code == 302
     assert not Webhook.objects.exists()
+
+
+def said(response) -> list[tuple[str, str]]:
+    """The page's messages: (level, text), as a reader sees them (the URLs' bidi isolates left out)."""
+    found = re.findall(r'<li class="msg-(\w+)"><bdi dir="ltr">(.*?)</bdi></li>', response.content.decode(), re.S)
+    return [(level, html.unescape(text).replace("\u2068", "").replace("\u2069", "")) for level, text in found]
+
+
+def test_the_pages_messages_say_what_each_change_means(users, project, receiver):
+    owner = Client()
+    owner.force_login(users["owner"])
+    [(level, added)] = said(owner.post("/settings/webhooks/new", {"url": receiver.url, "events": ["run.completed", "run.failed"]}))
+    hook = Webhook.objects.get()
+    named = f"webhook {hook.pk} ({receiver.url})"
+    assert level == "success" and added == (
+        f"Added {named}: it is sent run.completed and run.failed (not run.cancelled or model.published) from now on; what happened "
+        "before is not sent. Its signing secret is below, shown this once: copy it to the receiver now. Send test checks that the receiver answers."
+    )
+
+    def change(action: str, **data) -> list[tuple[str, str]]:
+        return said(owner.post(f"/settings/webhooks/{hook.pk}/{action}", data, follow=True))
+
+    disabled = ("nothing is sent to it until you enable it again: events meanwhile are not sent later, and retries that fall due "
+                "meanwhile are dropped. Send test still pings it.")
+    assert change("active", active="0") == [("success", f"Disabled {named}: {disabled}")]
+    assert change("active", active="0") == [("info", f"W{named[1:]} was already disabled: {disabled}")]
+    [(_, pinged)] = change("test")
+    delivery = WebhookDelivery.objects.get()
+    assert pinged == (f"Queued a ping to {named} as delivery {delivery.pk} (sent although the webhook is disabled): it is listed in the "
+                      "webhook's deliveries below; reload the page to see how the receiver answered.")
+    assert change("active", active="1") == [("success", f"Enabled {named}: it is sent run.completed and run.failed (not run.cancelled or "
+                                                         "model.published) again from now on; events while it was disabled are not sent.")]
+    assert change("delete") == [("success", f"Deleted {named} and its deliveries: nothing more is sent to it, retries included, and its signing "
+                                            "secret signs nothing now. To send to the URL again, add it again: it gets a new secret.")]
+    [(_, every)] = said(owner.post("/settings/webhooks/new", {"url": receiver.url, "events": webhooks.EVENT_NAMES}))
+    assert "it is sent every event (run.completed, run.failed, run.cancelled and model.published) from now on" in every
 
 
 def test_the_page_refuses_a_private_url_beside_its_field(users, project):
