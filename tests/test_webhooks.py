@@ -695,3 +695,28 @@ def test_a_try_whose_worker_died_is_sent_once_its_claim_runs_out(project, receiv
     delivery.refresh_from_db()
     assert delivery.attempts == 1 and delivery.delivered_at is not None and delivery.claimed_until is None
     assert webhooks.attempt_delivery(delivery.pk) is None and len(receiver.received) == 1  # a delivered one is not sent again
+
+
+def test_the_admin_lists_webhooks_and_deliveries_and_never_shows_the_secret(project, receiver, sent):
+    from django.contrib.auth import get_user_model
+
+    hook, secret = webhooks.create_webhook(project, receiver.url, ["run.failed", "model.published"])
+    receiver.statuses = [500]
+    with sent():
+        delivery = webhooks.send_test(hook)
+    root = Client()
+    root.force_login(get_user_model().objects.create_superuser("root", "root@example.com", "pw"))
+    pages = {}
+    for url in ("/admin/studio/webhook/", f"/admin/studio/webhook/{hook.pk}/change/",
+                "/admin/studio/webhookdelivery/", f"/admin/studio/webhookdelivery/{delivery.pk}/change/"):
+        response = root.get(url)
+        assert response.status_code == 200, url
+        pages[url] = page = response.content.decode()
+        assert secret not in page and "ciphertext" not in page.lower() and webhooks.SECRET_PREFIX not in page, url
+    webhook_list, delivery_list = pages["/admin/studio/webhook/"], pages["/admin/studio/webhookdelivery/"]
+    assert receiver.url in webhook_list and "acme" in webhook_list and '<td class="field-event_names">run.failed, model.published</td>' in webhook_list
+    assert '<td class="field-event">Ping</td>' in delivery_list and '<td class="field-attempts">2</td>' in delivery_list
+    assert '<td class="field-last_status_code">200</td>' in delivery_list
+    assert 'name="_save"' not in pages[f"/admin/studio/webhookdelivery/{delivery.pk}/change/"]  # the worker's record, read-only
+    for url in ("/admin/studio/webhook/add/", "/admin/studio/webhookdelivery/add/"):
+        assert root.get(url).status_code == 403, url  # a webhook is added where its secret is shown once
