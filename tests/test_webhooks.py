@@ -497,14 +497,16 @@ def test_with_the_task_queue_down_the_delivery_says_it_was_not_sent(api, receive
     assert delivery.attempts == 0 and "not sent yet: the Studio's task queue (Redis) could not be reached" in delivery.last_error
     # It was left so ("use Send test"): the reconciler's first pass with the queue back sends it.
     assert webhooks.deliveries_to_resend() == []  # not late yet: a worker may still take it
-    late = delivery.next_try_at + timedelta(seconds=webhooks.RESEND_AFTER_S + 1)
-    assert webhooks.deliveries_to_resend(late) == [delivery.pk]
     app.conf.task_always_eager = True  # the task run in this process, as the other tests here do
+    webhooks.resend(delivery.pk)  # nor is it resent
+    assert receiver.received == []
+    made_late(delivery)
+    assert webhooks.deliveries_to_resend() == [delivery.pk]
     webhooks.resend(delivery.pk)  # as training.tasks.reconcile_runs does
     assert len(receiver.received) == 1
     delivery.refresh_from_db()
     assert delivery.attempts == 1 and delivery.delivered_at is not None and delivery.last_error == ""
-    assert webhooks.deliveries_to_resend(late) == []
+    assert webhooks.deliveries_to_resend(timezone.now() + timedelta(seconds=webhooks.RESEND_AFTER_S + 1)) == []
 
 
 def test_the_page_reads_as_many_rows_in_as_many_queries_for_more_webhooks(api, users, receiver, sent):
@@ -652,6 +654,13 @@ def ping_delivery(project, receiver, **fields) -> WebhookDelivery:
     return WebhookDelivery.objects.create(webhook=hook, event="ping", payload={"type": "ping"}, next_try_at=timezone.now(), **fields)
 
 
+def made_late(delivery: WebhookDelivery) -> None:
+    """Its try due RESEND_AFTER_S ago, and a claim on it that long older: the clock moved on, told
+    through the row (the reconciler's `now` is the real one)."""
+    older = timedelta(seconds=webhooks.RESEND_AFTER_S + 1)
+    WebhookDelivery.objects.filter(pk=delivery.pk).update(next_try_at=F("next_try_at") - older, claimed_until=F("claimed_until") - older)
+
+
 def test_two_workers_on_one_try_post_it_once(transactional_db, project, receiver):
     """A second task for the delivery (the reconciler's resend of a slow try, the broker handing the
     task out again) runs while the first worker waits on the receiver: it finds the try claimed."""
@@ -681,14 +690,15 @@ def test_two_workers_on_one_try_post_it_once(transactional_db, project, receiver
 
 
 def test_a_try_whose_worker_died_is_sent_once_its_claim_runs_out(project, receiver):
+    assert webhooks.CLAIM_S < webhooks.RESEND_AFTER_S
     delivery = ping_delivery(project, receiver)
-    WebhookDelivery.objects.filter(pk=delivery.pk).update(next_try_at=timezone.now() - timedelta(seconds=webhooks.RESEND_AFTER_S + 1))
     assert webhooks.claim_try(delivery.pk, timezone.now()) is not None  # a worker claims the try, and is killed mid-POST
-    assert webhooks.attempt_delivery(delivery.pk) is None  # the task handed out again while the claim holds
+    WebhookDelivery.objects.filter(pk=delivery.pk).update(next_try_at=timezone.now() - timedelta(seconds=webhooks.RESEND_AFTER_S + 1))
+    assert webhooks.attempt_delivery(delivery.pk, 0) is None  # the task handed out again while the claim holds
     assert webhooks.deliveries_to_resend() == []  # late, but its try may still be in flight
+    webhooks.resend(delivery.pk)
     assert receiver.received == []
-    # CLAIM_S later (the row's times moved back instead of the clock on):
-    WebhookDelivery.objects.filter(pk=delivery.pk).update(claimed_until=F("claimed_until") - timedelta(seconds=webhooks.CLAIM_S + 1))
+    made_late(delivery)  # its claim has run out
     assert webhooks.deliveries_to_resend() == [delivery.pk]
     webhooks.resend(delivery.pk)  # as training.tasks.reconcile_runs does; the task runs in this process
     assert len(receiver.received) == 1
@@ -720,3 +730,24 @@ def test_the_admin_lists_webhooks_and_deliveries_and_never_shows_the_secret(proj
     assert 'name="_save"' not in pages[f"/admin/studio/webhookdelivery/{delivery.pk}/change/"]  # the worker's record, read-only
     for url in ("/admin/studio/webhook/add/", "/admin/studio/webhookdelivery/add/"):
         assert root.get(url).status_code == 403, url  # a webhook is added where its secret is shown once
+
+
+def test_a_task_for_a_try_made_already_sends_nothing(project, receiver):
+    """The broker hands a task out again after its try was made, or the reconciler's resend of a slow
+    try runs after it: the next try waits for its own task and time."""
+    from studio.tasks import deliver_webhook
+
+    delivery = ping_delivery(project, receiver)
+    made_late(delivery)
+    assert webhooks.deliveries_to_resend() == [delivery.pk]  # the reconciler lists it, then polls the runs
+    receiver.statuses = [500]
+    assert webhooks.attempt_delivery(delivery.pk, 0) == (webhooks.RETRY_DELAYS_S[0], 1)  # the slow task's try
+    webhooks.resend(delivery.pk)  # not late now: its next try is due in a minute
+    assert webhooks.attempt_delivery(delivery.pk, 0) is None  # its task handed out again
+    deliver_webhook.delay(delivery.pk, 0)
+    assert len(receiver.received) == 1
+    delivery.refresh_from_db()
+    assert delivery.attempts == 1 and delivery.next_try_at > timezone.now()
+    assert webhooks.attempt_delivery(delivery.pk, 1) is None and len(receiver.received) == 2  # the next try's own task
+    delivery.refresh_from_db()
+    assert delivery.attempts == 2 and delivery.delivered_at is not None
