@@ -3,7 +3,8 @@ from __future__ import annotations
 from django.contrib import admin, messages
 from django.db import transaction
 
-from studio.models import ApiToken, AuditEvent, Membership, Plan, Project, ProjectSecret
+from studio import webhooks
+from studio.models import ApiToken, AuditEvent, Membership, Plan, Project, ProjectSecret, Webhook, WebhookDelivery
 from studio.services import add_member, delete_secret, remove_member, revoke_api_token
 
 
@@ -102,3 +103,53 @@ class AuditEventAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None) -> bool:
         return False
+
+
+@admin.register(Webhook)
+class WebhookAdmin(admin.ModelAdmin):
+    """Enable, disable or delete one, through the services (audited); its signing secret is never
+    shown here, its ciphertext neither: the Studio shows the secret once, to whoever adds the webhook."""
+
+    list_display = ("url", "project", "active", "event_names", "created_by", "created_at")
+    list_filter = ("active",)
+    search_fields = ("url", "project__slug")
+    list_select_related = ("project", "created_by")
+    fields = ("project", "url", "event_names", "active", "created_by", "created_at")  # not secret_ciphertext
+    readonly_fields = ("project", "url", "event_names", "created_by", "created_at")
+
+    @admin.display(description="events")
+    def event_names(self, obj: Webhook) -> str:
+        return ", ".join(obj.events)
+
+    def has_add_permission(self, request) -> bool:
+        return False  # added in Settings → Webhooks or through the API, which make the secret and show it once
+
+    def save_model(self, request, obj, form, change) -> None:
+        webhooks.set_webhook_active(Webhook.objects.get(pk=obj.pk), obj.active)  # as its Enable / Disable buttons
+
+    def delete_model(self, request, obj) -> None:
+        webhooks.delete_webhook(obj)
+
+    def delete_queryset(self, request, queryset) -> None:
+        with transaction.atomic():
+            for webhook in queryset:
+                webhooks.delete_webhook(webhook)
+
+
+@admin.register(WebhookDelivery)
+class WebhookDeliveryAdmin(admin.ModelAdmin):
+    """Read-only: the worker records each try (studio.webhooks.attempt_delivery)."""
+
+    list_display = ("id", "webhook", "event", "last_status_code", "attempts", "delivered_at", "last_error", "created_at")
+    list_filter = ("event",)
+    search_fields = ("webhook__url", "webhook__project__slug")
+    list_select_related = ("webhook__project",)
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False  # deleted with its webhook, or as one of the oldest (DELIVERIES_KEPT)

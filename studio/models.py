@@ -194,6 +194,9 @@ class WebhookDelivery(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     delivered_at = models.DateTimeField(null=True, blank=True)
     next_try_at = models.DateTimeField(null=True, blank=True, help_text="When the next try is due; null once delivered or given up.")
+    claimed_until = models.DateTimeField(
+        null=True, blank=True, help_text="A try is being sent until then (the worker's lease, studio.webhooks.claim_try); null when none is."
+    )
 
     class Meta:
         ordering = ["-created_at", "-id"]

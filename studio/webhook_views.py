@@ -15,6 +15,7 @@ from django.views.decorators.http import require_GET
 from studio import webhooks
 from studio.errors import ApiError
 from studio.models import Project, Webhook, WebhookDelivery
+from studio.parsing import isolated
 from studio.views import errors_by_field, form_action, refuse_form, refused_forms, studio_page, web_actor
 
 FIELDS = {"url", "events"}
@@ -67,6 +68,11 @@ def create_webhook(request: HttpRequest) -> HttpResponse:
         webhook, secret = webhooks.create_webhook(project, url, events, user=request.user)
     except ApiError as exc:
         return refuse_form(request, reverse("webhooks"), "webhook", errors_by_field(exc, FIELDS), {"url": url, "events": events})
+    messages.success(
+        request,
+        f"Added {_named(webhook)}: {_what_it_is_sent(webhook)} from now on; what happened before is not sent. "
+        "Its signing secret is below, shown this once: copy it to the receiver now. Send test checks that the receiver answers.",
+    )
     return render(request, "studio/webhooks.html", _context(request, project, created={"webhook": webhook, "secret": secret}))
 
 
@@ -81,28 +87,70 @@ def webhooks_url(request: HttpRequest, *args, **kwargs) -> str:
     return reverse("webhooks")
 
 
-def _done(request: HttpRequest, sentence: str) -> HttpResponse:
-    messages.success(request, sentence)
+def _done(request: HttpRequest, sentence: str, level: int = messages.SUCCESS) -> HttpResponse:
+    messages.add_message(request, level, sentence)
     return redirect("webhooks")
+
+
+def _named(webhook: Webhook, first: bool = False) -> str:
+    """How a message names a webhook: as its card does, by number and URL (`first` in a sentence)."""
+    return f"{'W' if first else 'w'}ebhook {webhook.pk} ({isolated(webhook.url)})"
+
+
+def _joined(names: list[str], word: str) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} {word} {names[-1]}"
+
+
+def _what_it_is_sent(webhook: Webhook) -> str:
+    """Its events, and those it is not sent: a message says what the user's choice means."""
+    left_out = [name for name in webhooks.EVENT_NAMES if name not in webhook.events]
+    if not left_out:
+        return f"it is sent every event ({_joined(webhooks.EVENT_NAMES, 'and')})"
+    return f"it is sent {_joined(webhook.events, 'and')} (not {_joined(left_out, 'or')})"
+
+
+# What pausing means, said where it happens: set_webhook_active and attempt_delivery drop what falls
+# due while a webhook is disabled, and queue_event makes nothing for one.
+DISABLED_MEANS = (
+    "nothing is sent to it until you enable it again: events meanwhile are not sent later, and retries that fall due "
+    "meanwhile are dropped. Send test still pings it."
+)
 
 
 @studio_page
 @form_action(webhooks_url)
 def toggle_webhook(request: HttpRequest, webhook_id: int) -> HttpResponse:
-    webhook = webhooks.set_webhook_active(_writable_webhook(request, webhook_id), request.POST.get("active") != "0")
-    return _done(request, f"{'Enabled' if webhook.active else 'Disabled'} the webhook to {webhook.url}.")
+    webhook = _writable_webhook(request, webhook_id)
+    was_active, active = webhook.active, request.POST.get("active") != "0"
+    webhooks.set_webhook_active(webhook, active)
+    if was_active == active:
+        state = f"{_what_it_is_sent(webhook)}." if active else DISABLED_MEANS
+        return _done(request, f"{_named(webhook, first=True)} was already {'enabled' if active else 'disabled'}: {state}", messages.INFO)
+    if active:
+        return _done(request, f"Enabled {_named(webhook)}: {_what_it_is_sent(webhook)} again from now on; events while it was disabled are not sent.")
+    return _done(request, f"Disabled {_named(webhook)}: {DISABLED_MEANS}")
 
 
 @studio_page
 @form_action(webhooks_url)
 def test_webhook(request: HttpRequest, webhook_id: int) -> HttpResponse:
     delivery = webhooks.send_test(_writable_webhook(request, webhook_id))
-    return _done(request, f"Sent a ping to {delivery.webhook.url}: its delivery is listed below.")
+    disabled = " (sent although the webhook is disabled)" if not delivery.webhook.active else ""
+    return _done(
+        request,
+        f"Queued a ping to {_named(delivery.webhook)} as delivery {delivery.pk}{disabled}: it is listed in the webhook's deliveries below; "
+        "reload the page to see how the receiver answered.",
+    )
 
 
 @studio_page
 @form_action(webhooks_url)
 def delete_webhook(request: HttpRequest, webhook_id: int) -> HttpResponse:
     webhook = _writable_webhook(request, webhook_id)
+    named = _named(webhook)  # its pk is gone once deleted
     webhooks.delete_webhook(webhook)
-    return _done(request, f"Deleted the webhook to {webhook.url}.")
+    return _done(
+        request,
+        f"Deleted {named} and its deliveries: nothing more is sent to it, retries included, and its signing secret signs nothing now. "
+        "To send to the URL again, add it again: it gets a new secret.",
+    )

@@ -5,7 +5,10 @@ A run that ends (training.status.transition), and a run whose weights are publis
 the event, made in that transaction and handed to the task queue once it commits
 (studio.tasks.deliver_webhook). Each try POSTs the payload signed with the webhook's
 secret; a non-2xx answer or a connection error is tried again later (RETRY_DELAYS_S), and every try is
-recorded on the delivery.
+recorded on the delivery. A worker claims a try before it sends it (claim_try), so two tasks for one
+delivery (the reconciler's resend of a slow try, a task the broker hands out again) never both POST it,
+and a task names the try it is for, so one that comes after that try was made does not send the next
+one before its time.
 """
 
 from __future__ import annotations
@@ -14,17 +17,19 @@ import hashlib
 import hmac
 import ipaddress
 import json
+import logging
 import secrets
 import socket
 import time
 from collections.abc import Callable
-from datetime import timedelta
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from studio import audit, crypto
@@ -40,6 +45,13 @@ MAX_TRIES = len(RETRY_DELAYS_S) + 1
 DELIVERIES_KEPT = 50
 URL_MAX = Webhook._meta.get_field("url").max_length
 EVENT_NAMES = [str(event) for event in SUBSCRIBABLE_EVENTS]
+# The deliver_webhook task's hard time limit: a worker still on a try past it has been killed.
+TRY_TIME_LIMIT_S = 45
+# How long a claimed try is its worker's alone (claim_try): past the hard time limit, so a worker
+# still sending holds it, and a try whose worker was killed is taken again once it runs out.
+CLAIM_S = TRY_TIME_LIMIT_S + 15
+
+log = logging.getLogger(__name__)
 
 
 class UnsafeAddress(ValueError):
@@ -232,7 +244,7 @@ def queue_delivery(webhook: Webhook, event: str, run_id: int | None, data: dict[
     delivery.payload = {"type": str(event), "id": str(delivery.pk), "created_at": delivery.created_at.isoformat(), "data": data}
     delivery.save(update_fields=["payload"])
     keep_newest_deliveries(webhook)
-    send_after_commit(deliver_webhook, delivery.pk, on_unsent=lambda: record_unsent(delivery.pk))
+    send_after_commit(deliver_webhook, delivery.pk, 0, on_unsent=lambda: record_unsent(delivery.pk))
     return delivery
 
 
@@ -255,20 +267,36 @@ def record_unsent(delivery_id: int) -> None:
 RESEND_AFTER_S = 120
 
 
+def unclaimed(now: datetime) -> Q:
+    """No try in flight: none was claimed, or its claim has run out (claim_try)."""
+    return Q(claimed_until__isnull=True) | Q(claimed_until__lte=now)
+
+
+def late(now: datetime) -> Q:
+    """Due over RESEND_AFTER_S ago, with tries left and no try in flight: its task never ran, or its
+    worker died mid-try and its claim has run out."""
+    return Q(delivered_at__isnull=True, attempts__lt=MAX_TRIES, next_try_at__lt=now - timedelta(seconds=RESEND_AFTER_S)) & unclaimed(now)
+
+
 def deliveries_to_resend(now=None) -> list[int]:
-    """Deliveries due over RESEND_AFTER_S ago, with tries left: their task never ran."""
-    late = (now or timezone.now()) - timedelta(seconds=RESEND_AFTER_S)
-    return list(WebhookDelivery.objects.filter(delivered_at__isnull=True, attempts__lt=MAX_TRIES, next_try_at__lt=late)
-                .order_by("next_try_at").values_list("pk", flat=True)[:100])
+    """The late deliveries (late()), the longest overdue first, 100 a pass."""
+    return list(WebhookDelivery.objects.filter(late(now or timezone.now())).order_by("next_try_at").values_list("pk", flat=True)[:100])
 
 
 def resend(delivery_id: int) -> None:
-    """Queue a late delivery's try again; it is due anew now, so the next pass leaves it alone until it
-    is late again. A duplicate try is harmless: a delivered one is not sent twice (attempt_delivery)."""
+    """Queue a late delivery's try again, if it is late still: the reconciler lists the late ones before
+    it polls the runs, and a slow task may have made its try since. It is due anew now, so the next
+    pass leaves it alone until it is late again. The task names the try (the one after `attempts`), so
+    it sends nothing if the slow task makes that try first."""
     from studio.tasks import deliver_webhook
 
-    WebhookDelivery.objects.filter(pk=delivery_id).update(next_try_at=timezone.now())
-    send(deliver_webhook, delivery_id)
+    now = timezone.now()
+    with transaction.atomic():
+        tries_made = WebhookDelivery.objects.select_for_update().filter(late(now), pk=delivery_id).values_list("attempts", flat=True).first()
+        if tries_made is None:
+            return
+        WebhookDelivery.objects.filter(pk=delivery_id).update(next_try_at=now)
+    send(deliver_webhook, delivery_id, tries_made)
 
 
 def signature(secret: str, timestamp: int, body: bytes) -> str:
@@ -277,16 +305,43 @@ def signature(secret: str, timestamp: int, body: bytes) -> str:
     return f"t={timestamp},v1={mac}"
 
 
-def attempt_delivery(delivery_id: int) -> int | None:
-    """Try to deliver once; record the try. Returns the seconds to wait before the next try, or None
-    when there is none (delivered, given up, or nothing left to send). Safe to run twice: a delivered
-    or exhausted delivery is not sent again."""
-    delivery = WebhookDelivery.objects.select_related("webhook").filter(pk=delivery_id).first()
-    if delivery is None or delivery.delivered_at is not None or delivery.attempts >= MAX_TRIES:
+def claim_try(delivery_id: int, now: datetime, tries_made: int | None = None) -> datetime | None:
+    """Conditional UPDATE: make the delivery's next try this worker's for CLAIM_S, unless it is
+    delivered, out of tries, past the try asked for (`tries_made` made before it; None: whichever is
+    next), or another worker's claim has not run out. Returns the claim's end, which the worker
+    records its try under, or None: nothing for this worker to send."""
+    until = now + timedelta(seconds=CLAIM_S)
+    asked = Q() if tries_made is None else Q(attempts=tries_made)
+    claimed = (
+        WebhookDelivery.objects.filter(asked, unclaimed(now), pk=delivery_id, delivered_at__isnull=True, attempts__lt=MAX_TRIES)
+        .update(claimed_until=until)
+    )
+    return until if claimed else None
+
+
+class NextTry(NamedTuple):
+    """The try to queue after a failed one: after `delay_s`, with `tries_made` made by then."""
+
+    delay_s: int
+    tries_made: int
+
+
+def attempt_delivery(delivery_id: int, tries_made: int | None = None) -> NextTry | None:
+    """Make the delivery's try after `tries_made` (None: whichever is next) and record it. Returns the
+    next try to queue, or None when there is none (delivered, given up, nothing left to send, another
+    worker is sending it, or that try was made already). Safe to run twice, at once too: the try is
+    claimed first, so one worker sends it, and a delivered or exhausted delivery is not sent again."""
+    claim = claim_try(delivery_id, timezone.now(), tries_made)
+    if claim is None:
         return None
+    # Read under the claim: no other worker changes the row until this one records its try.
+    delivery = WebhookDelivery.objects.select_related("webhook").filter(pk=delivery_id).first()
+    if delivery is None:  # deleted with its webhook, or as an old one, since the claim
+        return None
+    claimed = WebhookDelivery.objects.filter(pk=delivery_id, claimed_until=claim)
     webhook = delivery.webhook
     if not webhook.active and delivery.event != WebhookEvent.PING:
-        WebhookDelivery.objects.filter(pk=delivery.pk).update(next_try_at=None, last_error="not sent: the webhook is disabled")
+        claimed.update(next_try_at=None, last_error="not sent: the webhook is disabled", claimed_until=None)
         return None
     status_code, error, retry = post(webhook, delivery)
     now = timezone.now()
@@ -294,15 +349,21 @@ def attempt_delivery(delivery_id: int) -> int | None:
     delay = RETRY_DELAYS_S[attempts - 1] if retry and attempts < MAX_TRIES else None
     if error and retry and delay is None:
         error = f"{error}; gave up after {attempts} tries"
-    WebhookDelivery.objects.filter(pk=delivery.pk).update(
+    recorded = claimed.update(
         attempts=attempts,
         last_status_code=status_code,
         last_error=error[:500],
         tries=[*delivery.tries, {"at": now.isoformat(), "status_code": status_code, "error": error[:500]}],
         delivered_at=now if not error else None,
         next_try_at=now + timedelta(seconds=delay) if delay is not None else None,
+        claimed_until=None,
     )
-    return delay
+    if not recorded:
+        # Only a try that outlived CLAIM_S (no time limit, as in a shell): another worker may have
+        # taken the delivery since, and its tries are not overwritten.
+        log.warning("webhook delivery %s: try %s outlived its claim (%s s) and is not recorded", delivery_id, attempts, CLAIM_S)
+        return None
+    return NextTry(delay, attempts) if delay is not None else None
 
 
 def post(webhook: Webhook, delivery: WebhookDelivery) -> tuple[int | None, str, bool]:

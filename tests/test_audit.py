@@ -107,6 +107,18 @@ def nothing(w: World) -> None:
     return None
 
 
+WEBHOOK_URL = "https://127.0.0.1/hook"
+
+
+def webhook(w: World):
+    from django.test import override_settings
+
+    from studio.webhooks import create_webhook
+
+    with override_settings(STUDIO_WEBHOOK_ALLOW_PRIVATE=True):
+        return create_webhook(w.project, WEBHOOK_URL, None)[0]
+
+
 CASES = {
     "secret set (API)": Case(nothing, lambda w: ok(w.api.put("/api/secrets/judge-key", {"value": SECRET_VALUE})),
                              "created", "projectsecret", "judge-key", "owner", "token"),
@@ -159,6 +171,10 @@ CASES = {
     "member's role changed (admin)": Case(nothing, lambda w: admin_members(w, role_of(w, "viewer", "member")),
                                           "role_changed", "membership", "viewer", "root", "session"),
     "member removed (admin)": Case(nothing, lambda w: admin_members(w, without(w, "viewer")), "removed", "membership", "viewer", "root", "session"),
+    "webhook disabled (admin)": Case(webhook, lambda w: ok(w.root.post(f"/admin/studio/webhook/{w.project.webhooks.get().pk}/change/", {}), 302),
+                                     "updated", "webhook", WEBHOOK_URL, "root", "session"),
+    "webhook deleted (admin)": Case(webhook, lambda w: ok(w.root.post(f"/admin/studio/webhook/{w.project.webhooks.get().pk}/delete/", {"post": "yes"}), 302),
+                                    "deleted", "webhook", WEBHOOK_URL, "root", "session"),
     "token created (createapitoken)": Case(nothing, lambda w: call_command("createapitoken", "member", project="acme", name="ci", stdout=open("/dev/null", "w")),
                                            "created", "apitoken", "ci", "", "system"),
     "token created (page)": Case(nothing, lambda w: ok(w.browser.post(reverse("api_token_create"), {"name": "ci"}), 200),

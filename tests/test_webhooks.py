@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import html
 import json
 import re
 import threading
@@ -17,11 +18,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from django.db import connection
+from django.db.models import F
 from django.test import Client
+from django.utils import timezone
 
 from studio import crypto, webhooks
 from studio.models import AuditEvent, Webhook, WebhookDelivery
-from tests.conftest import assert_error, sft_body
+from tests.conftest import assert_error, sft_body, wait_for
 from tests.datahub.test_models_page import final_checkpoint  # noqa: F401 - the fixture is used by name
 from training.models import Status, TrainingRun
 
@@ -30,11 +33,13 @@ pytestmark = pytest.mark.django_db
 
 @dataclass
 class Receiver:
-    """An HTTP server that records each POST and answers with the next of `statuses` (then 200)."""
+    """An HTTP server that records each POST and answers with the next of `statuses` (then 200); with
+    `hold` given, only once it is set (a slow receiver)."""
 
     statuses: list[int] = field(default_factory=list)
     received: list[dict] = field(default_factory=list)
     server: ThreadingHTTPServer | None = None
+    hold: threading.Event | None = None
 
     @property
     def url(self) -> str:
@@ -48,6 +53,8 @@ class Receiver:
             def do_POST(self) -> None:  # noqa: N802 - http.server naming
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 receiver.received.append({"headers": dict(self.headers), "body": body, "path": self.path})
+                if receiver.hold is not None:
+                    receiver.hold.wait(webhooks.TIMEOUT_S)
                 self.send_response(receiver.statuses.pop(0) if receiver.statuses else 200)
                 self.end_headers()
 
@@ -399,6 +406,42 @@ def test_the_page_adds_a_webhook_and_shows_its_secret_once(users, project, recei
     assert not Webhook.objects.exists()
 
 
+def said(response) -> list[tuple[str, str]]:
+    """The page's messages: (level, text), as a reader sees them (the URLs' bidi isolates left out)."""
+    found = re.findall(r'<li class="msg-(\w+)"><bdi dir="ltr">(.*?)</bdi></li>', response.content.decode(), re.S)
+    return [(level, html.unescape(text).replace("\u2068", "").replace("\u2069", "")) for level, text in found]
+
+
+def test_the_pages_messages_say_what_each_change_means(users, project, receiver):
+    owner = Client()
+    owner.force_login(users["owner"])
+    [(level, added)] = said(owner.post("/settings/webhooks/new", {"url": receiver.url, "events": ["run.completed", "run.failed"]}))
+    hook = Webhook.objects.get()
+    named = f"webhook {hook.pk} ({receiver.url})"
+    assert level == "success" and added == (
+        f"Added {named}: it is sent run.completed and run.failed (not run.cancelled or model.published) from now on; what happened "
+        "before is not sent. Its signing secret is below, shown this once: copy it to the receiver now. Send test checks that the receiver answers."
+    )
+
+    def change(action: str, **data) -> list[tuple[str, str]]:
+        return said(owner.post(f"/settings/webhooks/{hook.pk}/{action}", data, follow=True))
+
+    disabled = ("nothing is sent to it until you enable it again: events meanwhile are not sent later, and retries that fall due "
+                "meanwhile are dropped. Send test still pings it.")
+    assert change("active", active="0") == [("success", f"Disabled {named}: {disabled}")]
+    assert change("active", active="0") == [("info", f"W{named[1:]} was already disabled: {disabled}")]
+    [(_, pinged)] = change("test")
+    delivery = WebhookDelivery.objects.get()
+    assert pinged == (f"Queued a ping to {named} as delivery {delivery.pk} (sent although the webhook is disabled): it is listed in the "
+                      "webhook's deliveries below; reload the page to see how the receiver answered.")
+    assert change("active", active="1") == [("success", f"Enabled {named}: it is sent run.completed and run.failed (not run.cancelled or "
+                                                         "model.published) again from now on; events while it was disabled are not sent.")]
+    assert change("delete") == [("success", f"Deleted {named} and its deliveries: nothing more is sent to it, retries included, and its signing "
+                                            "secret signs nothing now. To send to the URL again, add it again: it gets a new secret.")]
+    [(_, every)] = said(owner.post("/settings/webhooks/new", {"url": receiver.url, "events": webhooks.EVENT_NAMES}))
+    assert "it is sent every event (run.completed, run.failed, run.cancelled and model.published) from now on" in every
+
+
 def test_the_page_refuses_a_private_url_beside_its_field(users, project):
     from tests.conftest import refused_form_page
 
@@ -454,14 +497,16 @@ def test_with_the_task_queue_down_the_delivery_says_it_was_not_sent(api, receive
     assert delivery.attempts == 0 and "not sent yet: the Studio's task queue (Redis) could not be reached" in delivery.last_error
     # It was left so ("use Send test"): the reconciler's first pass with the queue back sends it.
     assert webhooks.deliveries_to_resend() == []  # not late yet: a worker may still take it
-    late = delivery.next_try_at + timedelta(seconds=webhooks.RESEND_AFTER_S + 1)
-    assert webhooks.deliveries_to_resend(late) == [delivery.pk]
     app.conf.task_always_eager = True  # the task run in this process, as the other tests here do
+    webhooks.resend(delivery.pk)  # nor is it resent
+    assert receiver.received == []
+    made_late(delivery)
+    assert webhooks.deliveries_to_resend() == [delivery.pk]
     webhooks.resend(delivery.pk)  # as training.tasks.reconcile_runs does
     assert len(receiver.received) == 1
     delivery.refresh_from_db()
     assert delivery.attempts == 1 and delivery.delivered_at is not None and delivery.last_error == ""
-    assert webhooks.deliveries_to_resend(late) == []
+    assert webhooks.deliveries_to_resend(timezone.now() + timedelta(seconds=webhooks.RESEND_AFTER_S + 1)) == []
 
 
 def test_the_page_reads_as_many_rows_in_as_many_queries_for_more_webhooks(api, users, receiver, sent):
@@ -601,3 +646,108 @@ def test_a_name_that_became_link_local_is_not_sent_to(api, receiver, sent, monke
     assert receiver.received == []
     delivery = WebhookDelivery.objects.get(webhook_id=hook["id"])
     assert delivery.next_try_at is None and "169.254.169.254, a link-local address" in delivery.last_error
+
+
+def ping_delivery(project, receiver, **fields) -> WebhookDelivery:
+    """A ping queued to a webhook to the receiver, its task not run yet."""
+    hook, _ = webhooks.create_webhook(project, receiver.url, None)
+    return WebhookDelivery.objects.create(webhook=hook, event="ping", payload={"type": "ping"}, next_try_at=timezone.now(), **fields)
+
+
+def made_late(delivery: WebhookDelivery) -> None:
+    """Its try due RESEND_AFTER_S ago, and a claim on it that long older: the clock moved on, told
+    through the row (the reconciler's `now` is the real one)."""
+    older = timedelta(seconds=webhooks.RESEND_AFTER_S + 1)
+    WebhookDelivery.objects.filter(pk=delivery.pk).update(next_try_at=F("next_try_at") - older, claimed_until=F("claimed_until") - older)
+
+
+def test_two_workers_on_one_try_post_it_once(transactional_db, project, receiver):
+    """A second task for the delivery (the reconciler's resend of a slow try, the broker handing the
+    task out again) runs while the first worker waits on the receiver: it finds the try claimed."""
+    delivery = ping_delivery(project, receiver)
+    receiver.hold = threading.Event()
+    delays: dict[str, int | None] = {}
+
+    def worker(name: str) -> None:
+        try:
+            delays[name] = webhooks.attempt_delivery(delivery.pk)
+        finally:
+            connection.close()
+
+    first = threading.Thread(target=worker, args=("first",))
+    first.start()
+    wait_for(lambda: receiver.received, 10, 0.05, message="the first worker's POST")
+    second = threading.Thread(target=worker, args=("second",))
+    second.start()
+    second.join(2)
+    receiver.hold.set()
+    first.join(10)
+    second.join(10)
+    assert len(receiver.received) == 1
+    assert delays == {"first": None, "second": None}
+    delivery.refresh_from_db()
+    assert delivery.attempts == 1 and len(delivery.tries) == 1 and delivery.delivered_at is not None and delivery.claimed_until is None
+
+
+def test_a_try_whose_worker_died_is_sent_once_its_claim_runs_out(project, receiver):
+    assert webhooks.CLAIM_S < webhooks.RESEND_AFTER_S
+    delivery = ping_delivery(project, receiver)
+    assert webhooks.claim_try(delivery.pk, timezone.now()) is not None  # a worker claims the try, and is killed mid-POST
+    WebhookDelivery.objects.filter(pk=delivery.pk).update(next_try_at=timezone.now() - timedelta(seconds=webhooks.RESEND_AFTER_S + 1))
+    assert webhooks.attempt_delivery(delivery.pk, 0) is None  # the task handed out again while the claim holds
+    assert webhooks.deliveries_to_resend() == []  # late, but its try may still be in flight
+    webhooks.resend(delivery.pk)
+    assert receiver.received == []
+    made_late(delivery)  # its claim has run out
+    assert webhooks.deliveries_to_resend() == [delivery.pk]
+    webhooks.resend(delivery.pk)  # as training.tasks.reconcile_runs does; the task runs in this process
+    assert len(receiver.received) == 1
+    delivery.refresh_from_db()
+    assert delivery.attempts == 1 and delivery.delivered_at is not None and delivery.claimed_until is None
+    assert webhooks.attempt_delivery(delivery.pk) is None and len(receiver.received) == 1  # a delivered one is not sent again
+
+
+def test_the_admin_lists_webhooks_and_deliveries_and_never_shows_the_secret(project, receiver, sent):
+    from django.contrib.auth import get_user_model
+
+    hook, secret = webhooks.create_webhook(project, receiver.url, ["run.failed", "model.published"])
+    receiver.statuses = [500]
+    with sent():
+        delivery = webhooks.send_test(hook)
+    root = Client()
+    root.force_login(get_user_model().objects.create_superuser("root", "root@example.com", "pw"))
+    pages = {}
+    for url in ("/admin/studio/webhook/", f"/admin/studio/webhook/{hook.pk}/change/",
+                "/admin/studio/webhookdelivery/", f"/admin/studio/webhookdelivery/{delivery.pk}/change/"):
+        response = root.get(url)
+        assert response.status_code == 200, url
+        pages[url] = page = response.content.decode()
+        assert secret not in page and "ciphertext" not in page.lower() and webhooks.SECRET_PREFIX not in page, url
+    webhook_list, delivery_list = pages["/admin/studio/webhook/"], pages["/admin/studio/webhookdelivery/"]
+    assert receiver.url in webhook_list and "acme" in webhook_list and '<td class="field-event_names">run.failed, model.published</td>' in webhook_list
+    assert '<td class="field-event">Ping</td>' in delivery_list and '<td class="field-attempts">2</td>' in delivery_list
+    assert '<td class="field-last_status_code">200</td>' in delivery_list
+    assert 'name="_save"' not in pages[f"/admin/studio/webhookdelivery/{delivery.pk}/change/"]  # the worker's record, read-only
+    for url in ("/admin/studio/webhook/add/", "/admin/studio/webhookdelivery/add/"):
+        assert root.get(url).status_code == 403, url  # a webhook is added where its secret is shown once
+
+
+def test_a_task_for_a_try_made_already_sends_nothing(project, receiver):
+    """The broker hands a task out again after its try was made, or the reconciler's resend of a slow
+    try runs after it: the next try waits for its own task and time."""
+    from studio.tasks import deliver_webhook
+
+    delivery = ping_delivery(project, receiver)
+    made_late(delivery)
+    assert webhooks.deliveries_to_resend() == [delivery.pk]  # the reconciler lists it, then polls the runs
+    receiver.statuses = [500]
+    assert webhooks.attempt_delivery(delivery.pk, 0) == (webhooks.RETRY_DELAYS_S[0], 1)  # the slow task's try
+    webhooks.resend(delivery.pk)  # not late now: its next try is due in a minute
+    assert webhooks.attempt_delivery(delivery.pk, 0) is None  # its task handed out again
+    deliver_webhook.delay(delivery.pk, 0)
+    assert len(receiver.received) == 1
+    delivery.refresh_from_db()
+    assert delivery.attempts == 1 and delivery.next_try_at > timezone.now()
+    assert webhooks.attempt_delivery(delivery.pk, 1) is None and len(receiver.received) == 2  # the next try's own task
+    delivery.refresh_from_db()
+    assert delivery.attempts == 2 and delivery.delivered_at is not None
