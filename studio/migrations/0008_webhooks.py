@@ -44,6 +44,7 @@ class Migration(migrations.Migration):
                 ('created_at', models.DateTimeField(auto_now_add=True)),
                 ('delivered_at', models.DateTimeField(blank=True, null=True)),
                 ('next_try_at', models.DateTimeField(blank=True, help_text='When the next try is due; null once delivered or given up.', null=True)),
+                ('claimed_until', models.DateTimeField(blank=True, help_text="A try is being sent until then (the worker's lease, studio.webhooks.claim_try); null when none is.", null=True)),
                 ('webhook', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='deliveries', to='studio.webhook')),
             ],
             options={
