@@ -1,16 +1,17 @@
 """Dataset files in a repo: reading rows (JSONL, JSON, CSV, Parquet) as a stream, detecting the row
 shape, previewing the first rows, and checking every row against a training method.
 
-Findings name the row (1-based: the line for JSONL, the data row for CSV and Parquet) and the
-field, e.g. `row 57: "chosen" is empty`. The rule is what the engine's reader and trainer can read:
-text that is UTF-8 (a leading byte order mark allowed), every row an object, the first object row's
-shape and the first good row's form (text or messages) kept by every row and every file of the
-dataset, and every dataset entry of the run (the engine trains on them joined into one table), a row's
-fields in the one form the method's trainer reads, and a CSV column's cells all JSON lists or all text.
-A RULER run's prompts are checked as its loader reads them. Each file is checked up to
-DATAHUB_VALIDATE_MAX_ROWS rows; a file with more is a notice, not a finding. A row over
-DATAHUB_MAX_ROW_BYTES is a finding, and a JSON Lines row that large is never parsed. A commit never
-changes, so the findings of a (commit, method) pair are cached.
+Findings name the file, the row (1-based: the line for JSONL, the data row for CSV and Parquet) and
+the field, e.g. `train.jsonl row 57: "chosen" is empty`, in a dataset of one file as in a folder.
+The rule is what the engine's reader and trainer can read: text that is UTF-8 (a leading byte order
+mark allowed), every row an object, the first object row's shape and the first good row's form (text
+or messages) kept by every row and every file of the dataset, and every dataset entry of the run
+(the engine trains on them joined into one table), a row's fields in the one form the method's
+trainer reads, and a CSV column's cells all JSON lists or all text. A RULER run's prompts are
+checked as its loader reads them. Each file is checked up to DATAHUB_VALIDATE_MAX_ROWS rows; a file
+with more is a notice, not a finding. A row over DATAHUB_MAX_ROW_BYTES is a finding, and a JSON
+Lines row that large is never parsed. A commit never changes, so the findings of a (commit, method)
+pair are cached.
 """
 from __future__ import annotations
 
@@ -746,8 +747,9 @@ class RowNeeds:
         return None
 
     def absent_column(self, key: str, where: str) -> str:
-        """One finding for a column that no checked row of a file has, instead of one per row."""
-        return (f'{where or "the dataset "}has no "{key}" column, which {self.who} reads from every row (its ROW_KEYS: '
+        """One finding for a column that no checked row of a file has, instead of one per row; `where`
+        names the file ("data/a.jsonl ")."""
+        return (f'{where}has no "{key}" column, which {self.who} reads from every row (its ROW_KEYS: '
                 f'{", ".join(self.keys)}): add the column, or leave dataset empty to use the environment\'s own prompts')
 
     def cache_key(self) -> str:
@@ -797,7 +799,7 @@ def local_check(path: Path, method: str, field: str, needs: RowNeeds | None = No
 
 
 # Bumped when the rules change, so a commit's result cached under the old ones is not used.
-CACHE_VERSION = 7
+CACHE_VERSION = 8
 
 
 def cached_check(key: str, check: Callable[[], RowsCheck]) -> RowsCheck:
@@ -833,7 +835,8 @@ def check_rows(sources: list[Source], method: str, field: str, needs: RowNeeds |
     checked so far lacks (at the end of the file, or when the findings reach MAX_FINDINGS) is one
     finding for the file, not one per row; rows that are bad on their own keep their own findings.
     A file with more rows than the limit is a notice: a row past it fails the run only in the engine.
-    A row over DATAHUB_MAX_ROW_BYTES names its file even in a dataset of one: the file to split.
+    Every finding names its file ("train.jsonl row 3: ..."), in a dataset of one file as in a folder:
+    the file to fix is never left to guess.
     The engine joins the files into one table, so a file whose shape, or a field's form, differs from
     the dataset's first file's is refused too, naming both files, as is a CSV column of JSON lists in
     some cells and text in others. `system_prompt`: the run sets one (DPO reads text prompts as chats).
@@ -850,7 +853,7 @@ def check_rows(sources: list[Source], method: str, field: str, needs: RowNeeds |
     first_form: tuple[str, FirstRowForm] | None = None  # the dataset's first file with a good row: its path, and that row's forms
     rows: int | None = 0  # rows read, every file's; None once a file's rows past max_rows go unread
     for entry in sources:
-        where = f"{entry.path} " if len(sources) > 1 else ""
+        where = f"{entry.path} "  # every finding names its file, in a dataset of one file as in a folder of them
         shape = None
         form: FirstRowForm | None = None
         # This file's findings, each with the needed key a row lacked entirely (None for any other problem).
@@ -896,8 +899,7 @@ def check_rows(sources: list[Source], method: str, field: str, needs: RowNeeds |
                 if found is not None:
                     key, problem = found[0] if found[0] not in row else None, found[1]
             if problem:
-                named = where or (f"{entry.path} " if isinstance(row, RowTooLarge) else "")  # which file to split, even of one
-                pending.append((Finding(field, f"{named}row {number}: {problem}"), key))
+                pending.append((Finding(field, f"{where}row {number}: {problem}"), key))
                 if len(findings) + len(pending) >= MAX_FINDINGS and needs is not None:
                     absent = _collapse_absent(pending, lacking, checked, absent, needs, field, where)
                 if len(findings) + len(pending) >= MAX_FINDINGS:
@@ -999,7 +1001,7 @@ def _collapse_absent(pending: list[tuple[Finding, str | None]], lacking: dict[st
     return absent | new
 
 
-def no_rows(where: str = "") -> str:
+def no_rows(where: str) -> str:
     """What START says of a dataset file without a single row, and the preview of that file too;
-    `where` names the file ("data/a.jsonl ") when the dataset has several."""
-    return f"{where or 'the dataset '}has no rows: add rows to it, or train on a dataset that has some"
+    `where` names the file ("data/a.jsonl ")."""
+    return f"{where}has no rows: add rows to it, or train on a dataset that has some"

@@ -51,7 +51,7 @@ def test_a_shorter_row_reads_its_missing_fields_as_empty(api, dataset_repo):
     assert out["problems"] == [{"row": 3, "message": '"completion" is empty'}] and out["row_numbers"] == [1, 2, 3]
     assert out["rows"][1:] == [{"prompt": "q2", "completion": "a2", "source": None}, {"prompt": "q3", "completion": None, "source": None}]
     findings = datasets.rows_findings([source("short.csv")], "sft", "dataset")
-    assert [f.message for f in findings] == ['row 3: "completion" is empty']
+    assert [f.message for f in findings] == ['short.csv row 3: "completion" is empty']
 
 
 def source(name: str) -> datasets.Source:
