@@ -352,17 +352,26 @@ def _csv_rows(fh) -> Iterator[tuple[int, Any]]:
     As the engine's reader (pandas, through datasets) reads them: a row with more fields than the
     header is a RowError, as pandas refuses it ("Expected 2 fields in line 6, saw 4", and on the
     first row it silently shifts every column under an index instead). A shorter row is not, as
-    pandas fills its missing fields with nulls: DictReader's None, which the shape checks find empty."""
-    text = io.TextIOWrapper(fh, encoding="utf-8-sig", errors="surrogateescape", newline="")  # as _json_rows
-    reader = csv.DictReader(text)
+    pandas fills its missing fields with nulls: DictReader's None, which the shape checks find empty.
+    A quote that is never closed is a RowError naming the line it opens on, as pandas fails the file
+    ("EOF inside string"); csv reads the rest of the file into that field, which looked like a row
+    short of fields ('"completion" is empty'), or like no problem at all when it was the last field."""
+    lines = _CsvLines(io.TextIOWrapper(fh, encoding="utf-8-sig", errors="surrogateescape", newline=""))  # as _json_rows
+    reader = csv.DictReader(lines)
     limit = settings.DATAHUB_MAX_ROW_BYTES
     number = 0
     try:
+        if reader.fieldnames and lines.ended:
+            yield 1, _unclosed_quote(reader.fieldnames[-1], reader.line_num)
+            return
         bad = next(filter(None, map(_undecodable, reader.fieldnames or ())), None)
         if bad is not None:
             yield 1, RowError(f"the header line is not valid UTF-8 ({_byte(bad)}): save the file as UTF-8")
             return
         for number, row in enumerate(reader, start=1):
+            if lines.ended:  # this row took in the rest of the file: the last of its fields opened a quote never closed
+                yield number, _unclosed_quote(_last_field(row), reader.line_num)
+                return
             if None in row:  # DictReader's restkey: the fields past the header's
                 header = len(reader.fieldnames or ())
                 yield number, RowError(f"line {reader.line_num} has {header + len(row[None])} fields, the header has {header}: "
@@ -379,6 +388,52 @@ def _csv_rows(fh) -> Iterator[tuple[int, Any]]:
             yield number, {k: csv_cell(k, v) for k, v in row.items()}
     except csv.Error as exc:
         yield number + 1, RowError(f"line {reader.line_num} is not valid CSV ({exc})")
+
+
+class _CsvLines:
+    """A CSV file's lines as the csv reader reads them, and whether it asked for one past the last.
+    It asks for the next line in the middle of a row only while that row's quoted field is open
+    (the default dialect has no escape character), so a row it returns after asking past the end
+    has a quote that is never closed. Python's reader then keeps the rest of the file as that
+    field, silently; pandas, the engine's reader, fails the whole file ("EOF inside string")."""
+
+    def __init__(self, text: Iterator[str]) -> None:
+        self.text = text
+        self.ended = False
+
+    def __iter__(self) -> _CsvLines:
+        return self
+
+    def __next__(self) -> str:
+        line = next(self.text, None)
+        if line is None:
+            self.ended = True
+            raise StopIteration
+        return line
+
+
+def _last_field(row: dict[Any, Any]) -> str:
+    """The last field of a CSV record as DictReader gives it: the last past the header's (in the list
+    under its restkey, None), or else the last the record had (its restval, None, fills the rest)."""
+    if row.get(None):
+        return row[None][-1]
+    return next((value for value in reversed(row.values()) if value is not None), "")
+
+
+# Where the csv reader's lines end: text read with newline="" ends a line at any of these.
+LINE_BREAK = re.compile(r"\r\n|\r|\n")
+
+
+def _unclosed_quote(field: str, lines: int) -> RowError:
+    """The finding for a quoted CSV field whose closing quote never comes: `field` is what the csv
+    reader kept of it (the rest of the file from its opening quote on), `lines` the file's lines."""
+    line = lines - len(LINE_BREAK.findall(field)) + field.endswith(("\n", "\r"))  # the line of its opening quote
+    start = LINE_BREAK.split(field, maxsplit=1)[0]
+    start = start if len(start) <= 30 else f"{start[:30]}…"
+    rest = f"line {line}" if line == lines else f"lines {line} to {lines}"
+    return RowError(f'line {line} opens a quoted field ("{start}) that is never closed, so the rest of the file ({rest}) reads as '
+                    'that one field: close the quote where the field ends, or, if the " is part of the text, write it as "" '
+                    'inside a quoted field ("a ""quoted"" word")')
 
 
 def _parquet_rows(fh) -> Iterator[tuple[int, Any]]:
@@ -799,7 +854,7 @@ def local_check(path: Path, method: str, field: str, needs: RowNeeds | None = No
 
 
 # Bumped when the rules change, so a commit's result cached under the old ones is not used.
-CACHE_VERSION = 8
+CACHE_VERSION = 9
 
 
 def cached_check(key: str, check: Callable[[], RowsCheck]) -> RowsCheck:
