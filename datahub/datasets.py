@@ -1,16 +1,17 @@
 """Dataset files in a repo: reading rows (JSONL, JSON, CSV, Parquet) as a stream, detecting the row
 shape, previewing the first rows, and checking every row against a training method.
 
-Findings name the row (1-based: the line for JSONL, the data row for CSV and Parquet) and the
-field, e.g. `row 57: "chosen" is empty`. The rule is what the engine's reader and trainer can read:
-text that is UTF-8 (a leading byte order mark allowed), every row an object, the first object row's
-shape and the first good row's form (text or messages) kept by every row and every file of the
-dataset, and every dataset entry of the run (the engine trains on them joined into one table), a row's
-fields in the one form the method's trainer reads, and a CSV column's cells all JSON lists or all text.
-A RULER run's prompts are checked as its loader reads them. Each file is checked up to
-DATAHUB_VALIDATE_MAX_ROWS rows; a file with more is a notice, not a finding. A row over
-DATAHUB_MAX_ROW_BYTES is a finding, and a JSON Lines row that large is never parsed. A commit never
-changes, so the findings of a (commit, method) pair are cached.
+Findings name the file, the row (1-based: the line for JSONL, the data row for CSV and Parquet) and
+the field, e.g. `train.jsonl row 57: "chosen" is empty`, in a dataset of one file as in a folder.
+The rule is what the engine's reader and trainer can read: text that is UTF-8 (a leading byte order
+mark allowed), every row an object, the first object row's shape and the first good row's form (text
+or messages) kept by every row and every file of the dataset, and every dataset entry of the run
+(the engine trains on them joined into one table), a row's fields in the one form the method's
+trainer reads, and a CSV column's cells all JSON lists or all text. A RULER run's prompts are
+checked as its loader reads them. Each file is checked up to DATAHUB_VALIDATE_MAX_ROWS rows; a file
+with more is a notice, not a finding. A row over DATAHUB_MAX_ROW_BYTES is a finding, and a JSON
+Lines row that large is never parsed. A commit never changes, so the findings of a (commit, method)
+pair are cached.
 """
 from __future__ import annotations
 
@@ -351,17 +352,26 @@ def _csv_rows(fh) -> Iterator[tuple[int, Any]]:
     As the engine's reader (pandas, through datasets) reads them: a row with more fields than the
     header is a RowError, as pandas refuses it ("Expected 2 fields in line 6, saw 4", and on the
     first row it silently shifts every column under an index instead). A shorter row is not, as
-    pandas fills its missing fields with nulls: DictReader's None, which the shape checks find empty."""
-    text = io.TextIOWrapper(fh, encoding="utf-8-sig", errors="surrogateescape", newline="")  # as _json_rows
-    reader = csv.DictReader(text)
+    pandas fills its missing fields with nulls: DictReader's None, which the shape checks find empty.
+    A quote that is never closed is a RowError naming the line it opens on, as pandas fails the file
+    ("EOF inside string"); csv reads the rest of the file into that field, which looked like a row
+    short of fields ('"completion" is empty'), or like no problem at all when it was the last field."""
+    lines = _CsvLines(io.TextIOWrapper(fh, encoding="utf-8-sig", errors="surrogateescape", newline=""))  # as _json_rows
+    reader = csv.DictReader(lines)
     limit = settings.DATAHUB_MAX_ROW_BYTES
     number = 0
     try:
+        if reader.fieldnames and lines.ended:
+            yield 1, _unclosed_quote(reader.fieldnames[-1], reader.line_num)
+            return
         bad = next(filter(None, map(_undecodable, reader.fieldnames or ())), None)
         if bad is not None:
             yield 1, RowError(f"the header line is not valid UTF-8 ({_byte(bad)}): save the file as UTF-8")
             return
         for number, row in enumerate(reader, start=1):
+            if lines.ended:  # this row took in the rest of the file: the last of its fields opened a quote never closed
+                yield number, _unclosed_quote(_last_field(row), reader.line_num)
+                return
             if None in row:  # DictReader's restkey: the fields past the header's
                 header = len(reader.fieldnames or ())
                 yield number, RowError(f"line {reader.line_num} has {header + len(row[None])} fields, the header has {header}: "
@@ -378,6 +388,52 @@ def _csv_rows(fh) -> Iterator[tuple[int, Any]]:
             yield number, {k: csv_cell(k, v) for k, v in row.items()}
     except csv.Error as exc:
         yield number + 1, RowError(f"line {reader.line_num} is not valid CSV ({exc})")
+
+
+class _CsvLines:
+    """A CSV file's lines as the csv reader reads them, and whether it asked for one past the last.
+    It asks for the next line in the middle of a row only while that row's quoted field is open
+    (the default dialect has no escape character), so a row it returns after asking past the end
+    has a quote that is never closed. Python's reader then keeps the rest of the file as that
+    field, silently; pandas, the engine's reader, fails the whole file ("EOF inside string")."""
+
+    def __init__(self, text: Iterator[str]) -> None:
+        self.text = text
+        self.ended = False
+
+    def __iter__(self) -> _CsvLines:
+        return self
+
+    def __next__(self) -> str:
+        line = next(self.text, None)
+        if line is None:
+            self.ended = True
+            raise StopIteration
+        return line
+
+
+def _last_field(row: dict[Any, Any]) -> str:
+    """The last field of a CSV record as DictReader gives it: the last past the header's (in the list
+    under its restkey, None), or else the last the record had (its restval, None, fills the rest)."""
+    if row.get(None):
+        return row[None][-1]
+    return next((value for value in reversed(row.values()) if value is not None), "")
+
+
+# Where the csv reader's lines end: text read with newline="" ends a line at any of these.
+LINE_BREAK = re.compile(r"\r\n|\r|\n")
+
+
+def _unclosed_quote(field: str, lines: int) -> RowError:
+    """The finding for a quoted CSV field whose closing quote never comes: `field` is what the csv
+    reader kept of it (the rest of the file from its opening quote on), `lines` the file's lines."""
+    line = lines - len(LINE_BREAK.findall(field)) + field.endswith(("\n", "\r"))  # the line of its opening quote
+    start = LINE_BREAK.split(field, maxsplit=1)[0]
+    start = start if len(start) <= 30 else f"{start[:30]}…"
+    rest = f"line {line}" if line == lines else f"lines {line} to {lines}"
+    return RowError(f'line {line} opens a quoted field ("{start}) that is never closed, so the rest of the file ({rest}) reads as '
+                    'that one field: close the quote where the field ends, or, if the " is part of the text, write it as "" '
+                    'inside a quoted field ("a ""quoted"" word")')
 
 
 def _parquet_rows(fh) -> Iterator[tuple[int, Any]]:
@@ -746,8 +802,9 @@ class RowNeeds:
         return None
 
     def absent_column(self, key: str, where: str) -> str:
-        """One finding for a column that no checked row of a file has, instead of one per row."""
-        return (f'{where or "the dataset "}has no "{key}" column, which {self.who} reads from every row (its ROW_KEYS: '
+        """One finding for a column that no checked row of a file has, instead of one per row; `where`
+        names the file ("data/a.jsonl ")."""
+        return (f'{where}has no "{key}" column, which {self.who} reads from every row (its ROW_KEYS: '
                 f'{", ".join(self.keys)}): add the column, or leave dataset empty to use the environment\'s own prompts')
 
     def cache_key(self) -> str:
@@ -797,7 +854,7 @@ def local_check(path: Path, method: str, field: str, needs: RowNeeds | None = No
 
 
 # Bumped when the rules change, so a commit's result cached under the old ones is not used.
-CACHE_VERSION = 7
+CACHE_VERSION = 9
 
 
 def cached_check(key: str, check: Callable[[], RowsCheck]) -> RowsCheck:
@@ -833,7 +890,8 @@ def check_rows(sources: list[Source], method: str, field: str, needs: RowNeeds |
     checked so far lacks (at the end of the file, or when the findings reach MAX_FINDINGS) is one
     finding for the file, not one per row; rows that are bad on their own keep their own findings.
     A file with more rows than the limit is a notice: a row past it fails the run only in the engine.
-    A row over DATAHUB_MAX_ROW_BYTES names its file even in a dataset of one: the file to split.
+    Every finding names its file ("train.jsonl row 3: ..."), in a dataset of one file as in a folder:
+    the file to fix is never left to guess.
     The engine joins the files into one table, so a file whose shape, or a field's form, differs from
     the dataset's first file's is refused too, naming both files, as is a CSV column of JSON lists in
     some cells and text in others. `system_prompt`: the run sets one (DPO reads text prompts as chats).
@@ -850,7 +908,7 @@ def check_rows(sources: list[Source], method: str, field: str, needs: RowNeeds |
     first_form: tuple[str, FirstRowForm] | None = None  # the dataset's first file with a good row: its path, and that row's forms
     rows: int | None = 0  # rows read, every file's; None once a file's rows past max_rows go unread
     for entry in sources:
-        where = f"{entry.path} " if len(sources) > 1 else ""
+        where = f"{entry.path} "  # every finding names its file, in a dataset of one file as in a folder of them
         shape = None
         form: FirstRowForm | None = None
         # This file's findings, each with the needed key a row lacked entirely (None for any other problem).
@@ -896,8 +954,7 @@ def check_rows(sources: list[Source], method: str, field: str, needs: RowNeeds |
                 if found is not None:
                     key, problem = found[0] if found[0] not in row else None, found[1]
             if problem:
-                named = where or (f"{entry.path} " if isinstance(row, RowTooLarge) else "")  # which file to split, even of one
-                pending.append((Finding(field, f"{named}row {number}: {problem}"), key))
+                pending.append((Finding(field, f"{where}row {number}: {problem}"), key))
                 if len(findings) + len(pending) >= MAX_FINDINGS and needs is not None:
                     absent = _collapse_absent(pending, lacking, checked, absent, needs, field, where)
                 if len(findings) + len(pending) >= MAX_FINDINGS:
@@ -999,7 +1056,7 @@ def _collapse_absent(pending: list[tuple[Finding, str | None]], lacking: dict[st
     return absent | new
 
 
-def no_rows(where: str = "") -> str:
+def no_rows(where: str) -> str:
     """What START says of a dataset file without a single row, and the preview of that file too;
-    `where` names the file ("data/a.jsonl ") when the dataset has several."""
-    return f"{where or 'the dataset '}has no rows: add rows to it, or train on a dataset that has some"
+    `where` names the file ("data/a.jsonl ")."""
+    return f"{where}has no rows: add rows to it, or train on a dataset that has some"

@@ -247,8 +247,8 @@ def _set_field(fields: dict[str, Any], path: str, value: str) -> None:
 def dataset_findings(project, method: str, dataset, needs=None, notices: list[Finding] | None = None,
                      checks: list | None = None, system_prompt: bool = False, pinned: dict | None = None, name: str = "dataset") -> list[Finding]:
     """Pre-start checks of a run's Data Hub datasets: the ref resolves to a dataset repo, and every row has what the
-    method trains on, and what `needs` (datasets.RowNeeds) adds (findings name the row and field,
-    e.g. `row 57: "chosen" is empty`). What was not checked (datasets.RowsCheck.notices) goes to `notices`,
+    method trains on, and what `needs` (datasets.RowNeeds) adds (findings name the file, row and field,
+    e.g. `train.jsonl row 57: "chosen" is empty`). What was not checked (datasets.RowsCheck.notices) goes to `notices`,
     each entry's check to `checks` (its field and datasets.RowsCheck). `system_prompt`: the run sets one.
     `pinned`: the commits the entries were pinned to before (parse_ref). `name`: the field that holds
     the dataset (dataset, config.eval_dataset), which the findings name."""

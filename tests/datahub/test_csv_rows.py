@@ -51,7 +51,7 @@ def test_a_shorter_row_reads_its_missing_fields_as_empty(api, dataset_repo):
     assert out["problems"] == [{"row": 3, "message": '"completion" is empty'}] and out["row_numbers"] == [1, 2, 3]
     assert out["rows"][1:] == [{"prompt": "q2", "completion": "a2", "source": None}, {"prompt": "q3", "completion": None, "source": None}]
     findings = datasets.rows_findings([source("short.csv")], "sft", "dataset")
-    assert [f.message for f in findings] == ['row 3: "completion" is empty']
+    assert [f.message for f in findings] == ['short.csv row 3: "completion" is empty']
 
 
 def source(name: str) -> datasets.Source:
@@ -79,3 +79,67 @@ def test_the_rule_is_the_engines_csv_reader_s(tmp_path, monkeypatch, name):
     else:
         rows = hf_datasets.load_dataset("csv", data_files=str(path), split="train", cache_dir=str(tmp_path / "cache")).to_list()
         assert rows == [row for _, row in datasets.iter_rows(src)] and not studio_problems
+
+
+# A quote opened on line 3 (data row 2) and never closed: csv read the rest of the file into that one
+# field, and the finding was '"completion" is empty' (the row short of its second field); with the
+# quote in the row's last field there was no finding at all, and the engine failed the run on it.
+UNCLOSED = b'prompt,completion\nq1,a1\n"hello,world\nq3,a3\nq4,a4\n'
+UNCLOSED_LAST = b'prompt,completion\nq1,a1\nq2,"hello\nq3,a3\n'
+
+
+def unclosed(line: int, start: str, rest: str) -> str:
+    return (f'line {line} opens a quoted field ("{start}) that is never closed, so the rest of the file ({rest}) reads as that one '
+            'field: close the quote where the field ends, or, if the " is part of the text, write it as "" inside a quoted field '
+            '("a ""quoted"" word")')
+
+
+def test_a_quote_never_closed_is_refused_at_start_naming_the_file_and_the_line_it_opens_on(api, project):
+    repo = repos.create_repo(project, "qa-data", "dataset")
+    commits.commit_files(repo, "main", {"qa.csv": UNCLOSED}, "data")
+    run_id = api.post("/api/training-runs", sft_body(dataset="qa-data@main")).json()["id"]
+    body = assert_error(api.post(f"/api/training-runs/{run_id}/start"), 422, "dataset")
+    assert [e["message"] for e in body["errors"] if e["field"] == "dataset"] == [f"qa.csv row 2: {unclosed(3, 'hello,world', 'lines 3 to 5')}"], body
+    assert TrainingRun.objects.get(pk=run_id).start_requested_at is None
+    # In a row's last field, where it passed START.
+    commits.commit_files(repo, "main", {"qa.csv": UNCLOSED_LAST}, "quote in the last field")
+    body = assert_error(api.post(f"/api/training-runs/{run_id}/start"), 422, "dataset")
+    assert [e["message"] for e in body["errors"] if e["field"] == "dataset"] == [f"qa.csv row 2: {unclosed(3, 'hello', 'lines 3 to 4')}"], body
+
+
+def test_a_quote_never_closed_is_a_preview_problem_naming_the_line_it_opens_on(api, dataset_repo):
+    commits.commit_files(dataset_repo, "main", {"qa.csv": UNCLOSED, "header.csv": b'"prompt,completion\nq1,a1\n'}, "data")
+    out = preview(api, "hub-data", "qa.csv")
+    assert out["problems"] == [{"row": 2, "message": unclosed(3, "hello,world", "lines 3 to 5")}]
+    assert out["rows"] == [{"prompt": "q1", "completion": "a1"}] and out["row_numbers"] == [1]
+    # In the header too, where the preview said only that the file has no rows.
+    assert preview(api, "hub-data", "header.csv")["problems"] == [{"row": 1, "message": unclosed(1, "prompt,completion", "lines 1 to 2")}]
+
+
+def test_quotes_that_close_are_read_as_before():
+    # A quoted field may span lines, and end the file: only a quote still open at its end is refused.
+    data = b'prompt,completion\nq1,"a ""quoted"" word"\r\nq2,"two\nlines"'
+    rows = list(datasets.iter_rows(datasets.Source("ok.csv", len(data), lambda: io.BytesIO(data))))
+    assert rows == [(1, {"prompt": "q1", "completion": 'a "quoted" word'}), (2, {"prompt": "q2", "completion": "two\nlines"})]
+    # The line named is the one its quote opens on, after a row of several lines, a file without a
+    # last line break, or one with blank lines at its end.
+    for data, line, start, rest in ((b'prompt,completion\n"q\n1",a1\nq2,"a\n\n', 4, "a", "lines 4 to 5"),
+                                    (b'prompt,completion\nq1,a1\n"q2', 3, "q2", "line 3"),
+                                    (b'prompt,completion\r\nq1,"\r\n', 2, "", "line 2")):
+        rows = list(datasets.iter_rows(datasets.Source("bad.csv", len(data), lambda data=data: io.BytesIO(data))))
+        assert [(n, str(row)) for n, row in rows if isinstance(row, datasets.RowError)] == [(len(rows), unclosed(line, start, rest))], rows
+
+
+@pytest.mark.parametrize("data", [UNCLOSED, UNCLOSED_LAST])
+def test_a_quote_never_closed_fails_the_engines_csv_reader(tmp_path, monkeypatch, data):
+    import datasets as hf_datasets
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setattr(hf_datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")
+    path = tmp_path / "qa.csv"
+    path.write_bytes(data)
+    with pytest.raises(hf_datasets.exceptions.DatasetGenerationError) as failed:
+        hf_datasets.load_dataset("csv", data_files=str(path), split="train", cache_dir=str(tmp_path / "cache"))
+    assert "EOF inside string starting at row 2" in str(failed.value.__cause__)
+    problems = [(n, row) for n, row in datasets.iter_rows(datasets.Source("qa.csv", len(data), lambda: io.BytesIO(data))) if isinstance(row, datasets.RowError)]
+    assert [n for n, _ in problems] == [2] and str(problems[0][1]).startswith("line 3 opens a quoted field"), problems

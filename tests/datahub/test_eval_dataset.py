@@ -75,7 +75,7 @@ def test_an_eval_dataset_row_error_names_the_field_the_row_and_the_field_of_the_
     commits.commit_files(bad, "main", {"rows.jsonl": jsonl([PAIR, {**PAIR, "chosen": ""}])})
     run_id = create(api, **{**DPO, "config": {**DPO["config"], "eval_dataset": "bad-held@main"}})
     err = assert_error(start(api, run_id), 422, "config.eval_dataset")
-    assert {"field": "config.eval_dataset", "message": 'row 2: "chosen" is empty'} in err["errors"], err
+    assert {"field": "config.eval_dataset", "message": 'rows.jsonl row 2: "chosen" is empty'} in err["errors"], err
 
 
 def test_a_dpo_runs_eval_dataset_is_checked_as_preference_rows(api, chat_data, prefs):

@@ -17,7 +17,7 @@ def test_an_empty_files_preview_says_what_start_says(api, browser, project):
     run = api.post("/api/training-runs", sft_body(dataset="blank@main")).json()
     refused = api.post(f"/api/training-runs/{run['id']}/start")
     assert refused.status_code == 422
-    assert {"field": "dataset", "message": f"the dataset {TODO}"} in refused.json()["errors"]
+    assert {"field": "dataset", "message": f"data/empty.jsonl {TODO}"} in refused.json()["errors"]
 
 
 def test_a_file_with_rows_has_no_such_line(api, browser, project):

@@ -68,7 +68,7 @@ def test_the_limit_is_a_setting_and_holds_for_every_format_and_local_files(api, 
     assert [f.message for f in datasets.rows_findings([source("t.jsonl", data)], "sft", "dataset")] == [
         f"t.jsonl row 1: the row is 4.9 KiB ({len(data) - 34:,} bytes), over the {limit} one row may have (DATAHUB_MAX_ROW_BYTES): "
         "split it into shorter rows or shorten it (the trainer keeps only the first max_length tokens of a row)",
-        'row 2: "completion" is empty']
+        't.jsonl row 2: "completion" is empty']
 
 
 def test_the_preview_of_multi_megabyte_rows_stays_small_and_says_what_it_cut(api, project):

@@ -118,7 +118,7 @@ def test_dataset_row_errors_name_the_row(api, project):
     commits.commit_files(repo, "main", {"train.jsonl": jsonl(rows)})
     run_id = api.post("/api/training-runs", body(method="dpo", dataset="prefs@main", config={"loss": {"type": "dpo"}, "lora_rank": 8})).json()["id"]
     err = assert_error(api.post(f"/api/training-runs/{run_id}/start"), 422, "dataset")
-    assert {"field": "dataset", "message": 'row 57: "chosen" is empty'} in err["errors"]
+    assert {"field": "dataset", "message": 'train.jsonl row 57: "chosen" is empty'} in err["errors"]
 
 
 def test_chat_rows_for_dpo_are_the_wrong_shape(api, chat_data):

@@ -8,6 +8,7 @@ import json
 
 import pytest
 from django.urls import reverse
+from django.utils.html import escape
 
 from datahub import commits, datasets, repos
 from studio.services import set_secret
@@ -49,7 +50,7 @@ def test_a_first_line_that_is_not_an_object_is_refused_naming_row_1(api, project
     # The shape came from the first object row and the lines before it were never checked: START
     # took the file, and the engine's reader died on it (signal 11, or DatasetGenerationError).
     messages = start_refused(api, project, {"train.jsonl": first + b"\n" + jsonl([CHAT, CHAT])})
-    assert messages == [f"row 1: must be an object, not {kind}"], messages
+    assert messages == [f"train.jsonl row 1: must be an object, not {kind}"], messages
     assert preview_problems(api, "train.jsonl") == [{"row": 1, "message": f"must be an object, not {kind}"}]
 
 
@@ -73,7 +74,7 @@ def test_bytes_that_are_not_utf8_are_refused_naming_the_row(api, project):
 
 def test_a_header_that_is_not_utf8_is_refused():
     findings = datasets.rows_findings([source("t.csv", b"pr\xf6mpt,completion\nq,a\n")], "sft", "dataset")
-    assert [f.message for f in findings] == ["row 1: the header line is not valid UTF-8 (the byte 0xF6): save the file as UTF-8"]
+    assert [f.message for f in findings] == ["t.csv row 1: the header line is not valid UTF-8 (the byte 0xF6): save the file as UTF-8"]
 
 
 def test_a_later_row_whose_fields_are_messages_where_the_first_rows_are_text_is_refused_naming_both(api, project):
@@ -82,16 +83,40 @@ def test_a_later_row_whose_fields_are_messages_where_the_first_rows_are_text_is_
     rows = [{"prompt": f"q{i}", "completion": f"a{i}"} for i in range(3000)]
     rows[2499] = {"prompt": [{"role": "user", "content": "q"}], "completion": [{"role": "assistant", "content": "a"}]}
     messages = start_refused(api, project, {"train.jsonl": jsonl(rows)})
-    assert messages == ['row 2500: "prompt" is a list of messages, and in row 1 it is text: '
+    assert messages == ['train.jsonl row 2500: "prompt" is a list of messages, and in row 1 it is text: '
                         "write it as text here too, as the trainer reads every row the way it reads the file's first"], messages
     # The other way round too, on the field that differs; the preview says it of the rows it shows.
     pairs = [{"prompt": [{"role": "user", "content": "q"}], "completion": [{"role": "assistant", "content": "a"}]},
              {"prompt": [{"role": "user", "content": "q"}], "completion": "a"}]
     findings = datasets.rows_findings([source("pairs.jsonl", jsonl(pairs))], "sft", "dataset")
-    assert [f.message for f in findings] == ['row 2: "completion" is text, and in row 1 it is a list of messages: '
+    assert [f.message for f in findings] == ['pairs.jsonl row 2: "completion" is text, and in row 1 it is a list of messages: '
                                              "write it as a list of messages here too, as the trainer reads every row the way it reads the file's first"]
     commits.commit_files(repos.find_repo(project, "rows"), "main", {"pairs.jsonl": jsonl(pairs)}, "pairs")
     assert [p["row"] for p in preview_problems(api, "pairs.jsonl")] == [2]
+
+
+def test_a_dataset_of_one_file_names_the_file_in_its_findings_as_a_folder_does(api, project, browser, tmp_path):
+    # A folder's findings said "train.jsonl row 2: ...", one file's only "row 2: ...": in the 422, the
+    # Start button's reasons and the Edit form alike, the file to fix was left to guess.
+    rows = jsonl([{"prompt": "q", "completion": "a"}, {"prompt": "q", "completion": ""}])
+    said = 'train.jsonl row 2: "completion" is empty'
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "train.jsonl").write_bytes(rows)
+    (folder / "more.jsonl").write_bytes(jsonl([{"prompt": "q", "completion": "a"}]))
+    (tmp_path / "train.jsonl").write_bytes(rows)
+    for dataset in (str(folder), str(tmp_path / "train.jsonl")):
+        run_id = api.post("/api/training-runs", sft_body(dataset=dataset)).json()["id"]
+        body = assert_error(api.post(f"/api/training-runs/{run_id}/start"), 422, "dataset")
+        assert [e["message"] for e in body["errors"] if e["field"] == "dataset"] == [said], (dataset, body)
+        assert TrainingRun.objects.get(pk=run_id).start_requested_at is None
+    assert start_refused(api, project, {"train.jsonl": rows}) == [said]
+    run_id = TrainingRun.objects.latest("pk").pk
+    for url in (reverse("training:run", args=[run_id]), reverse("training:edit", args=[run_id])):
+        assert escape(said) in browser("owner").get(url).content.decode(), url
+    # A file's findings that are not a row's name it too.
+    assert [f.message for f in datasets.rows_findings([source("empty.jsonl", b"")], "sft", "dataset")] == [
+        "empty.jsonl has no rows: add rows to it, or train on a dataset that has some"]
 
 
 def test_rows_past_the_limit_are_said_beside_start_and_do_not_refuse_it(api, project, browser, settings, tmp_path):
@@ -128,11 +153,11 @@ def test_a_ruler_prompts_dataset_given_as_a_data_hub_ref_is_checked_row_by_row(a
     grpo = {"method": "grpo", "dataset": None, "config": config}
     field = "config.ruler_task_args.dataset"
     messages = start_refused(api, project, {"prompts.jsonl": jsonl([{"prompt": "p1"}, {"prompt": " "}])}, field, **grpo)
-    assert messages == ['row 2: "prompt" is empty'], messages
+    assert messages == ['prompts.jsonl row 2: "prompt" is empty'], messages
     commits.commit_files(repos.find_repo(project, "rows"), "main", {"prompts.jsonl": jsonl([CHAT])}, "chat rows")
     run_id = api.post("/api/training-runs", sft_body(**grpo)).json()["id"]
     body = assert_error(api.post(f"/api/training-runs/{run_id}/start"), 422, field)
-    assert any(e["field"] == field and e["message"].startswith("rows have no prompt, question or text column (columns: messages)")
+    assert any(e["field"] == field and e["message"].startswith("prompts.jsonl rows have no prompt, question or text column (columns: messages)")
                for e in body["errors"]), body
 
 
@@ -149,12 +174,12 @@ def test_a_dpo_row_missing_rejected_is_named_with_its_row_and_field(api, project
     # preview said row 1: "rejected" is missing.
     rows = [{"prompt": "q", "chosen": "a"}] + [{"prompt": "q", "chosen": "a", "rejected": "b"}] * 2
     messages = start_refused(api, project, {"train.jsonl": jsonl(rows)}, **DPO)
-    assert messages == ['row 1: "rejected" is missing'], messages
+    assert messages == ['train.jsonl row 1: "rejected" is missing'], messages
     findings = datasets.rows_findings([source("t.jsonl", jsonl([{"chosen": "a", "rejected": "b"}]))], "dpo", "dataset")
-    assert [f.message for f in findings] == ['row 1: "prompt" is missing']
+    assert [f.message for f in findings] == ['t.jsonl row 1: "prompt" is missing']
     # Rows that are another shape whole still say which method trains on them.
     findings = datasets.rows_findings([source("t.jsonl", jsonl([{"prompt": "q", "completion": "a"}]))], "dpo", "dataset")
-    assert [f.message for f in findings] == ["rows look like prompt/completion (columns: completion, prompt); DPO trains on "
+    assert [f.message for f in findings] == ["t.jsonl rows look like prompt/completion (columns: completion, prompt); DPO trains on "
                                              "prompt/chosen/rejected rows: give a dataset of such rows, or train on these rows with SFT or DISTILL or GRPO"]
 
 
@@ -224,13 +249,13 @@ def test_a_row_the_engines_reader_fails_the_file_on_is_refused_naming_it(tmp_pat
     else:
         with pytest.raises(hf_datasets.exceptions.DatasetGenerationError):
             load()
-        assert [m.startswith(f"row 2: {says}") for m in findings] == [True], findings
+        assert [m.startswith(f"{name} row 2: {says}") for m in findings] == [True], findings
 
 
 def test_a_row_nested_thousands_deep_is_a_422_and_its_runs_pages_open(api, project, browser):
     # json's RecursionError escaped the check: START, the file's preview and the run's own pages were 500s.
     files = {"train.jsonl": (json.dumps({"prompt": "q", "completion": "a"}) + "\n" + nested(5000) + "\n").encode()}
-    assert start_refused(api, project, files) == ["row 2: the row nests lists and objects more than 63 levels deep (itself counted): "
+    assert start_refused(api, project, files) == ["train.jsonl row 2: the row nests lists and objects more than 63 levels deep (itself counted): "
                                                  "the trainer's reader refuses the whole file for it; flatten the row"]
     assert preview_problems(api, "train.jsonl")[0]["row"] == 2
     run_id = TrainingRun.objects.latest("pk").pk
@@ -242,9 +267,9 @@ def test_a_key_given_twice_in_a_row_is_refused_naming_it(api, project):
     # The row read as its last "messages" ("oops"), and the finding said its messages were not a list: the user saw a good list.
     row = '{"messages": ' + json.dumps(CHAT["messages"]) + ', "messages": "oops"}'
     messages = start_refused(api, project, {"train.jsonl": jsonl([CHAT]) + row.encode() + b"\n"})
-    assert messages == ['row 2: the key "messages" appears twice in one object (JSON keeps the last one, so the first is lost): keep one of them']
+    assert messages == ['train.jsonl row 2: the key "messages" appears twice in one object (JSON keeps the last one, so the first is lost): keep one of them']
     one_file = datasets.rows_findings([source("t.json", b'[{"text": "a", "text": "b"}]')], "sft", "dataset")
-    assert [f.message for f in one_file] == ['row 1: the file has an object with the key "text" twice (JSON keeps the last one, so the first is lost): keep one of them']
+    assert [f.message for f in one_file] == ['t.json row 1: the file has an object with the key "text" twice (JSON keeps the last one, so the first is lost): keep one of them']
 
 
 def test_an_assistant_message_with_no_text_is_refused_as_an_empty_completion_is(api, project):
@@ -253,14 +278,14 @@ def test_an_assistant_message_with_no_text_is_refused_as_an_empty_completion_is(
     calls = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{}"}}]},
                           {"role": "tool", "content": "1"}, {"role": "assistant", "content": "one"}]}
     messages = start_refused(api, project, {"train.jsonl": jsonl([CHAT, calls, empty])})
-    assert messages == ['row 3: "messages"[1].content is empty: an assistant message with no text (and no tool_calls) would teach the model '
+    assert messages == ['train.jsonl row 3: "messages"[1].content is empty: an assistant message with no text (and no tool_calls) would teach the model '
                         "to answer nothing; write its answer or drop the message"], messages
 
 
 def test_a_raw_control_character_in_a_string_is_named_with_its_column():
     # The message ended "(Invalid control character at)": json's text, cut from its own position.
     findings = datasets.rows_findings([source("t.jsonl", b'{"text": "a\tb"}\n')], "sft", "dataset")
-    assert [f.message for f in findings] == ["row 1: not valid JSON at column 12: a control character (a raw tab, carriage return or line "
+    assert [f.message for f in findings] == ["t.jsonl row 1: not valid JSON at column 12: a control character (a raw tab, carriage return or line "
                                              "break) inside a string; write it as \\t, \\r or \\n"]
 
 

@@ -66,14 +66,14 @@ def test_a_row_with_a_text_prompt_and_message_answers_is_refused_naming_the_fiel
     # TRL joins a row's prompt and answer (prompt + completion): text and a list fail with a TypeError.
     mixed = [{"prompt": "q", "completion": [{"role": "assistant", "content": "a"}]}] * 3
     messages = start_refused(api, project, {"train.jsonl": jsonl(mixed)})
-    assert messages == ['row 1: "prompt" is text and "completion" is a list of messages: SFT needs a row\'s prompt and completion in one '
+    assert messages == ['train.jsonl row 1: "prompt" is text and "completion" is a list of messages: SFT needs a row\'s prompt and completion in one '
                         'form, as TRL joins them into one sequence; write "prompt" as a list of {role, content} messages too, '
                         'or "completion" as text, in every row'], messages
     assert [p["row"] for p in preview_problems(api, "train.jsonl")] == [1]
     # DPO's prompt and answers the other way round.
     prefs = [{"prompt": [{"role": "user", "content": "q"}], "chosen": "a", "rejected": "b"}]
     findings = datasets.rows_findings([source("t.jsonl", jsonl(prefs))], "dpo", "dataset")
-    assert [f.message for f in findings] == ['row 1: "chosen" and "rejected" are text and "prompt" is a list of messages: DPO needs a row\'s '
+    assert [f.message for f in findings] == ['t.jsonl row 1: "chosen" and "rejected" are text and "prompt" is a list of messages: DPO needs a row\'s '
                                              "prompt, chosen and rejected in one form, as TRL joins them into one sequence; write \"chosen\" "
                                              'and "rejected" as lists of {role, content} messages too, or "prompt" as text, in every row']
     # GRPO reads the prompt alone: its other columns may be in either form.
@@ -81,7 +81,7 @@ def test_a_row_with_a_text_prompt_and_message_answers_is_refused_naming_the_fiel
     assert not datasets.rows_findings([source("t.jsonl", jsonl(prefs))], "grpo", "dataset")
     # DISTILL tokenizes prompt/completion rows as text.
     findings = datasets.rows_findings([source("t.jsonl", jsonl([CHAT_PAIR]))], "distill", "dataset")
-    assert [f.message for f in findings] == ['row 1: "prompt" and "completion" are lists of messages: DISTILL reads prompt/completion rows '
+    assert [f.message for f in findings] == ['t.jsonl row 1: "prompt" and "completion" are lists of messages: DISTILL reads prompt/completion rows '
                                              'as text; write "prompt" and "completion" as text in every row, or give chat rows (messages)']
     # One form per row is what TRL reads.
     assert not datasets.rows_findings([source("t.jsonl", jsonl([CHAT_PAIR, CHAT_PAIR]))], "sft", "dataset")
@@ -90,7 +90,7 @@ def test_a_row_with_a_text_prompt_and_message_answers_is_refused_naming_the_fiel
 def test_a_dpo_run_on_mixed_rows_is_refused_at_start(api, project):
     prefs = [{"prompt": "q", "chosen": [{"role": "assistant", "content": "a"}], "rejected": [{"role": "assistant", "content": "b"}]}]
     messages = start_refused(api, project, {"train.jsonl": jsonl(prefs)}, **DPO)
-    assert [m.split(": DPO")[0] for m in messages] == ['row 1: "prompt" is text and "chosen" and "rejected" are lists of messages'], messages
+    assert [m.split(": DPO")[0] for m in messages] == ['train.jsonl row 1: "prompt" is text and "chosen" and "rejected" are lists of messages'], messages
 
 
 def ruler(dataset: str) -> dict:
@@ -112,20 +112,20 @@ def test_ruler_prompts_in_a_question_or_text_column_are_accepted(api, project, t
     assert api.post(f"/api/training-runs/{run_id}/start").status_code == 202
     # A missing or empty prompt is named in that column.
     findings = datasets.rows_findings([source("p.jsonl", jsonl([{column: "a"}, {column: ""}, {"other": "b"}]))], datasets.RULER, RULER_FIELD)
-    assert [f.message for f in findings] == [f'row 2: "{column}" is empty', f'row 3: "{column}" is missing']
+    assert [f.message for f in findings] == [f'p.jsonl row 2: "{column}" is empty', f'p.jsonl row 3: "{column}" is missing']
 
 
 def test_ruler_prompts_the_loader_cannot_read_are_refused_naming_its_columns(api, project):
     set_secret(project, "judge-key", "sk")
     messages = start_refused(api, project, {"prompts.jsonl": jsonl([CHAT])}, RULER_FIELD, **ruler("rows@main"))
-    assert messages == ['rows have no prompt, question or text column (columns: messages): RULER reads each prompt from the first of those '
+    assert messages == ['prompts.jsonl rows have no prompt, question or text column (columns: messages): RULER reads each prompt from the first of those '
                         'a row has; rename the column that holds the prompts to "prompt"'], messages
     run_id = api.post("/api/training-runs", sft_body(**ruler("rows@main"))).json()["id"]
     # A list of messages reached the policy and the judge as its Python form (the loader takes str() of it).
     commits.commit_files(repos.find_repo(project, "rows"), "main", {"prompts.jsonl": jsonl([{"prompt": [{"role": "user", "content": "q"}]}])}, "chat prompts")
     errors = api.post(f"/api/training-runs/{run_id}/start").json()["errors"]
     assert [e["message"] for e in errors if e["field"] == RULER_FIELD] == [
-        'row 1: "prompt" is a list of messages: RULER gives each prompt to the policy and the judge as text; write it as text']
+        'prompts.jsonl row 1: "prompt" is a list of messages: RULER gives each prompt to the policy and the judge as text; write it as text']
     # Files whose prompts are in different columns join with the other's column empty: the loader skips those rows.
     commits.commit_files(repos.find_repo(project, "rows"), "main", {"prompts.jsonl": jsonl([{"prompt": "p"}]),
                                                                     "questions.jsonl": jsonl([{"question": "q"}])}, "two columns")
@@ -186,7 +186,7 @@ def test_a_csv_column_of_json_lists_and_text_is_refused_naming_the_row(api, proj
                     '"[{""role"": ""user"", ""content"": ""hi""}]"\n'
                     '"[{""role"": ""user"", ""content"": ""2+2?""}, {""role"": ""assistant"", ""content"": ""4""}]",what is 2+2?\n')
     assert start_errors(api, {"dataset": str(data)}) == [("dataset", (
-        'row 2: the "prompt" cell is text, and in row 1 it is a JSON list of messages: the trainer reads a CSV column as JSON lists '
+        'chat.csv row 2: the "prompt" cell is text, and in row 1 it is a JSON list of messages: the trainer reads a CSV column as JSON lists '
         "of messages or as text, not both; write every prompt cell as a JSON list of {role, content} messages, or every one as text"))]
     with pytest.raises(SpecError, match=r"the 'prompt' column of chat\.csv holds JSON lists of messages in some cells and plain text"):
         load_rows([DatasetRef(str(data))])
@@ -203,7 +203,7 @@ def test_dpo_text_prompts_beside_message_answers_start_with_a_system_prompt(api,
     data.write_bytes(jsonl(DPO_MIXED))
     body = {**DPO, "dataset": str(data)}
     assert start_errors(api, body) == [("dataset", (
-        'row 1: "prompt" is text and "chosen" and "rejected" are lists of messages: DPO needs a row\'s prompt, chosen and rejected in '
+        'pairs.jsonl row 1: "prompt" is text and "chosen" and "rejected" are lists of messages: DPO needs a row\'s prompt, chosen and rejected in '
         'one form, as TRL joins them into one sequence; write "prompt" as a list of {role, content} messages too, or "chosen" and '
         '"rejected" as text, in every row, or set config.system_prompt (DPO then makes a text prompt a chat of the system prompt '
         "and the user's prompt)"))]

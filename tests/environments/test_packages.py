@@ -295,8 +295,8 @@ def test_start_checks_a_runs_own_dataset_has_the_columns_its_environment_scores_
 
     advice = "add it to every row, or leave dataset empty to use the environment's own prompts"
     assert dataset_messages("builtin/gsm-maths@main", str(rows)) == [
-        f'row 2: "answer" is missing: builtin/gsm-maths scores each completion against the row\'s prompt, answer; {advice}',
-        f'row 3: "answer" is empty: builtin/gsm-maths scores each completion against the row\'s prompt, answer; {advice}',
+        f'questions.jsonl row 2: "answer" is missing: builtin/gsm-maths scores each completion against the row\'s prompt, answer; {advice}',
+        f'questions.jsonl row 3: "answer" is empty: builtin/gsm-maths scores each completion against the row\'s prompt, answer; {advice}',
     ]
     assert dataset_messages("builtin/arith@main", str(rows)) == []  # arith reads the sum from the prompt
     # A project's own package declares its columns the same way, and a Data Hub dataset is checked alike.
@@ -305,7 +305,7 @@ def test_start_checks_a_runs_own_dataset_has_the_columns_its_environment_scores_
     data = create_repo(project, "labelled", RepoType.DATASET)
     commit_files(data, "main", {"train.jsonl": b'{"prompt": "a", "label": "x"}\n{"prompt": "b", "answer": "y"}\n'})
     assert dataset_messages("needs-label@main", "labelled@main") == [
-        f'row 2: "label" is missing: needs-label scores each completion against the row\'s prompt, label; {advice}']
+        f'train.jsonl row 2: "label" is missing: needs-label scores each completion against the row\'s prompt, label; {advice}']
     commit_files(data, "main", {"train.jsonl": b'{"prompt": "a", "label": "x"}\n'})
     assert dataset_messages("needs-label@main", "labelled@main") == []
 
@@ -318,10 +318,10 @@ def test_start_says_once_that_a_dataset_lacks_a_column_its_environment_reads(api
     r = api.post("/api/training-runs", body)
     assert r.status_code == 201, r.content
     messages = [e["message"] for e in api.post(f"/api/training-runs/{r.json()['id']}/start").json().get("errors", []) if e["field"] == "dataset"]
-    assert messages[0] == ('the dataset has no "answer" column, which builtin/gsm-maths reads from every row (its ROW_KEYS: prompt, answer): '
+    assert messages[0] == ('no-answer.jsonl has no "answer" column, which builtin/gsm-maths reads from every row (its ROW_KEYS: prompt, answer): '
                            "add the column, or leave dataset empty to use the environment's own prompts")
     # A row that is bad on its own still gets its own finding; no 20 copies of the same one, no "stopped after".
-    assert len(messages) == 2 and messages[1].startswith("row 3: "), messages
+    assert len(messages) == 2 and messages[1].startswith("no-answer.jsonl row 3: "), messages
 
 
 def test_row_keys_are_read_without_importing_the_package():
