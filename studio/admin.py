@@ -4,12 +4,15 @@ from django.contrib import admin, messages
 from django.db import transaction
 
 from studio import webhooks
+from studio.admin_services import AuditedEdits
 from studio.models import ApiToken, AuditEvent, Membership, Plan, Project, ProjectSecret, Webhook, WebhookDelivery
 from studio.services import add_member, delete_secret, remove_member, revoke_api_token
 
 
 @admin.register(Plan)
-class PlanAdmin(admin.ModelAdmin):
+class PlanAdmin(AuditedEdits):
+    """Each add, change and delete of a plan (its limits gate every START) is in the audit trail."""
+
     list_display = ("name", "includes_training", "max_concurrent_runs", "max_gpus_per_run")
 
 
@@ -21,10 +24,16 @@ class MembershipInline(admin.TabularInline):
 
 
 @admin.register(Project)
-class ProjectAdmin(admin.ModelAdmin):
+class ProjectAdmin(AuditedEdits):
+    """A change of the project's own fields (its plan, its slug) is in the audit trail (AuditedEdits),
+    and each change of its members (the inline) is, through the services."""
+
     list_display = ("slug", "name", "plan", "created_at")
     list_select_related = ("plan",)
     inlines = [MembershipInline]
+
+    def audit_project(self, obj: Project) -> Project:
+        return obj
 
     def save_formset(self, request, form, formset, change) -> None:
         """The Membership inline's rows go through the services, as any other change of members:

@@ -98,6 +98,14 @@ def tokens(project, other_project, users):
 
 
 @pytest.fixture
+def root(db) -> Client:
+    """A superuser's logged-in client: the Django admin (/admin/)."""
+    client = Client()
+    client.force_login(get_user_model().objects.create_superuser("root", "root@example.com", "pw"))
+    return client
+
+
+@pytest.fixture
 def api(tokens) -> Api:
     """The owner's client."""
     return Api(Client(), tokens["owner"])

@@ -26,15 +26,6 @@ def hub_root(tmp_path, settings):
     settings.DATAHUB_ROOT = tmp_path / "hub"
 
 
-@pytest.fixture
-def root(db) -> Client:
-    from django.contrib.auth import get_user_model
-
-    client = Client()
-    client.force_login(get_user_model().objects.create_superuser("root", "root@example.com", "pw"))
-    return client
-
-
 @dataclass
 class World:
     api: Api
