@@ -204,12 +204,32 @@ def test_a_projects_plan_changed_in_the_admin_is_audited(project, free_plan, roo
     assert event.details == {"changes": {"plan": {"from": "team", "to": "free"}}}
 
 
+def connection_form(project, **changes: Any) -> dict[str, Any]:
+    """The admin's backend connection form as the browser posts it: a dstack connection, enabled."""
+    return {"project": project.pk, "backend": "dstack", "enabled": "on", "server_url": "http://127.0.0.1:3000", "dstack_project": "main",
+            "backends": "[]", "modal_app": "studio-engine", "setup_commands": "[]", "regions": "[]", "retry_window_seconds": 0,
+            "interruption_retries": 2, "request_timeout_seconds": 30, **changes}
+
+
+def test_a_connection_a_running_job_goes_through_is_not_deleted_or_disabled_in_the_admin(api, project, root):
+    connection = BackendConnection.objects.create(project=project, backend="dstack", server_url="http://127.0.0.1:3000", dstack_project="main")
+    run = new_run(api, Status.RUNNING, attempt=1, backend_job_id="studio-run-1", compute={"backend": "dstack"})
+    response = root.post(f"/admin/training/backendconnection/{connection.pk}/delete/", {"post": "yes"})
+    assert response.status_code == 302 and f"run #{run.pk}" in said(response) and "STOP it first" in said(response)
+    disabled = {key: value for key, value in connection_form(project).items() if key != "enabled"}
+    response = root.post(f"/admin/training/backendconnection/{connection.pk}/change/", disabled)
+    assert response.status_code == 200 and f"run #{run.pk}" in response.content.decode()
+    assert BackendConnection.objects.filter(pk=connection.pk, enabled=True).exists()
+    TrainingRun.objects.filter(pk=run.pk).update(status=Status.COMPLETED)
+    last = last_event()
+    assert root.post(f"/admin/training/backendconnection/{connection.pk}/delete/", {"post": "yes"}).status_code == 302
+    assert not BackendConnection.objects.filter(pk=connection.pk).exists()
+    assert [(e.action, e.target_type, e.project_slug, e.actor_name) for e in events_after(last)] == [("deleted", "backendconnection", "acme", "root")]
+
+
 def test_a_backend_connection_and_a_gpu_price_changed_in_the_admin_are_audited(project, root):
     last = last_event()
-    response = root.post("/admin/training/backendconnection/add/", {
-        "project": project.pk, "backend": "dstack", "enabled": "on", "server_url": "http://127.0.0.1:3000", "dstack_project": "main",
-        "backends": "[]", "modal_app": "studio-engine", "setup_commands": "[]", "regions": "[]", "retry_window_seconds": 0,
-        "interruption_retries": 2, "request_timeout_seconds": 30})
+    response = root.post("/admin/training/backendconnection/add/", connection_form(project))
     assert response.status_code == 302, response.content.decode()[:3000]
     connection = BackendConnection.objects.get(project=project)
     price = GpuPrice.objects.create(gpu_type="H100", backend="", spot=False, price_per_hour="2.5000")

@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+from django import forms
 from django.contrib import admin, messages
 
 from studio.admin_services import AuditedEdits, ServiceDeletes, each_through
 from studio.queue import send_after_commit
 from training import services
+from training.backends import connections
 from training.models import BackendConnection, GpuPrice, TrainingRun
 
 
@@ -38,15 +40,34 @@ class TrainingRunAdmin(ServiceDeletes):
             self.message_user(request, f"Stopped {stopped} run(s) (a START no worker had claimed is withdrawn: that run stays queued).", messages.SUCCESS)
 
 
+class BackendConnectionForm(forms.ModelForm):
+    def clean(self) -> dict:
+        """A connection that runs go through is not disabled, given another backend or moved to
+        another project (connections.runs_through): the Studio could no longer poll or stop their jobs."""
+        cleaned = super().clean()
+        stored = BackendConnection.objects.filter(pk=self.instance.pk).first()
+        moved = stored is not None and stored.enabled and (
+            not cleaned.get("enabled") or cleaned.get("backend") != stored.backend or cleaned.get("project") != stored.project)
+        if moved and (findings := connections.runs_through(stored)):
+            raise forms.ValidationError([f"{finding.message}, then disable or change the connection" for finding in findings])
+        return cleaned
+
+
 @admin.register(BackendConnection)
-class BackendConnectionAdmin(AuditedEdits):
+class BackendConnectionAdmin(ServiceDeletes, AuditedEdits):
     """Tokens are not here: they are project secrets (encrypted at rest), named by token_secret.
-    Each add, change and delete is in the audit trail (AuditedEdits)."""
+    Each add, change and delete is in the audit trail; one that runs go through is not deleted,
+    disabled or moved while they run (connections.runs_through)."""
+
+    form = BackendConnectionForm
 
     list_display = ("project", "backend", "enabled", "server_url", "dstack_project", "modal_environment", "last_checked_at", "last_check_error")
     list_filter = ("backend", "enabled")
     list_select_related = ("project",)
     readonly_fields = ("last_checked_at", "last_check_error")
+
+    def delete_one(self, obj: BackendConnection) -> None:
+        connections.delete_connection(obj)
 
     def save_model(self, request, obj, form, change):
         from training.tasks import verify_backend_connection

@@ -8,13 +8,17 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
 
+from studio import audit
 from studio.crypto import UndecryptableSecret
-from studio.errors import Finding
+from studio.errors import Conflict, Finding
+from studio.models import AuditEvent
 from studio.services import reveal_secret, secret_exists
 from training.backends.base import BackendError, JobSpec
 from training.engine.launch import engine_shell_command
-from training.models import BackendConnection, TrainingRun
+from training.models import ACTIVE_STATUSES, BackendConnection, Status, TrainingRun
 
 SPEC_PATH = "/tmp/studio-run.json"
 OUTPUT_DIR = "/tmp/studio-output"
@@ -35,6 +39,27 @@ def connection_for(project, backend: str) -> BackendConnection | None:
     if project is None:
         return None
     return BackendConnection.objects.filter(project=project, backend=backend, enabled=True).first()
+
+
+def runs_through(conn: BackendConnection) -> list[Finding]:
+    """The project's runs whose job goes through `conn` now (provisioning or running on its backend,
+    or with a START a worker is about to submit there), each a finding saying to STOP it first: while
+    they run, the connection is how the Studio polls their job and stops it, so it is not deleted,
+    disabled or given another backend (a job left running would still cost GPU time)."""
+    live = TrainingRun.objects.filter(project_id=conn.project_id, compute__backend=conn.backend).filter(
+        Q(status__in=ACTIVE_STATUSES) | Q(status=Status.QUEUED, start_requested_at__isnull=False))
+    return [Finding("backend", f"run #{run.pk} ({run.name}, {run.status}) runs through this connection: STOP it first, or wait until it ends")
+            for run in live.order_by("pk")]
+
+
+def delete_connection(conn: BackendConnection) -> None:
+    """Delete a backend connection (the admin's Delete), audited; a 409 while runs go through it."""
+    with transaction.atomic():
+        findings = runs_through(conn)
+        if findings:
+            raise Conflict(f"The {label(conn.backend)} connection of project {conn.project.slug} is in use.", findings)
+        audit.record(AuditEvent.Action.DELETED, conn, name=str(conn))  # while it has its pk
+        conn.delete()
 
 
 def connection_of_run(run_id: int, backend: str) -> BackendConnection:
