@@ -175,6 +175,23 @@ def test_a_stopped_run_takes_its_engines_last_flush_but_no_end_of_training_artif
     assert LogLine.objects.filter(run=run, line__contains="the final checkpoint (step 9) reported after the run was cancelled is not recorded").exists()
 
 
+def test_a_stopped_runs_progress_reaches_the_steps_its_engine_trained_before_the_sigterm_landed(live_run):
+    # STOP at step 5; the engine trained on to step 7 before its SIGTERM landed, and its last flush
+    # stored those steps' metrics: the progress said 5 of 10 while the charts and log went to 7.
+    run, token = live_run
+    ended(run, Status.CANCELLED, 3)
+    trained = [{"step": s, "key": "loss", "value": 1.0} for s in (6, 7)]
+    assert send(run.pk, token, batch(run, batch_id="late", status=None, metrics=trained, progress={"step": 7, "max_steps": 10, "eta_s": 3})).status_code == 200
+    run.refresh_from_db()
+    assert run.progress == {"step": 7, "max_steps": 10}  # the step alone: no ETA for a run that ended
+    # Never past what it trained, nor its max_steps, nor back.
+    assert send(run.pk, token, batch(run, batch_id="past", status=None, metrics=[{"step": 8, "key": "loss", "value": 1.0}],
+                                     progress={"step": 12, "max_steps": 10})).status_code == 200
+    assert send(run.pk, token, batch(run, batch_id="back", status=None, metrics=[], progress={"step": 6, "max_steps": 10})).status_code == 200
+    run.refresh_from_db()
+    assert run.progress == {"step": 8, "max_steps": 10} and run.status == Status.CANCELLED
+
+
 @pytest.mark.parametrize("status", [Status.CANCELLED, Status.COMPLETED, Status.FAILED])
 def test_reports_a_minute_after_the_run_ended_are_a_409_and_store_nothing(live_run, status):
     run, token = live_run

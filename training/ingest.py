@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.db import IntegrityError, connection, models, transaction
+from django.db.models import Max
 from django.http import HttpRequest
 from django.utils import timezone
 from ninja import Router
@@ -250,15 +251,32 @@ def apply_batch(run: TrainingRun, batch: IngestBatchIn) -> None:
     insert_rows(LogLine, ("run", "attempt", "line", "created_at"), [(run.pk, attempt, line, now) for line in lines])
     Rollout.objects.bulk_create([Rollout(run=run, **r.model_dump()) for r in batch.rollouts], batch_size=1000)
     changes = {"last_heartbeat_at": timezone.now()}
-    if batch.stage is not None and not ended:  # a run that ended keeps the stage and progress it ended with
+    if batch.stage is not None and not ended:  # a run that ended keeps the stage it ended with
         changes["stage"] = batch.stage
     if batch.progress is not None and not ended and not behind(batch.progress, run.progress):
         changes["progress"] = batch.progress
+    elif batch.progress is not None and ended and (step := step_trained_after_end(run, batch.progress)) is not None:
+        changes["progress"] = {**run.progress, "step": step}
     TrainingRun.objects.filter(pk=run.pk).update(**changes)
     if batch.system_prompt is not None:
         RunAttempt.objects.filter(run=run, attempt=attempt).update(system_prompt=batch.system_prompt)
     if batch.status:
         apply_reported_status(run, batch)
+
+
+def step_trained_after_end(run: TrainingRun, progress: dict) -> int | None:
+    """The step a run that ended (a STOP, say) reached in its engine's last flush, when it is past the
+    step it ended with: the engine trains on until its SIGTERM lands, and the steps it reports are
+    stored, so its progress says so too rather than stop short of its charts. Only as far as its
+    metrics go and never past its max_steps: a token kept after the end moves nothing else (the
+    stage and speed it ended with stay), nor the step beyond what it trained. None: no move."""
+    step, current = progress.get("step"), run.progress or {}
+    if not isinstance(step, int | float) or not isinstance(current.get("step"), int | float):
+        return None
+    limit = current.get("max_steps")
+    trained = MetricPoint.objects.filter(run=run).aggregate(last=Max("step"))["last"]
+    reached = min(int(step), trained if trained is not None else 0, int(limit) if isinstance(limit, int | float) else int(step))
+    return reached if reached > current["step"] else None
 
 
 def behind(progress: dict, current: dict) -> bool:
