@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.db.models import Exists, Max, Min, OuterRef, QuerySet
 
+from datahub.refs import PINNED_THINGS
 from studio.errors import Finding
 from studio.parsing import ascii_int
 from training import metrics
@@ -22,6 +24,12 @@ COMPARE_LIMIT = 12
 DEFAULT_METRIC = "loss"
 RUN_ID_MAX = 2**63 - 1  # a BigAutoField: a longer id names no run, and PostgreSQL refuses to compare with it
 NOT_SET = "—"
+NOT_PINNED = "nothing pinned: not started yet"
+# The fields START pins (datahub.refs.pin_refs), in the order their rows show, and what each is called
+# there: a RULER run's prompts are a dataset too, but not `dataset`.
+PIN_ORDER = ("base_model", "dataset", "config.eval_dataset", "config.distillation.teacher_model", "config.environment_id",
+             "config.ruler_task_args.dataset")
+PIN_LABELS = {**PINNED_THINGS, "config.ruler_task_args.dataset": "RULER prompts"}
 KEY_LENGTH = MetricPoint._meta.get_field("key").max_length
 NAMED = 20  # ids or values a finding names at most
 
@@ -195,11 +203,48 @@ def flattened(block: dict[str, Any], prefix: str) -> dict[str, str]:
     return shown
 
 
+def pins_of(run: TrainingRun) -> dict[str, str]:
+    """What the run really trained on, by pinned field (base_model, dataset[1], config.environment_id):
+    each Data Hub ref with the commit START pinned it to ("sci-ui@main → commit 28060f47a1b2"). Two
+    runs of the same `repo@main` differ here once the branch moved between their STARTs, though every
+    setting matches. The commit is cut to 12 characters, as the run's log names it (datahub.refs.trained_from)."""
+    return {field.removesuffix(".ref"): f"{pin.get('ref') or pin.get('repo')} → commit {str(pin['commit'])[:12]}"
+            for field, pin in (run.pinned or {}).items() if isinstance(pin, dict) and pin.get("commit")}
+
+
+def pin_place(field: str) -> tuple[int, int, str]:
+    """Where a pinned field's row goes: in PIN_ORDER, a dataset's entries by their index."""
+    base = re.sub(r"\[\d+\]$", "", field)
+    index = re.search(r"\[(\d+)\]$", field)
+    return (PIN_ORDER.index(base) if base in PIN_ORDER else len(PIN_ORDER), int(index[1]) if index else -1, field)
+
+
+def pin_label(field: str) -> str:
+    """A pinned field's row name: `dataset[1]` → "dataset[1] commit", `config.environment_id` →
+    "environment commit"."""
+    base = re.sub(r"\[\d+\]$", "", field)
+    return f"{PIN_LABELS.get(base, base)}{field[len(base):]} commit"
+
+
+def never_started(run: TrainingRun) -> bool:
+    """No START yet: nothing was pinned, and its refs resolve only when it starts."""
+    return not run.pinned and not run.attempt and run.start_requested_at is None
+
+
 def differing_settings(runs: list[TrainingRun]) -> list[tuple[str, list[str]]]:
     """The settings whose value is not the same in every run (one a run lacks shows as "—"):
-    method, base model and dataset first, then the rest by name."""
+    method, base model and dataset first, then the commits their refs were pinned to, then the rest
+    by name. A pinned commit differs only between runs that pinned one: a run not started yet has
+    nothing pinned (its refs resolve when it starts), which is no difference, and a run whose field
+    is no Data Hub ref differs in the field itself, a row of its own."""
     each = [settings_of(run) for run in runs]
     names = list(dict.fromkeys(name for shown in each for name in shown))
     fixed = ["method", "base_model", "dataset"]
-    rows = [(name, [shown.get(name, NOT_SET) for shown in each]) for name in fixed + sorted(set(names) - set(fixed))]
-    return [(name, values) for name, values in rows if len(set(values)) > 1]
+    rows = [(name, [shown.get(name, NOT_SET) for shown in each]) for name in fixed]
+    rows = [(name, values) for name, values in rows if len(set(values)) > 1]
+    pins = [pins_of(run) for run in runs]
+    for pin in sorted({pin for pinned in pins for pin in pinned}, key=pin_place):
+        if len({pinned[pin] for pinned in pins if pin in pinned}) > 1:
+            rows.append((pin_label(pin), [pinned.get(pin, NOT_PINNED if never_started(run) else NOT_SET) for run, pinned in zip(runs, pins, strict=True)]))
+    rest = [(name, [shown.get(name, NOT_SET) for shown in each]) for name in sorted(set(names) - set(fixed))]
+    return rows + [(name, values) for name, values in rest if len(set(values)) > 1]

@@ -41,7 +41,8 @@ class ComparedRunOut(Schema):
     last: float | None = Field(description="The run's last value of the metric")
     best: float | None = Field(description="Its lowest value for a loss-like metric, its highest for a reward-like one; null for other metrics")
     points: list[tuple[int, float]] = Field(description=f"(step, value), downsampled to at most {MAX_POINTS} points as the run page's charts are")
-    settings: dict[str, str] = Field(description="Its value of each setting that differs between the compared runs (— where it has none)")
+    settings: dict[str, str] = Field(description="Its value of each setting that differs between the compared runs (— where it has none), "
+                                                "the commits START pinned its Data Hub refs to among them (\"environment commit\": \"sci-ui@main → commit 28060f47a1b2\")")
 
 
 class ComparisonOut(Schema):

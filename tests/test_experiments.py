@@ -233,3 +233,53 @@ def test_a_name_with_a_bidi_control_or_an_invisible_character_is_400_naming_it(a
     body = assert_error(api.post("/api/experiments", {"name": name}), 400, "name")
     assert f"an experiment name cannot contain {code}" in body["errors"][0]["message"], body
     assert list(Experiment.objects.values_list("pk", flat=True)) == before
+
+
+@pytest.fixture
+def environment_moved(api, project, tiny_local_model):
+    """Two GRPO runs of an experiment on `sci-ui@main` with the same settings, each started: B before
+    the environment's CONFIG was saved (a new commit on main), C after; and D, never started."""
+    fork = api.post("/api/environments/fork", {"catalogue": "science-qa", "name": "sci-ui"})
+    assert fork.status_code == 201, fork.content
+    experiment = api.post("/api/experiments", {"name": "env versions"}).json()
+    body = {"method": "grpo", "base_model": str(tiny_local_model), "experiment": experiment["id"],
+            "config": {"environment_id": "sci-ui@main", "learning_rate": 1e-5, "max_steps": 10}}
+
+    def run(name: str, start: bool) -> TrainingRun:
+        made = api.post("/api/training-runs", {**body, "name": name})
+        assert made.status_code == 201, made.content
+        if start:
+            started = api.post(f"/api/training-runs/{made.json()['id']}/start")
+            assert started.status_code == 202, started.content
+        return TrainingRun.objects.get(pk=made.json()["id"])
+
+    before = run("B", True)
+    saved = api.put("/api/environments/sci-ui/config", {"config": {**fork.json()["config"], "max_words": 7}})
+    assert saved.status_code == 200, saved.content
+    after = run("C", True)
+    waiting = run("D", False)
+    assert (before.pinned["config.environment_id"]["commit"], after.pinned["config.environment_id"]["commit"]) == (fork.json()["commit"], saved.json()["commit"])
+    return experiment["id"], before, after, waiting
+
+
+def test_compare_lists_the_environment_commit_each_run_trained_on_when_main_moved_between_them(api, users, environment_moved):
+    from django.test import Client
+
+    from tests.ui.test_experiment_compare import compare_table
+
+    experiment_id, before, after, waiting = environment_moved
+    body = api.get(f"/api/experiments/{experiment_id}/compare", runs=f"{before.pk},{after.pk},{waiting.pk}").json()
+    pinned = {run.pk: f"sci-ui@main → commit {run.pinned['config.environment_id']['commit'][:12]}" for run in (before, after)}
+    # Every setting is the same; what each trained on is not. D pinned nothing yet: no false difference.
+    assert {run["id"]: run["settings"] for run in body["runs"]} == {
+        before.pk: {"environment commit": pinned[before.pk]}, after.pk: {"environment commit": pinned[after.pk]},
+        waiting.pk: {"environment commit": "nothing pinned: not started yet"}}
+    unstarted = api.get(f"/api/experiments/{experiment_id}/compare", runs=f"{before.pk},{waiting.pk}").json()
+    assert [run["settings"] for run in unstarted["runs"]] == [{}, {}]
+    # The page's table says the same, and no longer that the runs share every setting.
+    browser = Client()
+    browser.force_login(users["viewer"])
+    html = browser.get(f"/experiments/{experiment_id}/", {"runs": f"{before.pk},{after.pk}"}).content.decode()
+    assert "share every setting" not in html
+    assert [row[0:1] + row[-1:] for row in compare_table(html)] == [
+        ["Run", "environment commit"], [f"C #{after.pk}", pinned[after.pk]], [f"B #{before.pk}", pinned[before.pk]]]

@@ -221,6 +221,31 @@ def test_runs_sharing_every_setting_say_so(project, users):
 
 
 @pytest.mark.django_db
+def test_runs_of_a_dataset_branch_that_moved_between_their_starts_differ_in_its_commit(project, users):
+    """Both runs name my-data@main; START pinned each to where main was then, and main moved between."""
+    from datahub.commits import commit_files
+    from datahub.refs import pin_refs
+    from datahub.repos import create_repo
+
+    data = create_repo(project, "my-data", "dataset")
+    experiment = create_experiment(project, "data versions")
+    runs = []
+    for version in ("v1", "v2"):
+        commit_files(data, "main", {"train.jsonl": f'{{"text": "{version}"}}\n'.encode()})
+        run = run_in(project, users, experiment, f"on {version}", [1.0, 0.5], config={"learning_rate": 1e-4})
+        TrainingRun.objects.filter(pk=run.pk).update(pinned=pin_refs(run), start_requested_at=timezone.now())  # as START does
+        runs.append(TrainingRun.objects.get(pk=run.pk))
+    unstarted = run_in(project, users, experiment, "waiting", [1.0], config={"learning_rate": 1e-4})
+    html = client_for(users["owner"]).get(f"/experiments/{experiment.pk}/", {"runs": ",".join(str(run.pk) for run in [*runs, unstarted])}).content.decode()
+    commits = [run.pinned["dataset"]["commit"][:12] for run in runs]
+    assert "All compared runs share every setting." not in html
+    assert compare_table(html) == [["Run", "Status", "Last loss", "Best loss (lowest)", "dataset commit"],
+                                   [f"waiting #{unstarted.pk}", "queued", "1.0", "1.0", "nothing pinned: not started yet"],
+                                   [f"on v2 #{runs[1].pk}", "queued", "0.5", "0.5", f"my-data@main → commit {commits[1]}"],
+                                   [f"on v1 #{runs[0].pk}", "queued", "0.5", "0.5", f"my-data@main → commit {commits[0]}"]]
+
+
+@pytest.mark.django_db
 def test_chosen_ids_of_other_experiments_and_projects_are_reported_by_id_and_never_shown(project, other_project, users, sweep):
     experiment, runs = sweep
     elsewhere = run_in(project, users, create_experiment(project, "other"), "elsewhere xyzzy", [1.0])
