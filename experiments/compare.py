@@ -22,6 +22,7 @@ from training.views import MAX_POINTS, chart_series, is_live, reports_open
 
 COMPARE_LIMIT = 12
 DEFAULT_METRIC = "loss"
+GRPO_METRIC = "reward"
 RUN_ID_MAX = 2**63 - 1  # a BigAutoField: a longer id names no run, and PostgreSQL refuses to compare with it
 NOT_SET = "—"
 NOT_PINNED = "nothing pinned: not started yet"
@@ -97,7 +98,7 @@ def best_direction(metric: str) -> str:
 
 
 def compare_runs(runs: QuerySet[TrainingRun], metric: str | None, run_ids: list[str], shown: list[str] | None = None) -> Comparison:
-    """`runs`: the experiment's runs the reader may see. `metric`: a metric key, None for loss;
+    """`runs`: the experiment's runs the reader may see. `metric`: a metric key, None for the default (default_metric);
     `run_ids`: the `runs` values given, each one or several comma-separated ids, none for the newest.
     `shown`: the page form's `shown`, the newest runs it compared by default, which its boxes send
     ticked: the same runs are no choice (a new metric compares the newest runs that report it), and
@@ -114,7 +115,7 @@ def compare_runs(runs: QuerySet[TrainingRun], metric: str | None, run_ids: list[
         whose = "chosen run" if chosen else "run of this experiment"
         findings.append(Finding("metric", f"no {whose} reports {json.dumps(metric[:KEY_LENGTH], ensure_ascii=False)}: {choices}"))
         metric = None
-    metric = metric or DEFAULT_METRIC
+    metric = metric or default_metric(runs, chosen)
     with_metric = runs.filter(Exists(MetricPoint.objects.filter(run=OuterRef("pk"), key=metric)))
     compared = chosen or list(with_metric[:COMPARE_LIMIT])
     with_points = len(compared) if chosen or len(compared) < COMPARE_LIMIT else with_metric.count()
@@ -123,6 +124,14 @@ def compare_runs(runs: QuerySet[TrainingRun], metric: str | None, run_ids: list[
     series = {run.pk: chart_series(run.pk, [metric], MAX_POINTS).get(metric, []) for run in compared}
     return Comparison(metric=metric, metrics=keys, runs=compared, chosen=bool(chosen), with_points=with_points, series=series,
                       best=best_values(ids, metric), settings=differing_settings(compared), findings=findings)
+
+
+def default_metric(runs: QuerySet[TrainingRun], chosen: list[TrainingRun]) -> str:
+    """What a comparison charts when no metric is asked for: GRPO's reward when every run compared
+    (the chosen ones, else the experiment's) is GRPO, where the loss says little of what was learned;
+    the loss otherwise."""
+    methods = {run.method for run in chosen} if chosen else set(runs.order_by().values_list("method", flat=True).distinct())
+    return GRPO_METRIC if methods == {"grpo"} else DEFAULT_METRIC
 
 
 def run_ids_in(values: list[str], name: str, findings: list[Finding]) -> list[int]:

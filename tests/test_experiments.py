@@ -203,6 +203,22 @@ def test_compare_answers_each_runs_series_last_best_and_differing_settings(api_a
     assert (newest["chosen"], [run["id"] for run in newest["runs"]]) == (False, [fast.pk, slow.pk])
 
 
+def test_compare_charts_the_reward_by_default_when_every_run_is_grpo(api, compared):
+    # A GRPO sweep opened on its loss, which says little of what was learned.
+    from training.models import MetricPoint, TrainingRun
+
+    experiment, (slow, fast) = compared
+    for run in (slow, fast):
+        MetricPoint.objects.create(run=run, key="reward", step=1, value=0.5)
+    assert api.get(f"/api/experiments/{experiment.pk}/compare").json()["metric"] == "loss"  # SFT runs: the loss
+    TrainingRun.objects.filter(pk=slow.pk).update(method="grpo")
+    assert api.get(f"/api/experiments/{experiment.pk}/compare").json()["metric"] == "loss"  # a mixed experiment: the loss
+    assert api.get(f"/api/experiments/{experiment.pk}/compare", runs=str(slow.pk)).json()["metric"] == "reward"  # the chosen run is GRPO
+    TrainingRun.objects.filter(pk=fast.pk).update(method="grpo")
+    body = api.get(f"/api/experiments/{experiment.pk}/compare").json()
+    assert body["metric"] == "reward" and [run["points"] for run in body["runs"]] == [[[1, 0.5]], [[1, 0.5]]]
+
+
 @pytest.mark.parametrize("query, field, message", [
     ({"metric": "rewrd"}, "metric", 'no run of this experiment reports "rewrd": choose one of loss'),
     ({"metric": "a\x00b"}, "metric", 'no run of this experiment reports "a\\u0000b": choose one of loss'),
