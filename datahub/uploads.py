@@ -127,9 +127,13 @@ def write_chunk(session: UploadSession, index: int, offset: int, stream: IO[byte
     The body is read into a temp file first, outside any transaction: on SQLite a
     transaction holds the database's one write lock, and a chunk coming over a slow link held it
     from every other writer (engines' ingest included) for as long as its bytes took."""
-    size = UploadFile.objects.filter(session=session, index=index).values_list("size", flat=True).first()
-    if size is None:
+    row = UploadFile.objects.filter(session=session, index=index).values_list("size", "received").first()
+    if row is None:
         raise NotFound(f"The upload session has no file {index}.")
+    size, received = row
+    # Before the body is read (and again under the lock): a chunk at the wrong offset is told where to
+    # resume. Judged first by its size, one past the file's end got "send at most -2 bytes".
+    _refuse_out_of_turn(session, index, offset, received)
     # A temp file of the staging dir's kind (hub_gc removes one a crash left), not in the session's
     # folder, which would bring back the folder of a session aborted meanwhile.
     fd, name = tempfile.mkstemp(dir=storage.staging_dir(), prefix="blob-", suffix=".chunk")
@@ -154,13 +158,7 @@ def _append_chunk(session: UploadSession, index: int, offset: int, stream: IO[by
         if upload is None:
             raise NotFound(f"The upload session has no file {index}.")
         session = UploadSession.objects.get(pk=session.pk)
-        if session.state != UploadSession.State.OPEN:
-            raise not_open(session)
-        if offset != upload.received:
-            raise Conflict(
-                f"File {index} has {upload.received} bytes so far: send the next chunk at offset {upload.received}.",
-                [Finding("offset", f"use offset={upload.received}")],
-            )
+        _refuse_out_of_turn(session, index, offset, upload.received)
         part = part_path(session, index)
         try:
             written = _write_part(part, index, offset, stream, length, upload.size)
@@ -178,6 +176,16 @@ def _append_chunk(session: UploadSession, index: int, offset: int, stream: IO[by
         if not UploadSession.objects.filter(pk=session.pk, state=UploadSession.State.OPEN).update(updated_at=timezone.now()):
             raise not_open(UploadSession.objects.get(pk=session.pk))
         return upload
+
+
+def _refuse_out_of_turn(session: UploadSession, index: int, offset: int, received: int) -> None:
+    """The 409 for a chunk the session cannot take now: it is no longer open, or `offset` is not
+    where file `index` goes on (`received`, the bytes that arrived so far)."""
+    if session.state != UploadSession.State.OPEN:
+        raise not_open(session)
+    if offset != received:
+        raise Conflict(f"File {index} has {received} bytes so far: send the next chunk at offset {received}.",
+                       [Finding("offset", f"use offset={received}")])
 
 
 def _write_part(part: Path, index: int, offset: int, stream: IO[bytes], length: int | None, size: int, at: int | None = None) -> int:

@@ -759,6 +759,12 @@ def fork(project, catalogue_name: str, name: str | None = None, config: dict[str
     from datahub.repos import create_repo
 
     entry = catalogue_entry(catalogue_name or "")
+    engine_builtin = "builtin/" + (catalogue_name or "").split("@", 1)[0].removeprefix("builtin/")
+    if entry is None and engine_builtin in ENGINE_BUILTINS:
+        # Listed by the catalogue (forkable: false), so "no such environment" misled: it has no package to copy.
+        raise BadRequest(f"{engine_builtin} ships with the engine and cannot be forked.", [Finding(
+            "catalogue", f'train on it as it is (config.environment_id "{engine_builtin}@main"), or fork one of '
+                         f"{', '.join(e.name for e in catalogue())} to version an environment of your own")])
     if entry is None:
         raise NotFound(f"The catalogue has no environment {catalogue_name!r}.", [Finding("catalogue", f"use one of {', '.join(e.name for e in catalogue())}")])
     repo_name = name or entry.name

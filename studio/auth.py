@@ -107,6 +107,10 @@ class StudioAuth:
     # said no operation needs credentials, and /api/docs had no way to send a token).
     openapi_security_schema = {"type": "http", "scheme": "bearer",
                                "description": "A project API token (Settings → API tokens, or manage.py createapitoken); a logged-in browser session works too"}
+    # Sessions are CSRF-checked below; ninja's Swagger reads this flag to put the CSRF token on
+    # /api/docs (setting the cookie) and send it as X-CSRFToken, so "Try it out" works logged in.
+    # Without it the page had an empty token and every write from it was a 403.
+    csrf = True
 
     def __call__(self, request: HttpRequest) -> Actor | None:
         header = request.headers.get("Authorization", "")

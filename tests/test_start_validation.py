@@ -308,10 +308,29 @@ def test_start_beyond_concurrent_runs_returns_402(api, project):
     assert start(api, first).status_code == 202
     body = assert_start_refused(api, second, 402, None)
     assert "1 run at once" in body["detail"]
-    # It names the run holding the slot, so the user knows which one to stop.
-    assert f"1 is active (run {first} \u2068{TrainingRun.objects.get(pk=first).name}\u2069)" in body["detail"]
+    # It names the run holding the slot, so the user (or a script, from errors) knows which one to stop.
+    assert f"1 is active (run {first}):" in body["detail"]
+    name = TrainingRun.objects.get(pk=first).name
+    assert body["errors"] == [{"field": f"runs.{first}", "message": f"run {first} {name!r} is starting and takes a slot: "
+                                                                    f"stop it (POST /api/training-runs/{first}/stop, or Stop on its page) to free the slot"}]
     # Only a Studio administrator changes plans (the Billing page says so): the message sends the user there, not to "upgrade".
     assert "stop one, or ask a Studio administrator for a larger plan (Settings → Billing shows the plan)" in body["detail"]
+
+
+def test_the_402_for_busy_slots_lists_each_run_and_keeps_bidi_isolates_out(api, project):
+    """The 402 named the runs inside U+2068/U+2069 (for HTML display) with errors: []; a script could
+    not tell which runs to stop. Each shown run is a finding, and a name's control characters show escaped."""
+    Plan.objects.filter(pk=project.plan_id).update(max_concurrent_runs=2)
+    first, second, third = make_run(api), make_run(api), make_run(api)
+    TrainingRun.objects.filter(pk=second).update(name="evil\u202egnp.exe")
+    assert start(api, first).status_code == 202 and start(api, second).status_code == 202
+    response = start(api, third)
+    assert "\\u2068" not in response.content.decode() and "\\u2069" not in response.content.decode()
+    body = assert_start_refused(api, third, 402, f"runs.{first}")
+    assert [e["field"] for e in body["errors"]] == [f"runs.{first}", f"runs.{second}"]
+    assert "(runs " + f"{first}, {second}):" in body["detail"]
+    assert all("\u2068" not in text and "\u202e" not in text for text in [body["detail"], *(e["message"] for e in body["errors"])])
+    assert f"run {second} 'evil\\u202egnp.exe' is starting" in body["errors"][1]["message"]
 
 
 def test_start_beyond_gpus_per_run_returns_402(api, project):

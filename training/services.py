@@ -26,7 +26,6 @@ from experiments.services import default_experiment, find_experiment
 from studio import audit, crypto
 from studio.errors import BadRequest, Conflict, Finding, NotFound, PaymentRequired, Unprocessable, counted
 from studio.models import AuditEvent, Project
-from studio.parsing import isolated
 from studio.queue import send, send_after_commit
 from training import status as status_service
 from training.backends import get_backend
@@ -86,12 +85,18 @@ def require_plan_capacity(project: Project, run: TrainingRun) -> None:
         Q(status__in=ACTIVE_STATUSES) | Q(status=Status.QUEUED, start_requested_at__isnull=False))
     busy = active.count()
     if busy >= plan.max_concurrent_runs:
-        # Which runs hold the slots, so the user knows what to stop (a few, oldest START first).
-        shown = [f"{r.pk} {isolated(r.name)}" for r in active.order_by("start_requested_at", "pk")[:BUSY_SHOWN]]
-        more = f" and {busy - len(shown)} more" if busy > len(shown) else ""
+        # Which runs hold the slots, so the user knows what to stop (a few, oldest START first): by id
+        # in the sentence, and one finding each, which a script reads without parsing the sentence. The
+        # name is repr()'d, as the API quotes names: no bidi isolates (U+2068/9, for HTML and terminals)
+        # in JSON text, and a control character in a name still shows escaped rather than turning it round.
+        holding = list(active.order_by("start_requested_at", "pk")[:BUSY_SHOWN])
+        more = f" and {busy - len(holding)} more" if busy > len(holding) else ""
         raise PaymentRequired(
-            f"The {plan.name} plan runs {counted(plan.max_concurrent_runs, 'run')} at once and {busy} {'is' if busy == 1 else 'are'} active (run{'' if busy == 1 else 's'} {', '.join(shown)}{more}): "
-            "stop one, or ask a Studio administrator for a larger plan (Settings → Billing shows the plan)."
+            f"The {plan.name} plan runs {counted(plan.max_concurrent_runs, 'run')} at once and {busy} {'is' if busy == 1 else 'are'} active "
+            f"(run{'' if busy == 1 else 's'} {', '.join(str(r.pk) for r in holding)}{more}): "
+            "stop one, or ask a Studio administrator for a larger plan (Settings → Billing shows the plan).",
+            [Finding(f"runs.{r.pk}", f"run {r.pk} {r.name!r} is {'starting' if r.status == Status.QUEUED else r.status} and takes a slot: "
+                                     f"stop it (POST /api/training-runs/{r.pk}/stop, or Stop on its page) to free the slot") for r in holding],
         )
 
 

@@ -212,3 +212,17 @@ def test_a_session_of_a_deleted_repo_says_the_repo_was_deleted(api, api_as, data
     assert api_as("outsider").get(f"/api/hub/uploads/{upload_id}").status_code == 404  # still only its project's to see
     assert api_as("viewer").delete(f"/api/hub/uploads/{upload_id}").status_code == 403
     assert_error(api.get(f"/api/hub/uploads/{committed}"), 404)  # a finished session went with the repo
+
+
+def test_a_chunk_past_the_end_at_the_wrong_offset_is_told_where_to_resume(api, dataset_repo):
+    """The offset is judged before the chunk's size: at offset 5 of a 3-byte file with nothing sent,
+    the answer was a 400 "send at most -2 bytes at offset 5"; it is the 409 the other wrong offsets get."""
+    upload_id = api.post("/api/hub/repos/hub-data/uploads", {"files": [{"path": "a.bin", "size": 3}]}).json()["id"]
+    for offset in (1, 3, 4, 5, 1000):
+        body = assert_error(put(api, upload_id, 0, offset, b"abc"), 409, "offset")
+        assert body["errors"][0]["message"] == "use offset=0"
+    assert UploadFile.objects.get(session_id=upload_id, index=0).received == 0
+    # at the right offset a chunk too long for the file is still a 400 naming the body
+    body = assert_error(put(api, upload_id, 0, 0, b"abcd"), 400, "body")
+    assert body["errors"][0]["message"] == "send at most 3 bytes at offset 0"
+    assert put(api, upload_id, 0, 0, b"abc").json()["complete"] is True

@@ -501,3 +501,15 @@ def test_start_takes_an_absolute_path_without_an_extension_for_no_file(api, proj
     findings = api.get("/api/environments/url-env/check").json()["findings"]
     assert [f["field"] for f in findings] == ["config.data_file"], findings  # endpoint_path is no file
 
+
+
+@pytest.mark.parametrize("name", ["arith", "builtin/arith", "builtin/arith@main"])
+def test_forking_the_engines_builtin_is_a_400_saying_what_to_use_instead(api, project, name):
+    """builtin/arith is in the catalogue's list (forkable: false) but has no package: a fork of it said
+    the catalogue had no such environment (404). It says it ships with the engine, and makes no repo."""
+    listed = {e["environment_id"]: e["forkable"] for e in api.get("/api/environments/catalogue").json()}
+    assert listed["builtin/arith@main"] is False
+    body = assert_error(api.post("/api/environments/fork", {"catalogue": name}), 400, "catalogue")
+    assert body["detail"] == "builtin/arith ships with the engine and cannot be forked."
+    assert 'config.environment_id "builtin/arith@main"' in body["errors"][0]["message"]
+    assert not Repo.objects.filter(project=project).exists()
