@@ -12,6 +12,10 @@
   each of its values. A number out of range is refused; null and other types are left to CONFIG_TYPES.
   ``max_examples: 0`` silently trained on every row, and ``-5`` on all but the last five.
 
+- ``JSONL_FILES``: the CONFIG keys naming a JSON Lines file load_environment reads, e.g. ``("data_file",)``.
+  Its rows are read as the loader reads them (one JSON object a line) before a run starts: a
+  ``data_file: /etc/passwd`` passed every check and failed the run with a bare JSONDecodeError.
+
 A package that declares none of them is checked as before: against the CONFIG it replaces.
 """
 from __future__ import annotations
@@ -26,7 +30,7 @@ TYPE_NAMES = {"string": "a string", "integer": "a whole number", "number": "a nu
               "list": "a list", "object": "an object", "null": "null"}
 PYTHON_TYPES: dict[str, type | tuple[type, ...]] = {"string": str, "integer": int, "number": (int, float), "list": list, "object": dict}
 WEIGHTS = "weights"
-DECLARATIONS = ("CONFIG_TYPES", "REWARD_COMPONENTS", "CONFIG_RANGES")
+DECLARATIONS = ("CONFIG_TYPES", "REWARD_COMPONENTS", "CONFIG_RANGES", "JSONL_FILES")
 MAX_UNKNOWN = 20  # unknown weight names reported, as for unknown query parameters
 
 
@@ -75,6 +79,14 @@ def reward_components(init: ast.Module | None) -> tuple[str, ...]:
     return ()
 
 
+def jsonl_files(init: ast.Module | None) -> tuple[str, ...]:
+    """JSONL_FILES; () when the package has none or it cannot be read."""
+    value = _literal(assignment(init, "JSONL_FILES"))
+    if isinstance(value, (tuple, list)) and value and all(isinstance(n, str) for n in value):
+        return tuple(value)
+    return ()
+
+
 def _bound(value: Any) -> bool:
     return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value))
 
@@ -105,6 +117,10 @@ def declaration_findings(init: ast.Module | None, field: str) -> list[Finding]:
     if node is not None and not reward_components(init):
         findings.append(Finding(field, f"__init__.py:{node.lineno}: REWARD_COMPONENTS must be a literal tuple of the names score() returns, "
                                        "e.g. REWARD_COMPONENTS = (\"correct\", \"format\")"))
+    node = assignment(init, "JSONL_FILES")
+    if node is not None and not jsonl_files(init):
+        findings.append(Finding(field, f"__init__.py:{node.lineno}: JSONL_FILES must be a literal tuple of the CONFIG keys that name a JSON Lines file, "
+                                       "e.g. JSONL_FILES = (\"data_file\",)"))
     node = assignment(init, "CONFIG_RANGES")
     if node is not None and not config_ranges(init):
         findings.append(Finding(field, f"__init__.py:{node.lineno}: CONFIG_RANGES must be a literal dict of CONFIG key → (min, max), numbers or None "

@@ -11,6 +11,7 @@ run starts, and staging a run's environment for the engine.
 from __future__ import annotations
 
 import ast
+import io
 import logging
 import os
 import pprint
@@ -25,11 +26,20 @@ from typing import Any
 from django.conf import settings
 
 from datahub.datasets import RowNeeds
-from environments.declarations import DECLARATIONS, assignment, code, config_key_finding, declaration_findings, declared_config_findings, with_declarations
+from environments.declarations import (
+    DECLARATIONS,
+    assignment,
+    code,
+    config_key_finding,
+    declaration_findings,
+    declared_config_findings,
+    jsonl_files,
+    with_declarations,
+)
 from studio import audit
 from studio.errors import BadRequest, Finding, NotFound
 from studio.models import AuditEvent
-from training.engine.packages import CONFIG_METADATA
+from training.engine.packages import CONFIG_METADATA, jsonl_problem
 from training.refs import inside_local_roots, studio_data_problem
 
 log = logging.getLogger(__name__)
@@ -303,7 +313,9 @@ def config_findings(reference: dict[str, Any] | None, config: dict[str, Any], fi
                 findings.append(Finding(f"{field}.{key}", f"{now} is not a file on the Studio's machine that runs may read: name one of the package's files "
                                                           f"({was!r}), or push the file to the repo first"))
     said = {f.field for f in findings}  # one finding a field: the reference's, where both see a wrong type
-    return findings + [f for f in declared_config_findings(declared(init), config, field) if f.field not in said]
+    findings += [f for f in declared_config_findings(declared(init), config, field) if f.field not in said]
+    said = {f.field for f in findings}
+    return findings + [f for f in jsonl_file_findings(init, config, files, field) if f.field not in said]
 
 
 def package_files_named(files: dict[str, bytes], root: str, most: int = 20) -> str:
@@ -351,6 +363,33 @@ def local_file_findings(config: dict[str, Any] | None, field: str = FIELD) -> li
         elif not readable_local_file(value):
             findings.append(config_key_finding(field, key, f"{value} is not a file on the Studio's machine that runs may read (deleted, unreadable or outside "
                                                            f"STUDIO_LOCAL_ROOTS since CONFIG was saved): put the file back, or set {key} to one of the package's files"))
+    return findings
+
+
+def jsonl_file_findings(init: ast.Module | None, config: dict[str, Any] | None, files: dict[str, bytes], field: str = FIELD) -> list[Finding]:
+    """Each file a JSONL_FILES key of CONFIG names (the package's own, or an absolute path runs may
+    read), read as the engine's loader reads it (training.engine.packages.jsonl_problem): its first
+    DATAHUB_VALIDATE_MAX_ROWS rows, none over DATAHUB_MAX_ROW_BYTES. A file that is not JSON Lines
+    (data_file: /etc/passwd) passed every check and failed the run as the package loaded. A file
+    missing or out of reach is the other checks' finding."""
+    findings = []
+    root = package_prefix(files) or ""
+    for key in jsonl_files(declared(init)):
+        value = (config or {}).get(key)
+        if not isinstance(value, str) or not value:
+            continue
+        if not PurePosixPath(value).is_absolute():
+            content = files.get(root + value)
+            problem = None if content is None else jsonl_problem(io.BytesIO(content), settings.DATAHUB_VALIDATE_MAX_ROWS, settings.DATAHUB_MAX_ROW_BYTES)
+        elif readable_local_file(value) and not studio_data_problem(value, FILE_INSTEAD):
+            with open(value, "rb") as fh:
+                problem = jsonl_problem(fh, settings.DATAHUB_VALIDATE_MAX_ROWS, settings.DATAHUB_MAX_ROW_BYTES)
+        else:
+            continue
+        if problem is not None:
+            line, what = problem
+            findings.append(config_key_finding(field, key, f"{value} line {line} is {what}, and load_environment reads {key} as JSON Lines "
+                                                           f"(one JSON object a line): name a .jsonl file of rows like the package's own, or fix that line"))
     return findings
 
 
@@ -497,6 +536,7 @@ def static_findings(files: dict[str, bytes], image_has: Callable[[str], bool], *
     findings += declaration_findings(init, field)
     findings += declared_config_findings(declared(init), read_config(files), config_field or field)
     findings += local_file_findings(read_config(files), config_field or field)
+    findings += jsonl_file_findings(init, read_config(files), files, config_field or field)
     return findings
 
 

@@ -129,6 +129,24 @@ def all_field_names(method: str, rl_mode: str | None = None) -> set[str]:
     return set(TOP_FIELDS) | set(fields_for(method, rl_mode))
 
 
+def finding_fields(values: dict[str, Any], method: str) -> set[str]:
+    """The fields the form shows findings beside (studio.views.errors_by_field): the method's, less
+    each one left empty whose key the config box sets. The value checked is then the box's, so its
+    finding goes under the box with its path ("config.use_liger: ..."), not under a field that shows
+    Default and says nothing of where the value came from."""
+    typed, _ = parse_config_text(values.get("config_text") or "")
+    return {name for name in all_field_names(method, values.get("config.rl_mode"))
+            if values.get(name) not in (None, "") or not name.startswith("config.") or not sets_path(typed, name.removeprefix("config."))}
+
+
+def sets_path(config: Any, dotted: str) -> bool:
+    for part in dotted.split("."):
+        if not isinstance(config, dict) or part not in config:
+            return False
+        config = config[part]
+    return True
+
+
 def initial_values(method: str = "sft", experiment: str = "") -> dict[str, Any]:
     return {"method": method, "experiment": experiment, "compute.backend": "local", "compute.accelerators": "CPU",
             "config_text": DEFAULT_CONFIG_TEXT.get(method, ""), **METHOD_DEFAULTS.get(method, {})}

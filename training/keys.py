@@ -115,6 +115,9 @@ class Key:
         }[self.kind]
 
     def _range(self) -> str:
+        if self.positive:  # the minimum itself is refused
+            low = f" greater than {limit(self.minimum or 0)}"
+            return low + (f" and at most {limit(self.maximum)}" if self.maximum is not None else "")
         if self.minimum is not None and self.maximum is not None:
             return f" from {limit(self.minimum)} to {limit(self.maximum)}"
         if self.minimum is not None:
@@ -139,7 +142,7 @@ def normalise_block(value: dict, keys: dict[str, Key]) -> dict:
 
 INT1 = Key("int", minimum=1)
 INT0 = Key("int", minimum=0)
-POSITIVE = Key("number", minimum=0, hint="a positive number")
+NON_NEGATIVE = Key("number", minimum=0)  # "a number ≥ 0": 0 is allowed (kl_coef's default, no penalty)
 BOOL = Key("bool")
 TEXT = Key("str", nullable=True)
 PRECISIONS = ("bf16", "fp32", "fp8", "nvfp4")  # the engine's (training/engine/spec.py): fp16 trains nowhere here

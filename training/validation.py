@@ -27,7 +27,7 @@ from training.engine.spec import EVAL_METHODS
 from training.forms import hub_model_files, hub_ref_tree
 from training.keys import EVAL_KEYS, is_number, json_findings, normalise_block
 from training.methods import NOT_YET_SUPPORTED, get_method
-from training.methods.base import Draft, TrainingMethod
+from training.methods.base import Draft, TrainingMethod, recheck_findings
 from training.refs import (
     DATASET_INSTEAD,
     EVAL_DATASET,
@@ -133,6 +133,7 @@ def start_findings(draft: Draft) -> list[Finding]:
     if method.needs_dataset and not draft.dataset:
         findings.append(Finding("dataset", f"{method.label} trains on a dataset: set dataset to a Data Hub repo@ref or an HF dataset id"))
     findings += method.start_findings(draft)
+    findings += recheck_findings(draft.config)
     accel = accelerators_of(draft.compute)
     findings += precision_findings(draft.config.get("precision"), accel)
     findings += fit_findings(draft)
@@ -303,7 +304,8 @@ def liger_findings(draft: Draft) -> list[Finding]:
         return []
     findings = []
     if config.get("use_unsloth"):
-        findings.append(Finding("config.use_liger", "use_liger cannot be combined with use_unsloth: pick one"))
+        findings.append(Finding("config.use_liger", "use_liger cannot be combined with use_unsloth (Unsloth patches the model with kernels of its own): "
+                                                "remove use_liger or use_unsloth"))
     model_type = (model_config(draft.base_model, draft.project) or {}).get("model_type")
     why = liger.refusal(model_type if isinstance(model_type, str) else None, draft.base_model)
     if why:

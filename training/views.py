@@ -431,7 +431,7 @@ def new_run(request: HttpRequest) -> HttpResponse:
     if request.method != "POST":
         return HttpResponseNotAllowed(["GET", "POST"])
     parsed = forms.parse_run_form(request.POST)
-    fields = forms.all_field_names(parsed.values.get("method", ""), parsed.values.get("config.rl_mode"))
+    fields = forms.finding_fields(parsed.values, parsed.values.get("method", ""))
     if parsed.findings:
         errors = errors_by_field(with_the_rest(parsed, project), fields)
         return refuse_form(request, reverse("training:new"), RUN_FORM, errors, parsed.values)
@@ -495,13 +495,13 @@ def edit_run(request: HttpRequest, run_id: int) -> HttpResponse:
         return refused_run_page(request, run.project, refused, run)
     if request.method == "GET":
         values = forms.values_from_run(run)
-        errors = errors_by_field(services.start_blockers(run), forms.all_field_names(run.method, values.get("config.rl_mode")))
+        errors = errors_by_field(services.start_blockers(run), forms.finding_fields(values, run.method))
         return render(request, "training/new_run.html", form_context(request, run.project, values, errors, run=run))
     if request.method != "POST":
         return HttpResponseNotAllowed(["GET", "POST"])
     parsed = forms.parse_run_form(request.POST)
     parsed.values["method"] = parsed.kwargs["method"] = run.method
-    fields = forms.all_field_names(run.method, parsed.values.get("config.rl_mode"))
+    fields = forms.finding_fields(parsed.values, run.method)
     if parsed.findings:
         errors = errors_by_field(with_the_rest(parsed, run.project), fields)
         return refuse_form(request, reverse("training:edit", args=[run.pk]), RUN_FORM, errors, parsed.values)

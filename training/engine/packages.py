@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import itertools
 import json
 import random
 import sys
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from .environments import Environment, PackageError, reward_value
 
@@ -84,6 +85,61 @@ def package_config(module: Any) -> dict[str, Any]:
     return dict(config)
 
 
+JSON_KINDS = {list: "a list", str: "a string", int: "a number", float: "a number", bool: "true or false", type(None): "null"}
+
+
+def jsonl_problem(fh: BinaryIO, max_rows: int | None = None, max_row_bytes: int | None = None) -> tuple[int, str] | None:
+    """The first line of the JSON Lines file `fh` that a loader reading it as the catalogue's do (each
+    non-blank line `json.loads` into a row object) fails on, as (line number, what is wrong); None
+    when every row read is an object. At most `max_rows` rows are read, and a line over
+    `max_row_bytes` is reported without being held whole (the Studio's limits; the engine reads all)."""
+    rows = 0
+    for number in itertools.count(1):
+        raw = fh.readline(max_row_bytes + 1) if max_row_bytes is not None else fh.readline()
+        if not raw:
+            return None
+        if max_row_bytes is not None and len(raw.rstrip(b"\r\n")) > max_row_bytes:
+            return number, f"over the {max_row_bytes:,} bytes a row may have"
+        try:
+            text = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+        except UnicodeDecodeError as exc:
+            return number, f"not UTF-8 text (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})"
+        if not text.strip():
+            continue
+        try:
+            row = json.loads(text)
+        except ValueError as exc:
+            return number, f"not JSON ({getattr(exc, 'msg', exc)}, column {getattr(exc, 'colno', 1)})"
+        if not isinstance(row, dict):
+            return number, f"{JSON_KINDS.get(type(row), 'a value')}, not a row object ({{...}})"
+        rows += 1
+        if max_rows is not None and rows >= max_rows:
+            return None
+    return None
+
+
+def check_jsonl_files(module: Any, config: dict[str, Any], root: Path, environment_id: str) -> None:
+    """Read each CONFIG key the package declares as naming a JSON Lines file (JSONL_FILES in its
+    __init__.py) before load_environment does: a file that is not one (data_file: /etc/passwd) failed
+    the run with a JSONDecodeError naming neither the key, the file nor the line."""
+    declared = getattr(module, "JSONL_FILES", ())
+    for key in declared if isinstance(declared, (list, tuple)) else ():
+        value = config.get(key)
+        if not isinstance(value, str):
+            continue
+        path = Path(value) if Path(value).is_absolute() else root / value
+        try:
+            with path.open("rb") as fh:
+                problem = jsonl_problem(fh)
+        except OSError as exc:
+            raise EnvironmentLoadError(f"environment {environment_id}: CONFIG.{key}: cannot read {value} ({exc.strerror or exc}): "
+                                       f"set {key} to a JSON Lines file of the package, or put the file back") from exc
+        if problem is not None:
+            line, what = problem
+            raise EnvironmentLoadError(f"environment {environment_id}: CONFIG.{key}: {value} line {line} is {what}, and load_environment reads "
+                                       f"{key} as JSON Lines (one JSON object a line): set {key} to such a file, or fix that line")
+
+
 def _taskset_classes(module: Any) -> list[type]:
     try:
         import verifiers.v1 as vf
@@ -104,6 +160,7 @@ def load_package(directory: Path | str, environment_id: str = "", overrides: dic
     config = {**package_config(module), **(overrides or {})}
     factory = getattr(module, "load_environment", None)
     if callable(factory):
+        check_jsonl_files(module, config, package_root(directory), environment_id)
         kwargs = {k: v for k, v in config.items() if k not in CONFIG_METADATA}
         try:
             obj = factory(**kwargs)

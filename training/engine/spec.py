@@ -172,8 +172,11 @@ class Spec:
         return int(self.config.get("lora_rank") or 16)
 
     @property
-    def lora_alpha(self) -> int:
-        return int(self.config.get("lora_alpha") or self.lora_rank)
+    def lora_alpha(self) -> int | float:
+        """The adapter's scale numerator (peft scales by lora_alpha / lora_rank), exactly as stored: a
+        fractional alpha is a valid choice, and `int(alpha or rank)` trained 0.5 as 0 (no update at
+        all) and 0 as the rank, neither what the run said. Unset, it is the rank."""
+        return self.cfg("lora_alpha", self.lora_rank)
 
 
 def _require(obj: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
@@ -220,6 +223,7 @@ def _validate_config(method: str, config: dict[str, Any]) -> None:
     ):
         _number(config, key, w, positive=True)
     _number(config, "max_steps", w)
+    _number(config, "lora_alpha", w, positive=True)
     _number(config, "kl_coef", w, minimum=0)
     precision = config.get("precision")
     if precision is not None and precision not in PRECISIONS:

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 from studio.errors import Finding
 from training.engine.spec import HEARTBEAT_INTERVAL_DEFAULT, HEARTBEAT_TIMEOUT_DEFAULT, HEARTBEAT_TIMEOUT_FLOOR, STUDIO_MANAGED, studio_managed_value
-from training.keys import BOOL, EVAL_KEYS, INT0, INT1, POSITIVE, PRECISIONS, TEXT, Key, check_block, is_number, json_findings, shown  # noqa: F401 - re-exported for methods
+from training.keys import BOOL, EVAL_KEYS, INT0, INT1, NON_NEGATIVE, PRECISIONS, TEXT, Key, check_block, is_number, json_findings, shown  # noqa: F401 - re-exported for methods
 
 TRL_FIELDS_FILE = Path(__file__).with_name("trl_fields.json")
 
@@ -54,7 +54,9 @@ COMMON_KEYS: dict[str, Key] = {
     "system_prompt": TEXT,
     "lora": BOOL,
     "lora_rank": Key("int", minimum=1, maximum=65_536, nullable=True),
-    "lora_alpha": Key("number", minimum=0, maximum=1e6, nullable=True),
+    # Trained exactly as stored (training/engine/spec.py Spec.lora_alpha), a fraction included; 0 would scale the adapter to nothing.
+    "lora_alpha": Key("number", minimum=0, positive=True, maximum=1e6, nullable=True,
+                      hint="a number greater than 0 and at most 1000000 (the adapter is scaled by lora_alpha / lora_rank; default: lora_rank)"),
     "load_in_4bit": BOOL,
     "heartbeat_timeout_seconds": Key("int", minimum=1, maximum=7 * 24 * 3600),
     "heartbeat_interval_seconds": Key("int", minimum=1, maximum=24 * 3600),
@@ -73,6 +75,9 @@ def lora_enabled(config: dict) -> bool:
     return bool(config.get("lora")) or config.get("lora_rank") is not None
 
 
+ADAPTER_FIELDS = {"config.lora", "config.lora_rank", "config.lora_alpha", "config.load_in_4bit"}
+
+
 def adapter_findings(config: dict) -> list[Finding]:
     """Adapter settings that train something else than they say: each would be taken and not obeyed."""
     findings = []
@@ -85,6 +90,16 @@ def adapter_findings(config: dict) -> list[Finding]:
         findings.append(Finding("config.lora", f"lora is false but lora_rank is {config['lora_rank']}, and a lora_rank trains a LoRA adapter: "
                                                "remove lora_rank (and lora_alpha) for a full fine-tune, or remove lora: false for LoRA"))
     return findings
+
+
+# Keys whose rule create tightened after runs were stored with values it now refuses (lora_alpha 0 was
+# taken and trained as the rank): START checks them again with the same Key, so a stored run cannot start
+# with what create and PATCH refuse.
+RECHECKED_AT_START = ("lora_alpha",)
+
+
+def recheck_findings(config: dict) -> list[Finding]:
+    return [f for key in RECHECKED_AT_START if key in config for f in COMMON_KEYS[key].check(f"config.{key}", config[key])]
 
 
 def heartbeat_findings(config: dict) -> list[Finding]:
@@ -243,7 +258,10 @@ class TrainingMethod:
                     )
                 )
         findings += [Finding(f"config.{key}", why) for key, why in self.unread_keys.items() if key in config]
-        findings += adapter_findings(config)
+        # A mistyped adapter key gets its own type error only: read as a truthy value, load_in_4bit: "yes"
+        # also asked for a lora_rank, about a setting the user never made.
+        if not any(f.field in ADAPTER_FIELDS for f in findings):
+            findings += adapter_findings(config)
         if not any(f.field.startswith("config.heartbeat_") for f in findings):
             findings += heartbeat_findings(config)
         return findings

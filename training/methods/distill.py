@@ -6,15 +6,16 @@ from studio.errors import Finding
 from training.methods.base import BOOL, Draft, Key, TrainingMethod, is_number
 from training.methods.sft import entry_type_findings
 
-DISTILL_KEYS = {
-    "teacher_model": Key("str"),
-    "top_k": Key("int"),
-    "temperature": Key("number"),
-    "kd_weight": Key("number"),
-    "ce_weight": Key("number"),
-}
 DEFAULTS = {"top_k": 64, "temperature": 1.0, "kd_weight": 0.5}
 MAX_TOP_K = 1024
+# The ranges are range_findings' (which checks them, defaults applied); a hint states them in the type error.
+DISTILL_KEYS = {
+    "teacher_model": Key("str"),
+    "top_k": Key("int", hint=f"an integer from 1 to {MAX_TOP_K} (default 64)"),
+    "temperature": Key("number", hint="a number greater than 0 (default 1.0)"),
+    "kd_weight": Key("number", hint="a number ≥ 0 (default 0.5)"),
+    "ce_weight": Key("number", hint="a number ≥ 0 (default 1 − kd_weight)"),
+}
 
 
 def top_k_finding(top_k: Any) -> Finding | None:

@@ -8,7 +8,7 @@ LOSS_KEYS = {
     "type": Key("choice", choices=("dpo",)),
     "dpo_beta": Key("number", hint="a number > 0"),
     "reference_free": BOOL,
-    "target_margin": Key("number"),
+    "target_margin": Key("number", minimum=0),  # the engine refuses a negative margin (training/engine/spec.py)
     "length_norm": BOOL,
     "span_mask": BOOL,
 }

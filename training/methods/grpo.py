@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from studio.errors import Finding, counted
 from training.compute import accelerators_of
-from training.methods.base import BOOL, COMMON_KEYS, MAX_STEPS, POSITIVE, Draft, Key, TrainingMethod
+from training.methods.base import BOOL, COMMON_KEYS, MAX_STEPS, NON_NEGATIVE, Draft, Key, TrainingMethod
 
 JUDGE_KEYS = {
     "mode": Key("choice", choices=("external", "colocated")),
@@ -121,7 +121,7 @@ class GRPO(TrainingMethod):
         "trainer_blocks": GPU_BLOCKS,
         "judge_blocks": GPU_BLOCKS,
         "rollouts_per_prompt": Key("int", minimum=2, maximum=65_536, hint="an integer from 2 to 65536 (the group size)"),
-        "kl_coef": POSITIVE,
+        "kl_coef": NON_NEGATIVE,
         "max_response_length": COMMON_KEYS["max_length"],
         "max_prompt_length": COMMON_KEYS["max_length"],
         # "auto": the engine's own static-KV decode loop on a GPU, plain generate on the CPU.

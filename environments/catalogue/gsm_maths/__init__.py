@@ -23,6 +23,9 @@ ROW_KEYS = ("prompt", "answer")
 # What CONFIG's values must be (JSON type names; read by the Studio without importing this package,
 # so it can refuse a CONFIG edit that would fail the run as it loads).
 CONFIG_TYPES = {"data_file": "string", "system_prompt": "string", "answer_marker": "string", "weights": "object", "max_examples": ("integer", "null")}
+# CONFIG keys naming a JSON Lines file load_environment reads (one JSON object a line): the Studio and
+# the engine read it first, so a file that is not one is refused naming the key and the line.
+JSONL_FILES = ("data_file",)
 # The components score() returns besides total: CONFIG["weights"] gives each one its weight.
 REWARD_COMPONENTS = ("correct", "close", "format")
 # Each number's (min, max), None for no bound; on weights, each weight (a negative one would reward
