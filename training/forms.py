@@ -58,6 +58,8 @@ METHOD_FIELDS: dict[str, dict[str, str]] = {
              "config.rollouts_per_prompt": "int", "config.kl_coef": "float", "config.max_response_length": "int",
              "config.rollout_engine": "str"},
 }
+# GRPO's fields that the fit estimate's answer can swap in (#grpo-numbers), having fitted the length.
+GRPO_NUMBER_FIELDS = ("config.rollouts_per_prompt", "config.kl_coef", "config.max_response_length")
 GRPO_MODE_FIELDS = {
     "environment": {"config.environment_id": "str"},
     "ruler": {"config.ruler_task_args.dataset": "str", "config.ruler_task_args.system_prompt": "str", "config.judge.mode": "str",
