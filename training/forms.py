@@ -58,6 +58,8 @@ METHOD_FIELDS: dict[str, dict[str, str]] = {
              "config.rollouts_per_prompt": "int", "config.kl_coef": "float", "config.max_response_length": "int",
              "config.rollout_engine": "str"},
 }
+# GRPO's fields that the fit estimate's answer can swap in (#grpo-numbers), having fitted the length.
+GRPO_NUMBER_FIELDS = ("config.rollouts_per_prompt", "config.kl_coef", "config.max_response_length")
 GRPO_MODE_FIELDS = {
     "environment": {"config.environment_id": "str"},
     "ruler": {"config.ruler_task_args.dataset": "str", "config.ruler_task_args.system_prompt": "str", "config.judge.mode": "str",
@@ -248,6 +250,30 @@ def parse_config_text(text: str) -> tuple[dict, list[Finding]]:
     return data, []
 
 
+def same_setting(box: Any, field: Any) -> bool:
+    """Whether the config box and a form field say the same: 8 and 8.0 do, True and 1 do not."""
+    return box == field and isinstance(box, bool) == isinstance(field, bool)
+
+
+def box_conflicts(box: dict, fields: dict, prefix: str = "") -> list[Finding]:
+    """The keys that both the config box and the form's fields set, to different values. One of the
+    two would be silently dropped (the box's `max_steps: 0`, say, never even validated), so the form
+    is refused until they agree; a key both set to the same value is fine."""
+    findings = []
+    for key, value in fields.items():
+        if key not in box:
+            continue
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and isinstance(box[key], dict):
+            findings += box_conflicts(box[key], value, f"{path}.")
+        elif not same_setting(box[key], value):
+            where = f"the form's fields under config.{path}" if isinstance(value, dict) else f"the form's field config.{path}"
+            findings.append(Finding("config_text", (
+                f"{path} is {json.dumps(box[key], default=str)} here but {json.dumps(value, default=str)} in {where}: "
+                f"remove {path} from this box or change the field, so that one value is left")))
+    return findings
+
+
 def parse_run_form(data: QueryDict) -> ParsedRun:
     values: dict[str, Any] = {k: data.get(k, "") for k in data.keys() if k != "csrfmiddlewaretoken"}
     method = values.get("method", "")
@@ -287,6 +313,7 @@ def parse_run_form(data: QueryDict) -> ParsedRun:
             value = raw
         root, _, rest = name.partition(".")
         set_path(compute if root == "compute" else form_config, rest, value)
+    parsed.findings += box_conflicts(config, form_config)
     dataset = posted_dataset(values)
     parsed.kwargs = {
         "name": (values.get("name") or "").strip(),
@@ -294,7 +321,7 @@ def parse_run_form(data: QueryDict) -> ParsedRun:
         "experiment": values.get("experiment") or None,
         "base_model": (values.get("base_model") or "").strip() or None,
         "dataset": dataset,
-        # The form's fields win over the same keys in the free-form text.
+        # A key in both says the same in both (box_conflicts refuses the form otherwise).
         "config": deep_merge(config, form_config),
         "compute": compute,
     }

@@ -573,10 +573,13 @@ def new_run_part(request: HttpRequest, part: str) -> HttpResponse:
     # A base model typed or a method picked: GRPO's default rollout length fitted to the model (the fit
     # estimate's request follows every change of the form, and then swaps the numbers in out of band,
     # only when the length moved: a swap takes the focus from a field of the numbers the user is in).
+    # The numbers say what this request sent (data-sent-values): the page swaps them in only while its
+    # fields still hold that (studio.js), as what was typed after the request went out is newer than this.
     length = values.get("config.max_response_length")
     response_help = forms.fit_response_length(values, project) if part in ("method", "fit") else ""
     context = {**form_context(request, project, values), "swap_dataset_help": part == "method", "oob": part == "quick", "swap_config": swap_config,
-               "response_help": response_help, "numbers_oob": part == "fit" and values.get("config.max_response_length") != length}
+               "response_help": response_help, "numbers_oob": part == "fit" and values.get("config.max_response_length") != length,
+               "sent_numbers": json.dumps({name: request.GET.get(name, "") for name in forms.GRPO_NUMBER_FIELDS})}
     if part == "method":
         context["carried"] = forms.other_methods_values(values, method)
     response = render(request, f"training/new_run.html#{names[part]}", context)

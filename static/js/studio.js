@@ -1,7 +1,7 @@
 /* Studio: draws uPlot charts from <script type="application/json" id="chart-data"> blocks that
    the server renders (and HTMX re-renders while a run is live), and the few page-wide rules for
    HTMX swaps below (error answers, log boxes, focus, open disclosures, stale banners, durations that
-   tick). No other behaviour lives here. */
+   tick, fields typed in after a request went out). No other behaviour lives here. */
 (function () {
   "use strict";
   var COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#4b5563", "#db2777"];
@@ -352,6 +352,28 @@
     reopenDetails();
     placeLogs(evt.target, prepends(evt.detail));
     restoreFocus(evt.target);
+  });
+
+  // ---- what was typed after a request went out stays ----------------------------------------------
+  // An out-of-band part with data-sent-values (field name → the value its request sent, as JSON) was
+  // drawn from those values: NEW RUN's GRPO numbers, which the fit estimate's answer brings with the
+  // rollout length fitted to the model. When a field of the part no longer holds what was sent, the
+  // user typed in it while the request was out; the answer would put the old value back, so the part
+  // is not swapped in. Their edit is a change of the form, which asks again with what they left.
+  function changedSince(target, sent) {
+    return Object.keys(sent).some(function (name) {
+      var field = target.querySelector('[name="' + CSS.escape(name) + '"]');
+      return field !== null && field.value !== sent[name];
+    });
+  }
+
+  document.addEventListener("htmx:oobBeforeSwap", function (evt) {
+    var fragment = evt.detail.fragment;
+    var part = fragment.nodeType === Node.DOCUMENT_FRAGMENT_NODE ? fragment.firstElementChild : fragment;
+    if (!part || !part.hasAttribute("data-sent-values")) return;
+    var sent;
+    try { sent = JSON.parse(part.getAttribute("data-sent-values")); } catch (e) { return; }
+    if (changedSince(evt.detail.target, sent)) evt.detail.shouldSwap = false;
   });
 
   // ---- banners of the last page load ---------------------------------------------------------------

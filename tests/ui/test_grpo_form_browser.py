@@ -3,6 +3,8 @@ are not offered, and a GRPO run created from the form carries none of them, even
 for another method."""
 from __future__ import annotations
 
+from urllib.parse import parse_qs, urlsplit
+
 from playwright.sync_api import expect
 
 from training.models import TrainingRun
@@ -96,3 +98,41 @@ def test_quick_try_clicked_straight_after_typing_a_base_model_keeps_its_8_token_
     expect(page.get_by_test_id("run-status")).to_have_text("queued")
     assert TrainingRun.objects.get(project=project, name="quick on the demo").config["max_response_length"] == 8
     page.unroute_all(behavior="wait")  # a fit still held must finish here, not in the next test's page
+
+
+def test_grpo_numbers_typed_while_the_fit_is_pending_are_not_replaced_by_its_answer(owner_page, project, tiny_models):
+    # QA: typed straight after the Base model, Rollouts per prompt 4 and Max response length 8 went back
+    # to 8 and 256 when the fit estimate's answer came: it swapped in the numbers its request was sent
+    # with. The first fit is held here until both are typed, which makes that order sure.
+    page = owner_page
+    held: list = []
+
+    def hold_the_first_fit_of_the_model(route):
+        if not held and parse_qs(urlsplit(route.request.url).query).get("base_model"):
+            held.append(route)
+        else:
+            route.continue_()
+
+    page.route("**/training/new/fit*", hold_the_first_fit_of_the_model)
+    page.goto("/training/new/?method=grpo")
+    page.get_by_label("Name", exact=True).fill("typed while fitting")
+    page.get_by_label("Base model").fill(tiny_models["student"])
+    page.get_by_label("Base model").press("Tab")  # its change: the fit request goes out (8 and 2048), and is held
+    while not held:
+        page.wait_for_timeout(50)
+    rollouts, length = page.get_by_label("Rollouts per prompt", exact=True), page.get_by_label("Max response length", exact=True)
+    rollouts.fill("4")
+    length.fill("8")
+    held[0].continue_()
+    page.wait_for_load_state("networkidle")
+    page.wait_for_timeout(500)  # the held answer and the one the typing asked for are both swapped in
+    expect(rollouts).to_have_value("4")
+    expect(length).to_have_value("8")
+    length.press("Tab")
+    page.wait_for_load_state("networkidle")
+    expect(length).to_have_value("8")
+    page.get_by_role("button", name="Create run").click()
+    expect(page.get_by_test_id("run-status")).to_have_text("queued")
+    config = TrainingRun.objects.get(project=project, name="typed while fitting").config
+    assert (config["rollouts_per_prompt"], config["max_response_length"]) == (4, 8), config
+    page.unroute_all(behavior="wait")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from html import unescape
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,10 @@ def response_length(html: str) -> str:
     return re.search(r'name="config.max_response_length"[^>]*value="([^"]*)"', html).group(1)
 
 
+def sent_values(html: str) -> dict[str, str]:
+    return json.loads(unescape(re.search(r'id="grpo-numbers"[^>]* data-sent-values="([^"]*)"', html).group(1)))
+
+
 def test_the_grpo_form_fills_the_environment_and_fits_the_rollout_length_to_the_demo_model(project, users, tiny_models):
     # QA: Environment showed builtin/arith@main only as a placeholder (so it was blank), and 2048 was refused on the demo.
     client = client_for(users["owner"])
@@ -35,7 +40,9 @@ def test_the_grpo_form_fills_the_environment_and_fits_the_rollout_length_to_the_
     assert response_length(card) == "256" and "attends over 512 positions, too few for the default 2048" in card
     # The demo model typed after the method: the fit estimate's request swaps the numbers in out of band.
     fit = client.get("/training/new/fit", picked, HTTP_HX_REQUEST="true").content.decode()
-    assert '<div id="grpo-numbers" class="grid-3" hx-swap-oob="true">' in fit and response_length(fit) == "256"
+    assert '<div id="grpo-numbers" class="grid-3" hx-swap-oob="true"' in fit and response_length(fit) == "256"
+    # With what its request sent: the page swaps them in only while its fields still say that (studio.js).
+    assert sent_values(fit) == {"config.rollouts_per_prompt": "8", "config.kl_coef": "0.0", "config.max_response_length": "2048"}
     # A length the user chose stays, and a model with more positions (or one the Studio cannot read) keeps 2048.
     for changed in ({"config.max_response_length": "300"}, {"base_model": "org/unknown-model"}, {"base_model": "Qwen/Qwen2.5-0.5B-Instruct"}):
         fit = client.get("/training/new/fit", {**picked, **changed}, HTTP_HX_REQUEST="true").content.decode()
@@ -70,7 +77,7 @@ def test_a_rollout_length_fitted_to_a_small_model_goes_back_to_the_default_for_a
     assert response_length(fit) == "256" and fitted_length(fit) == "256"
     fitted = {**form, **posted_form(fit)}  # the numbers as the out-of-band swap left them
     bigger = client.get("/training/new/fit", {**fitted, "base_model": long_context_model(tiny_models["student"], tmp_path)}, HTTP_HX_REQUEST="true").content.decode()
-    assert '<div id="grpo-numbers" class="grid-3" hx-swap-oob="true">' in bigger
+    assert '<div id="grpo-numbers" class="grid-3" hx-swap-oob="true"' in bigger
     assert response_length(bigger) == "2048" and fitted_length(bigger) is None and "attends over" not in bigger
     # Back to the demo model, it is fitted again; a length the user typed over the fitted one stays.
     again = client.get("/training/new/fit", {**fitted, **posted_form(bigger), "base_model": tiny_models["student"]}, HTTP_HX_REQUEST="true").content.decode()

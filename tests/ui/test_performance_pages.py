@@ -109,12 +109,17 @@ def test_on_off_and_static_write_the_keys(project, users):
     assert project.runs.get(name="distill packed").config["packing"] is True
 
 
-def test_the_fields_win_over_the_yaml_box_and_default_leaves_it_alone(project, users):
+def test_default_leaves_the_yaml_box_alone_and_a_field_that_disagrees_with_it_is_refused(project, users):
     client = client_for(users["owner"])
     assert post_new(client, "yaml off", "sft", config_text="lora_rank: 8\npacking: false\n").status_code == 302
     assert project.runs.get(name="yaml off").config["packing"] is False  # Default: the box's value stands
-    assert post_new(client, "field on", "sft", config_text="lora_rank: 8\npacking: false\n", config__packing="true").status_code == 302
-    assert project.runs.get(name="field on").config["packing"] is True
+    assert post_new(client, "both off", "sft", config_text="lora_rank: 8\npacking: false\n", config__packing="false").status_code == 302
+    assert project.runs.get(name="both off").config["packing"] is False
+    # On in the field, false in the box: neither silently wins (tests/ui/test_config_box_conflicts.py).
+    html = refused_form_page(client, "/training/new/", new_body("field on", "sft", config_text="lora_rank: 8\npacking: false\n", config__packing="true"),
+                             "/training/new/")
+    assert "packing is false here but true in the form&#x27;s field config.packing" in html
+    assert not project.runs.filter(name="field on").exists()
 
 
 def test_a_forged_tristate_value_is_a_finding_at_the_field(project, users):
