@@ -26,7 +26,8 @@ def config_findings(config: dict) -> list[Finding]:
     """Seed 001's constraints that the run's config alone decides (LoRA, even batches, target_margin
     with reference_free) and dpo_beta's range. Each mirrors the trainer, so a run that breaks one can
     never train: one rule, two callers, create and PATCH (400) and START for a run stored before (422)."""
-    loss = config.get("loss") if isinstance(config.get("loss"), dict) else {}
+    loss = config.get("loss")
+    loss = loss if isinstance(loss, dict) else {}
     findings = []
     if not lora_enabled(config):
         findings.append(Finding("config.lora_rank", "DPO scores each pair against the frozen base, so it needs LoRA: set lora_rank (e.g. 16). For a full fine-tune use SFT."))
