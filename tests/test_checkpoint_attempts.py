@@ -292,8 +292,9 @@ def test_merge_and_resume_of_an_attempts_step_go_by_that_attempts_settings_not_t
     TrainingRun.objects.filter(pk=dpo_run.pk).update(attempt=1)
     services.record_attempt(TrainingRun.objects.get(pk=dpo_run.pk))
     TrainingRun.objects.filter(pk=dpo_run.pk).update(attempt=2)
-    r = api.patch(f"/api/training-runs/{dpo_run.pk}", {"base_model": "org/other", "config": {"lora_rank": None}})
-    assert r.status_code == 200, r.content
+    # PATCH refuses a DPO full fine-tune now (it needs LoRA): the edit as a run stored before that holds it.
+    edited = TrainingRun.objects.get(pk=dpo_run.pk)
+    TrainingRun.objects.filter(pk=dpo_run.pk).update(base_model="org/other", config={k: v for k, v in edited.config.items() if k not in ("lora_rank", "lora_alpha")})
     first = save_step(dpo_run, 1, 5, {WEIGHTS: b"attempt 1 weights"})
     # Its step is a LoRA adapter: it can be merged, into the model it was trained on.
     r = api.post(f"/api/training-runs/{dpo_run.pk}/checkpoints/5/merge?attempt=1")
@@ -311,7 +312,8 @@ def test_checkpoints_tab_offers_merge_by_each_rows_attempt_not_the_edited_run(ap
     TrainingRun.objects.filter(pk=dpo_run.pk).update(attempt=1)
     services.record_attempt(TrainingRun.objects.get(pk=dpo_run.pk))
     TrainingRun.objects.filter(pk=dpo_run.pk).update(attempt=2)
-    assert api.patch(f"/api/training-runs/{dpo_run.pk}", {"config": {"lora_rank": None}}).status_code == 200
+    edited = TrainingRun.objects.get(pk=dpo_run.pk)  # as stored before PATCH refused a DPO full fine-tune (it needs LoRA)
+    TrainingRun.objects.filter(pk=dpo_run.pk).update(config={k: v for k, v in edited.config.items() if k not in ("lora_rank", "lora_alpha")})
     services.record_attempt(TrainingRun.objects.get(pk=dpo_run.pk))
     save_step(dpo_run, 1, 5, {WEIGHTS: b"attempt 1 adapter"})
     save_step(dpo_run, 2, 5, {WEIGHTS: b"attempt 2 full weights"})

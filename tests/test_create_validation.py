@@ -494,6 +494,42 @@ def test_keys_the_trainer_would_not_obey_are_400_at_create_and_patch(api, method
     assert TrainingRun.objects.get(pk=run_id).config == before
 
 
+DPO_VALID = {"loss": {"type": "dpo"}, "lora_rank": 8}
+
+
+@pytest.mark.parametrize(
+    ("config", "field", "says"),
+    [
+        ({"loss": {"type": "dpo", "dpo_beta": -5}}, "config.loss.dpo_beta", "dpo_beta must be greater than 0 (e.g. 0.1), got -5"),
+        ({"loss": {"type": "dpo", "dpo_beta": 0}}, "config.loss.dpo_beta", "greater than 0"),
+        ({"per_device_train_batch_size": 3}, "config.per_device_train_batch_size", "the batch must be even: use 4 or 2"),
+        ({"eval_split": 0.1, "per_device_eval_batch_size": 5}, "config.per_device_eval_batch_size", "the batch must be even: use 6 or 4"),
+        ({"lora_rank": None}, "config.lora_rank", "it needs LoRA: set lora_rank"),
+        ({"loss": {"type": "dpo", "target_margin": 0.5}}, "config.loss.target_margin", "also set reference_free: true"),
+        ({"loss": {"type": "dpo", "target_margin": 0.5, "reference_free": False}}, "config.loss.target_margin", "also set reference_free: true"),
+    ],
+)
+def test_dpo_config_rules_are_400_at_create_and_patch(api, config, field, says):
+    # QA: dpo_beta -5, an odd batch, DPO without LoRA and target_margin without reference_free were a 201 at
+    # create (and a 200 at PATCH), then a 422 at START: the config alone decides each, as it does a learning rate's.
+    body = assert_refused(api, 400, field, method="dpo", config={key: value for key, value in {**DPO_VALID, **config}.items() if value is not None})
+    assert any(e["field"] == field and says in e["message"] for e in body["errors"]), body
+    run_id = create(api, method="dpo", config=DPO_VALID).json()["id"]
+    before = TrainingRun.objects.get(pk=run_id).config
+    assert_error(api.patch(f"/api/training-runs/{run_id}", {"config": config}), 400, field)  # a null removes lora_rank (RFC 7386)
+    assert TrainingRun.objects.get(pk=run_id).config == before
+
+
+def test_dpo_values_the_rules_allow_are_taken_at_create_and_patch(api):
+    config = {**DPO_VALID, "per_device_train_batch_size": 4, "loss": {"type": "dpo", "dpo_beta": 0.5, "reference_free": True, "target_margin": 0.2}}
+    r = create(api, method="dpo", config=config)
+    assert r.status_code == 201, r.content
+    r = api.patch(f"/api/training-runs/{r.json()['id']}", {"config": {"lora_rank": None, "lora": True, "per_device_train_batch_size": 6, "loss": {"dpo_beta": 2}}})
+    assert r.status_code == 200, r.content
+    stored = TrainingRun.objects.get(pk=r.json()["id"]).config
+    assert (stored["lora_rank"], stored["per_device_train_batch_size"], stored["loss"]["dpo_beta"]) == (16, 6, 2)
+
+
 def test_dpo_stores_an_even_batch_by_default(api):
     # A blank batch was the engine's 1, which START let through while it refused an explicit 1.
     r = create(api, method="dpo", config={"loss": {"type": "dpo"}, "lora_rank": 8})

@@ -63,7 +63,7 @@ def test_bucket_means_of_values_near_the_float_limit_stay_finite(api):
     MetricPoint.objects.bulk_create([MetricPoint(run_id=run_id, key=key, step=s, value=sign * 1.7e308) for s in range(10, 30)
                                      for key, sign in (("big", 1), ("neg", -1))])
     got = metrics.series_in_sql(run_id, None, 3)
-    assert got == {"big": [(10, 1.7e308), (28, pytest.approx(1.7e308)), (29, 1.7e308)], "neg": [(10, -1.7e308), (28, pytest.approx(-1.7e308)), (29, -1.7e308)]}
+    assert got == {"big": [(10, 1.7e308), (19, pytest.approx(1.7e308)), (29, 1.7e308)], "neg": [(10, -1.7e308), (19, pytest.approx(-1.7e308)), (29, -1.7e308)]}
 
 
 def test_the_api_and_the_run_page_downsample_in_the_database_on_every_vendor(api, shaped_run):
@@ -145,3 +145,36 @@ def test_a_series_with_repeated_steps_is_read_from_the_index_alone_with_no_sort(
             cursor.execute("RESET enable_seqscan")
             assert "WindowAgg" not in plan and "HashAggregate" not in plan and "GroupAggregate" not in plan, plan
             assert "Index Only Scan using metric_series_idx" in plan, plan
+
+
+@pytest.mark.parametrize(("steps", "labels"), [
+    (list(range(1, 31)), [1, 8, 22, 30]),  # dense: inner buckets of steps 2-15 and 16-29
+    ([2 * s for s in range(1, 31)], [2, 17, 45, 60]),  # gaps (the walk): steps 4-30 and 32-58
+])
+def test_a_bucket_mean_is_drawn_at_its_middle_step_and_the_series_still_ends_at_the_last(api, steps, labels):
+    # QA: with max_points=4 on 30 loss points the API answered (15, 3.49), the mean of steps 2-15, where
+    # the loss at step 15 was 1.956: labelled with its bucket's last step, the curve lagged the real one.
+    run_id = api.post("/api/training-runs", sft_body()).json()["id"]
+    loss = {step: 4.0 / (1 + i) for i, step in enumerate(steps)}
+    MetricPoint.objects.bulk_create([MetricPoint(run_id=run_id, key="loss", step=step, value=value) for step, value in loss.items()])
+    body = api.get(f"/api/training-runs/{run_id}/metrics", keys="loss", max_points=4).json()
+    assert [step for step, _ in body["series"]["loss"]] == labels
+    inner = steps[1:-1]
+    for (label, mean), bucket in zip(body["series"]["loss"][1:-1], (inner[:14], inner[14:]), strict=True):
+        assert label == (bucket[0] + bucket[-1]) // 2 and mean == pytest.approx(sum(loss[s] for s in bucket) / len(bucket))
+    assert body["series"]["loss"][-1] == [steps[-1], loss[steps[-1]]] and body["last_step"] == steps[-1]  # the run's last point as it is
+
+
+def test_an_answer_cached_before_buckets_were_drawn_at_their_middle_step_is_not_served(api):
+    # A finished run's series are cached for an hour: one cached under the old labels (each bucket's last step) must not outlive the change.
+    import hashlib
+
+    from django.core.cache import cache
+
+    run_id = api.post("/api/training-runs", sft_body()).json()["id"]
+    MetricPoint.objects.bulk_create([MetricPoint(run_id=run_id, key="loss", step=s, value=float(s)) for s in range(1, 31)])
+    TrainingRun.objects.filter(pk=run_id).update(status=Status.COMPLETED)
+    run = TrainingRun.objects.get(pk=run_id)
+    version = f"{run.pk}:{run.created_at.timestamp()}:{run.attempt}:{run.status}:{run.last_heartbeat_at and run.last_heartbeat_at.timestamp()}"
+    cache.set("metrics:" + hashlib.sha256(f"{version}:4:None:loss".encode()).hexdigest(), {"loss": [(1, 1.0), (15, 8.5), (29, 22.5), (30, 30.0)]}, 60)
+    assert metrics.series(run, ["loss"], 4) == {"loss": [(1, 1.0), (8, 8.5), (22, 22.5), (30, 30.0)]}

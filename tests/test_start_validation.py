@@ -52,13 +52,8 @@ def grpo(**config) -> dict:
         ({**grpo(environment_id="builtin/arith@main"), "compute": {"backend": "dstack", "accelerators": "H100:2"}}, "config.inference_blocks"),
         ({**grpo(environment_id="builtin/arith@main", inference_blocks=1), "compute": {"backend": "dstack", "accelerators": "H100:2"}}, "config.trainer_blocks"),
         ({**grpo(environment_id="builtin/arith@main", inference_blocks=2, trainer_blocks=2), "compute": {"backend": "dstack", "accelerators": "H100:2"}}, "compute.accelerators"),
-        # DPO's four constraints and beta
-        ({"method": "dpo", "config": {"loss": {"type": "dpo"}}}, "config.lora_rank"),
-        ({"method": "dpo", "config": {"loss": {"type": "dpo"}, "lora_rank": 8, "per_device_train_batch_size": 3}}, "config.per_device_train_batch_size"),
-        ({"method": "dpo", "config": {"loss": {"type": "dpo", "target_margin": 0.5}, "lora_rank": 8}}, "config.loss.target_margin"),
+        # DPO's dataset entry types (its config's constraints: test_start_rechecks_dpo_config_rules_of_a_run_stored_before_create_checked_them)
         ({"method": "dpo", "dataset": [{"ref": "prefs@main", "type": "chat"}], "config": {"loss": {"type": "dpo"}, "lora_rank": 8}}, "dataset[0].type"),
-        ({"method": "dpo", "config": {"loss": {"type": "dpo", "dpo_beta": 0}, "lora_rank": 8}}, "config.loss.dpo_beta"),
-        ({"method": "dpo", "config": {"loss": {"type": "dpo", "dpo_beta": -0.1}, "lora_rank": 8}}, "config.loss.dpo_beta"),
         # Precision the accelerator cannot do
         ({"config": {"precision": "nvfp4"}, "compute": {"backend": "dstack", "accelerators": "H100:1"}}, "config.precision"),
         ({"config": {"precision": "fp8"}, "compute": {"backend": "dstack", "accelerators": "A100-80GB:2"}}, "config.precision"),
@@ -88,6 +83,29 @@ def test_start_rechecks_distill_ranges_of_a_run_stored_before_create_checked_the
     TrainingRun.objects.filter(pk=run_id).update(config=run.config)
     body = assert_start_refused(api, run_id, 422, "config.distillation.top_k")
     assert {"config.distillation.temperature", "config.distillation.kd_weight", "config.distillation.ce_weight"} <= {e["field"] for e in body["errors"]}
+
+
+def stored_dpo_run(api, config: dict, **overrides) -> int:
+    """A DPO run stored with `config`, as one created before create refused what it holds."""
+    run_id = make_run(api, method="dpo", config={"loss": {"type": "dpo"}, "lora_rank": 8}, **overrides)
+    TrainingRun.objects.filter(pk=run_id).update(config=config)
+    return run_id
+
+
+@pytest.mark.parametrize(
+    ("config", "field"),
+    [
+        ({"loss": {"type": "dpo"}}, "config.lora_rank"),
+        ({"loss": {"type": "dpo"}, "lora_rank": 8, "per_device_train_batch_size": 3}, "config.per_device_train_batch_size"),
+        ({"loss": {"type": "dpo"}, "lora_rank": 8, "eval_split": 0.1, "per_device_eval_batch_size": 3}, "config.per_device_eval_batch_size"),
+        ({"loss": {"type": "dpo", "target_margin": 0.5}, "lora_rank": 8}, "config.loss.target_margin"),
+        ({"loss": {"type": "dpo", "dpo_beta": 0}, "lora_rank": 8}, "config.loss.dpo_beta"),
+        ({"loss": {"type": "dpo", "dpo_beta": -0.1}, "lora_rank": 8}, "config.loss.dpo_beta"),
+    ],
+)
+def test_start_rechecks_dpo_config_rules_of_a_run_stored_before_create_checked_them(api, config, field):
+    # Create and PATCH refuse these now (tests/test_create_validation.py); a run stored before may hold one.
+    assert_start_refused(api, stored_dpo_run(api, config), 422, field)
 
 
 def test_lengths_past_the_models_context_return_422_naming_the_limit(api, tiny_local_model):
@@ -288,7 +306,7 @@ def test_a_bare_name_that_is_a_data_hub_repo_is_refused_at_start_saying_to_add_t
 
 
 def test_all_findings_are_reported_at_once(api):
-    run_id = make_run(api, method="dpo", base_model=None, dataset=None, config={"loss": {"type": "dpo", "dpo_beta": 0}, "per_device_train_batch_size": 3})
+    run_id = stored_dpo_run(api, {"loss": {"type": "dpo", "dpo_beta": 0}, "per_device_train_batch_size": 3}, base_model=None, dataset=None)
     body = assert_start_refused(api, run_id, 422, "base_model")
     fields = {e["field"] for e in body["errors"]}
     assert {"base_model", "dataset", "config.lora_rank", "config.per_device_train_batch_size", "config.loss.dpo_beta"} <= fields
@@ -416,7 +434,7 @@ def test_409_comes_before_422(api):
 # ---- PATCH then start -------------------------------------------------------------------------
 
 def test_patch_fixes_a_run_so_it_can_start(api):
-    run_id = make_run(api, method="dpo", config={"loss": {"type": "dpo"}, "per_device_train_batch_size": 3})
+    run_id = stored_dpo_run(api, {"loss": {"type": "dpo", "dpo_beta": 0.1}, "per_device_train_batch_size": 3})
     assert start(api, run_id).status_code == 422
     r = api.patch(f"/api/training-runs/{run_id}", {"config": {"lora_rank": 8, "per_device_train_batch_size": 4}})
     assert r.status_code == 200, r.content
@@ -426,13 +444,14 @@ def test_patch_fixes_a_run_so_it_can_start(api):
 
 
 def test_an_odd_dpo_batch_names_only_even_batches(api):
-    run_id = make_run(api, method="dpo", config={"loss": {"type": "dpo"}, "lora_rank": 8, "per_device_train_batch_size": 1})
     batch = "config.per_device_train_batch_size"
-    body = assert_start_refused(api, run_id, 422, batch)
+    body = assert_error(api.post("/api/training-runs", sft_body(method="dpo", config={"loss": {"type": "dpo"}, "lora_rank": 8, "per_device_train_batch_size": 1})), 400, batch)
     assert next(e["message"] for e in body["errors"] if e["field"] == batch).endswith("so the batch must be even: use 2"), body  # it said "use 2 or 2"
-    api.patch(f"/api/training-runs/{run_id}", {"config": {"per_device_train_batch_size": 3}})
-    body = assert_start_refused(api, run_id, 422, batch)
+    run_id = make_run(api, method="dpo", config={"loss": {"type": "dpo"}, "lora_rank": 8})
+    body = assert_error(api.patch(f"/api/training-runs/{run_id}", {"config": {"per_device_train_batch_size": 3}}), 400, batch)
     assert next(e["message"] for e in body["errors"] if e["field"] == batch).endswith("use 4 or 2"), body
+    body = assert_start_refused(api, stored_dpo_run(api, {"loss": {"type": "dpo"}, "lora_rank": 8, "per_device_train_batch_size": 1}), 422, batch)
+    assert next(e["message"] for e in body["errors"] if e["field"] == batch).endswith("so the batch must be even: use 2"), body
 
 
 def test_patch_null_removes_a_key(api):

@@ -11,11 +11,16 @@ from django.db import connection
 from training.models import TERMINAL_STATUSES, Checkpoint, MetricPoint, TrainingRun
 
 CACHE_SECONDS = 3600
+# In every cache key: raised when the answer for the same points changes, so none cached before is served
+# (2: a bucket's mean is drawn at its middle step, bucket_step, no longer its last).
+CACHE_VERSION = 2
 
 
 def downsample(points: list[tuple[int, float]], max_points: int) -> list[tuple[int, float]]:
     """Bucket means over equal runs of points; the first and last points are kept as they are. The
-    reference the SQL below is tested against (tests/test_metrics_sql.py)."""
+    reference the SQL below is tested against (tests/test_metrics_sql.py). A mean is drawn at its
+    bucket's middle step (bucket_step), where the points it averages are: at the bucket's last step,
+    the curve lagged the real one by half a bucket."""
     n = len(points)
     if n <= max_points:
         return points
@@ -27,9 +32,19 @@ def downsample(points: list[tuple[int, float]], max_points: int) -> list[tuple[i
         chunk = inner[lo:hi]
         if chunk:
             values = [v for _, v in chunk]
-            out.append((chunk[-1][0], bucket_mean(values)))
+            out.append((bucket_step(chunk[0][0], chunk[-1][0]), bucket_mean(values)))
     out.append(points[-1])
     return out
+
+
+def bucket_step(first: int, last: int) -> int:
+    """The step a bucket's mean is drawn at: the middle of its first and last steps, rounded down
+    (steps are never negative). BUCKET_STEP_SQL is the same in SQL."""
+    return (first + last) // 2
+
+
+# bucket_step in SQL: BIGINT, as two steps near the int4 column's limit add up past it.
+BUCKET_STEP_SQL = "(CAST({first} AS BIGINT) + CAST({last} AS BIGINT)) / 2"
 
 
 def bucket_mean(values: list[float]) -> float:
@@ -51,13 +66,18 @@ MEAN_SQL = f"sum(value / {MEAN_SCALE:.0f}) / count(*) * {MEAN_SCALE:.0f}"
 #
 # A series that is not dense (gaps, or steps repeated by a resumed run) walks its buckets along the
 # (run, key, step, id, value) index: from the last point of the previous bucket, the last point of the
-# next one is OFFSET len - 1 further, and a bucket's mean is one index range scan between the two. Every
+# next one is OFFSET len - 1 further, a bucket's mean is one index range scan between the two, and the
+# first step of its label (bucket_step) one index probe past the previous bucket's last point. Every
 # inner bucket holds q = m//B or q + 1 points, so the offsets are three constants (SQLite's LIMIT cannot
 # read the outer row). The step bounds of a bucket's mean follow from its (step, id) bounds; they are
 # there for PostgreSQL's planner, which guesses a third of the series for a row comparison, so a guessed
 # cost past jit_above_cost JIT-compiled the query (~20 ms of a 120k-point series' 75 ms). The walk
 # replaced row_number() OVER the series and a GROUP BY bucket, whose window pass and sort took 3-4× as
 # long on SQLite (bench/RESULTS.md).
+# A bucket's first step: the point right after the previous bucket's last (the first point is its own bucket).
+FIRST_STEP_SQL = """(SELECT step FROM {table}
+                    WHERE run_id = %(run_id)s AND key = %(key)s AND (step, id) > (walk.before_step, walk.before_id)
+                    ORDER BY step, id LIMIT 1)"""
 NEXT_SQL = """(SELECT id FROM {table}
               WHERE run_id = %(run_id)s AND key = %(key)s AND (step, id) > (walk.step, walk.id)
               ORDER BY step, id LIMIT 1 OFFSET {offset})"""
@@ -76,7 +96,7 @@ WITH RECURSIVE walk(i, before_step, before_id, step, id) AS (
         ELSE {long} END
     WHERE i + 1 < %(buckets)s
 )
-SELECT step, (SELECT {mean} FROM {table}
+SELECT {label}, (SELECT {mean} FROM {table}
               WHERE run_id = %(run_id)s AND key = %(key)s AND step BETWEEN walk.before_step AND walk.step
                 AND (step, id) > (walk.before_step, walk.before_id) AND (step, id) <= (walk.step, walk.id))
 FROM walk
@@ -85,8 +105,8 @@ ORDER BY i
 
 
 # Nearly every series is dense — one point a step from the first to the last, so count = max - min + 1 —
-# and then a point's position - 1 = step - min: each bucket is a range of steps, its last step is known
-# without walking to it, and its mean is one index range scan. Bucket i of `buckets`: the first and last points
+# and then a point's position - 1 = step - min: each bucket is a range of steps, its first and last steps
+# (and so its label, bucket_step) are known without walking to them, and its mean is one index range scan. Bucket i of `buckets`: the first and last points
 # alone, inner bucket j = i - 1 the steps lo + 1 + j*m//B .. lo + (j+1)*m//B; with every point kept,
 # step lo + i. No sort and no GROUP BY: on a busy 2-core machine, 100k points took half the time of the
 # GROUP BY by bucket it replaced on PostgreSQL and a quarter on SQLite (bench/metrics_sqlite.py has the
@@ -108,7 +128,7 @@ WITH RECURSIVE bucket(i) AS (
                 ELSE %(lo)s + CAST(i AS BIGINT) * %(m)s / %(inner)s END AS last
     FROM bucket
 )
-SELECT last, (SELECT {mean} FROM {table} WHERE run_id = %(run_id)s AND key = %(key)s AND step BETWEEN first AND last)
+SELECT {label}, (SELECT {mean} FROM {table} WHERE run_id = %(run_id)s AND key = %(key)s AND step BETWEEN first AND last)
 FROM bounds
 ORDER BY i
 """
@@ -122,7 +142,7 @@ def series(run: TrainingRun, keys: list[str] | None, max_points: int, after_step
     cache_key = None
     if run.status in TERMINAL_STATUSES:
         version = f"{run.pk}:{run.created_at.timestamp()}:{run.attempt}:{run.status}:{run.last_heartbeat_at and run.last_heartbeat_at.timestamp()}"
-        cache_key = "metrics:" + hashlib.sha256(f"{version}:{max_points}:{after_step}:{','.join(sorted(keys or []))}".encode()).hexdigest()
+        cache_key = f"metrics:v{CACHE_VERSION}:" + hashlib.sha256(f"{version}:{max_points}:{after_step}:{','.join(sorted(keys or []))}".encode()).hexdigest()
         try:
             cached = cache.get(cache_key)
         except Exception:  # noqa: BLE001 - the cache is an optimisation: Redis down must not fail a read
@@ -166,7 +186,7 @@ def series_in_sql(run_id: int, keys: list[str] | None, max_points: int, after_st
             if n == hi - lo + 1:
                 every, inner = n <= max_points, max(max_points - 2, 1)
                 buckets = n if every else max_points if max_points > 2 else 2
-                cursor.execute(DENSE_SQL.format(table=table, mean=MEAN_SQL), {"run_id": run_id, "key": key, "lo": lo, "hi": hi, "m": n - 2,
+                cursor.execute(DENSE_SQL.format(table=table, mean=MEAN_SQL, label=BUCKET_STEP_SQL.format(first="first", last="last")), {"run_id": run_id, "key": key, "lo": lo, "hi": hi, "m": n - 2,
                                                                              "inner": inner, "buckets": buckets, "every": int(every)})
             else:
                 cursor.execute(walk_sql(table, step_filter), {**walk_params(run_id, key, n, max_points), "after_step": after_step})
@@ -178,7 +198,9 @@ def walk_sql(table: str, step_filter: str = "") -> str:
     def after(offset: str) -> str:
         return NEXT_SQL.format(table=table, offset=offset)
 
-    return WALK_SQL.format(table=table, mean=MEAN_SQL, step_filter=step_filter, last=after("%(last)s"), short=after("%(short)s"), long=after("%(long)s"))
+    label = BUCKET_STEP_SQL.format(first=FIRST_STEP_SQL.format(table=table), last="walk.step")
+    return WALK_SQL.format(table=table, mean=MEAN_SQL, label=label, step_filter=step_filter, last=after("%(last)s"), short=after("%(short)s"),
+                           long=after("%(long)s"))
 
 
 def walk_params(run_id: int, key: str, n: int, max_points: int) -> dict[str, int | str]:

@@ -186,7 +186,7 @@ class RunFilters(Schema):
 class MetricsQuery(Schema):
     keys: str | None = Field(None, description="Comma-separated metric keys; all keys when absent")
     max_points: int = Field(1000, ge=2, le=100_000, description="The most points a series comes with: a longer one is downsampled to bucket "
-                                                                 "means, its first and last points kept. With after_step, the points after "
+                                                                 "means, each at its bucket's middle step, its first and last points kept. With after_step, the points after "
                                                                  "that step are downsampled among themselves (not as a full read buckets them)")
     after_step: int | None = Field(None, ge=0, le=2**31 - 1, description="Only the points of later steps, to follow a live run: each "
                                                                          "answer's last_step is the after_step of the next")

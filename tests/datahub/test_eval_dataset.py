@@ -164,6 +164,7 @@ def test_bad_eval_values_are_refused_at_create_naming_the_field(api, config, fie
 
 
 def test_a_dpo_eval_batch_counts_rows_and_must_be_even(api, prefs, held):
-    run_id = create(api, **{**DPO, "config": {**DPO["config"], "eval_split": 0.25, "per_device_eval_batch_size": 3}})
-    err = assert_error(start(api, run_id), 422, "config.per_device_eval_batch_size")
+    # The config alone decides it: a 400 at create (it was taken, then refused by START).
+    body = sft_body(**{"dataset": "chat-data@main", **DPO, "config": {**DPO["config"], "eval_split": 0.25, "per_device_eval_batch_size": 3}})
+    err = assert_error(api.post("/api/training-runs", body), 400, "config.per_device_eval_batch_size")
     assert "the batch must be even: use 4 or 2" in err["errors"][0]["message"], err

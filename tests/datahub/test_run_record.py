@@ -223,7 +223,7 @@ def settings_of(card: str) -> list[str]:
     [
         (
             "dpo",
-            {"loss": {"type": "dpo", "dpo_beta": 0.2}, "save_steps": 2, "max_steps": 3},
+            {"loss": {"type": "dpo", "dpo_beta": 0.2}, "lora_rank": 8, "save_steps": 2, "max_steps": 3},
             ["- loss.dpo_beta: 0.2", '- loss.type: "dpo"', "- max_steps: 3", "- per_device_train_batch_size: 2 (default)", "- save_steps: 2"],
         ),
         (

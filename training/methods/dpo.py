@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from studio.errors import Finding
-from training.methods.base import BOOL, Draft, Key, TrainingMethod, lora_enabled
+from training.methods.base import BOOL, Draft, Key, TrainingMethod, is_number, lora_enabled, shown
 from training.refs import dataset_entries
 
 LOSS_KEYS = {
@@ -22,6 +22,27 @@ def even_batch_options(batch: int) -> str:
     return " or ".join(str(option) for option in (batch + 1, batch - 1) if option >= 2)
 
 
+def config_findings(config: dict) -> list[Finding]:
+    """Seed 001's constraints that the run's config alone decides (LoRA, even batches, target_margin
+    with reference_free) and dpo_beta's range. Each mirrors the trainer, so a run that breaks one can
+    never train: one rule, two callers, create and PATCH (400) and START for a run stored before (422)."""
+    loss = config.get("loss")
+    loss = loss if isinstance(loss, dict) else {}
+    findings = []
+    if not lora_enabled(config):
+        findings.append(Finding("config.lora_rank", "DPO scores each pair against the frozen base, so it needs LoRA: set lora_rank (e.g. 16). For a full fine-tune use SFT."))
+    for key in ("per_device_train_batch_size", "per_device_eval_batch_size"):
+        batch = config.get(key)
+        if isinstance(batch, int) and batch % 2:
+            findings.append(Finding(f"config.{key}", f"a chosen/rejected pair is two rows, so the batch must be even: use {even_batch_options(batch)}"))
+    if loss.get("target_margin") is not None and loss.get("reference_free") is not True:
+        findings.append(Finding("config.loss.target_margin", "target_margin is defined on the reference-free score: also set reference_free: true, or remove target_margin"))
+    beta = loss.get("dpo_beta")
+    if beta is not None and not (is_number(beta) and beta > 0):
+        findings.append(Finding("config.loss.dpo_beta", f"dpo_beta must be greater than 0 (e.g. 0.1), got {shown(beta)}"))
+    return findings
+
+
 class DPO(TrainingMethod):
     """SFT config plus a `loss: {type: dpo}` block over {prompt, chosen, rejected} rows."""
 
@@ -35,7 +56,7 @@ class DPO(TrainingMethod):
         loss = draft.config.get("loss")
         if not isinstance(loss, dict) or loss.get("type") != "dpo":
             return [Finding("config.loss.type", 'DPO needs a loss block with type "dpo", e.g. {"loss": {"type": "dpo", "dpo_beta": 0.1}}')]
-        return []
+        return config_findings(draft.config)
 
     def apply_defaults(self, config: dict) -> dict:
         config = super().apply_defaults({"per_device_train_batch_size": DEFAULT_DPO_BATCH, **config})
@@ -44,19 +65,7 @@ class DPO(TrainingMethod):
         return config
 
     def start_findings(self, draft: Draft) -> list[Finding]:
-        config, loss = draft.config, draft.config.get("loss") or {}
-        findings = []
-        if not lora_enabled(config):
-            findings.append(Finding("config.lora_rank", "DPO scores each pair against the frozen base, so it needs LoRA: set lora_rank (e.g. 16). For a full fine-tune use SFT."))
-        for key in ("per_device_train_batch_size", "per_device_eval_batch_size"):
-            batch = config.get(key)
-            if isinstance(batch, int) and batch % 2:
-                findings.append(Finding(f"config.{key}", f"a chosen/rejected pair is two rows, so the batch must be even: use {even_batch_options(batch)}"))
-        if loss.get("target_margin") is not None and loss.get("reference_free") is not True:
-            findings.append(Finding("config.loss.target_margin", "target_margin is defined on the reference-free score: also set reference_free: true, or remove target_margin"))
-        beta = loss.get("dpo_beta")
-        if beta is not None and not beta > 0:
-            findings.append(Finding("config.loss.dpo_beta", f"dpo_beta must be greater than 0 (e.g. 0.1), got {beta}"))
+        findings = config_findings(draft.config)  # again: create and PATCH refuse them, and a run stored before they did may hold one
         for index, entry in enumerate(dataset_entries(draft.dataset)):
             if entry.type not in (None, "preference"):
                 findings.append(Finding(f"dataset[{index}].type", f'DPO reads preference rows: set type to "preference" or leave it out (got "{entry.type}")'))
