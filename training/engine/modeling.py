@@ -156,7 +156,8 @@ def wrap_lora(model: Any, spec: Spec, device: Device, *, four_bit: bool, log: Ca
         model.enable_input_require_grads()
     config = LoraConfig(
         r=spec.lora_rank,
-        lora_alpha=spec.lora_alpha,
+        # peft annotates an int, and scales by lora_alpha / r: a fractional alpha is taken as stored.
+        lora_alpha=spec.lora_alpha,  # type: ignore[arg-type]
         lora_dropout=0.0,
         target_modules=lora_targets(model),
         task_type="CAUSAL_LM",
