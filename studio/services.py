@@ -16,15 +16,19 @@ TOKEN_PREFIX = "stu"
 SECRET_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,99}\Z")
 
 
+PLAN_LIMITS = ("includes_training", "max_concurrent_runs", "max_gpus_per_run")
+
+
+@transaction.atomic
 def create_plan(name: str, *, includes_training: bool = True, max_concurrent_runs: int = 2, max_gpus_per_run: int = 8) -> Plan:
-    plan, _ = Plan.objects.update_or_create(
-        name=name,
-        defaults={
-            "includes_training": includes_training,
-            "max_concurrent_runs": max_concurrent_runs,
-            "max_gpus_per_run": max_gpus_per_run,
-        },
-    )
+    """Create plan `name`, or give it these limits; either is in the audit trail (the fields that
+    changed, from and to, as the admin's edits), a plan left as it was is not."""
+    before = Plan.objects.select_for_update().filter(name=name).values(*PLAN_LIMITS).first()
+    limits = {"includes_training": includes_training, "max_concurrent_runs": max_concurrent_runs, "max_gpus_per_run": max_gpus_per_run}
+    plan, _ = Plan.objects.update_or_create(name=name, defaults=limits)
+    changes = {key: {"from": (before or {}).get(key), "to": value} for key, value in limits.items() if before is None or before[key] != value}
+    if changes:
+        audit.record(AuditEvent.Action.UPDATED if before else AuditEvent.Action.CREATED, plan, name=plan.name, details={"changes": changes})
     return plan
 
 
@@ -44,9 +48,15 @@ def create_project(slug: str, *, owner, plan: Plan | None = None, name: str = ""
     return project
 
 
+@transaction.atomic
 def set_plan(project: Project, plan: Plan | None) -> Project:
+    """Put `project` on `plan` (None: no plan), in the audit trail when that changes its plan."""
+    before = Project.objects.select_for_update().get(pk=project.pk).plan
     project.plan = plan
     project.save(update_fields=["plan"])
+    if before != plan:
+        audit.record(AuditEvent.Action.UPDATED, project, project=project, name=project.slug,
+                     details={"changes": {"plan": {"from": before.name if before else None, "to": plan.name if plan else None}}})
     return project
 
 

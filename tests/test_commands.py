@@ -161,6 +161,29 @@ def test_setplan_moves_the_project(alice):
     assert Project.objects.get(slug="acme").plan.name == "team"
 
 
+def test_plan_commands_are_in_the_audit_trail_with_what_changed(alice):
+    # The admin's plan edits were audited; the same changes from the commands were not.
+    from studio.models import AuditEvent
+
+    run("createplan", "free", "--no-training")
+    run("createplan", "team", "--max-gpus", "4")
+    run("createplan", "team", "--max-gpus", "4")  # nothing changes: nothing recorded
+    run("createplan", "team", "--max-gpus", "16")
+    run("createproject", "acme", "--owner", "alice", "--plan", "free")
+    run("setplan", "acme", "team")
+    run("setplan", "acme", "team")
+    events = [(e.action, e.target_name, e.project_slug, e.via, e.details) for e in AuditEvent.objects.filter(action__in=["created", "updated"]).exclude(
+        target_type="project", action="created").order_by("id")]
+    assert events == [
+        ("created", "free", "", "system", {"changes": {"includes_training": {"from": None, "to": False}, "max_concurrent_runs": {"from": None, "to": 2},
+                                                       "max_gpus_per_run": {"from": None, "to": 8}}}),
+        ("created", "team", "", "system", {"changes": {"includes_training": {"from": None, "to": True}, "max_concurrent_runs": {"from": None, "to": 2},
+                                                       "max_gpus_per_run": {"from": None, "to": 4}}}),
+        ("updated", "team", "", "system", {"changes": {"max_gpus_per_run": {"from": 4, "to": 16}}}),
+        ("updated", "acme", "acme", "system", {"changes": {"plan": {"from": "free", "to": "team"}}}),
+    ], events
+
+
 def test_setplan_unknown_project_is_a_command_error(db):
     run("createplan", "team")
     with pytest.raises(CommandError, match="no project nowhere"):
