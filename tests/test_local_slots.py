@@ -172,7 +172,10 @@ def test_gpu_jobs_take_disjoint_gpus_and_a_third_waits_until_one_is_free(eight_g
 
     backend.stop(1, 1, jobs.pop(1))
     third, _ = engine_of(3)
-    assert third in first_gpus, (third, first)
+    # Job 2's engine (a spec naming no real model) fails by itself after its imports, freeing its GPUs
+    # too: on a loaded machine that can come before job 1's stop, and then either four are free.
+    ended = poll(backend, 2, jobs[2]).state not in ("pending", "running")
+    assert third in (first_gpus | second_gpus if ended else first_gpus), (third, first, second, ended)
     assert poll(backend, 3, jobs[3]).state == "running"
 
 
