@@ -34,7 +34,7 @@ from django.core.cache import cache
 
 from datahub import storage
 from datahub.models import Commit, TreeEntry
-from studio.errors import BadRequest, Finding
+from studio.errors import BadRequest, Finding, joined
 from studio.templatetags.studio_ui import binary_h
 from training.engine.data import (  # the trainer's own rules, so validation and training agree
     CSV_JSON_COLUMNS,
@@ -573,7 +573,7 @@ class FirstRowForm:
         chat = (', or set config.system_prompt (DPO then makes a text prompt a chat of the system prompt and the user\'s prompt)'
                 if method == "dpo" and texts == ["prompt"] else "")
         return (f"{_quoted(texts)} {_is(texts)} text and {_quoted(lists)} {_is(lists)} {_a_list(lists)} of messages: {method.upper()} needs a row's "
-                f"{_joined(list(self.keys))} in one form, as TRL joins them into one sequence; write {_quoted(texts)} as "
+                f"{joined(list(self.keys))} in one form, as TRL joins them into one sequence; write {_quoted(texts)} as "
                 f"{_a_list(texts)} of {{role, content}} messages too, or {_quoted(lists)} as text, in every row{chat}")
 
 
@@ -607,12 +607,8 @@ def _forms(text: bool) -> tuple[str, str]:
     return ("text", "a list of messages") if text else ("a list of messages", "text")
 
 
-def _joined(names: list[str]) -> str:
-    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
-
-
 def _quoted(keys: list[str]) -> str:
-    return _joined([f'"{k}"' for k in keys])
+    return joined([f'"{k}"' for k in keys])
 
 
 def _is(keys: list[str]) -> str:

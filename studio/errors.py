@@ -103,3 +103,8 @@ class InsufficientStorage(ApiError):
 def counted(n: int, noun: str, plural: str | None = None) -> str:
     """'1 run', '2 runs', '0 GPUs': a count with its noun, for messages people read."""
     return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
+def joined(names: list[str], word: str = "and") -> str:
+    """'a', 'a and b', 'a, b and c' (or another `word`): names in a sentence people read."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} {word} {names[-1]}"

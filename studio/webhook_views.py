@@ -13,7 +13,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
 from studio import webhooks
-from studio.errors import ApiError
+from studio.errors import ApiError, joined
 from studio.models import Project, Webhook, WebhookDelivery
 from studio.parsing import isolated
 from studio.views import errors_by_field, form_action, refuse_form, refused_forms, studio_page, web_actor
@@ -97,16 +97,12 @@ def _named(webhook: Webhook, first: bool = False) -> str:
     return f"{'W' if first else 'w'}ebhook {webhook.pk} ({isolated(webhook.url)})"
 
 
-def _joined(names: list[str], word: str) -> str:
-    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} {word} {names[-1]}"
-
-
 def _what_it_is_sent(webhook: Webhook) -> str:
     """Its events, and those it is not sent: a message says what the user's choice means."""
     left_out = [name for name in webhooks.EVENT_NAMES if name not in webhook.events]
     if not left_out:
-        return f"it is sent every event ({_joined(webhooks.EVENT_NAMES, 'and')})"
-    return f"it is sent {_joined(webhook.events, 'and')} (not {_joined(left_out, 'or')})"
+        return f"it is sent every event ({joined(webhooks.EVENT_NAMES)})"
+    return f"it is sent {joined(webhook.events)} (not {joined(left_out, 'or')})"
 
 
 # What pausing means, said where it happens: set_webhook_active and attempt_delivery drop what falls
